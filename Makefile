@@ -1,0 +1,39 @@
+# The two Quick start commands are `make run` and `make test`; both create .venv and
+# install the project with its test extras when needed (only python3 is required).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: setup run demo test lint bench soak clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@echo "installing dataspace and its test extras into $(VENV) ..."
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+## The main job.
+run: setup
+	$(BIN)/dataspace demo
+
+demo: run
+
+## The whole test suite (lint first: a lint error fails the build like a test).
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks || true
+
+## Every benchmark, printing figures (not part of the test suite).
+bench: setup
+	$(BIN)/python benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
