@@ -1,0 +1,203 @@
+"""Side-by-side timings of our Preserves codecs and the reference ``preserves`` package.
+
+Run: ``.venv/bin/python benchmarks/bench_values.py [--quick]``
+
+For two sample values -- ``<Says "alice" "hello world" 12345>`` and a ~1 KiB nested value
+(records, sequences, dictionaries of strings, integers and symbols) -- prints µs/op and
+ops/s of our binary ``encode``/``decode`` and text ``stringify``/``parse`` next to the
+``preserves`` package's ``encode``/``decode``/``stringify``/``parse`` measured in the same
+run, and the ratio (theirs / ours: above 1 means ours is faster).  Each figure is the best
+of several timeit repeats.  Operations that are not implemented print ``n/a``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from dataspace.values import (
+    Dictionary,
+    Embedded,
+    Record,
+    Sequence,
+    Set,
+    Symbol,
+    decode,
+    encode,
+)
+from dataspace.values import text as our_text
+
+try:
+    import preserves
+except ImportError:  # pragma: no cover - the reference package is a test extra
+    preserves = None
+
+
+def says_sample() -> Any:
+    return Record(Symbol("Says"), ["alice", "hello world", 12345])
+
+
+def nested_sample() -> Any:
+    """A ~1 KiB value shaped like dataspace traffic."""
+    s = Symbol
+    items = [
+        Record(
+            s("item"),
+            [
+                i,
+                f"widget-{i}",
+                s("active" if i % 2 else "idle"),
+                Dictionary(
+                    {s("qty"): i * 7, s("price"): 1000 + 37 * i, "tags": [s("new"), s("x")]}
+                ),
+            ],
+        )
+        for i in range(10)
+    ]
+    return Record(
+        s("Inventory"),
+        [
+            "warehouse-12",
+            Dictionary(
+                {
+                    "owner": "alice",
+                    "region": s("eu-west"),
+                    "version": 3,
+                    "ids": Sequence(range(100, 118)),
+                    s("limits"): Dictionary({"max": 65536, "min": -1}),
+                }
+            ),
+            Sequence(items),
+            Record(
+                s("meta"),
+                [
+                    s("created"),
+                    1700000000,
+                    [Record(s("tag"), [f"label-{j}", j]) for j in range(5)],
+                    "a somewhat longer free-text description of this inventory snapshot (v3, eu-west)",
+                ],
+            ),
+        ],
+    )
+
+
+def to_reference(v: Any) -> Any:
+    """Our value as the ``preserves`` package represents it."""
+    t = type(v)
+    if t is Symbol:
+        return preserves.Symbol(v.name)
+    if t is Record:
+        return preserves.Record(to_reference(v.label), [to_reference(x) for x in v.fields])
+    if t is Sequence:
+        return tuple(to_reference(x) for x in v)
+    if t is Set:
+        return frozenset(to_reference(x) for x in v)
+    if t is Dictionary:
+        return preserves.ImmutableDict({to_reference(k): to_reference(x) for k, x in v.items()})
+    if t is Embedded:
+        return preserves.Embedded(v.value)
+    return v
+
+
+def _calls_for(fn: Callable[[], Any], target: float) -> int | None:
+    """How many calls of ``fn`` take about ``target`` seconds (None: not implemented)."""
+    try:
+        fn()
+    except NotImplementedError:
+        return None
+    number, elapsed = timeit.Timer(fn).autorange()
+    return max(1, int(number * target / max(elapsed, 1e-9)))
+
+
+def best_times(
+    fns: list[Callable[[], Any] | None], repeat: int, target: float
+) -> list[float | None]:
+    """Best seconds per call of each function over ``repeat`` rounds of ~``target`` s.
+
+    The functions are timed in turn within each round, so a burst of load from other
+    processes affects all of them alike rather than skewing one ratio.
+    """
+    numbers = [_calls_for(fn, target) if fn is not None else None for fn in fns]
+    best: list[float | None] = [None] * len(fns)
+    for _ in range(repeat):
+        for i, (fn, number) in enumerate(zip(fns, numbers)):
+            if fn is None or number is None:
+                continue
+            t = timeit.Timer(fn).timeit(number) / number
+            if best[i] is None or t < best[i]:  # type: ignore[operator]
+                best[i] = t
+    return best
+
+
+def fmt(t: float | None) -> tuple[str, str]:
+    if t is None:
+        return "n/a", "n/a"
+    return f"{t * 1e6:9.2f}", f"{1 / t:10.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer, shorter repeats (a few seconds)")
+    args = ap.parse_args(argv)
+    repeat, target = (3, 0.05) if args.quick else (7, 0.1)
+
+    samples = {"says": says_sample(), "nested~1KiB": nested_sample()}
+    ref_version = "not installed"
+    if preserves is not None:
+        try:
+            ref_version = importlib.metadata.version("preserves")
+        except importlib.metadata.PackageNotFoundError:
+            ref_version = "unknown version"
+    print(f"python {sys.version.split()[0]}; reference: preserves {ref_version}")
+    header = (
+        f"{'value':<12} {'op':<10} {'ours µs':>9} {'ours op/s':>10} "
+        f"{'ref µs':>9} {'ref op/s':>10} {'ratio':>7}"
+    )
+    print(header)
+    print("-" * len(header))
+    for name, v in samples.items():
+        data = encode(v)
+        ref_v = to_reference(v) if preserves else None
+        try:
+            text = our_text.stringify(v)
+        except NotImplementedError:
+            text = preserves.stringify(ref_v) if preserves else None
+        ops: list[tuple[str, Callable[[], Any], Callable[[], Any] | None]] = [
+            ("encode", lambda v=v: encode(v), preserves and (lambda r=ref_v: preserves.encode(r))),
+            (
+                "decode",
+                lambda d=data: decode(d),
+                preserves and (lambda d=data: preserves.decode(d)),
+            ),
+            (
+                "stringify",
+                lambda v=v: our_text.stringify(v),
+                preserves and (lambda r=ref_v: preserves.stringify(r)),
+            ),
+            (
+                "parse",
+                lambda s=text: our_text.parse(s),
+                preserves and (lambda s=text: preserves.parse(s)),
+            ),
+        ]
+        print(f"{name:<12} ({len(data)} bytes binary)")
+        for op, ours, ref in ops:
+            t_ours, t_ref = best_times([ours, ref or None], repeat, target)
+            ratio = f"{t_ref / t_ours:7.2f}" if t_ours and t_ref else "    n/a"
+            print(
+                f"{'':<12} {op:<10} {fmt(t_ours)[0]:>9} {fmt(t_ours)[1]:>10} "
+                f"{fmt(t_ref)[0]:>9} {fmt(t_ref)[1]:>10} {ratio}"
+            )
+    print("ratio = reference time / our time (above 1: ours is faster)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
