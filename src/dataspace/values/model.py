@@ -54,6 +54,11 @@ __all__ = [
 Value: TypeAlias = Any
 """Any Preserves value (see the module docstring for the representation)."""
 
+MAX_DEPTH = 200
+"""Default nesting limit of the codecs.  Comparing, hashing, encoding and printing values
+recurse once or twice per level, so the limit keeps every operation on decoded input well
+inside Python's recursion limit."""
+
 _pack_d = struct.Struct(">d").pack
 _unpack_q = struct.Struct(">q").unpack
 _unpack_Q = struct.Struct(">Q").unpack
@@ -74,7 +79,7 @@ def double_from_bits(bits: int) -> float:
 class _AtomKey:
     """Strict key for a boolean or a double (whose Python equality is too loose)."""
 
-    __slots__ = ("tag", "payload", "_hash")
+    __slots__ = ("_hash", "payload", "tag")
 
     def __init__(self, tag: int, payload: int) -> None:
         self.tag = tag
@@ -94,6 +99,29 @@ class _AtomKey:
     def __repr__(self) -> str:
         return f"_AtomKey({self.tag}, {self.payload:#x})"
 
+
+class _BigIntKey:
+    """Strict key for an integer of 2**61 or more in magnitude.
+
+    Python hashes integers modulo 2**61 - 1 with no salt, so a peer could send a set or
+    dictionary of big integers that all collide and make building it quadratic.  These
+    keys hash the integer's bytes instead, which Python salts per process.
+    """
+
+    __slots__ = ("_hash", "n")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._hash = hash(n.to_bytes((n.bit_length() + 8) // 8, "big", signed=True))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _BigIntKey and self.n == other.n  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+_BIG_INT = (1 << 61) - 1
 
 _FALSE_KEY = _AtomKey(0, 0)
 _TRUE_KEY = _AtomKey(0, 1)
@@ -146,7 +174,7 @@ class Record:
     Records support ``len()``, indexing and iteration over their fields.
     """
 
-    __slots__ = ("label", "fields", "_key", "_hash")
+    __slots__ = ("_hash", "fields", "label")
 
     def __init__(self, label: Value, fields: Iterable[Value] = ()) -> None:
         self.label = label if type(label) in _PLAIN_OR_ATOM else preserve(label)
@@ -154,7 +182,6 @@ class Record:
         if not _PLAIN_OR_ATOM.issuperset(map(type, fields)):
             fields = tuple(map(preserve, fields))
         self.fields = fields
-        self._key: tuple[Any, ...] | None = None
         self._hash: int | None = None
 
     @classmethod
@@ -163,27 +190,25 @@ class Record:
         r = _new(cls)
         r.label = label
         r.fields = fields
-        r._key = None
         r._hash = None
         return r
-
-    def _strict(self) -> tuple[Any, ...]:
-        k = self._key
-        if k is None:
-            k = (self.label, *self.fields)
-            if not _PLAIN.issuperset(map(type, k)):
-                k = tuple(map(key, k))
-            self._key = k
-        return k
 
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if type(other) is not Record:
             return type(other) is Annotated and other == self
-        if len(self.fields) != len(other.fields):  # type: ignore[attr-defined]
+        sf = self.fields
+        of = other.fields  # type: ignore[attr-defined]
+        if len(sf) != len(of):
             return False
-        return self._strict() == other._strict()  # type: ignore[attr-defined]
+        sl = self.label
+        ol = other.label  # type: ignore[attr-defined]
+        if sl is not ol and key(sl) != key(ol):
+            return False
+        if _PLAIN.issuperset(map(type, sf)) and _PLAIN.issuperset(map(type, of)):
+            return sf == of
+        return tuple(map(key, sf)) == tuple(map(key, of))
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
@@ -191,7 +216,13 @@ class Record:
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            h = self._hash = hash(self._strict()) ^ 0x2545F491
+            # hash(strict key of the fields) ^ hash(strict key of the label): the plain
+            # case skips building the key tuple, and gives the same number.
+            f = self.fields
+            if not _PLAIN.issuperset(map(type, f)):
+                f = tuple(map(key, f))
+            lab = self.label
+            h = self._hash = hash(f) ^ hash(lab if type(lab) in _PLAIN else key(lab)) ^ 0x2545F491
         return h
 
     def __len__(self) -> int:
@@ -218,7 +249,7 @@ class Record:
         return (Record, (self.label, self.fields))
 
 
-class Sequence(tuple):  # noqa: SLOT001 - tuple subclasses can only have empty slots
+class Sequence(tuple):
     """A Preserves sequence ``[item ...]``: an immutable tuple with strict equality."""
 
     __slots__ = ()
@@ -301,7 +332,7 @@ class Set(AbstractSet):
     ``1``, ``1.0`` and ``True`` are three distinct members here.
     """
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Iterable[Value] = ()) -> None:
         d: dict[Any, Any] = {}
@@ -385,7 +416,7 @@ class Set(AbstractSet):
 class Dictionary(Mapping):
     """A Preserves dictionary ``{key: value ...}``: immutable, hashable, strict keys."""
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Mapping[Value, Value] | Iterable[tuple[Value, Value]] = ()) -> None:
         pairs = items.items() if isinstance(items, Mapping) else items
@@ -526,11 +557,16 @@ class Annotated:
     Use :func:`strip` to remove them and :func:`annotations_equal` to compare them too.
     """
 
-    __slots__ = ("item", "annotations")
+    __slots__ = ("annotations", "item")
 
     def __init__(self, item: Value, annotations: Iterable[Value] = ()) -> None:
-        self.item = item if type(item) is Annotated else preserve(item)
-        self.annotations = tuple(preserve(a) for a in annotations)
+        anns = tuple(preserve(a) for a in annotations)
+        if type(item) is Annotated:
+            # @a @b x is one value with annotations [a, b]: keep one flat wrapper.
+            anns += item.annotations
+            item = item.item
+        self.item = preserve(item)
+        self.annotations = anns
 
     def __eq__(self, other: object) -> bool:
         try:
@@ -562,6 +598,8 @@ _new = object.__new__
 # because the only values Python would confuse it with (``bool`` and ``float``) are never
 # left bare inside a strict key.
 _PLAIN = frozenset({str, int, bytes, Symbol, Record, Sequence, Set, Dictionary, Embedded})
+# Types whose strict key is always the value itself (``key()`` wraps big integers).
+_PLAIN_NOINT = _PLAIN - {int}
 # Types that are already normalised values (no conversion needed by ``preserve``).
 _PLAIN_OR_ATOM = _PLAIN | {bool, float}
 
@@ -575,6 +613,8 @@ def key(v: Value) -> Any:
     """
     t = type(v)
     if t in _PLAIN:
+        if t is int and not -_BIG_INT < v < _BIG_INT:
+            return _BigIntKey(v)
         return v
     if t is bool:
         return _TRUE_KEY if v else _FALSE_KEY
