@@ -1,0 +1,805 @@
+"""The skeleton index of seed 000: which handlers does an assertion or message concern?
+
+Structure (names from the seed)::
+
+    Index        = Bag(V) x Node (the root)
+    Node         = Continuation x (Move -> Class -> Node)
+    Continuation = cache of V x ((constant paths, check paths) -> constant values -> Leaf)
+    Leaf         = cache of V x (capture paths -> Handler)
+    Handler      = Bag(captures) x callbacks
+
+An assertion or message walks the trie of moves from the root, following the classes of
+the value's compound positions (a record's label, "sequence" or "dictionary"), and at each
+node's continuation looks up the constant values at that continuation's constant paths.
+Matching is at-least-arity: extra fields, elements and keys are ignored, so the index
+agrees exactly with :func:`dataspace.pattern.match`.
+
+Beyond the seed:
+
+* Projections (the values at constant, check and capture paths) are compiled once per
+  constant group / capture map into small Python functions (the seed's "JIT compilation of
+  shapes, constant checks, captures").
+* Nothing is kept that no handler and no assertion needs: constant groups disappear with
+  their last handler, leaves with their last handler and cached assertion, nodes with
+  their last continuation entry and child.  After every handler and assertion is gone the
+  index is back to its empty size (:meth:`Index.stats` shows it).
+* Values are keyed by :func:`dataspace.values.key`, so ``1``, ``1.0`` and ``#t`` are three
+  different assertions and three different constants.
+
+Callbacks run synchronously, inside the operation that causes them, and must not modify
+the index (queue the work instead -- :class:`dataspace.Dataspace` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .pattern import (
+    DICTIONARY_CLASS,
+    SEQUENCE_CLASS,
+    Path,
+    Pattern,
+    Skeleton,
+    skeleton,
+)
+from .values import Dictionary, Record, Sequence, Symbol, Value, key, preserve, strip
+from .values.model import _PLAIN
+
+__all__ = ["Callback", "Index"]
+
+Callback = Callable[[str, tuple[Value, ...]], Any]
+"""``callback(event, captures)`` with event ``"+"``, ``"-"`` or ``"!"``."""
+
+_tuple_getitem = tuple.__getitem__
+
+
+class _Node:
+    __slots__ = (
+        "cls",
+        "compiled",
+        "cont",
+        "kinds",
+        "move_key",
+        "move_list",
+        "moves",
+        "parent",
+        "path"
+    )
+
+    def __init__(
+        self, parent: _Node | None, move_key: Any, cls: Any, path: Path, kinds: dict[Path, str]
+    ) -> None:
+        self.cont = _Continuation()
+        # move key -> (getter, up, {class -> node}); move_list mirrors it as a list of
+        # (up, getter, class table) for fast iteration.
+        self.moves: dict[Any, tuple[Callable[[Any], Any], int, dict[Any, _Node]]] = {}
+        self.move_list: list[tuple[int, Callable[[Any], Any], dict[Any, _Node]]] = []
+        self.parent = parent
+        self.move_key = move_key
+        self.cls = cls
+        self.path = path
+        self.kinds = kinds
+        # capture paths -> compiled projection, shared by every leaf under this node
+        self.compiled: dict[Any, Callable[[Value], Any]] = {}
+
+    def rebuild_move_list(self) -> None:
+        self.move_list = [(up, get, table) for (get, up, table) in self.moves.values()]
+
+
+class _Continuation:
+    __slots__ = ("cache", "table")
+
+    def __init__(self) -> None:
+        self.cache: dict[Any, Value] = {}
+        self.table: dict[Any, _ConstGroup] = {}
+
+
+class _ConstGroup:
+    """``table[(constant paths, check paths)]``: leaves by constant values."""
+
+    __slots__ = ("leaves", "nhandlers", "project")
+
+    def __init__(self, project: Callable[[Value], Any]) -> None:
+        self.project = project
+        self.leaves: dict[Any, _Leaf] = {}
+        self.nhandlers = 0
+
+
+class _Leaf:
+    __slots__ = ("cache", "handlers")
+
+    def __init__(self) -> None:
+        self.cache: dict[Any, Value] = {}
+        self.handlers: dict[Any, _Handler] = {}
+
+
+class _Handler:
+    __slots__ = ("bag", "callbacks", "cbs", "extra", "project")
+
+    def __init__(self, project: Callable[[Value], Any]) -> None:
+        self.project = project
+        # Bag of capture tuples: strict key -> captures.  A count above one is kept in
+        # ``extra`` (key -> count - 1), so the common case allocates nothing.
+        self.bag: dict[Any, tuple[Any, ...]] = {}
+        self.extra: dict[Any, int] = {}
+        self.callbacks: dict[Callback, None] = {}
+        self.cbs: tuple[Callback, ...] = ()  # the callbacks, as a tuple for firing
+
+
+# ---------------------------------------------------------------------------------------
+# Compiling projections.  Generated code only ever contains integers and names of
+# namespace constants: no text from patterns or values reaches ``exec``.
+
+
+def _accessor(kinds: dict[Path, str], path: Path, consts: dict[str, Any]) -> str:
+    expr = "v"
+    for i, step in enumerate(path):
+        kind = kinds[path[:i]]
+        if kind == "rec":
+            expr = f"{expr}.fields[{int(step)}]"
+        elif kind == "arr":
+            expr = f"_tg({expr}, {int(step)})"
+        else:
+            name = f"_k{len(consts)}"
+            consts[name] = key(step)
+            expr = f"{expr}._items[{name}][1]"
+    return expr
+
+
+def _compile(src: str, consts: dict[str, Any]) -> Callable[[Value], Any]:
+    ns: dict[str, Any] = {"_tg": _tuple_getitem, "_PLAIN": _PLAIN, "_key": key, **consts}
+    exec(src, ns)
+    return ns["_f"]  # type: ignore[no-any-return]
+
+
+def _sk(x: Value) -> Any:
+    """The key the index uses for a constant or capture: the value itself when its Python
+    equality is already strict, else its strict key.  Compiled code inlines the same."""
+    return x if type(x) in _PLAIN else key(x)
+
+
+def _strict_expr(var: str) -> str:
+    return f"({var} if type({var}) in _PLAIN else _key({var}))"
+
+
+def _compile_constants(
+    kinds: dict[Path, str], const_paths: tuple[Path, ...], check_paths: tuple[Path, ...]
+) -> Callable[[Value], Any]:
+    """v -> strict key of the constant values (``()`` when none), or None if undefined."""
+    consts: dict[str, Any] = {}
+    lines = ["def _f(v):", "    try:", "        pass"]
+    for p in check_paths:
+        lines.append(f"        {_accessor(kinds, p, consts)}")
+    names = []
+    for i, p in enumerate(const_paths):
+        lines.append(f"        c{i} = {_accessor(kinds, p, consts)}")
+        names.append(f"c{i}")
+    lines.append("    except (IndexError, KeyError):")
+    lines.append("        return None")
+    if not names:
+        lines.append("    return ()")
+    elif len(names) == 1:
+        lines.append(f"    return {_strict_expr('c0')}")
+    else:
+        lines.append(f"    return ({', '.join(_strict_expr(n) for n in names)},)")
+    return _compile("\n".join(lines), consts)
+
+
+def _compile_captures(kinds: dict[Path, str], capture_paths: tuple[Path, ...]) -> Callable[[Value], Any]:
+    """v -> (strict key of the captures, captures tuple), or None if undefined."""
+    consts: dict[str, Any] = {}
+    lines = ["def _f(v):", "    try:", "        pass"]
+    names = []
+    for i, p in enumerate(capture_paths):
+        lines.append(f"        c{i} = {_accessor(kinds, p, consts)}")
+        names.append(f"c{i}")
+    lines.append("    except (IndexError, KeyError):")
+    lines.append("        return None")
+    if not names:
+        lines.append("    return ((), ())")
+    elif len(names) == 1:
+        lines.append(f"    return ({_strict_expr('c0')}, (c0,))")
+    else:
+        tup = f"({', '.join(names)},)"
+        lines.append(f"    t = {tup}")
+        lines.append("    if _PLAIN.issuperset(map(type, t)):")
+        lines.append("        return (t, t)")
+        lines.append("    return (tuple(map(_key, t)), t)")
+    return _compile("\n".join(lines), consts)
+
+
+def _compile_step(kind: str, step: Any) -> Callable[[Any], Any]:
+    """parent value -> child value at ``step``, or None when absent."""
+    if step is None:
+        return _identity
+    if kind == "rec":
+        i = int(step)
+
+        def get_rec(r: Any) -> Any:
+            f = r.fields
+            return f[i] if i < len(f) else None
+
+        return get_rec
+    if kind == "arr":
+        i = int(step)
+
+        def get_arr(s: Any) -> Any:
+            return _tuple_getitem(s, i) if i < len(s) else None
+
+        return get_arr
+    k = key(step)
+
+    def get_dict(d: Any) -> Any:
+        e = d._items.get(k)
+        return None if e is None else e[1]
+
+    return get_dict
+
+
+def _identity(v: Any) -> Any:
+    return v
+
+
+# Generic (slow) projection, used only when a new node or group must be filled from a cache.
+
+
+def _project(v: Value, path: Path) -> Any:
+    for step in path:
+        t = type(v)
+        if t is Record:
+            f = v.fields
+            if type(step) is not int or not 0 <= step < len(f):
+                return None
+            v = f[step]
+        elif t is Sequence:
+            if type(step) is not int or not 0 <= step < len(v):
+                return None
+            v = _tuple_getitem(v, step)
+        elif t is Dictionary:
+            e = v._items.get(key(step))
+            if e is None:
+                return None
+            v = e[1]
+        else:
+            return None
+    return v
+
+
+def _classof(v: Any) -> Any:
+    t = type(v)
+    if t is Record:
+        lab = v.label
+        return lab if type(lab) is Symbol else key(lab)
+    if t is Sequence:
+        return SEQUENCE_CLASS
+    if t is Dictionary:
+        return DICTIONARY_CLASS
+    return None
+
+
+def _pkey(path: Path) -> tuple[Any, ...]:
+    return tuple(s if type(s) is int else key(s) for s in path)
+
+
+class Index:
+    """The skeleton index: handlers by pattern, assertions as a bag, messages.
+
+    >>> from dataspace.pattern import parse_pattern
+    >>> from dataspace.values import parse
+    >>> ix = Index(); events = []
+    >>> ix.add_handler(parse_pattern('<Present $who>'), lambda e, c: events.append((e, c)))
+    >>> ix.add_assertion(parse('<Present "alice">'))
+    >>> ix.remove_assertion(parse('<Present "alice">'))
+    >>> events
+    [('+', ('alice',)), ('-', ('alice',))]
+    """
+
+    def __init__(self, sink: list[Any] | None = None) -> None:
+        """With ``sink``, callbacks are not called: ``(event, callbacks, captures)``
+        triples are appended to ``sink`` for the owner to dispatch."""
+        self.sink = sink
+        # strict key -> [copy count, id, value].  Every cache below is keyed by the id
+        # (an int, hashed in C), so a present assertion is hashed once per operation.
+        # strict key of each present assertion -> its id.  Every cache below is keyed by
+        # the id (an int, hashed in C), so an assertion is hashed once per operation.
+        # Copy counts above one live in ``extra`` (id -> count - 1).
+        self.bag: dict[Any, int] = {}
+        self.extra: dict[int, int] = {}
+        self.root = _Node(None, None, None, (), {})
+        self._busy = False
+        self._next_id = 0
+
+    # -- handlers ------------------------------------------------------------------------
+
+    def _extend(self, skel: Skeleton) -> _Node:
+        node = self.root
+        h: Path = ()
+        kinds = node.kinds
+        for (up, down), cls in skel.visit:
+            step = down[0] if down else None
+            mkey = (up, None if step is None else (step if type(step) is int else key(step)))
+            entry = node.moves.get(mkey)
+            if entry is None:
+                parent_path = h[: len(h) - up]
+                kind = kinds.get(parent_path, "") if step is not None else ""
+                entry = (_compile_step(kind, step), up, {})
+                node.moves[mkey] = entry
+                node.rebuild_move_list()
+            table = entry[2]
+            h = h[: len(h) - up] + tuple(down)
+            nxt = table.get(cls)
+            if nxt is None:
+                new_kinds = dict(kinds)
+                new_kinds[h] = (
+                    "arr" if cls is SEQUENCE_CLASS else "dict" if cls is DICTIONARY_CLASS else "rec"
+                )
+                nxt = _Node(node, mkey, cls, h, new_kinds)
+                cache = nxt.cont.cache
+                for k, v in node.cont.cache.items():
+                    if _classof(_project(v, h)) == cls:
+                        cache[k] = v
+                table[cls] = nxt
+            node = nxt
+            kinds = node.kinds
+        return node
+
+    def add_handler(self, pattern: Pattern, callback: Callback) -> None:
+        """Install ``callback`` for ``pattern``; it hears ``"+"`` at once for every
+        distinct capture tuple of the assertions already present."""
+        self._enter()
+        try:
+            skel = skeleton(pattern)
+            node = self._extend(skel)
+            cont = node.cont
+            const_paths = tuple(p for p, _v in skel.constants)
+            check_paths = tuple(skel.index_checks)
+            ckey = (tuple(map(_pkey, const_paths)), tuple(map(_pkey, check_paths)))
+            grp = cont.table.get(ckey)
+            if grp is None:
+                grp = _ConstGroup(_compile_constants(node.kinds, const_paths, check_paths))
+                cont.table[ckey] = grp
+                proj = grp.project
+                leaves = grp.leaves
+                for k, v in cont.cache.items():
+                    ck = proj(v)
+                    if ck is not None:
+                        leaf = leaves.get(ck)
+                        if leaf is None:
+                            leaf = leaves[ck] = _Leaf()
+                        leaf.cache[k] = v
+            vals = [v for _p, v in skel.constants]
+            cvals: Any = _sk(vals[0]) if len(vals) == 1 else tuple(map(_sk, vals))
+            leaf = grp.leaves.get(cvals)
+            if leaf is None:
+                leaf = grp.leaves[cvals] = _Leaf()
+            capkey = tuple(map(_pkey, skel.captures))
+            handler = leaf.handlers.get(capkey)
+            if handler is None:
+                fn = node.compiled.get(capkey)
+                if fn is None:
+                    fn = node.compiled[capkey] = _compile_captures(node.kinds, tuple(skel.captures))
+                handler = _Handler(fn)
+                leaf.handlers[capkey] = handler
+                grp.nhandlers += 1
+                bag = handler.bag
+                extra = handler.extra
+                proj = handler.project
+                for v in leaf.cache.values():
+                    r = proj(v)
+                    if r is not None:
+                        rk, caps = r
+                        n = len(bag)
+                        bag.setdefault(rk, caps)
+                        if len(bag) == n:
+                            extra[rk] = extra.get(rk, 0) + 1
+            if callback in handler.callbacks:
+                return
+            handler.callbacks[callback] = None
+            handler.cbs = tuple(handler.callbacks)
+            initial = list(handler.bag.values())
+        finally:
+            self._busy = False
+        if self.sink is not None:
+            self.sink.extend(("+", (callback,), caps) for caps in initial)
+        else:
+            for caps in initial:
+                callback("+", caps)
+
+    def remove_handler(self, pattern: Pattern, callback: Callback) -> None:
+        """Remove a handler added with an equal pattern and the same callback."""
+        self._enter()
+        try:
+            skel = skeleton(pattern)
+            node = self._find(skel)
+            if node is None:
+                return
+            cont = node.cont
+            ckey = (
+                tuple(_pkey(p) for p, _v in skel.constants),
+                tuple(map(_pkey, skel.index_checks)),
+            )
+            grp = cont.table.get(ckey)
+            if grp is None:
+                return
+            vals = [v for _p, v in skel.constants]
+            cvals = _sk(vals[0]) if len(vals) == 1 else tuple(map(_sk, vals))
+            leaf = grp.leaves.get(cvals)
+            if leaf is None:
+                return
+            capkey = tuple(map(_pkey, skel.captures))
+            handler = leaf.handlers.get(capkey)
+            if handler is None or callback not in handler.callbacks:
+                return
+            del handler.callbacks[callback]
+            handler.cbs = tuple(handler.callbacks)
+            if handler.callbacks:
+                return
+            del leaf.handlers[capkey]
+            grp.nhandlers -= 1
+            if not leaf.cache and not leaf.handlers:
+                del grp.leaves[cvals]
+            if grp.nhandlers == 0:
+                # No handler needs these constants any more: drop the group and its leaves.
+                del cont.table[ckey]
+            self._prune(node)
+        finally:
+            self._busy = False
+
+    def _find(self, skel: Skeleton) -> _Node | None:
+        node = self.root
+        for (up, down), cls in skel.visit:
+            step = down[0] if down else None
+            mkey = (up, None if step is None else (step if type(step) is int else key(step)))
+            entry = node.moves.get(mkey)
+            if entry is None:
+                return None
+            nxt = entry[2].get(cls)
+            if nxt is None:
+                return None
+            node = nxt
+        return node
+
+    def _prune(self, node: _Node) -> None:
+        while node.parent is not None and not node.cont.table and not node.moves:
+            parent = node.parent
+            entry = parent.moves[node.move_key]
+            del entry[2][node.cls]
+            if not entry[2]:
+                del parent.moves[node.move_key]
+                parent.rebuild_move_list()
+            node = parent
+
+    # -- assertions and messages -------------------------------------------------------
+
+    def add_assertion(self, value: Value) -> None:
+        """Add one copy of ``value``; handlers hear ``"+"`` if it was absent."""
+        self.adjust_assertion(value, 1)
+
+    def remove_assertion(self, value: Value) -> None:
+        """Remove one copy of ``value`` (no effect if absent); handlers hear ``"-"`` when
+        the last copy goes."""
+        self.adjust_assertion(value, -1)
+
+    def adjust_assertion(self, value: Value, delta: int) -> bool:
+        """Change the copy count of ``value`` by ``delta``.  Returns True when the value
+        appeared or disappeared (the observable contents changed)."""
+        if type(value) in _PLAIN:
+            k = value
+        else:
+            value = strip(preserve(value))
+            k = key(value)
+        bag = self.bag
+        if delta > 0:
+            vid = self._next_id + 1
+            old = bag.setdefault(k, vid)  # one hash for lookup and insertion
+            if old != vid:
+                self.extra[old] = self.extra.get(old, 0) + delta
+                return False
+            if delta > 1:
+                self.extra[vid] = delta - 1
+            if self._busy:
+                del bag[k]
+                self._enter()
+            self._next_id = vid
+            sink = self.sink
+            fire: list[Any] = [] if sink is None else sink
+            self._busy = True
+            try:
+                root = self.root
+                root.cont.cache[vid] = value
+                if root.cont.table:
+                    _add_visit(_EMPTY_NODE, [value], vid, value, fire, root.cont)
+                if root.move_list:
+                    if type(value) is Record:
+                        cls = value.label
+                        if type(cls) is not Symbol:
+                            cls = key(cls)
+                    else:
+                        cls = _root_class(value)
+                    nxt = root.move_list[0][2].get(cls)
+                    if nxt is not None:
+                        _add_visit(nxt, [value, value], vid, value, fire, nxt.cont)
+            finally:
+                self._busy = False
+            if sink is None:
+                _fire(fire)
+            return True
+        if delta == 0:
+            return False
+        vid = bag.get(k)
+        if vid is None:
+            return False
+        extra = self.extra
+        if extra:
+            more = extra.get(vid)
+            if more is not None:
+                more += delta
+                if more > 0:
+                    extra[vid] = more
+                    return False
+                del extra[vid]
+                if more == 0:
+                    return False
+        if self._busy:
+            self._enter()
+        del bag[k]
+        sink = self.sink
+        fire = [] if sink is None else sink
+        self._busy = True
+        try:
+            root = self.root
+            _del_root(root, vid, root.cont.cache[vid], fire)
+        finally:
+            self._busy = False
+        if sink is None:
+            _fire(fire)
+        return True
+
+    def send_message(self, value: Value) -> None:
+        """Deliver ``value`` as a message: every matching handler hears ``"!"``."""
+        if type(value) not in _PLAIN:
+            value = strip(preserve(value))
+        if self._busy:
+            self._enter()
+        sink = self.sink
+        fire: list[Any] = [] if sink is None else sink
+        self._busy = True
+        try:
+            _msg_root(self.root, value, fire)
+        finally:
+            self._busy = False
+        if sink is None:
+            _fire(fire)
+
+    def _enter(self) -> None:
+        if self._busy:
+            raise RuntimeError(
+                "the index was modified from inside one of its callbacks; queue the change "
+                "and apply it after the callback returns (Dataspace does this for you)"
+            )
+        self._busy = True
+
+    # -- introspection -----------------------------------------------------------------
+
+    def __contains__(self, value: Value) -> bool:
+        return key(strip(preserve(value))) in self.bag
+
+    def count(self, value: Value) -> int:
+        """How many copies of ``value`` are asserted."""
+        vid = self.bag.get(key(strip(preserve(value))))
+        return 0 if vid is None else 1 + self.extra.get(vid, 0)
+
+    def assertions(self) -> list[Value]:
+        """The distinct assertions present."""
+        return list(self.root.cont.cache.values())
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of every part of the index (for memory tests and diagnostics)."""
+        s = {"assertions": len(self.bag), "nodes": 0, "groups": 0, "leaves": 0,
+             "handlers": 0, "callbacks": 0, "cached": 0}
+
+        def walk(n: _Node) -> None:
+            s["nodes"] += 1
+            s["cached"] += len(n.cont.cache)
+            for grp in n.cont.table.values():
+                s["groups"] += 1
+                for leaf in grp.leaves.values():
+                    s["leaves"] += 1
+                    s["cached"] += len(leaf.cache)
+                    for h in leaf.handlers.values():
+                        s["handlers"] += 1
+                        s["callbacks"] += len(h.callbacks)
+                        s["cached"] += len(h.bag)
+            for _get, _up, table in n.moves.values():
+                for child in table.values():
+                    walk(child)
+
+        walk(self.root)
+        return s
+
+
+def _fire(fire: list[Any]) -> None:
+    for event, callbacks, caps in fire:
+        for cb in callbacks:
+            cb(event, caps)
+
+
+def _root_class(v: Any) -> Any:
+    t = type(v)
+    if t is Record:
+        cls = v.label
+        return cls if type(cls) is Symbol else key(cls)
+    if t is Sequence:
+        return SEQUENCE_CLASS
+    if t is Dictionary:
+        return DICTIONARY_CLASS
+    return None
+
+
+_EMPTY_NODE = _Node(None, None, None, (), {})  # stands for "no moves" at the root
+
+# At the root the only move is (0, []): the class of the whole value picks the child.
+
+
+def _del_root(root: _Node, vid: int, v: Value, fire: list[Any]) -> None:
+    root.cont.cache.pop(vid, None)
+    if root.cont.table:
+        _del_visit(_EMPTY_NODE, [v], vid, v, fire, root.cont)
+    if root.move_list:
+        nxt = root.move_list[0][2].get(_root_class(v))
+        if nxt is not None:
+            _del_visit(nxt, [v, v], vid, v, fire, nxt.cont)
+
+
+def _msg_root(root: _Node, v: Value, fire: list[Any]) -> None:
+    if root.cont.table:
+        _msg_visit(_EMPTY_NODE, [v], v, fire, root.cont)
+    if root.move_list:
+        nxt = root.move_list[0][2].get(_root_class(v))
+        if nxt is not None:
+            _msg_visit(nxt, [v, v], v, fire, nxt.cont)
+
+
+# The three traversals (seed 000's ``modify`` specialised per operation).  ``stack`` holds
+# the values along the current path, the last one being the value at the node's position.
+# Callbacks are collected in ``fire`` and invoked after the index is consistent again.
+
+
+def _add_visit(
+    node: _Node, stack: list[Any], k: int, v: Value, fire: list[Any], cont: _Continuation
+) -> None:
+    cont.cache[k] = v
+    for grp in cont.table.values():
+        ck = grp.project(v)
+        if ck is None:
+            continue
+        leaf = grp.leaves.get(ck)
+        if leaf is None:
+            leaf = grp.leaves[ck] = _Leaf()
+        leaf.cache[k] = v
+        for handler in leaf.handlers.values():
+            r = handler.project(v)
+            if r is None:
+                continue
+            rk, caps = r
+            bag = handler.bag
+            n = len(bag)
+            bag.setdefault(rk, caps)
+            if len(bag) != n:
+                cbs = handler.cbs
+                if cbs:
+                    fire.append(("+", cbs, caps))
+            else:
+                extra = handler.extra
+                extra[rk] = extra.get(rk, 0) + 1
+    for up, get, table in node.move_list:
+        base = stack if up == 0 else stack[: len(stack) - up]
+        child = get(base[-1])
+        if child is None:
+            continue
+        t = type(child)
+        if t is Record:
+            cls = child.label
+            if type(cls) is not Symbol:
+                cls = key(cls)
+        elif t is Sequence:
+            cls = SEQUENCE_CLASS
+        elif t is Dictionary:
+            cls = DICTIONARY_CLASS
+        else:
+            continue
+        nxt = table.get(cls)
+        if nxt is not None:
+            _add_visit(nxt, [*base, child], k, v, fire, nxt.cont)
+
+
+def _del_visit(
+    node: _Node, stack: list[Any], k: int, v: Value, fire: list[Any], cont: _Continuation
+) -> None:
+    cont.cache.pop(k, None)
+    for grp in cont.table.values():
+        ck = grp.project(v)
+        if ck is None:
+            continue
+        leaves = grp.leaves
+        leaf = leaves.get(ck)
+        if leaf is None:
+            continue
+        leaf.cache.pop(k, None)
+        for handler in leaf.handlers.values():
+            r = handler.project(v)
+            if r is None:
+                continue
+            rk = r[0]
+            extra = handler.extra
+            if extra:
+                more = extra.get(rk)
+                if more is not None:
+                    if more == 1:
+                        del extra[rk]
+                    else:
+                        extra[rk] = more - 1
+                    continue
+            caps = handler.bag.pop(rk, None)
+            if caps is not None:
+                cbs = handler.cbs
+                if cbs:
+                    fire.append(("-", cbs, caps))
+        if not leaf.cache and not leaf.handlers:
+            del leaves[ck]
+    for up, get, table in node.move_list:
+        base = stack if up == 0 else stack[: len(stack) - up]
+        child = get(base[-1])
+        if child is None:
+            continue
+        t = type(child)
+        if t is Record:
+            cls = child.label
+            if type(cls) is not Symbol:
+                cls = key(cls)
+        elif t is Sequence:
+            cls = SEQUENCE_CLASS
+        elif t is Dictionary:
+            cls = DICTIONARY_CLASS
+        else:
+            continue
+        nxt = table.get(cls)
+        if nxt is not None:
+            _del_visit(nxt, [*base, child], k, v, fire, nxt.cont)
+
+
+def _msg_visit(
+    node: _Node, stack: list[Any], v: Value, fire: list[Any], cont: _Continuation
+) -> None:
+    for grp in cont.table.values():
+        ck = grp.project(v)
+        if ck is None:
+            continue
+        leaf = grp.leaves.get(ck)
+        if leaf is None:
+            continue
+        for handler in leaf.handlers.values():
+            if handler.callbacks:
+                r = handler.project(v)
+                if r is not None:
+                    fire.append(("!", handler.cbs, r[1]))
+    for up, get, table in node.move_list:
+        base = stack if up == 0 else stack[: len(stack) - up]
+        child = get(base[-1])
+        if child is None:
+            continue
+        t = type(child)
+        if t is Record:
+            cls = child.label
+            if type(cls) is not Symbol:
+                cls = key(cls)
+        elif t is Sequence:
+            cls = SEQUENCE_CLASS
+        elif t is Dictionary:
+            cls = DICTIONARY_CLASS
+        else:
+            continue
+        nxt = table.get(cls)
+        if nxt is not None:
+            _msg_visit(nxt, [*base, child], v, fire, nxt.cont)
