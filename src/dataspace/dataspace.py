@@ -1,0 +1,530 @@
+"""The in-process dataspace: assertions with handles, messages, observers and turns.
+
+>>> ds = Dataspace()
+>>> seen = []
+>>> sub = ds.observe('<Present $who>', on_assert=lambda who: seen.append(("+", who)),
+...                  on_retract=lambda who: seen.append(("-", who)))
+>>> h = ds.assert_(parse('<Present "alice">'))
+>>> ds.retract(h)
+>>> seen
+[('+', 'alice'), ('-', 'alice')]
+
+Semantics
+---------
+* Assertions are counted (bag semantics): two handles asserting the same value make it
+  present once; it disappears when the last handle is retracted.
+* A *turn* (``with ds.turn(): ...``) applies its actions atomically when it ends: first
+  every addition, then every removal, then the messages in the order sent.  An assertion
+  made and retracted in the same turn is never seen.  Outside an explicit turn every call
+  is its own turn.
+* Observer callbacks never run inside the index: they are queued and run in order once
+  the turn that caused them has been applied.  Whatever a callback does (assert, retract,
+  send, observe) forms a new turn, applied when the callback returns; if the callback
+  raises, the exception is logged and that turn is discarded -- the dataspace carries on.
+* Subscriptions are assertions too: ``observe`` asserts ``<Observe pattern #:observer>``
+  (the pattern in the Syndicate wire form), so a producer can observe interest.  Any
+  ``<Observe ...>`` assertion works, including ones whose observer is an :class:`Entity`
+  (that is how remote peers subscribe): the entity is asserted the captures as a sequence,
+  retracted when they go, and sent the captures of each matching message.
+* :meth:`Dataspace.during` runs a setup function in a *facet* for each matching assertion;
+  everything the setup asserts or observes (and the cleanup function it may return) is
+  retracted/cancelled/called when that assertion is retracted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .index import Index
+from .pattern import Pattern, PatternError, from_preserves, parse_pattern, to_preserves
+from .values import Embedded, Record, Sequence, Symbol, Value, preserve, strip
+from .values.model import _PLAIN
+
+__all__ = ["Dataspace", "Entity", "Facet", "Handle", "Subscription", "OBSERVE"]
+
+log = logging.getLogger(__name__)
+
+OBSERVE = Symbol("Observe")
+
+_ids = itertools.count(1)
+
+
+class Entity:
+    """Something assertions and messages can be delivered to (Syndicate's entity).
+
+    Subclass and override what you need.  ``handle`` identifies an assertion until it is
+    retracted.  Methods are called from the dataspace's dispatch loop, never re-entrantly.
+    """
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        """``value`` was asserted to this entity under ``handle``."""
+
+    def on_retract(self, handle: int) -> None:
+        """The assertion made under ``handle`` was retracted."""
+
+    def on_message(self, value: Value) -> None:
+        """``value`` was sent to this entity."""
+
+
+class Handle:
+    """The receipt for an assertion; pass it to :meth:`Dataspace.retract` (or call
+    :meth:`retract`)."""
+
+    __slots__ = ("ds", "facet", "id", "live", "value")
+
+    def __init__(self, ds: Dataspace, value: Value, facet: Facet | None) -> None:
+        self.id = next(_ids)
+        self.value = value
+        self.ds = ds
+        self.live = True
+        self.facet = facet
+
+    def retract(self) -> None:
+        """Retract this assertion (no effect if already retracted)."""
+        self.ds.retract(self)
+
+    def __repr__(self) -> str:
+        return f"<Handle {self.id} {'live' if self.live else 'retracted'} {self.value!r}>"
+
+
+class Facet:
+    """Owns assertions, subscriptions and child facets that end together."""
+
+    __slots__ = ("alive", "children", "cleanups", "handles", "parent", "subscriptions")
+
+    def __init__(self, parent: Facet | None) -> None:
+        self.handles: dict[int, Handle] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.children: set[Facet] = set()
+        self.cleanups: list[Callable[[], Any]] = []
+        self.parent = parent
+        self.alive = True
+        if parent is not None:
+            parent.children.add(self)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+class Subscription:
+    """An active observer: returned by :meth:`Dataspace.observe`; :meth:`cancel` ends it."""
+
+    __slots__ = (
+        "__weakref__",
+        "_during",
+        "ds",
+        "facet",
+        "handle",
+        "id",
+        "live",
+        "on_assert",
+        "on_message",
+        "on_retract",
+        "pattern",
+    )
+
+    def __init__(
+        self,
+        ds: Dataspace,
+        pattern: Pattern,
+        on_assert: Callable[..., Any] | None,
+        on_retract: Callable[..., Any] | None,
+        on_message: Callable[..., Any] | None,
+        facet: Facet | None,
+    ) -> None:
+        self.id = next(_ids)
+        self.ds = ds
+        self.pattern = pattern
+        self.on_assert = on_assert
+        self.on_retract = on_retract
+        self.on_message = on_message
+        self.facet = facet
+        self.handle: Handle | None = None
+        self.live = True
+        # For ``during``: captures -> facet running for them.
+        self._during: dict[tuple[Any, ...], Facet] | None = None
+
+    def cancel(self) -> None:
+        """Stop observing (retracts the ``<Observe ...>`` assertion; ends ``during``
+        facets)."""
+        self.ds._cancel(self)
+
+    def __hash__(self) -> int:
+        return self.id
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.id} {self.pattern}>"
+
+
+class _EntityObserver:
+    """Index target for an ``<Observe P #:entity>`` whose observer is an Entity."""
+
+    __slots__ = ("ds", "entity", "handles")
+
+    def __init__(self, ds: Dataspace, entity: Entity) -> None:
+        self.ds = ds
+        self.entity = entity
+        self.handles: dict[Any, int] = {}
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def deliver(self, event: str, caps: tuple[Any, ...]) -> None:
+        value = tuple.__new__(Sequence, caps)
+        if event == "+":
+            h = next(_ids)
+            self.handles[value] = h
+            self.entity.on_assert(value, h)
+        elif event == "-":
+            h = self.handles.pop(value, None)
+            if h is not None:
+                self.entity.on_retract(h)
+        else:
+            self.entity.on_message(value)
+
+    def retract_all(self) -> None:
+        handles = list(self.handles.values())
+        self.handles.clear()
+        on_retract = self.entity.on_retract
+        for h in handles:
+            self.ds._queue.append(("x", (on_retract,), (h,)))
+
+
+class Dataspace:
+    """An in-process dataspace (see the module docstring for the semantics)."""
+
+    def __init__(self, name: str = "dataspace") -> None:
+        self.name = name
+        # Events the index produces, (event, targets, captures), dispatched in order.
+        self._queue: deque[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = deque()
+        self.index = Index(sink=self._queue)  # type: ignore[arg-type]
+        self._turn: list[tuple[str, Any]] | None = None
+        self._turn_depth = 0
+        self._dispatching = False
+        self._facet: Facet | None = None
+        # Observe assertion (strict key) -> (pattern, index callback)
+        self._observers: dict[Any, tuple[Pattern, Any]] = {}
+
+    # -- the public API ------------------------------------------------------------------
+
+    def assert_(self, value: Value) -> Handle:
+        """Assert ``value``; returns the handle that retracts it."""
+        if type(value) not in _PLAIN:
+            value = strip(preserve(value))
+        facet = self._facet
+        h = Handle(self, value, facet)
+        if facet is not None:
+            facet.handles[h.id] = h
+        turn = self._turn
+        if turn is not None:
+            turn.append(("a", h))
+            return h
+        if self.index.adjust_assertion(value, 1) and type(value) is Record:
+            self._maybe_install(value)
+        if self._queue and not self._dispatching:
+            self._dispatch()
+        return h
+
+    def retract(self, handle: Handle) -> None:
+        """Retract the assertion made under ``handle`` (no effect if already retracted)."""
+        if not isinstance(handle, Handle) or handle.ds is not self:
+            raise ValueError(f"{handle!r} is not a handle of this dataspace")
+        if not handle.live:
+            return
+        handle.live = False
+        if handle.facet is not None:
+            handle.facet.handles.pop(handle.id, None)
+        turn = self._turn
+        if turn is not None:
+            turn.append(("r", handle))
+            return
+        self._remove(handle.value)
+        if self._queue and not self._dispatching:
+            self._dispatch()
+
+    def send(self, value: Value) -> None:
+        """Send ``value`` as a message to every current matching observer."""
+        if type(value) not in _PLAIN:
+            value = strip(preserve(value))
+        turn = self._turn
+        if turn is not None:
+            turn.append(("m", value))
+            return
+        self.index.send_message(value)
+        if self._queue and not self._dispatching:
+            self._dispatch()
+
+    def observe(
+        self,
+        pattern: Pattern | str | Value,
+        on_assert: Callable[..., Any] | None = None,
+        on_retract: Callable[..., Any] | None = None,
+        on_message: Callable[..., Any] | None = None,
+    ) -> Subscription:
+        """Observe ``pattern`` (a Pattern, concise pattern text, or a wire-form value).
+
+        ``on_assert(*captures)`` runs once per distinct capture tuple as matching
+        assertions appear (including those already present), ``on_retract(*captures)``
+        when the last one giving those captures goes, and ``on_message(*captures)`` for
+        each matching message.
+        """
+        pat = _to_pattern(pattern)
+        sub = Subscription(self, pat, on_assert, on_retract, on_message, self._facet)
+        if self._facet is not None:
+            self._facet.subscriptions[sub.id] = sub
+        sub.handle = self.assertTrue(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
+        return sub
+
+    def during(
+        self, pattern: Pattern | str | Value, setup: Callable[..., Any]
+    ) -> Subscription:
+        """For each distinct match of ``pattern`` run ``setup(*captures)`` in a new facet.
+
+        What ``setup`` asserts and observes lives until the matching assertion is
+        retracted; if ``setup`` returns a callable, it is called then too.
+        """
+        pat = _to_pattern(pattern)
+        sub = Subscription(self, pat, None, None, None, self._facet)
+        sub._during = {}
+        sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
+        sub.on_retract = lambda *caps: self._stop_during(sub, caps)
+        if self._facet is not None:
+            self._facet.subscriptions[sub.id] = sub
+        sub.handle = self.assertTrue(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
+        return sub
+
+    @contextmanager
+    def turn(self) -> Iterator[Dataspace]:
+        """Group actions into one atomic turn (additions, then removals, then messages).
+
+        If the block raises, the turn is discarded and the exception propagates.
+        """
+        if self._turn is not None:
+            self._turn_depth += 1
+            try:
+                yield self
+            finally:
+                self._turn_depth -= 1
+            return
+        self._turn = []
+        try:
+            yield self
+        except BaseException:
+            actions, self._turn = self._turn, None
+            self._undo(actions)
+            raise
+        actions, self._turn = self._turn, None
+        self._commit(actions)
+        if self._queue and not self._dispatching:
+            self._dispatch()
+
+    def flush(self) -> None:
+        """Run queued callbacks now (normally automatic; useful after manual index use)."""
+        if not self._dispatching:
+            self._dispatch()
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def __contains__(self, value: Value) -> bool:
+        return value in self.index
+
+    def count(self, value: Value) -> int:
+        """How many handles currently assert ``value``."""
+        return self.index.count(value)
+
+    def assertions(self) -> list[Value]:
+        """The distinct values currently asserted."""
+        return self.index.assertions()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _add(self, value: Value) -> None:
+        if self.index.adjust_assertion(value, 1) and type(value) is Record:
+            self._maybe_install(value)
+
+    def _remove(self, value: Value) -> None:
+        if self.index.adjust_assertion(value, -1) and type(value) is Record:
+            lab = value.label
+            if type(lab) is Symbol and lab.name == "Observe":
+                self._uninstall_observer(value)
+
+    def _maybe_install(self, value: Record) -> None:
+        lab = value.label
+        if type(lab) is not Symbol or lab.name != "Observe":
+            return
+        if len(value.fields) != 2 or type(value.fields[1]) is not Embedded:
+            return
+        try:
+            pat = from_preserves(value.fields[0])
+        except PatternError as e:
+            log.warning("%s: ignoring <Observe> with a malformed pattern: %s", self.name, e)
+            return
+        target = value.fields[1].value
+        cb: Any
+        if type(target) is Subscription:
+            if target.ds is not self or not target.live:
+                return
+            cb = target
+        elif isinstance(target, Entity):
+            cb = _EntityObserver(self, target)
+        else:
+            return
+        self._observers[value] = (pat, cb)
+        self.index.add_handler(pat, cb)
+
+    def _uninstall_observer(self, value: Record) -> None:
+        entry = self._observers.pop(value, None)
+        if entry is None:
+            return
+        pat, cb = entry
+        self.index.remove_handler(pat, cb)
+        if isinstance(cb, _EntityObserver):
+            cb.retract_all()
+
+    def _commit(self, actions: list[tuple[str, Any]]) -> None:
+        # Net effect of the turn: an assertion both made and retracted here never shows.
+        added: dict[int, Handle] = {}
+        removed: list[Handle] = []
+        messages: list[Value] = []
+        for kind, x in actions:
+            if kind == "a":
+                added[x.id] = x
+            elif kind == "r":
+                if added.pop(x.id, None) is None:
+                    removed.append(x)
+            else:
+                messages.append(x)
+        for h in added.values():
+            self._add(h.value)
+        for h in removed:
+            self._remove(h.value)
+        for m in messages:
+            self.index.send_message(m)
+
+    def _undo(self, actions: list[tuple[str, Any]]) -> None:
+        for kind, x in actions:
+            if kind == "a":
+                x.live = False
+            elif kind == "r":
+                x.live = True
+
+    def _dispatch(self) -> None:
+        queue = self._queue
+        self._dispatching = True
+        try:
+            while queue:
+                event, targets, caps = queue.popleft()
+                for target in targets:
+                    if type(target) is Subscription:
+                        if not target.live:
+                            continue
+                        if event == "+":
+                            fn = target.on_assert
+                        elif event == "-":
+                            fn = target.on_retract
+                        else:
+                            fn = target.on_message
+                        if fn is None:
+                            continue
+                        self._run(fn, caps, target.facet)
+                    elif event == "x":
+                        self._run(target, caps, None)
+                    else:
+                        self._run(target.deliver, (event, caps), None)
+        finally:
+            self._dispatching = False
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], facet: Facet | None) -> None:
+        """Run one callback as its own turn, isolating failures."""
+        prev_turn, prev_facet = self._turn, self._facet
+        turn: list[tuple[str, Any]] = []
+        self._turn = turn
+        self._facet = facet
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("%s: callback %r failed; its actions are discarded", self.name, fn)
+            self._turn = prev_turn
+            self._undo(turn)
+        else:
+            self._turn = prev_turn
+            if turn:
+                self._commit(turn)
+        finally:
+            self._turn, self._facet = prev_turn, prev_facet
+
+    def _cancel(self, sub: Subscription) -> None:
+        if not sub.live:
+            return
+        sub.live = False
+        if sub.facet is not None:
+            sub.facet.subscriptions.pop(sub.id, None)
+        if sub.handle is not None:
+            self.retract(sub.handle)
+        if sub._during:
+            facets = list(sub._during.values())
+            sub._during.clear()
+            for f in facets:
+                self._stop_facet(f)
+
+    # -- facets (during) -----------------------------------------------------------------
+
+    def _start_facet(self, sub: Subscription, caps: tuple[Any, ...], setup: Callable[..., Any]) -> None:
+        assert sub._during is not None
+        facet = Facet(sub.facet)
+        sub._during[caps] = facet
+        prev = self._facet
+        self._facet = facet
+        try:
+            cleanup = setup(*caps)
+        finally:
+            self._facet = prev
+        if callable(cleanup):
+            facet.cleanups.append(cleanup)
+
+    def _stop_during(self, sub: Subscription, caps: tuple[Any, ...]) -> None:
+        assert sub._during is not None
+        facet = sub._during.pop(caps, None)
+        if facet is not None:
+            self._stop_facet(facet)
+
+    def _stop_facet(self, facet: Facet) -> None:
+        if not facet.alive:
+            return
+        facet.alive = False
+        for child in list(facet.children):
+            self._stop_facet(child)
+        for sub in list(facet.subscriptions.values()):
+            self._cancel(sub)
+        for h in list(facet.handles.values()):
+            self.retract(h)
+        facet.handles.clear()
+        for fn in facet.cleanups:
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: cleanup %r failed", self.name, fn)
+        if facet.parent is not None:
+            facet.parent.children.discard(facet)
+
+
+def _to_pattern(p: Pattern | str | Value) -> Pattern:
+    if isinstance(p, Pattern):
+        return p
+    if isinstance(p, str):
+        return parse_pattern(p)
+    return from_preserves(p)
