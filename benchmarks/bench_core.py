@@ -1,0 +1,200 @@
+"""Core benchmarks: the dataspace index and the in-process Dataspace.
+
+(a) The anchor workload: N observers ``<Says "user-i" $text>`` plus one ``<Present $name>``,
+    then 100,000 assertions, 100,000 retractions and 100,000 messages, each matching exactly
+    one observer: µs per operation and events/s, through the Dataspace API and through the
+    bare Index.
+(b) The same with 10,000 and 100,000 observers: cost per event relative to (a).
+(c) The brute-force reference (every assertion matched against every observer) at 1,000
+    observers, as a ratio.
+(d) Preserves codecs against the ``preserves`` package (benchmarks/bench_values.py).
+
+Run:  .venv/bin/python benchmarks/bench_core.py          (about 2-3 minutes)
+      .venv/bin/python benchmarks/bench_core.py --quick  (smaller, for a smoke test)
+
+Each figure is the best of --repeat runs (the machine is shared and noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from dataspace import Dataspace
+from dataspace.index import Index
+from dataspace.pattern import Bind, Lit, Rec, match
+from dataspace.values import Record, Symbol
+
+SAYS, PRESENT = Symbol("Says"), Symbol("Present")
+
+
+def workload(n_obs: int, n_ops: int) -> list[Record]:
+    return [Record(SAYS, [f"user-{i % n_obs}", f"text-{i}"]) for i in range(n_ops)]
+
+
+def timed(fn: Callable[..., object], *args: object) -> float:
+    gc.collect()
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def _assert_all(ds: Dataspace, vals: list[Record], handles: list[object]) -> None:
+    handles.extend(ds.assert_(v) for v in vals)
+
+
+def _retract_all(ds: Dataspace, handles: list[object]) -> None:
+    for h in handles:
+        ds.retract(h)  # type: ignore[arg-type]
+
+
+def _send_all(ds: Dataspace, vals: list[Record]) -> None:
+    for v in vals:
+        ds.send(v)
+
+
+def _ix_add(ix: Index, vals: list[Record]) -> None:
+    for v in vals:
+        ix.add_assertion(v)
+
+
+def _ix_remove(ix: Index, vals: list[Record]) -> None:
+    for v in vals:
+        ix.remove_assertion(v)
+
+
+def _ix_send(ix: Index, vals: list[Record]) -> None:
+    for v in vals:
+        ix.send_message(v)
+
+
+def bench_dataspace(n_obs: int, n_ops: int, repeat: int) -> dict[str, float]:
+    best = {"assert": 0.0, "retract": 0.0, "message": 0.0, "setup": float("inf")}
+    for _ in range(repeat):
+        ds = Dataspace()
+        count = [0]
+
+        def cb(_text: object, count: list[int] = count) -> None:
+            count[0] += 1
+
+        t_setup = time.perf_counter()
+        for i in range(n_obs):
+            ds.observe(Rec(SAYS, [Lit(f"user-{i}"), Bind()]), on_assert=cb, on_retract=cb, on_message=cb)
+        ds.observe(Rec(PRESENT, [Bind()]), on_assert=cb)
+        best["setup"] = min(best["setup"], time.perf_counter() - t_setup)
+        vals = workload(n_obs, n_ops)
+        handles: list[object] = []
+        ta = timed(_assert_all, ds, vals, handles)
+        tr = timed(_retract_all, ds, handles)
+        vals = workload(n_obs, n_ops)  # fresh objects: hashing them is part of the cost
+        tm = timed(_send_all, ds, vals)
+        assert count[0] == 3 * n_ops, count[0]
+        best["assert"] = max(best["assert"], n_ops / ta)
+        best["retract"] = max(best["retract"], n_ops / tr)
+        best["message"] = max(best["message"], n_ops / tm)
+    return best
+
+
+def bench_index(n_obs: int, n_ops: int, repeat: int) -> dict[str, float]:
+    best = {"assert": 0.0, "retract": 0.0, "message": 0.0}
+    for _ in range(repeat):
+        ix = Index()
+        count = [0]
+
+        def cb(_e: str, _c: tuple[object, ...], count: list[int] = count) -> None:
+            count[0] += 1
+
+        for i in range(n_obs):
+            ix.add_handler(Rec(SAYS, [Lit(f"user-{i}"), Bind()]), cb)
+        ix.add_handler(Rec(PRESENT, [Bind()]), cb)
+        vals = workload(n_obs, n_ops)
+        ta = timed(_ix_add, ix, vals)
+        tr = timed(_ix_remove, ix, vals)
+        vals = workload(n_obs, n_ops)
+        tm = timed(_ix_send, ix, vals)
+        assert count[0] == 3 * n_ops
+        best["assert"] = max(best["assert"], n_ops / ta)
+        best["retract"] = max(best["retract"], n_ops / tr)
+        best["message"] = max(best["message"], n_ops / tm)
+    return best
+
+
+def bench_brute_force(n_obs: int, n_ops: int) -> float:
+    """Assertions/s of the reference: every assertion against every pattern via match()."""
+    pats = [Rec(SAYS, [Lit(f"user-{i}"), Bind()]) for i in range(n_obs)] + [Rec(PRESENT, [Bind()])]
+    vals = workload(n_obs, n_ops)
+    present: dict[object, int] = {}
+    events = [0]
+
+    def run() -> None:
+        for v in vals:
+            present[v] = present.get(v, 0) + 1
+            for p in pats:
+                if match(p, v) is not None:
+                    events[0] += 1
+
+    t = timed(run)
+    assert events[0] == n_ops
+    return n_ops / t
+
+
+def line(label: str, rates: dict[str, float]) -> None:
+    parts = []
+    for op in ("assert", "retract", "message"):
+        r = rates[op]
+        parts.append(f"{op} {1e6 / r:6.2f} µs/op {r:>10,.0f}/s")
+    print(f"  {label:<28} " + " | ".join(parts))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, one repeat (smoke test)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure; the best is kept")
+    ap.add_argument("--skip-values", action="store_true", help="skip (d), the codec comparison")
+    args = ap.parse_args()
+    n_ops = 20_000 if args.quick else 100_000
+    repeat = 1 if args.quick else args.repeat
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; {n_ops:,} operations of each "
+          f"kind; best of {repeat}; every operation matches exactly one observer")
+    print("(a) anchor workload, 1,000 observers <Says \"user-i\" $text> + <Present $name>")
+    base_ds = bench_dataspace(1_000, n_ops, repeat)
+    line("Dataspace (handles, turns)", base_ds)
+    base_ix = bench_index(1_000, n_ops, repeat)
+    line("Index (seed 000 API)", base_ix)
+    targets = {"assert": 200_000, "retract": 200_000, "message": 400_000}
+    verdict = ", ".join(
+        f"{op} {'meets' if base_ds[op] >= t else 'MISSES'} {t:,}/s" for op, t in targets.items()
+    )
+    print(f"  targets (Dataspace): {verdict}")
+
+    print("(b) more observers: cost per event relative to (a) (target: within 1.3x)")
+    for n_obs in sizes[1:]:
+        r = bench_dataspace(n_obs, n_ops, repeat)
+        rel = {op: base_ds[op] / r[op] for op in ("assert", "retract", "message")}
+        line(f"Dataspace, {n_obs:,} observers", r)
+        print(f"  {'':<28} relative cost: " + ", ".join(f"{op} {x:.2f}x" for op, x in rel.items())
+              + f"; observer setup {r['setup']:.1f} s")
+
+    print("(c) brute-force reference (match() against every observer), 1,000 observers")
+    bf = bench_brute_force(1_000, 2_000 if args.quick else 5_000)
+    print(f"  brute force: {bf:,.0f} assertions/s; the index is {base_ix['assert'] / bf:,.0f}x faster")
+
+    if not args.skip_values:
+        print("(d) Preserves codecs vs the preserves package (benchmarks/bench_values.py)")
+        sys.stdout.flush()
+        cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "bench_values.py")]
+        if args.quick:
+            cmd.append("--quick")
+        return subprocess.call(cmd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
