@@ -286,7 +286,7 @@ class Dataspace:
         sub = Subscription(self, pat, on_assert, on_retract, on_message, self._facet)
         if self._facet is not None:
             self._facet.subscriptions[sub.id] = sub
-        sub.handle = self.assertTrue(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
+        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
         return sub
 
     def during(
@@ -304,7 +304,7 @@ class Dataspace:
         sub.on_retract = lambda *caps: self._stop_during(sub, caps)
         if self._facet is not None:
             self._facet.subscriptions[sub.id] = sub
-        sub.handle = self.assertTrue(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
+        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
         return sub
 
     @contextmanager
