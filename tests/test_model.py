@@ -73,6 +73,14 @@ def test_dunder_preserve_hook():
     assert preserve([Point(1, 2)]) == Sequence([Record(Symbol("point"), [1, 2])])
 
 
+def test_equal_to_native_containers_means_equal_hashes():
+    assert hash(Sequence((1, "a"))) == hash((1, "a"))
+    assert {(1, 2): "x"}.get(Sequence((1, 2))) == "x"
+    assert hash(Set([1, "a"])) == hash(frozenset([1, "a"]))
+    assert hash(Sequence((True,))) == hash((True,))  # equal, so equal hashes
+    assert hash(Annotated(True, ["n"])) == hash(True)
+
+
 def test_sequences_compare_with_tuples_and_lists_strictly():
     assert Sequence([1, "a"]) == (1, "a") == Sequence([1, "a"])
     assert Sequence([1, "a"]) == [1, "a"]

@@ -289,9 +289,12 @@ class Sequence(tuple):
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        if _PLAIN.issuperset(map(type, self)):
-            return tuple.__hash__(self) ^ 0x1B873593
-        return hash(tuple(map(key, self))) ^ 0x1B873593
+        # Equal to the hash of the plain tuple (a Sequence compares equal to one), which
+        # is also consistent with strict equality: strictly equal items hash alike in
+        # Python, except NaNs (hashed by identity), so doubles go through their keys.
+        if float in set(map(type, self)):
+            return hash(tuple(map(key, self)))
+        return tuple.__hash__(self)
 
     def __lt__(self, other: object) -> bool:
         return compare(self, other) < 0
@@ -381,9 +384,15 @@ class Set(AbstractSet):
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
+        # As for Sequence: equal to the hash of a frozenset of the same members.
         h = self._hash
         if h is None:
-            h = self._hash = hash(frozenset(self._items)) ^ 0x68E31DA4
+            items = self._items
+            if float in set(map(type, items.values())):
+                h = hash(frozenset(items))
+            else:
+                h = hash(frozenset(items.values()))
+            self._hash = h
         return h
 
     def __lt__(self, other: object) -> bool:  # type: ignore[override]
@@ -578,7 +587,8 @@ class Annotated:
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        return hash(key(self))
+        item = self.item
+        return hash(key(item) if type(item) is float else item)
 
     def __lt__(self, other: object) -> bool:
         return compare(self, other) < 0
