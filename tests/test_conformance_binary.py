@@ -35,7 +35,7 @@ from dataspace.values import (
     strip,
 )
 
-SAMPLES = Path("/work/shared/conformance/preserves/samples.bin")
+SAMPLES = Path(__file__).parent / "data" / "preserves" / "samples.bin"
 
 EXPECTATIONS = {
     "Test": (1, 2, 3, 4, 7, 8),
