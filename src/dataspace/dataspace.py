@@ -38,7 +38,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NewType
 
 from .index import Index
 from .pattern import Pattern, PatternError, from_preserves, parse_pattern, to_preserves
@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 OBSERVE = Symbol("Observe")
 
 _ids = itertools.count(1)
+_MISSING = object()
 
 
 class Entity:
@@ -71,25 +72,13 @@ class Entity:
         """``value`` was sent to this entity."""
 
 
-class Handle:
-    """The receipt for an assertion; pass it to :meth:`Dataspace.retract` (or call
-    :meth:`retract`)."""
+Handle = NewType("Handle", int)
+"""The receipt for an assertion: pass it to :meth:`Dataspace.retract`.
 
-    __slots__ = ("ds", "facet", "id", "live", "value")
-
-    def __init__(self, ds: Dataspace, value: Value, facet: Facet | None) -> None:
-        self.id = next(_ids)
-        self.value = value
-        self.ds = ds
-        self.live = True
-        self.facet = facet
-
-    def retract(self) -> None:
-        """Retract this assertion (no effect if already retracted)."""
-        self.ds.retract(self)
-
-    def __repr__(self) -> str:
-        return f"<Handle {self.id} {'live' if self.live else 'retracted'} {self.value!r}>"
+A handle is a plain integer, unique in the process.  (Plain on purpose: CPython does not
+track integers in its garbage collector, so holding many assertions does not make every
+collection slower, as a small object per assertion would.)
+"""
 
 
 class Facet:
@@ -98,7 +87,7 @@ class Facet:
     __slots__ = ("alive", "children", "cleanups", "handles", "parent", "subscriptions")
 
     def __init__(self, parent: Facet | None) -> None:
-        self.handles: dict[int, Handle] = {}
+        self.handles: set[Handle] = set()
         self.subscriptions: dict[int, Subscription] = {}
         self.children: set[Facet] = set()
         self.cleanups: list[Callable[[], Any]] = []
@@ -212,8 +201,11 @@ class Dataspace:
         # Events the index produces, (event, targets, captures), dispatched in order.
         self._queue: deque[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = deque()
         self.index = Index(sink=self._queue)  # type: ignore[arg-type]
-        self._turn: list[tuple[str, Any]] | None = None
+        self._turn: list[tuple[str, Any, Any]] | None = None
         self._turn_depth = 0
+        # Live handles and their values; handles made inside a facet and their facet.
+        self._values: dict[Handle, Value] = {}
+        self._owner: dict[Handle, Facet] = {}
         self._dispatching = False
         self._facet: Facet | None = None
         # Observe assertion (strict key) -> (pattern, index callback)
@@ -225,13 +217,15 @@ class Dataspace:
         """Assert ``value``; returns the handle that retracts it."""
         if type(value) not in _PLAIN:
             value = strip(preserve(value))
+        h = Handle(next(_ids))
+        self._values[h] = value
         facet = self._facet
-        h = Handle(self, value, facet)
         if facet is not None:
-            facet.handles[h.id] = h
+            facet.handles.add(h)
+            self._owner[h] = facet
         turn = self._turn
         if turn is not None:
-            turn.append(("a", h))
+            turn.append(("a", h, value))
             return h
         if self.index.adjust_assertion(value, 1) and type(value) is Record:
             self._maybe_install(value)
@@ -239,22 +233,33 @@ class Dataspace:
             self._dispatch()
         return h
 
-    def retract(self, handle: Handle) -> None:
-        """Retract the assertion made under ``handle`` (no effect if already retracted)."""
-        if not isinstance(handle, Handle) or handle.ds is not self:
-            raise ValueError(f"{handle!r} is not a handle of this dataspace")
-        if not handle.live:
-            return
-        handle.live = False
-        if handle.facet is not None:
-            handle.facet.handles.pop(handle.id, None)
+    def retract(self, handle: Handle) -> bool:
+        """Retract the assertion made under ``handle``.
+
+        Returns False (and does nothing) if it was already retracted or is not a handle
+        of this dataspace.
+        """
+        value = self._values.pop(handle, _MISSING)
+        if value is _MISSING:
+            if not isinstance(handle, int):
+                raise TypeError(f"retract() takes a Handle, not {type(handle).__name__}")
+            return False
+        if self._owner:
+            facet = self._owner.pop(handle, None)
+            if facet is not None:
+                facet.handles.discard(handle)
         turn = self._turn
         if turn is not None:
-            turn.append(("r", handle))
-            return
-        self._remove(handle.value)
+            turn.append(("r", handle, value))
+            return True
+        self._remove(value)
         if self._queue and not self._dispatching:
             self._dispatch()
+        return True
+
+    def value_of(self, handle: Handle) -> Value | None:
+        """The value asserted under ``handle``, or None if it is not live."""
+        return self._values.get(handle)
 
     def send(self, value: Value) -> None:
         """Send ``value`` as a message to every current matching observer."""
@@ -262,7 +267,7 @@ class Dataspace:
             value = strip(preserve(value))
         turn = self._turn
         if turn is not None:
-            turn.append(("m", value))
+            turn.append(("m", None, value))
             return
         self.index.send_message(value)
         if self._queue and not self._dispatching:
@@ -368,21 +373,25 @@ class Dataspace:
             return
         if len(value.fields) != 2 or type(value.fields[1]) is not Embedded:
             return
-        try:
-            pat = from_preserves(value.fields[0])
-        except PatternError as e:
-            log.warning("%s: ignoring <Observe> with a malformed pattern: %s", self.name, e)
-            return
         target = value.fields[1].value
         cb: Any
-        if type(target) is Subscription:
-            if target.ds is not self or not target.live:
+        if type(target) is Subscription and target.ds is self:
+            # Our own subscription: its pattern object is at hand (and equal to the
+            # wire form in the assertion), so skip reading it back.
+            if not target.live:
                 return
+            pat = target.pattern
             cb = target
-        elif isinstance(target, Entity):
-            cb = _EntityObserver(self, target)
         else:
-            return
+            try:
+                pat = from_preserves(value.fields[0])
+            except PatternError as e:
+                log.warning("%s: ignoring <Observe> with a malformed pattern: %s", self.name, e)
+                return
+            if isinstance(target, Entity):
+                cb = _EntityObserver(self, target)
+            else:
+                return
         self._observers[value] = (pat, cb)
         self.index.add_handler(pat, cb)
 
@@ -395,32 +404,35 @@ class Dataspace:
         if isinstance(cb, _EntityObserver):
             cb.retract_all()
 
-    def _commit(self, actions: list[tuple[str, Any]]) -> None:
+    def _commit(self, actions: list[tuple[str, Any, Any]]) -> None:
         # Net effect of the turn: an assertion both made and retracted here never shows.
-        added: dict[int, Handle] = {}
-        removed: list[Handle] = []
+        added: dict[Handle, Value] = {}
+        removed: list[Value] = []
         messages: list[Value] = []
-        for kind, x in actions:
+        for kind, h, v in actions:
             if kind == "a":
-                added[x.id] = x
+                added[h] = v
             elif kind == "r":
-                if added.pop(x.id, None) is None:
-                    removed.append(x)
+                if added.pop(h, _MISSING) is _MISSING:
+                    removed.append(v)
             else:
-                messages.append(x)
-        for h in added.values():
-            self._add(h.value)
-        for h in removed:
-            self._remove(h.value)
+                messages.append(v)
+        for v in added.values():
+            self._add(v)
+        for v in removed:
+            self._remove(v)
         for m in messages:
             self.index.send_message(m)
 
-    def _undo(self, actions: list[tuple[str, Any]]) -> None:
-        for kind, x in actions:
+    def _undo(self, actions: list[tuple[str, Any, Any]]) -> None:
+        for kind, h, v in reversed(actions):
             if kind == "a":
-                x.live = False
+                self._values.pop(h, None)
+                facet = self._owner.pop(h, None)
+                if facet is not None:
+                    facet.handles.discard(h)
             elif kind == "r":
-                x.live = True
+                self._values[h] = v
 
     def _dispatch(self) -> None:
         queue = self._queue
@@ -451,7 +463,7 @@ class Dataspace:
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], facet: Facet | None) -> None:
         """Run one callback as its own turn, isolating failures."""
         prev_turn, prev_facet = self._turn, self._facet
-        turn: list[tuple[str, Any]] = []
+        turn: list[tuple[str, Any, Any]] = []
         self._turn = turn
         self._facet = facet
         try:
@@ -510,7 +522,7 @@ class Dataspace:
             self._stop_facet(child)
         for sub in list(facet.subscriptions.values()):
             self._cancel(sub)
-        for h in list(facet.handles.values()):
+        for h in list(facet.handles):
             self.retract(h)
         facet.handles.clear()
         for fn in facet.cleanups:

@@ -6,6 +6,10 @@ Structure (names from the seed)::
     Node         = Continuation x (Move -> Class -> Node)
     Continuation = cache of V x ((constant paths, check paths) -> constant values -> Leaf)
     Leaf         = cache of V x (capture paths -> Handler)
+
+(Caches hold assertion ids, not values: ``Index.values`` maps each id to its value once.
+Dictionaries of integers are invisible to Python's garbage collector, so filling many
+leaves does not trigger full collections.)
     Handler      = Bag(captures) x callbacks
 
 An assertion or message walks the trie of moves from the root, following the classes of
@@ -91,36 +95,63 @@ class _Continuation:
     __slots__ = ("cache", "table")
 
     def __init__(self) -> None:
-        self.cache: dict[Any, Value] = {}
+        self.cache: dict[int, None] = {}  # ids of the assertions that reach here
         self.table: dict[Any, _ConstGroup] = {}
 
 
 class _ConstGroup:
     """``table[(constant paths, check paths)]``: leaves by constant values."""
 
-    __slots__ = ("leaves", "nhandlers", "project")
+    __slots__ = ("project", "leaves", "msg", "nhandlers")
 
     def __init__(self, project: Callable[[Value], Any]) -> None:
         self.project = project
         self.leaves: dict[Any, _Leaf] = {}
+        # What a message needs and nothing else: constant values -> flat tuple
+        # (projection, callbacks, projection, callbacks, ...) of the handlers with
+        # callbacks, so a message touches one dict and one tuple per match.
+        self.msg: dict[Any, tuple[Any, ...]] = {}
         self.nhandlers = 0
 
 
 class _Leaf:
-    __slots__ = ("cache", "handlers")
+    __slots__ = ("cache", "one", "handlers", "hlist")
 
     def __init__(self) -> None:
-        self.cache: dict[Any, Value] = {}
+        # Ids of the assertions with these constants: the first in ``one``, any more in
+        # ``cache`` (most leaves hold one assertion, and a dict costs an allocation).
+        self.one: int | None = None
+        self.cache: dict[int, None] = {}
         self.handlers: dict[Any, _Handler] = {}
+        self.hlist: tuple[_Handler, ...] = ()  # handlers.values(), for fast iteration
+
+    def refresh(self, grp: _ConstGroup, ck: Any) -> None:
+        """Recompute the derived tuples after a handler or callback change."""
+        self.hlist = tuple(self.handlers.values())
+        flat: list[Any] = []
+        for h in self.hlist:
+            if h.cbs:
+                flat += (h.project, h.cbs)
+        if flat:
+            grp.msg[ck] = tuple(flat)
+        else:
+            grp.msg.pop(ck, None)
+
+
+_NO = object()  # "no entry" in a handler's first-entry slot
 
 
 class _Handler:
-    __slots__ = ("bag", "callbacks", "cbs", "extra", "project")
+    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "project")
 
     def __init__(self, project: Callable[[Value], Any]) -> None:
         self.project = project
-        # Bag of capture tuples: strict key -> captures.  A count above one is kept in
-        # ``extra`` (key -> count - 1), so the common case allocates nothing.
+        # Bag of capture tuples, strict key -> captures: the first distinct entry in
+        # ``k1``/``c1``, any more in ``bag`` (a dict costs an allocation, and many
+        # handlers only ever hold one).  A count above one is kept in ``extra``
+        # (key -> count - 1), so the common case allocates nothing.
+        self.k1: Any = _NO
+        self.c1: tuple[Any, ...] | None = None
         self.bag: dict[Any, tuple[Any, ...]] = {}
         self.extra: dict[Any, int] = {}
         self.callbacks: dict[Callback, None] = {}
@@ -299,13 +330,12 @@ class Index:
         """With ``sink``, callbacks are not called: ``(event, callbacks, captures)``
         triples are appended to ``sink`` for the owner to dispatch."""
         self.sink = sink
-        # strict key -> [copy count, id, value].  Every cache below is keyed by the id
-        # (an int, hashed in C), so a present assertion is hashed once per operation.
         # strict key of each present assertion -> its id.  Every cache below is keyed by
         # the id (an int, hashed in C), so an assertion is hashed once per operation.
         # Copy counts above one live in ``extra`` (id -> count - 1).
         self.bag: dict[Any, int] = {}
         self.extra: dict[int, int] = {}
+        self.values: dict[int, Value] = {}  # id -> assertion
         self.root = _Node(None, None, None, (), {})
         self._busy = False
         self._next_id = 0
@@ -336,9 +366,10 @@ class Index:
                 )
                 nxt = _Node(node, mkey, cls, h, new_kinds)
                 cache = nxt.cont.cache
-                for k, v in node.cont.cache.items():
-                    if _classof(_project(v, h)) == cls:
-                        cache[k] = v
+                values = self.values
+                for k in node.cont.cache:
+                    if _classof(_project(values[k], h)) == cls:
+                        cache[k] = None
                 table[cls] = nxt
             node = nxt
             kinds = node.kinds
@@ -361,13 +392,17 @@ class Index:
                 cont.table[ckey] = grp
                 proj = grp.project
                 leaves = grp.leaves
-                for k, v in cont.cache.items():
-                    ck = proj(v)
+                values = self.values
+                for k in cont.cache:
+                    ck = proj(values[k])
                     if ck is not None:
                         leaf = leaves.get(ck)
                         if leaf is None:
                             leaf = leaves[ck] = _Leaf()
-                        leaf.cache[k] = v
+                        if leaf.one is None:
+                            leaf.one = k
+                        else:
+                            leaf.cache[k] = None
             vals = [v for _p, v in skel.constants]
             cvals: Any = _sk(vals[0]) if len(vals) == 1 else tuple(map(_sk, vals))
             leaf = grp.leaves.get(cvals)
@@ -382,22 +417,22 @@ class Index:
                 handler = _Handler(fn)
                 leaf.handlers[capkey] = handler
                 grp.nhandlers += 1
-                bag = handler.bag
-                extra = handler.extra
                 proj = handler.project
-                for v in leaf.cache.values():
-                    r = proj(v)
+                ids = list(leaf.cache)
+                if leaf.one is not None:
+                    ids.append(leaf.one)
+                for k in ids:
+                    r = proj(self.values[k])
                     if r is not None:
-                        rk, caps = r
-                        n = len(bag)
-                        bag.setdefault(rk, caps)
-                        if len(bag) == n:
-                            extra[rk] = extra.get(rk, 0) + 1
+                        _bag_add(handler, r[0], r[1])
             if callback in handler.callbacks:
                 return
             handler.callbacks[callback] = None
             handler.cbs = tuple(handler.callbacks)
+            leaf.refresh(grp, cvals)
             initial = list(handler.bag.values())
+            if handler.k1 is not _NO:
+                initial.append(handler.c1)
         finally:
             self._busy = False
         if self.sink is not None:
@@ -434,10 +469,12 @@ class Index:
             del handler.callbacks[callback]
             handler.cbs = tuple(handler.callbacks)
             if handler.callbacks:
+                leaf.refresh(grp, cvals)
                 return
             del leaf.handlers[capkey]
+            leaf.refresh(grp, cvals)
             grp.nhandlers -= 1
-            if not leaf.cache and not leaf.handlers:
+            if leaf.one is None and not leaf.cache and not leaf.handlers:
                 del grp.leaves[cvals]
             if grp.nhandlers == 0:
                 # No handler needs these constants any more: drop the group and its leaves.
@@ -507,7 +544,8 @@ class Index:
             self._busy = True
             try:
                 root = self.root
-                root.cont.cache[vid] = value
+                self.values[vid] = value
+                root.cont.cache[vid] = None
                 if root.cont.table:
                     _add_visit(_EMPTY_NODE, [value], vid, value, fire, root.cont)
                 if root.move_list:
@@ -548,8 +586,7 @@ class Index:
         fire = [] if sink is None else sink
         self._busy = True
         try:
-            root = self.root
-            _del_root(root, vid, root.cont.cache[vid], fire)
+            _del_root(self.root, vid, self.values.pop(vid), fire)
         finally:
             self._busy = False
         if sink is None:
@@ -592,7 +629,7 @@ class Index:
 
     def assertions(self) -> list[Value]:
         """The distinct assertions present."""
-        return list(self.root.cont.cache.values())
+        return list(self.values.values())
 
     def stats(self) -> dict[str, int]:
         """Sizes of every part of the index (for memory tests and diagnostics)."""
@@ -606,17 +643,36 @@ class Index:
                 s["groups"] += 1
                 for leaf in grp.leaves.values():
                     s["leaves"] += 1
-                    s["cached"] += len(leaf.cache)
+                    s["cached"] += len(leaf.cache) + (leaf.one is not None)
                     for h in leaf.handlers.values():
                         s["handlers"] += 1
                         s["callbacks"] += len(h.callbacks)
-                        s["cached"] += len(h.bag)
+                        s["cached"] += len(h.bag) + (h.k1 is not _NO)
             for _get, _up, table in n.moves.values():
                 for child in table.values():
                     walk(child)
 
         walk(self.root)
         return s
+
+
+def _bag_add(handler: _Handler, rk: Any, caps: tuple[Any, ...]) -> bool:
+    """Add one copy of ``caps`` to the handler's bag; True if it was not there."""
+    k1 = handler.k1
+    if k1 is _NO and not handler.bag:
+        handler.k1 = rk
+        handler.c1 = caps
+        return True
+    if k1 is not _NO and k1 == rk:
+        new = False
+    else:
+        bag = handler.bag
+        n = len(bag)
+        bag.setdefault(rk, caps)
+        new = len(bag) != n
+    if not new:
+        handler.extra[rk] = handler.extra.get(rk, 0) + 1
+    return new
 
 
 def _fire(fire: list[Any]) -> None:
@@ -669,7 +725,7 @@ def _msg_root(root: _Node, v: Value, fire: list[Any]) -> None:
 def _add_visit(
     node: _Node, stack: list[Any], k: int, v: Value, fire: list[Any], cont: _Continuation
 ) -> None:
-    cont.cache[k] = v
+    cont.cache[k] = None
     for grp in cont.table.values():
         ck = grp.project(v)
         if ck is None:
@@ -677,16 +733,28 @@ def _add_visit(
         leaf = grp.leaves.get(ck)
         if leaf is None:
             leaf = grp.leaves[ck] = _Leaf()
-        leaf.cache[k] = v
-        for handler in leaf.handlers.values():
+        if leaf.one is None:
+            leaf.one = k
+        else:
+            leaf.cache[k] = None
+        for handler in leaf.hlist:
             r = handler.project(v)
             if r is None:
                 continue
             rk, caps = r
-            bag = handler.bag
-            n = len(bag)
-            bag.setdefault(rk, caps)
-            if len(bag) != n:
+            k1 = handler.k1
+            if k1 is _NO and not handler.bag:
+                handler.k1 = rk
+                handler.c1 = caps
+                new = True
+            elif k1 is not _NO and k1 == rk:
+                new = False
+            else:
+                bag = handler.bag
+                n = len(bag)
+                bag.setdefault(rk, caps)
+                new = len(bag) != n
+            if new:
                 cbs = handler.cbs
                 if cbs:
                     fire.append(("+", cbs, caps))
@@ -726,8 +794,11 @@ def _del_visit(
         leaf = leaves.get(ck)
         if leaf is None:
             continue
-        leaf.cache.pop(k, None)
-        for handler in leaf.handlers.values():
+        if leaf.one == k:
+            leaf.one = None
+        else:
+            leaf.cache.pop(k, None)
+        for handler in leaf.hlist:
             r = handler.project(v)
             if r is None:
                 continue
@@ -741,12 +812,18 @@ def _del_visit(
                     else:
                         extra[rk] = more - 1
                     continue
-            caps = handler.bag.pop(rk, None)
+            k1 = handler.k1
+            if k1 is not _NO and k1 == rk:
+                caps = handler.c1
+                handler.k1 = _NO
+                handler.c1 = None
+            else:
+                caps = handler.bag.pop(rk, None)
             if caps is not None:
                 cbs = handler.cbs
                 if cbs:
                     fire.append(("-", cbs, caps))
-        if not leaf.cache and not leaf.handlers:
+        if leaf.one is None and not leaf.cache and not leaf.handlers:
             del leaves[ck]
     for up, get, table in node.move_list:
         base = stack if up == 0 else stack[: len(stack) - up]
@@ -776,14 +853,16 @@ def _msg_visit(
         ck = grp.project(v)
         if ck is None:
             continue
-        leaf = grp.leaves.get(ck)
-        if leaf is None:
+        m = grp.msg.get(ck)
+        if m is None:
             continue
-        for handler in leaf.handlers.values():
-            if handler.callbacks:
-                r = handler.project(v)
-                if r is not None:
-                    fire.append(("!", handler.cbs, r[1]))
+        r = m[0](v)
+        if r is not None:
+            fire.append(("!", m[1], r[1]))
+        for i in range(2, len(m), 2):
+            r = m[i](v)
+            if r is not None:
+                fire.append(("!", m[i + 1], r[1]))
     for up, get, table in node.move_list:
         base = stack if up == 0 else stack[: len(stack) - up]
         child = get(base[-1])

@@ -637,10 +637,16 @@ class Skeleton:
         caps: list[Path] = []
         kinds: dict[Path, str] = {}
         _walk(pattern, (), shape, consts, checks, caps, kinds)
-        skey = _path_sort_key
-        self.shape = sorted(shape, key=lambda e: skey(e[0]))
-        self.constants = sorted(consts, key=lambda e: skey(e[0]))
-        self.checks = sorted(checks, key=skey)
+        if "dict" not in kinds.values():
+            # Only record fields and sequence elements: paths of ints sort natively.
+            self.shape = sorted(shape, key=_first)
+            self.constants = sorted(consts, key=_first)
+            self.checks = sorted(checks)
+        else:
+            skey = _path_sort_key
+            self.shape = sorted(shape, key=lambda e: skey(e[0]))
+            self.constants = sorted(consts, key=lambda e: skey(e[0]))
+            self.checks = sorted(checks, key=skey)
         self.captures = caps
         self.kinds = kinds
         self.visit = shape_visit(self.shape)
@@ -664,6 +670,10 @@ class Skeleton:
             f"Skeleton(shape={self.shape!r}, constants={self.constants!r}, "
             f"checks={self.checks!r}, captures={self.captures!r})"
         )
+
+
+def _first(e: tuple[Any, Any]) -> Any:
+    return e[0]
 
 
 def _path_sort_key(path: Path) -> tuple[Any, ...]:
