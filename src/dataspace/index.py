@@ -102,7 +102,7 @@ class _Continuation:
 class _ConstGroup:
     """``table[(constant paths, check paths)]``: leaves by constant values."""
 
-    __slots__ = ("project", "leaves", "msg", "nhandlers")
+    __slots__ = ("leaves", "msg", "nhandlers", "project")
 
     def __init__(self, project: Callable[[Value], Any]) -> None:
         self.project = project
@@ -115,7 +115,7 @@ class _ConstGroup:
 
 
 class _Leaf:
-    __slots__ = ("cache", "one", "handlers", "hlist")
+    __slots__ = ("cache", "handlers", "hlist", "one")
 
     def __init__(self) -> None:
         # Ids of the assertions with these constants: the first in ``one``, any more in

@@ -289,12 +289,11 @@ class Sequence(tuple):
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        # Equal to the hash of the plain tuple (a Sequence compares equal to one), which
-        # is also consistent with strict equality: strictly equal items hash alike in
-        # Python, except NaNs (hashed by identity), so doubles go through their keys.
-        if float in set(map(type, self)):
-            return hash(tuple(map(key, self)))
-        return tuple.__hash__(self)
+        # Equal to the hash of the plain tuple (a Sequence compares equal to one) and
+        # consistent with strict equality (see _hk).
+        if _HK_TYPES.isdisjoint(map(type, self)):
+            return tuple.__hash__(self)
+        return hash(tuple(map(_hk, self)))
 
     def __lt__(self, other: object) -> bool:
         return compare(self, other) < 0
@@ -387,11 +386,11 @@ class Set(AbstractSet):
         # As for Sequence: equal to the hash of a frozenset of the same members.
         h = self._hash
         if h is None:
-            items = self._items
-            if float in set(map(type, items.values())):
-                h = hash(frozenset(items))
+            values = self._items.values()
+            if _HK_TYPES.isdisjoint(map(type, values)):
+                h = hash(frozenset(values))
             else:
-                h = hash(frozenset(items.values()))
+                h = hash(frozenset(map(_hk, values)))
             self._hash = h
         return h
 
@@ -587,8 +586,7 @@ class Annotated:
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        item = self.item
-        return hash(key(item) if type(item) is float else item)
+        return hash(_hk(self))
 
     def __lt__(self, other: object) -> bool:
         return compare(self, other) < 0
@@ -612,6 +610,24 @@ _PLAIN = frozenset({str, int, bytes, Symbol, Record, Sequence, Set, Dictionary, 
 _PLAIN_NOINT = _PLAIN - {int}
 # Types that are already normalised values (no conversion needed by ``preserve``).
 _PLAIN_OR_ATOM = _PLAIN | {bool, float}
+
+
+_HK_TYPES = frozenset({float, Annotated})
+
+
+def _hk(x: Value) -> Any:
+    """What stands for an item when hashing a Sequence, Set or Annotated.
+
+    The item itself with annotations unwrapped, except a NaN (Python hashes NaNs by
+    identity) which is replaced by its bit-pattern key.  Strictly equal items give equal
+    hashes this way, and plain items hash exactly as Python hashes them, so a Sequence
+    hashes like the tuple it compares equal to.
+    """
+    while type(x) is Annotated:
+        x = x.item
+    if type(x) is float and x != x:
+        return key(x)
+    return x
 
 
 def key(v: Value) -> Any:
