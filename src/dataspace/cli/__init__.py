@@ -2,7 +2,9 @@
 
 Each subcommand lives in its own module of this package, exposing
 ``register(subparsers) -> None``, which adds an argparse subparser whose ``func`` default
-is ``run(args) -> int``.  Add a module name to ``COMMANDS`` to add a command.
+is ``run(args) -> int``.  Modules are discovered: adding a file adds a command (modules
+whose names start with ``_`` are helpers, not commands).  ``ORDER`` only sets the order
+in ``--help``.
 """
 
 from __future__ import annotations
@@ -10,10 +12,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import pkgutil
 
 from .. import __version__
 
-COMMANDS = ["demo"]
+ORDER = ["serve", "observe", "assert_", "send", "cap", "stream", "pipeline", "demo"]  # module names
+
+
+def _discover() -> list[str]:
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    return sorted(names, key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER), n))
+
+
+COMMANDS = _discover()
 
 EPILOG = """\
 examples:
