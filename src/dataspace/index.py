@@ -36,7 +36,7 @@ the index (queue the work instead -- :class:`dataspace.Dataspace` does).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .pattern import (
@@ -45,6 +45,7 @@ from .pattern import (
     Path,
     Pattern,
     Skeleton,
+    classof,
     skeleton,
 )
 from .values import Dictionary, Record, Sequence, Symbol, Value, key, preserve, strip
@@ -297,18 +298,6 @@ def _project(v: Value, path: Path) -> Any:
     return v
 
 
-def _classof(v: Any) -> Any:
-    t = type(v)
-    if t is Record:
-        lab = v.label
-        return lab if type(lab) is Symbol else key(lab)
-    if t is Sequence:
-        return SEQUENCE_CLASS
-    if t is Dictionary:
-        return DICTIONARY_CLASS
-    return None
-
-
 def _pkey(path: Path) -> tuple[Any, ...]:
     return tuple(s if type(s) is int else key(s) for s in path)
 
@@ -368,7 +357,7 @@ class Index:
                 cache = nxt.cont.cache
                 values = self.values
                 for k in node.cont.cache:
-                    if _classof(_project(values[k], h)) == cls:
+                    if classof(_project(values[k], h)) == cls:
                         cache[k] = None
                 table[cls] = nxt
             node = nxt
@@ -549,12 +538,12 @@ class Index:
                 if root.cont.table:
                     _add_visit(_EMPTY_NODE, [value], vid, value, fire, root.cont)
                 if root.move_list:
-                    if type(value) is Record:
+                    if type(value) is Record:  # classof(), inlined: the hottest line
                         cls = value.label
                         if type(cls) is not Symbol:
                             cls = key(cls)
                     else:
-                        cls = _root_class(value)
+                        cls = classof(value)
                     nxt = root.move_list[0][2].get(cls)
                     if nxt is not None:
                         _add_visit(nxt, [value, value], vid, value, fire, nxt.cont)
@@ -681,16 +670,15 @@ def _fire(fire: list[Any]) -> None:
             cb(event, caps)
 
 
-def _root_class(v: Any) -> Any:
-    t = type(v)
-    if t is Record:
-        cls = v.label
-        return cls if type(cls) is Symbol else key(cls)
-    if t is Sequence:
-        return SEQUENCE_CLASS
-    if t is Dictionary:
-        return DICTIONARY_CLASS
-    return None
+def _children(node: _Node, stack: list[Any]) -> Iterator[tuple[_Node, list[Any]]]:
+    """The child nodes a value reaches through ``node``'s moves, with their stacks."""
+    for up, get, table in node.move_list:
+        base = stack if up == 0 else stack[: len(stack) - up]
+        child = get(base[-1])
+        if child is not None:
+            nxt = table.get(classof(child))
+            if nxt is not None:
+                yield nxt, [*base, child]
 
 
 _EMPTY_NODE = _Node(None, None, None, (), {})  # stands for "no moves" at the root
@@ -703,7 +691,7 @@ def _del_root(root: _Node, vid: int, v: Value, fire: list[Any]) -> None:
     if root.cont.table:
         _del_visit(_EMPTY_NODE, [v], vid, v, fire, root.cont)
     if root.move_list:
-        nxt = root.move_list[0][2].get(_root_class(v))
+        nxt = root.move_list[0][2].get(classof(v))
         if nxt is not None:
             _del_visit(nxt, [v, v], vid, v, fire, nxt.cont)
 
@@ -712,7 +700,7 @@ def _msg_root(root: _Node, v: Value, fire: list[Any]) -> None:
     if root.cont.table:
         _msg_visit(_EMPTY_NODE, [v], v, fire, root.cont)
     if root.move_list:
-        nxt = root.move_list[0][2].get(_root_class(v))
+        nxt = root.move_list[0][2].get(classof(v))
         if nxt is not None:
             _msg_visit(nxt, [v, v], v, fire, nxt.cont)
 
@@ -761,25 +749,9 @@ def _add_visit(
             else:
                 extra = handler.extra
                 extra[rk] = extra.get(rk, 0) + 1
-    for up, get, table in node.move_list:
-        base = stack if up == 0 else stack[: len(stack) - up]
-        child = get(base[-1])
-        if child is None:
-            continue
-        t = type(child)
-        if t is Record:
-            cls = child.label
-            if type(cls) is not Symbol:
-                cls = key(cls)
-        elif t is Sequence:
-            cls = SEQUENCE_CLASS
-        elif t is Dictionary:
-            cls = DICTIONARY_CLASS
-        else:
-            continue
-        nxt = table.get(cls)
-        if nxt is not None:
-            _add_visit(nxt, [*base, child], k, v, fire, nxt.cont)
+    if node.move_list:
+        for nxt, st in _children(node, stack):
+            _add_visit(nxt, st, k, v, fire, nxt.cont)
 
 
 def _del_visit(
@@ -825,25 +797,9 @@ def _del_visit(
                     fire.append(("-", cbs, caps))
         if leaf.one is None and not leaf.cache and not leaf.handlers:
             del leaves[ck]
-    for up, get, table in node.move_list:
-        base = stack if up == 0 else stack[: len(stack) - up]
-        child = get(base[-1])
-        if child is None:
-            continue
-        t = type(child)
-        if t is Record:
-            cls = child.label
-            if type(cls) is not Symbol:
-                cls = key(cls)
-        elif t is Sequence:
-            cls = SEQUENCE_CLASS
-        elif t is Dictionary:
-            cls = DICTIONARY_CLASS
-        else:
-            continue
-        nxt = table.get(cls)
-        if nxt is not None:
-            _del_visit(nxt, [*base, child], k, v, fire, nxt.cont)
+    if node.move_list:
+        for nxt, st in _children(node, stack):
+            _del_visit(nxt, st, k, v, fire, nxt.cont)
 
 
 def _msg_visit(
@@ -863,22 +819,6 @@ def _msg_visit(
             r = m[i](v)
             if r is not None:
                 fire.append(("!", m[i + 1], r[1]))
-    for up, get, table in node.move_list:
-        base = stack if up == 0 else stack[: len(stack) - up]
-        child = get(base[-1])
-        if child is None:
-            continue
-        t = type(child)
-        if t is Record:
-            cls = child.label
-            if type(cls) is not Symbol:
-                cls = key(cls)
-        elif t is Sequence:
-            cls = SEQUENCE_CLASS
-        elif t is Dictionary:
-            cls = DICTIONARY_CLASS
-        else:
-            continue
-        nxt = table.get(cls)
-        if nxt is not None:
-            _msg_visit(nxt, [*base, child], v, fire, nxt.cont)
+    if node.move_list:
+        for nxt, st in _children(node, stack):
+            _msg_visit(nxt, st, v, fire, nxt.cont)

@@ -127,7 +127,30 @@ _FALSE_KEY = _AtomKey(0, 0)
 _TRUE_KEY = _AtomKey(0, 1)
 
 
-class Symbol:
+class _ValueMethods:
+    """Methods every value class shares: the Preserves total order and text form."""
+
+    __slots__ = ()
+
+    def __lt__(self, other: object) -> bool:
+        return compare(self, other) < 0
+
+    def __le__(self, other: object) -> bool:
+        return compare(self, other) <= 0
+
+    def __gt__(self, other: object) -> bool:
+        return compare(self, other) > 0
+
+    def __ge__(self, other: object) -> bool:
+        return compare(self, other) >= 0
+
+    def __str__(self) -> str:
+        from .text import stringify
+
+        return stringify(self)
+
+
+class Symbol(_ValueMethods):
     """A Preserves symbol, written ``name`` or ``|quoted name|`` in text."""
 
     __slots__ = ("name",)
@@ -152,19 +175,11 @@ class Symbol:
     def __repr__(self) -> str:
         return f"Symbol({self.name!r})"
 
-    def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
-
-    def __lt__(self, other: object) -> bool:
-        return compare(self, other) < 0
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (Symbol, (self.name,))
 
 
-class Record:
+class Record(_ValueMethods):
     """A Preserves record ``<label field ...>``.
 
     >>> Record(Symbol("Says"), ["alice", "hi"])
@@ -234,22 +249,14 @@ class Record:
     def __iter__(self) -> Iterator[Value]:
         return iter(self.fields)
 
-    def __lt__(self, other: object) -> bool:
-        return compare(self, other) < 0
-
     def __repr__(self) -> str:
         return f"Record({self.label!r}, {self.fields!r})"
-
-    def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Record, (self.label, self.fields))
 
 
-class Sequence(tuple):
+class Sequence(_ValueMethods, tuple):
     """A Preserves sequence ``[item ...]``: an immutable tuple with strict equality."""
 
     __slots__ = ()
@@ -295,18 +302,6 @@ class Sequence(tuple):
             return tuple.__hash__(self)
         return hash(tuple(map(_hk, self)))
 
-    def __lt__(self, other: object) -> bool:
-        return compare(self, other) < 0
-
-    def __le__(self, other: object) -> bool:
-        return compare(self, other) <= 0
-
-    def __gt__(self, other: object) -> bool:
-        return compare(self, other) > 0
-
-    def __ge__(self, other: object) -> bool:
-        return compare(self, other) >= 0
-
     def __add__(self, other: Iterable[Value]) -> Sequence:  # type: ignore[override]
         return Sequence(tuple(self) + tuple(other))
 
@@ -319,16 +314,11 @@ class Sequence(tuple):
     def __repr__(self) -> str:
         return f"Sequence({tuple.__repr__(self)})"
 
-    def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (Sequence, (tuple(self),))
 
 
-class Set(AbstractSet):
+class Set(_ValueMethods, AbstractSet):  # type: ignore[misc]
     """A Preserves set ``#{item ...}``: immutable, hashable, with strict membership.
 
     ``1``, ``1.0`` and ``True`` are three distinct members here.
@@ -394,34 +384,17 @@ class Set(AbstractSet):
             self._hash = h
         return h
 
-    def __lt__(self, other: object) -> bool:  # type: ignore[override]
-        return compare(self, other) < 0
-
-    def __le__(self, other: object) -> bool:  # type: ignore[override]
-        return compare(self, other) <= 0
-
-    def __gt__(self, other: object) -> bool:  # type: ignore[override]
-        return compare(self, other) > 0
-
-    def __ge__(self, other: object) -> bool:  # type: ignore[override]
-        return compare(self, other) >= 0
-
     def _from_iterable(self, it: Iterable[Value]) -> Set:  # type: ignore[override]
         return Set(it)
 
     def __repr__(self) -> str:
         return f"Set({list(self._items.values())!r})"
 
-    def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
-
     def __reduce__(self) -> tuple[Any, ...]:
         return (Set, (list(self._items.values()),))
 
 
-class Dictionary(Mapping):
+class Dictionary(_ValueMethods, Mapping):  # type: ignore[misc]
     """A Preserves dictionary ``{key: value ...}``: immutable, hashable, strict keys."""
 
     __slots__ = ("_hash", "_items")
@@ -506,22 +479,14 @@ class Dictionary(Mapping):
             h = self._hash = hash(self._strict()) ^ 0x3C6EF372
         return h
 
-    def __lt__(self, other: object) -> bool:
-        return compare(self, other) < 0
-
     def __repr__(self) -> str:
         return f"Dictionary({dict(self._items.values())!r})"
-
-    def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (Dictionary, (list(self._items.values()),))
 
 
-class Embedded:
+class Embedded(_ValueMethods):
     """An embedded value ``#:...``: a reference to something outside the data model.
 
     Two embedded values are equal when the objects they wrap are equal (for references,
@@ -546,19 +511,11 @@ class Embedded:
     def __hash__(self) -> int:
         return hash(self.value) ^ 0x7A3D1B2C
 
-    def __lt__(self, other: object) -> bool:
-        return compare(self, other) < 0
-
     def __repr__(self) -> str:
         return f"Embedded({self.value!r})"
 
-    def __str__(self) -> str:
-        from .text import stringify
 
-        return stringify(self)
-
-
-class Annotated:
+class Annotated(_ValueMethods):
     """A value with annotations attached, as read with ``annotations=True``.
 
     Annotations are not part of a value's identity: ``Annotated(1, ["x"]) == 1``.
@@ -588,16 +545,8 @@ class Annotated:
     def __hash__(self) -> int:
         return hash(_hk(self))
 
-    def __lt__(self, other: object) -> bool:
-        return compare(self, other) < 0
-
     def __repr__(self) -> str:
         return f"Annotated({self.item!r}, {list(self.annotations)!r})"
-
-    def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
 
 
 _new = object.__new__
