@@ -468,3 +468,20 @@ def test_index_agrees_with_brute_force_reference(scenario):
         while v in ix:
             ix.remove_assertion(v)
     assert ix.stats() == EMPTY
+
+
+def test_dictionary_keys_that_python_confuses_with_indices():
+    # #t and 1 are different dictionary keys (and different from sequence index 1), but
+    # Python's (True,) == (1,): paths must be compared strictly.  Found by the
+    # differential test; a remote <Observe> could send such a pattern.
+    from dataspace.pattern import parse_pattern
+    from dataspace.values import parse
+
+    ix, cb = Index(), Recorder()
+    for text in ('{#t: {"k": $} 1: [$]}', '{#t: {"k": _} 1: <a>}', '{#t: {"k": _} 1: []}'):
+        ix.add_handler(parse_pattern(text), cb)
+    v = parse('{#t: {"k": "yes"} 1: [7] 1.0: "x"}')
+    ix.add_assertion(v)
+    assert cb.take() == [("+", ("yes", 7)), ("+", ())]
+    ix.add_assertion(parse('{#t: {"k": 0} 1: <a>}'))
+    assert cb.take() == [("+", ())]

@@ -167,3 +167,12 @@ def test_annotations_never_change_a_hash(v):
         assert hash(v) == hash(s)
     assert hash(preserve([v, True, 0.0])) == hash(preserve([s, True, 0.0]))
     assert hash(Set([v])) == hash(Set([s]))
+
+
+def test_big_integers_hash_alike_with_and_without_annotations():
+    big = (1 << 61) - 1
+    a = Record(Symbol("a"), [big])
+    b = Record(Symbol("a"), [Annotated(big, ["note"])])
+    assert a == b and hash(a) == hash(b)
+    assert Set([a]) == Set([b]) and hash(Set([a])) == hash(Set([b]))
+    assert hash(Sequence([big, Annotated(big, [1])])) == hash(Sequence([big, big]))

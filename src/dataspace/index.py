@@ -46,6 +46,7 @@ from .pattern import (
     Pattern,
     Skeleton,
     classof,
+    path_key,
     skeleton,
 )
 from .values import Dictionary, Record, Sequence, Symbol, Value, key, preserve, strip
@@ -167,7 +168,7 @@ class _Handler:
 def _accessor(kinds: dict[Path, str], path: Path, consts: dict[str, Any]) -> str:
     expr = "v"
     for i, step in enumerate(path):
-        kind = kinds[path[:i]]
+        kind = kinds[path_key(path[:i])]
         if kind == "rec":
             expr = f"{expr}.fields[{int(step)}]"
         elif kind == "arr":
@@ -298,10 +299,6 @@ def _project(v: Value, path: Path) -> Any:
     return v
 
 
-def _pkey(path: Path) -> tuple[Any, ...]:
-    return tuple(s if type(s) is int else key(s) for s in path)
-
-
 class Index:
     """The skeleton index: handlers by pattern, assertions as a bag, messages.
 
@@ -341,7 +338,7 @@ class Index:
             entry = node.moves.get(mkey)
             if entry is None:
                 parent_path = h[: len(h) - up]
-                kind = kinds.get(parent_path, "") if step is not None else ""
+                kind = kinds.get(path_key(parent_path), "") if step is not None else ""
                 entry = (_compile_step(kind, step), up, {})
                 node.moves[mkey] = entry
                 node.rebuild_move_list()
@@ -350,7 +347,7 @@ class Index:
             nxt = table.get(cls)
             if nxt is None:
                 new_kinds = dict(kinds)
-                new_kinds[h] = (
+                new_kinds[path_key(h)] = (
                     "arr" if cls is SEQUENCE_CLASS else "dict" if cls is DICTIONARY_CLASS else "rec"
                 )
                 nxt = _Node(node, mkey, cls, h, new_kinds)
@@ -374,7 +371,7 @@ class Index:
             cont = node.cont
             const_paths = tuple(p for p, _v in skel.constants)
             check_paths = tuple(skel.index_checks)
-            ckey = (tuple(map(_pkey, const_paths)), tuple(map(_pkey, check_paths)))
+            ckey = (tuple(map(path_key, const_paths)), tuple(map(path_key, check_paths)))
             grp = cont.table.get(ckey)
             if grp is None:
                 grp = _ConstGroup(_compile_constants(node.kinds, const_paths, check_paths))
@@ -397,7 +394,7 @@ class Index:
             leaf = grp.leaves.get(cvals)
             if leaf is None:
                 leaf = grp.leaves[cvals] = _Leaf()
-            capkey = tuple(map(_pkey, skel.captures))
+            capkey = tuple(map(path_key, skel.captures))
             handler = leaf.handlers.get(capkey)
             if handler is None:
                 fn = node.compiled.get(capkey)
@@ -440,8 +437,8 @@ class Index:
                 return
             cont = node.cont
             ckey = (
-                tuple(_pkey(p) for p, _v in skel.constants),
-                tuple(map(_pkey, skel.index_checks)),
+                tuple(path_key(p) for p, _v in skel.constants),
+                tuple(map(path_key, skel.index_checks)),
             )
             grp = cont.table.get(ckey)
             if grp is None:
@@ -451,7 +448,7 @@ class Index:
             leaf = grp.leaves.get(cvals)
             if leaf is None:
                 return
-            capkey = tuple(map(_pkey, skel.captures))
+            capkey = tuple(map(path_key, skel.captures))
             handler = leaf.handlers.get(capkey)
             if handler is None or callback not in handler.callbacks:
                 return

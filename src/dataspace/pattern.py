@@ -624,7 +624,9 @@ class Skeleton:
     * ``constants``: ``[(path, value), ...]`` (value checks), lexicographic order;
     * ``checks``: ``[path, ...]`` (existence checks of discards), lexicographic order;
     * ``captures``: ``[path, ...]`` in binding order;
-    * ``kinds``: ``{path: 'rec' | 'arr' | 'dict'}`` for every compound position, so that a
+    * ``kinds``: ``{path_key(path): 'rec' | 'arr' | 'dict'}`` for every compound position
+      (keyed by :func:`path_key`: a dictionary key ``#t`` and an index ``1`` are different
+      steps, though Python's ``(True,) == (1,)``), so that a
       path can be projected without inspecting the value.
     """
 
@@ -657,9 +659,11 @@ class Skeleton:
             h for h in self.checks
             if not (
                 h
-                and kinds.get(h[:-1]) in ("rec", "arr")
+                and kinds.get(path_key(h[:-1])) in ("rec", "arr")
                 and any(
-                    len(o) >= len(h) and o[: len(h) - 1] == h[:-1] and o[len(h) - 1] > h[-1]
+                    len(o) >= len(h)
+                    and path_key(o[: len(h) - 1]) == path_key(h[:-1])
+                    and o[len(h) - 1] > h[-1]
                     for o in others
                 )
             )
@@ -674,6 +678,12 @@ class Skeleton:
 
 def _first(e: tuple[Any, Any]) -> Any:
     return e[0]
+
+
+def path_key(path: Path) -> tuple[Any, ...]:
+    """A path with each step as a strict key: use it wherever paths are compared or
+    keyed (dictionary-key steps may be ``#t``, ``1`` or ``1.0``, all equal in Python)."""
+    return tuple(s if type(s) is int else key(s) for s in path)
 
 
 def _path_sort_key(path: Path) -> tuple[Any, ...]:
@@ -693,17 +703,17 @@ def _walk(p, h, shape, consts, checks, caps, kinds) -> None:  # type: ignore[no-
         consts.append((h, p.value))
     elif t is Rec:
         shape.append((h, classof(Record._make(p.label, ()))))
-        kinds[h] = "rec"
+        kinds[path_key(h)] = "rec"
         for i, sub in p.fields:
             _walk(sub, (*h, i), shape, consts, checks, caps, kinds)
     elif t is Arr:
         shape.append((h, SEQUENCE_CLASS))
-        kinds[h] = "arr"
+        kinds[path_key(h)] = "arr"
         for i, sub in p.items:
             _walk(sub, (*h, i), shape, consts, checks, caps, kinds)
     elif t is Dict:
         shape.append((h, DICTIONARY_CLASS))
-        kinds[h] = "dict"
+        kinds[path_key(h)] = "dict"
         for k, sub in p.entries:
             _walk(sub, (*h, k), shape, consts, checks, caps, kinds)
     else:
@@ -748,4 +758,4 @@ def shape_visit(shape: list[tuple[Path, Any]]) -> list[tuple[tuple[int, Path], A
     return out
 
 
-__all__ += ["path_move", "apply_move", "shape_visit", "Path"]
+__all__ += ["path_move", "apply_move", "shape_visit", "Path", "path_key"]

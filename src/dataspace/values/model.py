@@ -231,13 +231,15 @@ class Record(_ValueMethods):
     def __hash__(self) -> int:
         h = self._hash
         if h is None:
-            # hash(strict key of the fields) ^ hash(strict key of the label): the plain
-            # case skips building the key tuple, and gives the same number.
+            # Fields and label hashed by the rule of _hk (annotations unwrapped, NaNs by
+            # their bits), which agrees with strict equality; usually no tuple is built.
             f = self.fields
-            if not _PLAIN.issuperset(map(type, f)):
-                f = tuple(map(key, f))
+            if not _HK_TYPES.isdisjoint(map(type, f)):
+                f = tuple(map(_hk, f))
             lab = self.label
-            h = self._hash = hash(f) ^ hash(lab if type(lab) in _PLAIN else key(lab)) ^ 0x2545F491
+            if type(lab) in _HK_TYPES:
+                lab = _hk(lab)
+            h = self._hash = hash(f) ^ hash(lab) ^ 0x2545F491
         return h
 
     def __len__(self) -> int:
