@@ -16,11 +16,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-## The main job.
+## The main job: the dataspace server in the foreground (Ctrl-C stops it).
 run: setup
-	$(BIN)/dataspace demo
+	$(BIN)/dataspace serve
 
-demo: run
+demo: setup
+	$(BIN)/dataspace demo
 
 ## The whole test suite (lint first: a lint error fails the build like a test).
 test: setup
@@ -34,6 +35,12 @@ lint: setup
 ## Every benchmark, printing figures (not part of the test suite).
 bench: setup
 	$(BIN)/python benchmarks/bench_core.py
+	$(BIN)/python benchmarks/bench_broker.py
+	$(BIN)/python benchmarks/bench_pipeline.py
+
+## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
+soak: setup
+	$(BIN)/python -m dataspace.pipeline.crashtest --kills 1000
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

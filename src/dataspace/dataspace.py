@@ -45,7 +45,16 @@ from .pattern import Pattern, PatternError, from_preserves, parse_pattern, to_pr
 from .values import Embedded, Record, Sequence, Symbol, Value, preserve, strip
 from .values.model import _PLAIN
 
-__all__ = ["Dataspace", "Entity", "Facet", "Handle", "Subscription", "OBSERVE"]
+__all__ = [
+    "Dataspace",
+    "DataspaceEntity",
+    "Entity",
+    "Facet",
+    "Handle",
+    "Subscription",
+    "OBSERVE",
+    "fresh_handle",
+]
 
 log = logging.getLogger(__name__)
 
@@ -540,3 +549,36 @@ def _to_pattern(p: Pattern | str | Value) -> Pattern:
     if isinstance(p, str):
         return parse_pattern(p)
     return from_preserves(p)
+
+
+def fresh_handle() -> Handle:
+    """A new process-unique handle, for code that asserts to an :class:`Entity` directly
+    (a relay applying a peer's assertions, a gatekeeper answering)."""
+    return next(_ids)  # type: ignore[return-value]
+
+
+class DataspaceEntity(Entity):
+    """An :class:`Entity` facade over a :class:`Dataspace`: what a remote peer addresses.
+
+    Assertions made to the facade under the caller's handles become assertions in the
+    dataspace (under handles of its own), retractions retract them and messages are sent.
+    An ``<Observe pattern #:entity>`` asserted this way subscribes ``entity``.
+    """
+
+    def __init__(self, dataspace: Dataspace) -> None:
+        self.dataspace = dataspace
+        self._handles: dict[int, Handle] = {}
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        self._handles[handle] = self.dataspace.assert_(value)
+
+    def on_retract(self, handle: int) -> None:
+        h = self._handles.pop(handle, None)
+        if h is not None:
+            self.dataspace.retract(h)
+
+    def on_message(self, value: Value) -> None:
+        self.dataspace.send(value)
+
+    def __repr__(self) -> str:
+        return f"<DataspaceEntity {self.dataspace.name}>"

@@ -1,0 +1,243 @@
+"""The server configuration: every ``dataspace serve`` setting, from a file or the CLI.
+
+A configuration file is one Preserves dictionary in text form, with symbol keys (``#``
+followed by a space starts a comment)::
+
+    # /etc/dataspace/server.pr
+    {
+      tcp: ["127.0.0.1:7411"]                 # listeners, each list may be empty
+      unix: ["/run/dataspace/dataspace.sock"]
+      ws: ["127.0.0.1:7412"]
+      data-dir: "/var/lib/dataspace"          # root.key and root.sturdyref live here
+      verbose: 1                              # 0 warnings, 1 info, 2 debug
+      root-oid: "root"                        # the OID of the root capability
+      # root-key: #x"..."                     # default: <data-dir>/root.key
+      max-packet-size: 1048576                # bytes
+      max-assertions: 100000                  # per connection
+      max-references: 10000                   # per connection
+      max-debt: 1048576                       # bytes (flow control)
+      max-send-queue: 16777216                # bytes (slow consumers)
+      send-timeout: 30.0                      # seconds
+      handshake-timeout: 30.0                 # seconds
+      keepalive: 60.0                         # seconds
+      ws-ping-interval: 20.0                  # seconds
+      bind: [
+        # syndicate-py's examples: <ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>
+        <ref {oid: "syndicate" key: #x""}>
+        # a separate dataspace, reached with refs for oid "chat" signed by this key
+        <ref {oid: "chat" key: #x"8ac2c5f3..." dataspace: "chat"}>
+      ]
+    }
+
+Every key is optional.  Command-line options override the file.  A binding without
+``dataspace:`` gives access to the root dataspace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
+from ..net.flow import FlowLimits
+from ..protocol.relay import RelayLimits
+from ..values import Dictionary, ParseError, Record, Sequence, Symbol, Value, parse, stringify
+
+__all__ = ["BindingSpec", "ConfigError", "ServerConfig", "load_config", "parse_config"]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used (the message says what to fix)."""
+
+
+@dataclass(frozen=True)
+class BindingSpec:
+    """Sturdyrefs for ``oid`` signed with ``key`` reach the dataspace named ``dataspace``."""
+
+    oid: Value
+    key: bytes
+    dataspace: str = "root"
+
+
+@dataclass
+class ServerConfig:
+    """Every setting of the server (defaults: one TCP listener on 127.0.0.1:7411)."""
+
+    tcp: list[str] = field(default_factory=list)
+    unix: list[str] = field(default_factory=list)
+    ws: list[str] = field(default_factory=list)
+    data_dir: str | None = None
+    verbose: int = 0
+    root_oid: Value = "root"
+    root_key: bytes | None = None
+    max_packet_size: int = RelayLimits.max_packet_size
+    max_assertions: int = RelayLimits.max_assertions
+    max_references: int = RelayLimits.max_imports
+    max_debt: int = FlowLimits.max_debt
+    max_send_queue: int = FlowLimits.max_send_queue
+    send_timeout: float = FlowLimits.send_timeout
+    handshake_timeout: float = FlowLimits.handshake_timeout
+    keepalive: float = FlowLimits.keepalive
+    ws_ping_interval: float = FlowLimits.ws_ping_interval
+    bind: list[BindingSpec] = field(default_factory=list)
+
+    def listeners(self) -> list[Address]:
+        """The addresses to listen on (TCP on 127.0.0.1:7411 when none is configured)."""
+        out = []
+        try:
+            out += [parse_address(s, default_kind="tcp") for s in self.tcp]
+            out += [Address("unix", path=p) for p in self.unix]
+            out += [parse_address(s, default_kind="ws") for s in self.ws]
+        except AddressError as e:
+            raise ConfigError(str(e)) from None
+        if not out:
+            out.append(Address("tcp", DEFAULT_HOST, DEFAULT_PORT))
+        return out
+
+    def relay_limits(self) -> RelayLimits:
+        try:
+            return RelayLimits(
+                max_packet_size=self.max_packet_size,
+                max_assertions=self.max_assertions,
+                max_imports=self.max_references,
+                max_outbound_packet=max(1024, min(256 * 1024, self.max_packet_size // 4)),
+            )
+        except ValueError as e:
+            raise ConfigError(str(e).replace("max_imports", "max_references")) from None
+
+    def flow_limits(self) -> FlowLimits:
+        try:
+            return FlowLimits(
+                max_debt=self.max_debt,
+                max_send_queue=self.max_send_queue,
+                send_timeout=float(self.send_timeout),
+                handshake_timeout=float(self.handshake_timeout),
+                keepalive=float(self.keepalive),
+                ws_ping_interval=float(self.ws_ping_interval),
+            )
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def override(self, **settings: Any) -> ServerConfig:
+        """A copy with the given settings replaced (``None`` values are ignored)."""
+        changes = {k: v for k, v in settings.items() if v is not None}
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading the file
+
+_INT_KEYS = {
+    "verbose": "verbose",
+    "max-packet-size": "max_packet_size",
+    "max-assertions": "max_assertions",
+    "max-references": "max_references",
+    "max-debt": "max_debt",
+    "max-send-queue": "max_send_queue",
+}
+_SECONDS_KEYS = {
+    "send-timeout": "send_timeout",
+    "handshake-timeout": "handshake_timeout",
+    "keepalive": "keepalive",
+    "ws-ping-interval": "ws_ping_interval",
+}
+_LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
+_KNOWN = sorted(
+    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "root-oid", "root-key", "bind"]
+)
+
+
+def _short(v: Value) -> str:
+    try:
+        s = stringify(v)
+    except Exception:  # pragma: no cover
+        s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """Read a configuration file; raises :class:`ConfigError` naming the file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no configuration file at {p}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read the configuration file {p}: {e}") from None
+    try:
+        return parse_config(text)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def parse_config(text: str) -> ServerConfig:
+    """Read configuration text (see the module docstring)."""
+    try:
+        v = parse(text, max_length=1 << 22)
+    except ParseError as e:
+        raise ConfigError(f"not Preserves text: {e}") from None
+    if type(v) is not Dictionary:
+        raise ConfigError(
+            f"the configuration must be one dictionary {{tcp: [...] ...}}, not {_short(v)}"
+        )
+    cfg = ServerConfig()
+    changes: dict[str, Any] = {}
+    for k, x in v.items():
+        name = k.name if type(k) is Symbol else None
+        if name is None or name not in _KNOWN:
+            raise ConfigError(
+                f"unknown setting {_short(k)}; the settings are: {', '.join(_KNOWN)}"
+            )
+        if name in _INT_KEYS:
+            if type(x) is not int or x < 0:
+                raise ConfigError(f"{name} must be a non-negative integer, not {_short(x)}")
+            changes[_INT_KEYS[name]] = x
+        elif name in _SECONDS_KEYS:
+            if type(x) not in (int, float) or x < 0:
+                raise ConfigError(f"{name} must be a number of seconds, not {_short(x)}")
+            changes[_SECONDS_KEYS[name]] = float(x)
+        elif name in _LIST_KEYS:
+            if type(x) is not Sequence or not all(type(a) is str for a in x):
+                raise ConfigError(f"{name} must be a list of strings, e.g. {name}: [\"...\"]")
+            changes[_LIST_KEYS[name]] = list(x)
+        elif name == "data-dir":
+            if type(x) is not str:
+                raise ConfigError(f"data-dir must be a string, not {_short(x)}")
+            changes["data_dir"] = x
+        elif name == "root-oid":
+            changes["root_oid"] = x
+        elif name == "root-key":
+            if type(x) is not bytes or not x:
+                raise ConfigError(f"root-key must be a non-empty byte string #x\"...\", not {_short(x)}")
+            changes["root_key"] = x
+        elif name == "bind":
+            if type(x) is not Sequence:
+                raise ConfigError("bind must be a list [<ref {oid: ... key: ...}> ...]")
+            changes["bind"] = [_binding(b) for b in x]
+    cfg = dataclasses.replace(cfg, **changes)
+    cfg.relay_limits()
+    cfg.flow_limits()
+    cfg.listeners()
+    return cfg
+
+
+def _binding(b: Value) -> BindingSpec:
+    if (
+        type(b) is not Record
+        or b.label != Symbol("ref")
+        or len(b.fields) != 1
+        or type(b.fields[0]) is not Dictionary
+    ):
+        raise ConfigError(f"a binding is <ref {{oid: ... key: #x\"...\"}}>, not {_short(b)}")
+    d = b.fields[0]
+    if Symbol("oid") not in d or Symbol("key") not in d:
+        raise ConfigError(f"the binding {_short(b)} needs both oid: and key:")
+    k = d[Symbol("key")]
+    if type(k) is not bytes:
+        raise ConfigError(f"the key of binding {_short(b)} must be a byte string #x\"...\"")
+    ds = d.get(Symbol("dataspace"), "root")
+    if type(ds) is not str or not ds:
+        raise ConfigError(f"the dataspace of binding {_short(b)} must be a non-empty string")
+    return BindingSpec(d[Symbol("oid")], k, ds)

@@ -1,0 +1,65 @@
+"""``dataspace send VALUE``: send messages to a server's observers."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, parse_value
+
+EXAMPLES = """\
+examples:
+  dataspace send '<Says "alice" "hello">'
+  dataspace send '<Tick 1>' '<Tick 2>' '<Tick 3>'      several, in order, in one turn
+  printf '<Tick %s>\\n' 1 2 3 | dataspace send -        one value per line from stdin
+
+A message reaches the observers present when it arrives and is then gone; the command
+exits once the server has processed it.
+
+""" + CONNECTION_HELP
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "send",
+        help="send messages to a server's observers",
+        description="Send each VALUE (Preserves text) as a message to the server's dataspace.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("values", nargs="+", metavar="VALUE",
+                   help="a value, e.g. '<Says \"alice\" \"hi\">', or - to read lines from stdin")
+    add_connection_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    texts: list[str] = []
+    for t in args.values:
+        if t == "-":
+            texts += [line for line in sys.stdin.read().splitlines() if line.strip()]
+        else:
+            texts.append(t)
+    vals = [parse_value("dataspace send", t) for t in texts]
+    if any(v is None for v in vals):
+        return 2
+    return asyncio.run(_send(args, vals))
+
+
+async def _send(args: argparse.Namespace, vals: list[Any]) -> int:
+    ds = await open_dataspace("dataspace send", args)
+    if ds is None:
+        return 1
+    try:
+        with ds.turn():
+            for v in vals:
+                ds.send(v)
+        await ds.sync()
+    except (ConnectionError, TimeoutError) as e:
+        print(f"dataspace send: {e}; the messages may not have been delivered", file=sys.stderr)
+        return 1
+    finally:
+        await ds.close()
+    return 0

@@ -1,0 +1,130 @@
+"""``dataspace serve``: run the dataspace server in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from ..broker.config import ConfigError, ServerConfig, load_config
+from ..broker.server import Server
+from ..net.address import DEFAULT_HOST, DEFAULT_PORT
+
+EXAMPLES = f"""\
+examples:
+  dataspace serve                              TCP on {DEFAULT_HOST}:{DEFAULT_PORT} (the default)
+  dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT}          every interface (mind your firewall)
+  dataspace serve --unix /tmp/ds.sock --ws 127.0.0.1:7412
+  dataspace serve --config server.pr -v        settings from a file, with info logging
+  dataspace serve --data-dir ./state           keep root.key and root.sturdyref in ./state
+
+At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability of its root
+dataspace, and writes it to <data-dir>/root.sturdyref, where `dataspace observe`, `assert`
+and `send` find it.  Ctrl-C (SIGINT) or SIGTERM stops it cleanly.  See docs/broker.md for the
+configuration file and the limits.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the dataspace server (the broker) in the foreground",
+        description="Run a dataspace server speaking the Syndicate protocol: programs "
+        "connect, resolve a sturdyref, then assert, observe and send.  Listens on "
+        f"loopback TCP port {DEFAULT_PORT} unless told otherwise.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--tcp", action="append", metavar="HOST:PORT",
+                   help=f"listen on TCP (repeatable; default {DEFAULT_HOST}:{DEFAULT_PORT} when "
+                   "no listener is given; port 0 picks a free port)")
+    p.add_argument("--unix", action="append", metavar="PATH",
+                   help="listen on a Unix stream socket (repeatable)")
+    p.add_argument("--ws", action="append", metavar="HOST:PORT",
+                   help="listen for WebSocket connections (repeatable)")
+    p.add_argument("--config", metavar="FILE",
+                   help="read settings from a Preserves text file (options given here win)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="data directory (default $DATASPACE_DATA_DIR or "
+                   "~/.local/share/dataspace)")
+    p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                   help="more logging (-v info, -vv debug)")
+    g = p.add_argument_group("limits (defaults in docs/broker.md)")
+    g.add_argument("--max-packet-size", type=int, metavar="BYTES",
+                   help="largest packet accepted (default 1048576)")
+    g.add_argument("--max-assertions", type=int, metavar="N",
+                   help="assertions one connection may hold (default 100000)")
+    g.add_argument("--max-references", type=int, metavar="N",
+                   help="references one connection may hold (default 10000)")
+    g.add_argument("--max-debt", type=int, metavar="BYTES",
+                   help="undelivered bytes a connection may cause before it is no longer "
+                   "read (default 1048576)")
+    g.add_argument("--max-send-queue", type=int, metavar="BYTES",
+                   help="bytes queued to a slow consumer before it is disconnected "
+                   "(default 16777216)")
+    g.add_argument("--send-timeout", type=float, metavar="SECONDS",
+                   help="disconnect a consumer whose queue does not drain for this long "
+                   "(default 30)")
+    g.add_argument("--handshake-timeout", type=float, metavar="SECONDS",
+                   help="time a connection has to resolve a sturdyref (default 30; 0 = none)")
+    g.add_argument("--keepalive", type=float, metavar="SECONDS",
+                   help="TCP keepalive idle time (default 60; 0 = off)")
+    g.add_argument("--ws-ping-interval", type=float, metavar="SECONDS",
+                   help="WebSocket ping interval (default 20; 0 = off)")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The configuration file (if any) with the command-line options applied."""
+    cfg = load_config(args.config) if args.config else ServerConfig()
+    cfg = cfg.override(
+        tcp=args.tcp, unix=args.unix, ws=args.ws, data_dir=args.data_dir,
+        max_packet_size=args.max_packet_size, max_assertions=args.max_assertions,
+        max_references=args.max_references, max_debt=args.max_debt,
+        max_send_queue=args.max_send_queue, send_timeout=args.send_timeout,
+        handshake_timeout=args.handshake_timeout, keepalive=args.keepalive,
+        ws_ping_interval=args.ws_ping_interval,
+    )
+    cfg.relay_limits()
+    cfg.flow_limits()
+    cfg.listeners()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        print(f"dataspace serve: {e}", file=sys.stderr)
+        return 2
+    verbose = max(getattr(args, "verbose", 0) or 0, cfg.verbose)
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
+    return asyncio.run(_serve(cfg))
+
+
+async def _serve(cfg: ServerConfig) -> int:
+    server = Server(cfg)
+    try:
+        await server.start()
+    except (OSError, ConfigError, ValueError) as e:
+        print(f"dataspace serve: {e}", file=sys.stderr)
+        return 1
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"sturdyref: {server.sturdyref}", flush=True)
+    for a in server.addresses:
+        print(f"dataspace serve: listening on {a}", file=sys.stderr)
+    print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
+          file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        print("dataspace serve: shutting down", file=sys.stderr, flush=True)
+        await server.close()
+    return 0

@@ -1,0 +1,728 @@
+"""A remote dataspace: the :class:`~dataspace.dataspace.Dataspace` API over the network.
+
+>>> import asyncio
+>>> from dataspace.client import connect
+>>> async def main():                                             # doctest: +SKIP
+...     ds = await connect("127.0.0.1:7411")     # cap: the data directory's root.sturdyref
+...     ds.observe("<Present $who>", on_assert=print, on_retract=print)
+...     h = ds.assert_(parse('<Present "alice">'))
+...     ds.send(parse('<Says "alice" "hi">'))
+...     await ds.sync()                          # the server has seen all of the above
+...     await ds.close()
+
+The API mirrors the in-process dataspace: :meth:`~RemoteDataspace.assert_`,
+:meth:`~RemoteDataspace.retract`, :meth:`~RemoteDataspace.send`,
+:meth:`~RemoteDataspace.observe`, :meth:`~RemoteDataspace.during` and
+:meth:`~RemoteDataspace.turn`; plus the asynchronous :meth:`~RemoteDataspace.sync`,
+:meth:`~RemoteDataspace.drain` and :meth:`~RemoteDataspace.close`.  Callbacks run in the
+event loop.
+
+Sending
+    Outside a turn every call is its own Turn packet; ``with ds.turn(): ...`` sends
+    everything done in the block as one packet when it ends (additions, then removals,
+    then messages; an assertion made and retracted inside the block is never sent; if
+    the block raises, nothing is sent).  Packets written during one iteration of the
+    event loop share a socket write.  Sending never blocks: call ``await ds.drain()`` in
+    long loops to wait while the server is slower than you (back-pressure).
+
+Reconnecting
+    If the connection drops, the client reconnects with exponential backoff (0.05 s
+    doubling to 5 s, with jitter).  Observers are told of the gap: every match they
+    hold is retracted when the connection is lost, and the current state is asserted
+    afresh once it is back.  Held assertions (and subscriptions) are re-asserted.
+    Messages sent while disconnected are dropped (counted in :attr:`dropped_messages`):
+    a message only reaches observers present when it is delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .datadir import ROOT_STURDYREF, resolve_data_dir
+from .dataspace import OBSERVE, Entity, fresh_handle
+from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
+from .net.connection import Connection, connect_stream
+from .net.flow import FlowLimits, Hub
+from .net.websocket import connect_ws
+from .pattern import Pattern, from_preserves, parse_pattern, to_preserves
+from .protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE
+from .protocol.relay import Relay, RelayLimits, RemoteEntity
+from .protocol.sturdy import SturdyError, SturdyRef
+from .protocol.wire import short
+from .values import Embedded, Record, Sequence, Value, preserve
+
+__all__ = [
+    "CapabilityError",
+    "CapabilityRejected",
+    "RemoteDataspace",
+    "RemoteSubscription",
+    "connect",
+    "default_address",
+    "load_capability",
+]
+
+log = logging.getLogger(__name__)
+
+CLIENT_RELAY_LIMITS = RelayLimits(
+    max_packet_size=64 << 20,
+    max_assertions=10_000_000,
+    max_imports=1_000_000,
+    max_outbound_packet=256 * 1024,
+    strict=False,
+)
+"""A client trusts its server more than a server trusts its clients."""
+
+CLIENT_FLOW = FlowLimits(
+    max_debt=64 << 20, max_send_queue=64 << 20, send_timeout=0.0, handshake_timeout=0.0
+)
+
+
+class CapabilityError(ValueError):
+    """No usable sturdyref (missing file, bad text)."""
+
+
+class CapabilityRejected(PermissionError):
+    """The server's gatekeeper rejected the sturdyref."""
+
+    def __init__(self, detail: Value) -> None:
+        super().__init__(f"the server rejected the capability: {short(detail)}")
+        self.detail = detail
+
+
+def default_address() -> str:
+    """``$DATASPACE_SERVER``, or the local server's default address."""
+    return os.environ.get("DATASPACE_SERVER") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+def load_capability(cap: SturdyRef | str | Value | None = None, *, data_dir: str | Path | None = None) -> SturdyRef:
+    """A sturdyref from ``cap`` (a SturdyRef, its Preserves text or value), or by default
+    from the data directory's ``root.sturdyref`` (written by ``dataspace serve``)."""
+    if isinstance(cap, SturdyRef):
+        return cap
+    try:
+        if cap is None:
+            path = resolve_data_dir(data_dir, create=False) / ROOT_STURDYREF
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise CapabilityError(
+                    f"no capability: {path} does not exist; start the server with `dataspace "
+                    "serve` (it writes that file), or pass a sturdyref with --cap"
+                ) from None
+            except OSError as e:
+                raise CapabilityError(f"cannot read {path}: {e.strerror}") from None
+            return SturdyRef.parse(text)
+        if isinstance(cap, str):
+            return SturdyRef.parse(cap)
+        return SturdyRef.from_value(cap)
+    except SturdyError as e:
+        raise CapabilityError(f"not a usable sturdyref: {e}") from None
+
+
+def _to_pattern(p: Pattern | str | Value) -> Pattern:
+    if isinstance(p, Pattern):
+        return p
+    if isinstance(p, str):
+        return parse_pattern(p)
+    return from_preserves(p)
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        log.exception("callback %r failed", fn)
+
+
+# ---------------------------------------------------------------------------------------
+# Entities the client exports
+
+
+class _Resolver(Entity):
+    def __init__(self, fut: asyncio.Future[RemoteEntity]) -> None:
+        self.fut = fut
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        if self.fut.done() or type(value) is not Record:
+            return
+        if value.label == ACCEPTED and value.fields and type(value.fields[0]) is Embedded:
+            self.fut.set_result(value.fields[0].value)
+        elif value.label == REJECTED:
+            self.fut.set_exception(CapabilityRejected(value.fields[0] if value.fields else False))
+
+
+class _SyncPeer(Entity):
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def on_message(self, value: Value) -> None:
+        if not self.fut.done():
+            self.fut.set_result(None)
+
+
+class _Observer(Entity):
+    """Receives captures (as sequences) for one subscription; counts duplicates."""
+
+    def __init__(self, sub: RemoteSubscription) -> None:
+        self.sub = sub
+        self.handles: dict[int, Value] = {}
+        self.counts: dict[Value, int] = {}
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        sub = self.sub
+        if not sub.live:
+            return
+        self.handles[handle] = value
+        n = self.counts.get(value, 0)
+        self.counts[value] = n + 1
+        if n == 0 and sub.on_assert is not None:
+            sub.ds._callback(sub, sub.on_assert, value)
+
+    def on_retract(self, handle: int) -> None:
+        value = self.handles.pop(handle, None)
+        if value is None:
+            return
+        n = self.counts.get(value, 0) - 1
+        if n > 0:
+            self.counts[value] = n
+            return
+        self.counts.pop(value, None)
+        sub = self.sub
+        if sub.live and sub.on_retract is not None:
+            sub.ds._callback(sub, sub.on_retract, value)
+
+    def on_message(self, value: Value) -> None:
+        sub = self.sub
+        if sub.live and sub.on_message is not None:
+            sub.ds._callback(sub, sub.on_message, value)
+
+    def reset(self) -> None:
+        """The connection is gone: retract every match still held."""
+        for h in list(self.handles):
+            self.on_retract(h)
+
+
+class _Facet:
+    __slots__ = ("alive", "children", "cleanups", "handles", "parent", "subs")
+
+    def __init__(self, parent: _Facet | None) -> None:
+        self.handles: set[int] = set()
+        self.subs: set[RemoteSubscription] = set()
+        self.children: set[_Facet] = set()
+        self.cleanups: list[Callable[[], Any]] = []
+        self.parent = parent
+        self.alive = True
+        if parent is not None:
+            parent.children.add(self)
+
+
+class RemoteSubscription:
+    """An active remote observer: :meth:`cancel` ends it."""
+
+    def __init__(
+        self,
+        ds: RemoteDataspace,
+        pattern: Pattern,
+        on_assert: Callable[..., Any] | None,
+        on_retract: Callable[..., Any] | None,
+        on_message: Callable[..., Any] | None,
+        facet: _Facet | None,
+    ) -> None:
+        self.ds = ds
+        self.pattern = pattern
+        self.on_assert = on_assert
+        self.on_retract = on_retract
+        self.on_message = on_message
+        self.facet = facet
+        self.live = True
+        self.handle: int | None = None
+        self.entity = _Observer(self)
+        self._during: dict[Value, _Facet] | None = None
+
+    def cancel(self) -> None:
+        """Stop observing (retracts the ``<Observe ...>``; ends ``during`` facets)."""
+        self.ds._cancel(self)
+
+    def __repr__(self) -> str:
+        return f"<RemoteSubscription {self.pattern}>"
+
+
+# ---------------------------------------------------------------------------------------
+# The remote dataspace
+
+
+class RemoteDataspace:
+    """A dataspace on a server (see the module docstring).  Make one with :func:`connect`."""
+
+    def __init__(
+        self,
+        address: Address,
+        cap: SturdyRef,
+        *,
+        reconnect: bool = True,
+        connect_timeout: float = 10.0,
+        backoff: tuple[float, float] = (0.05, 5.0),
+        flow: FlowLimits | None = None,
+        relay_limits: RelayLimits | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.address = address
+        self.cap = cap
+        self.reconnect = reconnect
+        self.connect_timeout = connect_timeout
+        self.backoff = backoff
+        self.flow = flow or CLIENT_FLOW
+        self.relay_limits = relay_limits or CLIENT_RELAY_LIMITS
+        self._rng = rng or random.Random()
+        self._hub = Hub()
+        self._held: dict[int, Value] = {}
+        self._subs: set[RemoteSubscription] = set()
+        self._owner: dict[int, _Facet] = {}
+        self._facet: _Facet | None = None
+        self._turn: list[tuple[str, int, Value]] | None = None
+        self._turn_depth = 0
+        self._conn: Connection | None = None
+        self._relay: Relay | None = None
+        self._ref: RemoteEntity | None = None
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._connected = asyncio.Event()
+        self._closed = asyncio.Event()
+        self.error: BaseException | None = None
+        """Why the client stopped for good (e.g. the capability was rejected)."""
+        self.dropped_messages = 0
+        self.reconnects = 0
+        self.on_disconnect: list[Callable[[], Any]] = []
+        self.on_reconnect: list[Callable[[], Any]] = []
+
+    # -- connection ----------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._ref is not None
+
+    async def _open(self) -> Connection:
+        a = self.address
+        if a.kind == "ws":
+            return await connect_ws(
+                a.url, self._hub, self.flow, self._session, self.relay_limits.max_packet_size
+            )
+        where: tuple[str, int] | str = a.path if a.kind == "unix" else (a.host, a.port)
+        return await connect_stream(a.kind, where, self._hub, self.flow, self._session)
+
+    def _session(self, conn: Connection) -> Relay:
+        return Relay(limits=self.relay_limits, name=f"client:{self.address}")
+
+    async def _connect_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            conn = await asyncio.wait_for(self._open(), self.connect_timeout)
+        except TimeoutError:
+            raise ConnectionError(f"timed out connecting to {self.address}") from None
+        relay = conn.relay
+        assert relay is not None
+        fut: asyncio.Future[RemoteEntity] = loop.create_future()
+        gk = relay.import_ref(0)
+        gk.on_assert(
+            Record._make(RESOLVE, (self.cap.to_value(), Embedded(_Resolver(fut)))), fresh_handle()
+        )
+        self._hub.flush(None)
+        closed = loop.create_task(conn.wait_closed())
+        try:
+            await asyncio.wait({fut, closed}, timeout=self.connect_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not fut.done():
+            fut.cancel()
+            reason = relay.peer_error[0] if relay.peer_error else conn.close_reason
+            conn.close("no answer from the gatekeeper")
+            raise ConnectionError(
+                f"{self.address} did not accept the capability: {reason or 'timed out'}"
+            )
+        try:
+            ref = fut.result()
+        except CapabilityRejected:
+            conn.close("capability rejected")
+            raise
+        if not isinstance(ref, RemoteEntity):
+            conn.close("bad answer")
+            raise ConnectionError(f"{self.address} answered the resolve with a non-reference")
+        self._conn, self._relay, self._ref = conn, relay, ref
+        # Re-assert what we hold (subscriptions included), as one packet.
+        for h, v in self._held.items():
+            ref.on_assert(v, h)
+        self._hub.flush(None)
+        conn.on_close.append(self._lost)
+        self._connected.set()
+
+    def _lost(self, conn: Connection) -> None:
+        if conn is not self._conn:
+            return
+        log.info("%s: disconnected: %s", self.address, conn.close_reason)
+        self._conn = self._relay = self._ref = None
+        self._connected.clear()
+        # The relay has retracted what the server asserted to our observers; make sure
+        # nothing is left behind (the gap is visible to observers as retractions).
+        for sub in list(self._subs):
+            sub.entity.reset()
+        for fn in self.on_disconnect:
+            _call(fn, ())
+
+    async def _run(self) -> None:
+        lo, hi = self.backoff
+        try:
+            while not self._closing:
+                conn = self._conn
+                if conn is not None:
+                    await conn.wait_closed()
+                    if conn is self._conn:  # pragma: no cover - _lost runs first
+                        self._lost(conn)
+                if self._closing or not self.reconnect:
+                    break
+                delay = lo
+                while not self._closing:
+                    try:
+                        await self._connect_once()
+                        self.reconnects += 1
+                        log.info("%s: reconnected", self.address)
+                        for fn in self.on_reconnect:
+                            _call(fn, ())
+                        break
+                    except CapabilityRejected as e:
+                        log.error("%s: %s", self.address, e)
+                        self.error = e
+                        return
+                    except (OSError, ConnectionError) as e:
+                        log.info("%s: reconnect failed (%s); retrying in %.2f s",
+                                 self.address, e, delay)
+                    wait = delay * (0.5 + self._rng.random())
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._closed.wait(), wait)
+                    delay = min(hi, delay * 2)
+        finally:
+            self._closed.set()
+            self._connected.clear()
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        """Wait until connected (raises TimeoutError, or the fatal error if any)."""
+        if self.error is not None:
+            raise self.error
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    async def wait_closed(self) -> None:
+        """Wait until the client has stopped (closed, or given up for good)."""
+        await self._closed.wait()
+
+    async def close(self) -> None:
+        """Disconnect for good (the server retracts everything this client asserted)."""
+        self._closing = True
+        self._closed.set()
+        conn = self._conn
+        if conn is not None:
+            self._hub.flush(None)
+            conn.close("client closed")
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, 5.0)
+
+    async def __aenter__(self) -> RemoteDataspace:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the Dataspace API ---------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self._turn_depth == 0 and not self._hub.active:
+            self._hub.flush(None)
+
+    def assert_(self, value: Value) -> int:
+        """Assert ``value``; returns the handle that retracts it (held across reconnects)."""
+        value = preserve(value)
+        h = fresh_handle()
+        self._held[h] = value
+        facet = self._facet
+        if facet is not None:
+            facet.handles.add(h)
+            self._owner[h] = facet
+        if self._turn is not None:
+            self._turn.append(("a", h, value))
+            return h
+        ref = self._ref
+        if ref is not None:
+            ref.on_assert(value, h)
+            self._flush()
+        return h
+
+    def retract(self, handle: int) -> bool:
+        """Retract the assertion made under ``handle``; False if it is not live."""
+        value = self._held.pop(handle, None)
+        if value is None:
+            return False
+        facet = self._owner.pop(handle, None)
+        if facet is not None:
+            facet.handles.discard(handle)
+        if self._turn is not None:
+            self._turn.append(("r", handle, value))
+            return True
+        ref = self._ref
+        if ref is not None:
+            ref.on_retract(handle)
+            self._flush()
+        return True
+
+    def value_of(self, handle: int) -> Value | None:
+        """The value asserted under ``handle``, or None if it is not live."""
+        return self._held.get(handle)
+
+    def send(self, value: Value) -> None:
+        """Send ``value`` as a message (dropped, and counted, while disconnected)."""
+        value = preserve(value)
+        if self._turn is not None:
+            self._turn.append(("m", 0, value))
+            return
+        ref = self._ref
+        if ref is None:
+            self.dropped_messages += 1
+            return
+        ref.on_message(value)
+        self._flush()
+
+    def observe(
+        self,
+        pattern: Pattern | str | Value,
+        on_assert: Callable[..., Any] | None = None,
+        on_retract: Callable[..., Any] | None = None,
+        on_message: Callable[..., Any] | None = None,
+    ) -> RemoteSubscription:
+        """Observe ``pattern`` (as :meth:`Dataspace.observe`): ``on_assert(*captures)``
+        once per distinct capture tuple as matches appear, ``on_retract(*captures)`` when
+        the last goes, ``on_message(*captures)`` per matching message."""
+        pat = _to_pattern(pattern)
+        sub = RemoteSubscription(self, pat, on_assert, on_retract, on_message, self._facet)
+        self._subs.add(sub)
+        if self._facet is not None:
+            self._facet.subs.add(sub)
+        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub.entity))))
+        return sub
+
+    def during(self, pattern: Pattern | str | Value, setup: Callable[..., Any]) -> RemoteSubscription:
+        """For each distinct match run ``setup(*captures)`` in a facet; what it asserts
+        and observes (and the callable it may return) ends when the match goes."""
+        pat = _to_pattern(pattern)
+        sub = RemoteSubscription(self, pat, None, None, None, self._facet)
+        sub._during = {}
+        sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
+        sub.on_retract = lambda *caps: self._stop_during(sub, caps)
+        self._subs.add(sub)
+        if self._facet is not None:
+            self._facet.subs.add(sub)
+        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub.entity))))
+        return sub
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[RemoteDataspace]:
+        """Group actions into one packet (see the module docstring)."""
+        if self._turn is not None:
+            self._turn_depth += 1
+            try:
+                yield self
+            finally:
+                self._turn_depth -= 1
+            return
+        actions: list[tuple[str, int, Value]] = []
+        self._turn = actions
+        self._turn_depth = 1
+        try:
+            yield self
+        except BaseException:
+            self._turn = None
+            self._turn_depth = 0
+            self._undo(actions)
+            raise
+        self._turn = None
+        self._turn_depth = 0
+        self._commit(actions)
+
+    def _commit(self, actions: list[tuple[str, int, Value]]) -> None:
+        ref = self._ref
+        if ref is None:
+            self.dropped_messages += sum(1 for k, _h, _v in actions if k == "m")
+            return
+        added: dict[int, Value] = {}
+        removed: list[int] = []
+        messages: list[Value] = []
+        for kind, h, v in actions:
+            if kind == "a":
+                added[h] = v
+            elif kind == "r":
+                if added.pop(h, None) is None:
+                    removed.append(h)
+            else:
+                messages.append(v)
+        for h, v in added.items():
+            ref.on_assert(v, h)
+        for h in removed:
+            ref.on_retract(h)
+        for m in messages:
+            ref.on_message(m)
+        self._flush()
+
+    def _undo(self, actions: list[tuple[str, int, Value]]) -> None:
+        for kind, h, v in reversed(actions):
+            if kind == "a":
+                self._held.pop(h, None)
+                facet = self._owner.pop(h, None)
+                if facet is not None:
+                    facet.handles.discard(h)
+            elif kind == "r":
+                self._held[h] = v
+
+    async def sync(self, timeout: float | None = 30.0) -> None:
+        """Wait until the server has processed everything sent so far (a round trip).
+
+        Raises ``ConnectionError`` if the connection is lost first.
+        """
+        ref, relay, conn = self._ref, self._relay, self._conn
+        if ref is None or relay is None or conn is None:
+            raise ConnectionError(f"not connected to {self.address}")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        relay.send_sync(ref, _SyncPeer(fut))
+        self._hub.flush(None)
+        closed = loop.create_task(conn.wait_closed())
+        try:
+            await asyncio.wait({fut, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not fut.done():
+            fut.cancel()
+            if conn.closed:
+                raise ConnectionError(f"connection to {self.address} lost during sync")
+            raise TimeoutError(f"no answer to sync from {self.address} within {timeout} s")
+
+    async def drain(self) -> None:
+        """Wait while the connection's send buffer is over its limit (back-pressure)."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            await conn.wait_writable()  # type: ignore[attr-defined]
+
+    # -- callbacks and facets ------------------------------------------------------------
+
+    def _callback(self, sub: RemoteSubscription, fn: Callable[..., Any], caps: Value) -> None:
+        args = tuple(caps) if type(caps) is Sequence else (caps,)
+        prev = self._facet
+        self._facet = sub.facet
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("observer callback %r failed", fn)
+        finally:
+            self._facet = prev
+
+    def _cancel(self, sub: RemoteSubscription) -> None:
+        if not sub.live:
+            return
+        sub.live = False
+        self._subs.discard(sub)
+        if sub.facet is not None:
+            sub.facet.subs.discard(sub)
+        if sub.handle is not None:
+            self.retract(sub.handle)
+        if sub._during:
+            facets = list(sub._during.values())
+            sub._during.clear()
+            for f in facets:
+                self._stop_facet(f)
+
+    def _start_facet(self, sub: RemoteSubscription, caps: tuple[Any, ...], setup: Callable[..., Any]) -> None:
+        assert sub._during is not None
+        facet = _Facet(sub.facet)
+        sub._during[Sequence(caps)] = facet
+        prev = self._facet
+        self._facet = facet
+        try:
+            cleanup = setup(*caps)
+        finally:
+            self._facet = prev
+        if callable(cleanup):
+            facet.cleanups.append(cleanup)
+
+    def _stop_during(self, sub: RemoteSubscription, caps: tuple[Any, ...]) -> None:
+        assert sub._during is not None
+        facet = sub._during.pop(Sequence(caps), None)
+        if facet is not None:
+            self._stop_facet(facet)
+
+    def _stop_facet(self, facet: _Facet) -> None:
+        if not facet.alive:
+            return
+        facet.alive = False
+        for child in list(facet.children):
+            self._stop_facet(child)
+        for sub in list(facet.subs):
+            self._cancel(sub)
+        for h in list(facet.handles):
+            self.retract(h)
+        facet.handles.clear()
+        for fn in facet.cleanups:
+            _call(fn, ())
+        if facet.parent is not None:
+            facet.parent.children.discard(facet)
+
+
+async def connect(
+    address: str | Address | None = None,
+    cap: SturdyRef | str | Value | None = None,
+    *,
+    data_dir: str | Path | None = None,
+    reconnect: bool = True,
+    connect_timeout: float = 10.0,
+    **options: Any,
+) -> RemoteDataspace:
+    """Connect to a server and resolve ``cap``; returns a :class:`RemoteDataspace`.
+
+    * ``address`` -- ``HOST:PORT``, ``unix:PATH``, ``ws://HOST:PORT/`` ... (default:
+      ``$DATASPACE_SERVER`` or ``127.0.0.1:7411``);
+    * ``cap`` -- the sturdyref (object, text or value); default: the data directory's
+      ``root.sturdyref``;
+    * ``reconnect`` -- reconnect with backoff when the connection drops (default True).
+
+    Raises ``ConnectionError`` if the server cannot be reached (saying how to start one),
+    :class:`CapabilityRejected` if the gatekeeper refuses the capability and
+    :class:`CapabilityError` if there is no usable capability.
+    """
+    if address is None:
+        address = default_address()
+    try:
+        addr = address if isinstance(address, Address) else parse_address(address)
+    except AddressError as e:
+        raise ConnectionError(f"bad server address: {e}") from None
+    ref = load_capability(cap, data_dir=data_dir)
+    ds = RemoteDataspace(addr, ref, reconnect=reconnect, connect_timeout=connect_timeout, **options)
+    try:
+        await ds._connect_once()
+    except CapabilityRejected:
+        raise
+    except (ConnectionRefusedError, FileNotFoundError):
+        default = addr.kind == "tcp" and (addr.host, addr.port) == (DEFAULT_HOST, DEFAULT_PORT)
+        how = "dataspace serve" if default else (
+            f"dataspace serve --{'unix' if addr.kind == 'unix' else addr.kind} "
+            f"{addr.path if addr.kind == 'unix' else f'{addr.host}:{addr.port}'}"
+        )
+        raise ConnectionError(f"no server at {addr}: start one with `{how}`") from None
+    except ConnectionError:
+        raise
+    except OSError as e:
+        raise ConnectionError(f"cannot connect to {addr}: {e.strerror or e}") from None
+    ds._task = asyncio.get_running_loop().create_task(ds._run())
+    return ds

@@ -1,0 +1,136 @@
+"""Server addresses as people write them.
+
+=============================  ===========================================
+``7411``, ``:7411``            TCP on the default host (127.0.0.1)
+``HOST:PORT``, ``[::1]:PORT``  TCP
+``tcp://HOST:PORT``            TCP
+``unix:PATH``, ``/abs/path``   Unix stream socket (also ``./rel/path``)
+``ws://HOST:PORT/PATH``        WebSocket (one packet per binary message)
+=============================  ===========================================
+
+Syndicate transport addresses (``<tcp "HOST" PORT>``, ``<unix "PATH">``, ``<ws "URL">``)
+are accepted too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Address", "AddressError", "parse_address"]
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7411
+"""The default TCP port of ``dataspace serve`` (and of clients)."""
+
+
+class AddressError(ValueError):
+    """An address that cannot be understood."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a server listens / a client connects: ``kind`` is tcp, unix or ws."""
+
+    kind: str
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    @property
+    def url(self) -> str:
+        """The WebSocket URL (``ws`` addresses)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"ws://{host}:{self.port}{self.path or '/'}"
+
+    def __str__(self) -> str:
+        if self.kind == "unix":
+            return f"unix:{self.path}"
+        if self.kind == "ws":
+            return self.url
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def _port(text: str, whole: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise AddressError(f"bad port {text!r} in {whole!r}: expected a number") from None
+    if not 0 <= port <= 65535:
+        raise AddressError(f"port {port} in {whole!r} is out of range (0-65535)")
+    return port
+
+
+def _host_port(text: str, whole: str, default_host: str) -> tuple[str, int]:
+    if text.isdigit():
+        return default_host, _port(text, whole)
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or not text[end + 1 : end + 2] == ":":
+            raise AddressError(f"bad address {whole!r}: expected [IPV6]:PORT")
+        return text[1:end], _port(text[end + 2 :], whole)
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise AddressError(f"bad address {whole!r}: expected HOST:PORT (e.g. 127.0.0.1:{DEFAULT_PORT})")
+    return host or default_host, _port(port, whole)
+
+
+def parse_address(text: str, *, default_kind: str = "tcp", default_host: str = DEFAULT_HOST) -> Address:
+    """Read an address (see the module docstring); raises :class:`AddressError`.
+
+    ``default_kind`` says what a bare ``HOST:PORT`` is (``"tcp"`` or ``"ws"``).
+    """
+    s = text.strip()
+    if not s:
+        raise AddressError("empty address")
+    if s.startswith("<"):
+        return _from_transport_value(s)
+    if s.startswith("unix:"):
+        path = s[5:]
+        if path.startswith("//"):
+            path = path[2:]
+        if not path:
+            raise AddressError(f"bad address {text!r}: unix: needs a path")
+        return Address("unix", path=path)
+    if s.startswith(("/", "./", "../", "~")):
+        return Address("unix", path=s)
+    if s.startswith(("ws://", "wss://")):
+        if s.startswith("wss://"):
+            raise AddressError("wss:// (TLS) is not supported; put a TLS proxy in front")
+        u = urlsplit(s)
+        if not u.hostname:
+            raise AddressError(f"bad address {text!r}: ws:// needs a host")
+        try:
+            port = u.port or 80
+        except ValueError:
+            raise AddressError(f"bad port in {text!r}") from None
+        return Address("ws", u.hostname, port, u.path or "/")
+    if s.startswith("tcp://"):
+        s = s[6:]
+    host, port = _host_port(s, text, default_host)
+    if default_kind == "ws":
+        return Address("ws", host, port, "/")
+    return Address("tcp", host, port)
+
+
+def _from_transport_value(text: str) -> Address:
+    from ..values import ParseError, Record, Symbol, parse
+
+    try:
+        v = parse(text)
+    except ParseError as e:
+        raise AddressError(f"bad transport address {text!r}: {e}") from None
+    if type(v) is Record and type(v.label) is Symbol:
+        f = v.fields
+        name = v.label.name
+        if name == "tcp" and len(f) == 2 and type(f[0]) is str and type(f[1]) is int:
+            return Address("tcp", f[0], _port(str(f[1]), text))
+        if name == "unix" and len(f) == 1 and type(f[0]) is str:
+            return Address("unix", path=f[0])
+        if name == "ws" and len(f) == 1 and type(f[0]) is str:
+            return parse_address(f[0])
+    raise AddressError(
+        f"bad transport address {text!r}: expected <tcp \"HOST\" PORT>, <unix \"PATH\"> or "
+        "<ws \"URL\">"
+    )

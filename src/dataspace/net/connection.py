@@ -1,0 +1,464 @@
+"""Connections: a relay, a send queue with back-pressure, and a transport.
+
+:class:`Connection` holds what every transport shares -- the per-connection send queue,
+its account (:mod:`.flow`), the slow-consumer rules and the orderly close (which retracts
+everything the peer asserted).  :class:`StreamConnection` runs it over an asyncio stream
+transport (TCP or a Unix socket), where packets are simply concatenated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import stat
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..protocol.relay import Relay
+from ..values import Symbol
+from .flow import Account, FlowLimits, Hub
+
+__all__ = ["Connection", "SessionFactory", "StreamConnection", "connect_stream", "listen_tcp", "listen_unix"]
+
+log = logging.getLogger(__name__)
+
+SessionFactory = Callable[["Connection"], Relay]
+"""Makes the relay for a new connection (the server sets up its gatekeeper there)."""
+
+CLOSE_GRACE = 2.0
+"""Seconds a closing connection has to take its last bytes before it is aborted."""
+
+
+class Connection:
+    """One peer: its relay, send queue, account and lifecycle (transport-independent)."""
+
+    def __init__(self, hub: Hub, flow: FlowLimits, name: str = "peer") -> None:
+        self.hub = hub
+        self.flow = flow
+        self.name = name
+        self.account = Account(name, flow.max_debt, self._pause_reading, self._resume_reading)
+        self.relay: Relay | None = None
+        self._queue: deque[tuple[bytes, Account | None]] = deque()
+        self.queued = 0
+        """Bytes waiting in the send queue (beyond what the transport buffers)."""
+        self._drained = False
+        self._stall: asyncio.TimerHandle | None = None
+        self.closed = False
+        self.close_reason: str | None = None
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self._closed_waiters: list[asyncio.Future[None]] = []
+        self.on_close: list[Callable[[Connection], Any]] = []
+
+    # -- relay plumbing ------------------------------------------------------------------
+
+    def attach(self, relay: Relay) -> None:
+        self.relay = relay
+        relay.on_dirty = self._relay_dirty
+
+    def _relay_dirty(self, relay: Relay) -> None:
+        if not self.closed:
+            self.hub.mark_dirty(self)
+
+    def flush_output(self, account: Account | None) -> None:
+        """Send the relay's pending packets (called by the hub)."""
+        relay = self.relay
+        if relay is None:
+            return
+        packets = relay.take_packets()
+        if self.closed:
+            return
+        if relay.wants_close:
+            # A protocol error (or the peer's own error): the error packet goes out ahead
+            # of anything still queued, then the connection closes.
+            self._drop_queue()
+            if packets:
+                self._write_now(packets)
+            msg = relay.error[0] if relay.error else "the peer reported an error"
+            self._close(msg)
+            return
+        if packets:
+            self._send(packets, account)
+
+    def fail(self, message: str, detail: Any = False) -> None:
+        """Close with ``<error message detail>``: for local decisions such as a slow
+        consumer or a handshake timeout (the error skips the send queue)."""
+        if self.closed or self.relay is None:
+            return
+        log.warning("%s: closing: %s", self.name, message)
+        self.hub.run(None, self._fail, message, detail)
+
+    def _fail(self, message: str, detail: Any) -> None:
+        self._drop_queue()
+        relay = self.relay
+        assert relay is not None
+        relay.fail(message, detail)
+        self.flush_output(None)
+
+    # -- send queue ----------------------------------------------------------------------
+
+    def _send(self, packets: list[bytes], account: Account | None) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _write_now(self, packets: list[bytes]) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _enqueue(self, data: bytes, account: Account | None) -> None:
+        n = len(data)
+        acc = account if account is not None and account is not self.account else None
+        if acc is not None:
+            acc.charge(n)
+        self._queue.append((data, acc))
+        self.queued += n
+        if self.queued > self.flow.max_send_queue:
+            self.fail(
+                f"slow consumer: more than {self.flow.max_send_queue} bytes waiting to be sent",
+                Symbol("slow-consumer"),
+            )
+            return
+        if self._stall is None and self.flow.send_timeout:
+            self._stall = asyncio.get_running_loop().call_later(
+                self.flow.send_timeout, self._check_stall
+            )
+
+    def _dequeue(self) -> bytes:
+        data, acc = self._queue.popleft()
+        n = len(data)
+        self.queued -= n
+        self._drained = True
+        if acc is not None:
+            acc.repay(n)
+        return data
+
+    def _drop_queue(self) -> None:
+        q = self._queue
+        while q:
+            data, acc = q.popleft()
+            if acc is not None:
+                acc.repay(len(data))
+        self.queued = 0
+
+    def _check_stall(self) -> None:
+        self._stall = None
+        if self.closed or not self._queue:
+            return
+        if self._drained:
+            self._drained = False
+            self._stall = asyncio.get_running_loop().call_later(
+                self.flow.send_timeout, self._check_stall
+            )
+            return
+        self.fail(
+            f"slow consumer: nothing could be sent for {self.flow.send_timeout:g} s",
+            Symbol("slow-consumer"),
+        )
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _pause_reading(self) -> None:
+        """Our account is over its debt limit: stop reading this peer."""
+
+    def _resume_reading(self) -> None:
+        """Our debt is repaid: read again."""
+
+    # -- closing -------------------------------------------------------------------------
+
+    def _close_transport(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _close(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        log.debug("%s: closed: %s", self.name, reason)
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        self._drop_queue()
+        relay = self.relay
+        if relay is not None:
+            # Retract everything the peer asserted, and tell the other connections now.
+            self.hub.run(None, relay.close)
+        with contextlib.suppress(Exception):
+            self._close_transport()
+        for fut in self._closed_waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._closed_waiters.clear()
+        for cb in self.on_close:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("%s: close callback failed", self.name)
+
+    def close(self, reason: str = "closed locally") -> None:
+        """Close the connection (what the peer asserted is retracted)."""
+        self._close(reason)
+
+    async def wait_closed(self) -> None:
+        if self.closed:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._closed_waiters.append(fut)
+        await fut
+
+    @property
+    def writable(self) -> bool:
+        """False while the transport is over its buffer limit or the queue is non-empty."""
+        return not self._queue
+
+
+class StreamConnection(Connection, asyncio.Protocol):
+    """A connection over a stream transport (TCP, Unix socket): concatenated packets.
+
+    ``coalesce`` buffers what is sent during one iteration of the event loop into one
+    write (clients, which send many small packets); servers write once per inbound chunk
+    anyway.
+    """
+
+    def __init__(
+        self,
+        hub: Hub,
+        flow: FlowLimits,
+        session: SessionFactory,
+        *,
+        name: str | None = None,
+        coalesce: bool = False,
+    ) -> None:
+        super().__init__(hub, flow, name or "stream")
+        self._session = session
+        self._coalesce = coalesce
+        self._wbuf: list[bytes] = []
+        self._wsize = 0
+        self._can_write = True
+        self.transport: asyncio.Transport | None = None
+        self._writable_waiters: list[asyncio.Future[None]] = []
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if peer and self.name in ("stream", "peer"):
+            self.name = _peer_name(peer)
+        self.account.name = self.name
+        transport.set_write_buffer_limits(high=self.flow.write_buffer)
+        _set_keepalive(transport.get_extra_info("socket"), self.flow.keepalive)
+        try:
+            relay = self._session(self)
+        except Exception:
+            log.exception("%s: cannot set up the session", self.name)
+            transport.abort()
+            self.closed = True
+            return
+        self.attach(relay)
+        log.debug("%s: connected", self.name)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.bytes_in += len(data)
+        relay = self.relay
+        assert relay is not None
+        self.hub.run(self.account, relay.receive_data, data)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._close(f"connection lost: {exc}" if exc else "connection closed by the peer")
+
+    def pause_writing(self) -> None:
+        self._can_write = False
+
+    def resume_writing(self) -> None:
+        self._can_write = True
+        q = self._queue
+        transport = self.transport
+        while q and self._can_write and not self.closed and transport is not None:
+            data = self._dequeue()
+            self.bytes_out += len(data)
+            transport.write(data)
+        if not q:
+            self._wake_writable()
+
+    def _pause_reading(self) -> None:
+        if not self.closed and self.transport is not None:
+            with contextlib.suppress(Exception):
+                self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if not self.closed and self.transport is not None:
+            with contextlib.suppress(Exception):
+                self.transport.resume_reading()
+
+    # sending
+
+    def _send(self, packets: list[bytes], account: Account | None) -> None:
+        if self._coalesce and not self._queue:
+            wbuf = self._wbuf
+            if not wbuf:
+                asyncio.get_running_loop().call_soon(self._write_wbuf)
+            for p in packets:
+                wbuf.append(p)
+                self._wsize += len(p)
+            if self._wsize >= self.flow.write_buffer:
+                self._write_wbuf()
+            return
+        data = packets[0] if len(packets) == 1 else b"".join(packets)
+        if self._can_write and not self._queue and self.transport is not None:
+            self.bytes_out += len(data)
+            self.transport.write(data)
+        else:
+            self._enqueue(data, account)
+
+    def _write_wbuf(self) -> None:
+        wbuf = self._wbuf
+        if not wbuf or self.closed:
+            wbuf.clear()
+            self._wsize = 0
+            return
+        data = b"".join(wbuf)
+        wbuf.clear()
+        self._wsize = 0
+        if self._can_write and not self._queue and self.transport is not None:
+            self.bytes_out += len(data)
+            self.transport.write(data)
+        else:
+            self._enqueue(data, None)
+
+    def _write_now(self, packets: list[bytes]) -> None:
+        if self._wbuf:
+            packets = [*self._wbuf, *packets]
+            self._wbuf.clear()
+            self._wsize = 0
+        if self.transport is not None:
+            data = b"".join(packets)
+            self.bytes_out += len(data)
+            self.transport.write(data)
+
+    @property
+    def writable(self) -> bool:
+        return self._can_write and not self._queue
+
+    async def wait_writable(self) -> None:
+        """Wait until the transport is below its buffer limit and the queue is empty."""
+        if self._wbuf:
+            self._write_wbuf()
+        if self.closed or self.writable:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._writable_waiters.append(fut)
+        await fut
+
+    def _wake_writable(self) -> None:
+        ws = self._writable_waiters
+        self._writable_waiters = []
+        for f in ws:
+            if not f.done():
+                f.set_result(None)
+
+    def _close_transport(self) -> None:
+        self._wake_writable()
+        t = self.transport
+        if t is None:
+            return
+        if self._wbuf:
+            self._write_now([])
+        pending = t.get_write_buffer_size()
+        t.close()
+        if pending:
+            asyncio.get_running_loop().call_later(CLOSE_GRACE, t.abort)
+
+
+def _peer_name(peer: Any) -> str:
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host = peer[0]
+        return f"[{host}]:{peer[1]}" if ":" in str(host) else f"{host}:{peer[1]}"
+    return f"unix:{peer}" if peer else "unix"
+
+
+def _set_keepalive(sock: socket.socket | None, idle: float) -> None:
+    if sock is None or not idle or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if hasattr(socket, "TCP_KEEPIDLE"):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(idle)))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    except OSError as e:  # pragma: no cover - platform-dependent
+        log.debug("cannot set TCP keepalive: %s", e)
+
+
+# ---------------------------------------------------------------------------------------
+# Listening and connecting
+
+
+async def listen_tcp(
+    host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory
+) -> asyncio.Server:
+    """Listen on TCP; each connection gets a relay from ``session``."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(
+        lambda: StreamConnection(hub, flow, session), host, port, reuse_address=True
+    )
+
+
+async def listen_unix(path: str, hub: Hub, flow: FlowLimits, session: SessionFactory) -> asyncio.Server:
+    """Listen on a Unix stream socket at ``path`` (a stale socket file is replaced; a live
+    one is an error)."""
+    _remove_stale_socket(path)
+    loop = asyncio.get_running_loop()
+    return await loop.create_unix_server(
+        lambda: StreamConnection(hub, flow, session, name=f"unix:{path}"), path
+    )
+
+
+def _remove_stale_socket(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise OSError(f"{path} exists and is not a socket; choose another --unix path")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError:
+        os.unlink(path)  # nobody listens: a leftover from a server that died
+        return
+    finally:
+        s.close()
+    raise OSError(f"another server is listening on {path}")
+
+
+async def connect_stream(
+    kind: str,
+    where: tuple[str, int] | str,
+    hub: Hub,
+    flow: FlowLimits,
+    session: SessionFactory,
+    *,
+    coalesce: bool = True,
+) -> StreamConnection:
+    """Connect over TCP (``where = (host, port)``) or a Unix socket (``where = path``)."""
+    loop = asyncio.get_running_loop()
+    if kind == "unix":
+        assert isinstance(where, str)
+        _t, proto = await loop.create_unix_connection(
+            lambda: StreamConnection(hub, flow, session, name=f"unix:{where}", coalesce=coalesce),
+            where,
+        )
+    else:
+        assert isinstance(where, tuple)
+        _t, proto = await loop.create_connection(
+            lambda: StreamConnection(hub, flow, session, coalesce=coalesce), where[0], where[1]
+        )
+    return proto

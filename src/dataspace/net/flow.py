@@ -1,0 +1,165 @@
+"""Flow control: send buffers, credit/debt accounts and the hub that flushes relays.
+
+The model follows the Rust syndicate-server.  Every connection has an :class:`Account`.
+When a connection's inbound bytes are processed (:meth:`Hub.run`), everything that work
+queues for *other* connections and that cannot be handed to their sockets at once is
+charged to the sender's account; the debt is repaid as those bytes drain to the sockets.
+A connection whose debt exceeds ``max_debt`` is no longer read until the debt falls to
+half of it, so a fast publisher slows down to what its consumers take, and the server's
+memory stays bounded.
+
+A consumer that does not keep up is disconnected (with an ``<error ...>`` packet), which
+releases the publishers it was holding back:
+
+* at once, when its send queue exceeds ``max_send_queue`` bytes;
+* when its send queue has been non-empty for ``send_timeout`` seconds without draining.
+
+Defaults (see :class:`FlowLimits`): 1 MiB of debt, 16 MiB of send queue, 30 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .connection import Connection
+
+__all__ = ["Account", "FlowLimits", "Hub"]
+
+
+@dataclass(frozen=True)
+class FlowLimits:
+    """Per-connection buffer and timing limits of the asyncio layer.
+
+    * ``max_debt`` -- bytes a connection's turns may have queued, undrained, at other
+      connections before it stops being read (default 1 MiB);
+    * ``max_send_queue`` -- bytes queued to one connection beyond its socket buffer
+      before it is disconnected as a slow consumer (default 16 MiB);
+    * ``send_timeout`` -- seconds a connection's send queue may stay non-empty without
+      draining before it is disconnected (default 30);
+    * ``write_buffer`` -- bytes handed to the transport before queuing starts (default
+      64 KiB);
+    * ``handshake_timeout`` -- seconds a new server connection has to resolve a
+      sturdyref (default 30; 0 disables);
+    * ``keepalive`` -- seconds of TCP idleness before keepalive probes start (default
+      60; dead peers are detected about 30 s later; 0 disables);
+    * ``ws_ping_interval`` -- seconds between WebSocket pings (default 20; a peer that
+      does not answer within the same time is disconnected; 0 disables).
+    """
+
+    max_debt: int = 1 << 20
+    max_send_queue: int = 16 << 20
+    send_timeout: float = 30.0
+    write_buffer: int = 64 * 1024
+    handshake_timeout: float = 30.0
+    keepalive: float = 60.0
+    ws_ping_interval: float = 20.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_debt", "max_send_queue", "write_buffer"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name} must be a positive integer, not {v!r}")
+        for name in ("send_timeout", "handshake_timeout", "keepalive", "ws_ping_interval"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name} must be a non-negative number of seconds, not {v!r}")
+
+
+class Account:
+    """The debt of one connection: bytes its turns queued, not yet drained, elsewhere."""
+
+    __slots__ = ("debt", "limit", "name", "on_pause", "on_resume", "paused", "total_charged")
+
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        on_pause: Callable[[], Any] | None = None,
+        on_resume: Callable[[], Any] | None = None,
+    ) -> None:
+        self.name = name
+        self.limit = limit
+        self.debt = 0
+        self.paused = False
+        self.on_pause = on_pause
+        self.on_resume = on_resume
+        self.total_charged = 0
+
+    def charge(self, n: int) -> None:
+        self.debt += n
+        self.total_charged += n
+        if not self.paused and self.debt > self.limit:
+            self.paused = True
+            if self.on_pause is not None:
+                self.on_pause()
+
+    def repay(self, n: int) -> None:
+        self.debt -= n
+        if self.paused and self.debt <= self.limit >> 1:
+            self.paused = False
+            if self.on_resume is not None:
+                self.on_resume()
+
+    def __repr__(self) -> str:
+        return f"<Account {self.name} debt={self.debt} paused={self.paused}>"
+
+
+class Hub:
+    """Collects connections with pending output and flushes them.
+
+    :meth:`run` processes one inbound chunk for a connection and then flushes every
+    connection that work made dirty, charging the sender's account.  Output that becomes
+    pending outside :meth:`run` (timers, client API calls) is flushed on the next
+    iteration of the event loop.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop
+        self._dirty: list[Connection] = []
+        self._depth = 0
+        self._scheduled = False
+
+    @property
+    def active(self) -> bool:
+        """True while inside :meth:`run` (output is flushed when it returns)."""
+        return self._depth > 0
+
+    def mark_dirty(self, conn: Connection) -> None:
+        self._dirty.append(conn)
+        if self._depth == 0 and not self._scheduled:
+            self._scheduled = True
+            loop = self._loop or asyncio.get_running_loop()
+            loop.call_soon(self._flush_scheduled)
+
+    def run(self, account: Account | None, fn: Callable[..., Any], *args: Any) -> None:
+        """Call ``fn(*args)``, then flush the connections it made dirty (charging
+        ``account`` for what they cannot send at once)."""
+        self._depth += 1
+        try:
+            fn(*args)
+        finally:
+            try:
+                self.flush(account)
+            finally:
+                self._depth -= 1
+
+    def _flush_scheduled(self) -> None:
+        self._scheduled = False
+        self._depth += 1
+        try:
+            self.flush(None)
+        finally:
+            self._depth -= 1
+
+    def flush(self, account: Account | None) -> None:
+        """Flush every dirty connection now."""
+        dirty = self._dirty
+        while dirty:
+            self._dirty = []
+            for conn in dirty:
+                conn.flush_output(account)
+            dirty = self._dirty

@@ -1,0 +1,203 @@
+"""Connections over WebSocket (the ``websockets`` library): one packet per binary message.
+
+A reader task feeds each message to the relay (pausing while the connection's account
+is over its debt limit); a writer task sends the queued packets and repays the accounts
+that were charged for them.  Keepalive pings detect dead peers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from websockets.asyncio.client import connect as ws_connect
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from ..values import Symbol
+from .connection import Connection, SessionFactory
+from .flow import Account, FlowLimits, Hub
+
+__all__ = ["WebSocketConnection", "connect_ws", "listen_ws"]
+
+log = logging.getLogger(__name__)
+
+
+class WebSocketConnection(Connection):
+    """A connection over an open WebSocket (client or server side)."""
+
+    def __init__(self, hub: Hub, flow: FlowLimits, ws: Any, name: str = "ws") -> None:
+        super().__init__(hub, flow, name)
+        self.ws = ws
+        self._wake = asyncio.Event()
+        self._readable = asyncio.Event()
+        self._readable.set()
+        self._writer: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closer: asyncio.Task[None] | None = None
+        self._final: list[bytes] = []
+
+    def start(self, session: SessionFactory) -> None:
+        self.attach(session(self))
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    async def run(self) -> None:
+        """Read until the connection ends (the server's per-connection handler)."""
+        relay = self.relay
+        assert relay is not None
+        try:
+            while not self.closed:
+                if not self._readable.is_set():
+                    await self._readable.wait()
+                    continue
+                msg = await self.ws.recv()
+                self.bytes_in += len(msg)
+                if isinstance(msg, str):
+                    self.fail("text WebSocket message: send each packet as one binary message",
+                              Symbol("text-message"))
+                    break
+                self.hub.run(self.account, relay.receive_packet, msg)
+        except ConnectionClosed as e:
+            self._close(f"connection closed ({e.rcvd.code if e.rcvd else 'no close frame'})")
+        except asyncio.CancelledError:
+            self._close("cancelled")
+            raise
+        finally:
+            self._close("connection ended")
+            if self._closer is not None:
+                with contextlib.suppress(Exception):
+                    await self._closer
+
+    def start_reading(self) -> None:
+        """Run :meth:`run` as a task (clients)."""
+        self._reader = asyncio.get_running_loop().create_task(self.run())
+
+    def _pause_reading(self) -> None:
+        self._readable.clear()
+
+    def _resume_reading(self) -> None:
+        self._readable.set()
+
+    def _send(self, packets: list[bytes], account: Account | None) -> None:
+        self._idle.clear()
+        for p in packets:
+            self._enqueue(p, account)
+        self._wake.set()
+
+    def _write_now(self, packets: list[bytes]) -> None:
+        # Last words (an error packet): the writer sends these once the queue is done.
+        self._final += packets
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        q = self._queue
+        try:
+            while True:
+                if not q:
+                    if self._final:
+                        final, self._final = self._final, []
+                        for data in final:
+                            await self.ws.send(data)
+                        continue
+                    self._idle.set()
+                    if self.closed:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                data, acc = q.popleft()
+                n = len(data)
+                self.queued -= n
+                self._drained = True
+                self.bytes_out += n
+                try:
+                    await self.ws.send(data)
+                finally:
+                    if acc is not None:
+                        acc.repay(n)
+        except ConnectionClosed:
+            self._close("connection closed while sending")
+        except asyncio.CancelledError:
+            pass
+
+    def _close_transport(self) -> None:
+        self._wake.set()
+        self._readable.set()
+        self._idle.set()
+        if self._closer is None:
+            self._closer = asyncio.get_running_loop().create_task(self._close_ws())
+
+    async def _close_ws(self) -> None:
+        # Let the last packets (an error, typically) go out, briefly, then close.
+        if self._writer is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._writer), 2.0)
+            self._writer.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(self.ws.close(), 2.0)
+
+    @property
+    def writable(self) -> bool:
+        return not self._queue
+
+    async def wait_writable(self) -> None:
+        """Wait until every queued packet has been handed to the WebSocket."""
+        if not self.closed:
+            await self._idle.wait()
+
+
+async def listen_ws(
+    host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int
+) -> Server:
+    """Serve WebSocket connections on ``host:port`` (any path)."""
+
+    async def handler(ws: ServerConnection) -> None:
+        peer = ws.remote_address
+        name = f"ws:{peer[0]}:{peer[1]}" if peer else "ws"
+        conn = WebSocketConnection(hub, flow, ws, name)
+        try:
+            conn.start(session)
+        except Exception:
+            log.exception("%s: cannot set up the session", name)
+            return
+        await conn.run()
+
+    ping = flow.ws_ping_interval or None
+    return await serve(
+        handler,
+        host,
+        port,
+        # Messages up to twice the packet limit reach the relay, which answers those over
+        # the limit with an <error>; larger ones are refused by the WebSocket layer (1009).
+        max_size=2 * max_packet,
+        compression=None,
+        ping_interval=ping,
+        ping_timeout=ping,
+        write_limit=flow.write_buffer,
+    )
+
+
+async def connect_ws(
+    url: str, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int
+) -> WebSocketConnection:
+    """Open a WebSocket connection to ``url`` and start reading it."""
+    ping = flow.ws_ping_interval or None
+    try:
+        ws = await ws_connect(
+            url,
+            max_size=2 * max_packet,
+            compression=None,
+            ping_interval=ping,
+            ping_timeout=ping,
+            write_limit=flow.write_buffer,
+        )
+    except (InvalidHandshake, InvalidURI) as e:
+        raise ConnectionError(f"WebSocket handshake with {url} failed: {e}") from e
+    conn = WebSocketConnection(hub, flow, ws, f"ws:{url}")
+    conn.start(session)
+    conn.start_reading()
+    return conn

@@ -1,0 +1,905 @@
+"""The relay: a sans-IO machine for one connection speaking the Syndicate protocol.
+
+Like h11 or wsproto, a :class:`Relay` never touches a socket, a clock or a task.  Its host
+(an asyncio adapter in :mod:`dataspace.net`, or a test) moves bytes in and out::
+
+    relay = Relay(limits=RelayLimits(), on_dirty=schedule_flush)
+    relay.export_at(0, gatekeeper)           # what the peer sees at OID 0
+    relay.receive_data(chunk)                # bytes off a stream (packets concatenated)
+    relay.receive_packet(message)            # or one packet (a WebSocket message)
+    for packet in relay.take_packets():      # bytes to send, one packet each
+        transport.write(packet)
+    if relay.wants_close: ...                # after a protocol error: send, then close
+    relay.close()                            # the connection is gone: retract everything
+
+Between the wire and local objects the relay is a *membrane*:
+
+* inbound events are applied to the local :class:`~dataspace.dataspace.Entity` the peer
+  addressed by OID (``on_assert``/``on_retract``/``on_message``), under handles of the
+  relay's own (the peer's handles live in a per-connection table);
+* ``[0 oid]`` references from the peer become :class:`RemoteEntity` proxies: whatever is
+  asserted, retracted or sent to a proxy is queued as outbound events;
+* local objects inside outbound values are exported under fresh OIDs.
+
+Both directions are reference counted: an imported proxy stays in the table while
+assertions mention it, an exported OID while assertions in either direction mention it
+(or while events target it), as in the Syndicate implementations.
+
+Outbound events are grouped into one Turn packet until :meth:`Relay.take_packets` is
+called (a packet is cut early at ``RelayLimits.max_outbound_packet`` bytes).
+
+Protocol errors -- malformed or oversized packets, unknown OIDs, duplicate or unknown
+handles, too many assertions or references -- queue an ``<error message detail>`` packet,
+set :attr:`Relay.wants_close`, and retract everything the peer asserted.  A relay never
+raises on bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from operator import is_
+from typing import Any
+
+from ..dataspace import Entity, fresh_handle
+from ..values import (
+    DecodeError,
+    Decoder,
+    Dictionary,
+    Embedded,
+    Record,
+    Sequence,
+    Set,
+    Symbol,
+    Value,
+)
+from ..values.binary import DEFAULT_MAX_DEPTH, _make_reader, _make_writer
+from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
+from .wire import ERROR, ProtocolError, WireRef, error_packet, short
+
+__all__ = ["Relay", "RelayLimits", "RemoteEntity"]
+
+log = logging.getLogger(__name__)
+
+_MISSING = object()
+_ASSERT = Symbol("A")
+_RETRACT = Symbol("R")
+_MESSAGE = Symbol("M")
+_SYNC = Symbol("S")
+
+# Fixed parts of outbound events (see _emit_*).
+_B_SEQ = b"\xb5"
+_B_END = b"\x84"
+_B_END2 = b"\x84\x84"
+_HDR_A = b"\xb4\xb3\x01A"
+_HDR_R = b"\xb4\xb3\x01R"
+_HDR_M = b"\xb4\xb3\x01M"
+_HDR_S = b"\xb4\xb3\x01S"
+_B_TRUE = b"\x81"
+
+# The last message body encoded (see Relay._send_message).
+_cached_value: Any = None
+_cached_body = b""
+
+
+@dataclass(frozen=True)
+class RelayLimits:
+    """Per-connection limits of the protocol machine (all enforced on peer input).
+
+    * ``max_packet_size`` -- largest packet accepted, in bytes (default 1 MiB);
+    * ``max_assertions`` -- assertions the peer may hold at once (default 100,000);
+    * ``max_imports`` -- distinct references of the peer's objects held at once
+      (default 10,000);
+    * ``max_outbound_packet`` -- outbound Turn packets are cut at about this size (default
+      256 KiB), so they stay below the peer's own packet limit;
+    * ``strict`` -- treat events addressed to unknown OIDs and retractions of unknown
+      handles as protocol errors (the server); when False they are ignored (a client,
+      where such events can race with its own retractions).
+    """
+
+    max_packet_size: int = 1 << 20
+    max_assertions: int = 100_000
+    max_imports: int = 10_000
+    max_outbound_packet: int = 256 * 1024
+    strict: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_packet_size", "max_assertions", "max_imports", "max_outbound_packet"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name} must be a positive integer, not {v!r}")
+
+
+class RemoteEntity(Entity):
+    """A local stand-in for an object the peer exported (``[0 oid]`` on the wire).
+
+    Assertions, retractions and messages delivered to it are queued on its relay as
+    outbound events; once the connection has closed they are dropped.
+    """
+
+    __slots__ = ("count", "oid", "oid_bytes", "permanent", "relay")
+
+    def __init__(self, relay: Relay, oid: int) -> None:
+        self.relay = relay
+        self.oid = oid
+        self.oid_bytes = relay._encode_int(oid)
+        self.count = 0
+        self.permanent = False
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        self.relay._send_assert(self, value, handle)
+
+    def on_retract(self, handle: int) -> None:
+        self.relay._send_retract(self, handle)
+
+    def on_message(self, value: Value) -> None:
+        self.relay._send_message(self, value)
+
+    @property
+    def alive(self) -> bool:
+        """False once the connection is closed (events to it are dropped)."""
+        return not self.relay.closed
+
+    def __repr__(self) -> str:
+        return f"<RemoteEntity {self.relay.name}#{self.oid}>"
+
+
+class _Export:
+    """An OID this side exported: the object, the entity that receives events for it."""
+
+    __slots__ = ("count", "obj", "oid", "permanent", "target")
+
+    def __init__(self, oid: int, obj: Any, target: Entity | None) -> None:
+        self.oid = oid
+        self.obj = obj
+        self.target = target
+        self.count = 0
+        self.permanent = False
+
+
+class Relay:
+    """The protocol machine of one connection (see the module docstring).
+
+    * ``limits`` -- a :class:`RelayLimits`;
+    * ``name`` -- used in log messages;
+    * ``turn`` -- a context-manager factory wrapped around the events of each multi-event
+      inbound packet so that they apply atomically (e.g. ``Dataspace.turn``);
+    * ``on_dirty(relay)`` -- called when output becomes pending (once, until
+      :meth:`take_packets` is next called), so a host can schedule a flush.
+    """
+
+    def __init__(
+        self,
+        *,
+        limits: RelayLimits | None = None,
+        name: str = "peer",
+        turn: Callable[[], AbstractContextManager[Any]] | None = None,
+        on_dirty: Callable[[Relay], None] | None = None,
+    ) -> None:
+        self.limits = limits = limits or RelayLimits()
+        self.name = name
+        self._turn = turn
+        self.on_dirty = on_dirty
+        self._strict = limits.strict
+        self._decoder = self._new_decoder()
+        self._saw_embedded = False
+        # Inbound assertions: peer handle -> (target entity or None, local handle, pins, export)
+        self._in: dict[int, tuple[Entity | None, int, list[Any] | None, _Export | None]] = {}
+        # Outbound assertions: local handle -> pins
+        self._out: dict[int, list[Any]] = {}
+        self._imports: dict[int, RemoteEntity] = {}
+        self._exports: dict[int, _Export] = {}
+        self._export_by_obj: dict[Any, _Export] = {}
+        self._transient: deque[_Export] = deque()
+        self._next_oid = 0
+        self._write = _make_writer(True, False, self._embed_out, DEFAULT_MAX_DEPTH)
+        self._read = _make_reader(False, self._wireref_in, DEFAULT_MAX_DEPTH)
+        self._pins: list[Any] | None = None
+        self._embedded_out = False
+        self._max_out = limits.max_outbound_packet
+        # Output: fragments of the Turn packet being built, finished packets.
+        self._frags: list[bytes] = []
+        self._frag_size = 0
+        self._outbox: list[bytes] = []
+        self._dirty = False
+        self._syncs: list[bytes] | None = None
+        self.closed = False
+        """True once the relay stopped (protocol error, peer error or :meth:`close`)."""
+        self.wants_close = False
+        """True when the host should close the connection once the output is sent."""
+        self.error: tuple[str, Value] | None = None
+        """``(message, detail)`` of the protocol error that stopped this relay, if any."""
+        self.peer_error: tuple[str, Value] | None = None
+        """``(message, detail)`` of an ``<error>`` packet the peer sent, if any."""
+        self.packets_in = 0
+        self.packets_out = 0
+
+    # -- setup ---------------------------------------------------------------------------
+
+    def export_at(self, oid: int, entity: Entity) -> None:
+        """Export ``entity`` permanently under ``oid`` (e.g. a gatekeeper at OID 0)."""
+        if oid in self._exports:
+            raise ValueError(f"OID {oid} is already exported")
+        ex = _Export(oid, entity, entity)
+        ex.permanent = True
+        self._exports[oid] = ex
+        self._export_by_obj[entity] = ex
+        self._next_oid = max(self._next_oid, oid + 1)
+
+    def import_ref(self, oid: int) -> RemoteEntity:
+        """A permanent proxy for the peer's object ``oid`` (e.g. its gatekeeper at 0)."""
+        imp = self._imports.get(oid)
+        if imp is None:
+            imp = self._imports[oid] = RemoteEntity(self, oid)
+        imp.permanent = True
+        return imp
+
+    # -- input ---------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Bytes from a stream transport: any number of concatenated packets (or parts)."""
+        if self.closed:
+            return
+        buf = data if type(data) is bytes else bytes(data)
+        dec = self._decoder
+        if dec.buffered:
+            # A packet begun in an earlier chunk: the streaming decoder (whose scan is
+            # resumable, so bytes trickling in cost linear time) completes it; what
+            # follows it in this chunk goes back to the fast path.
+            dec.feed(buf)
+            self._saw_embedded = False
+            try:
+                v = dec.try_next()
+            except DecodeError as e:
+                self._decode_failed(e)
+                return
+            if v is None:
+                return
+            rest = dec.buffered
+            if rest > len(buf):  # pragma: no cover - the packet ended inside this chunk
+                self._decode_loop()
+                return
+            self._decoder = self._new_decoder()
+            self._packet(v)
+            if not rest:
+                return
+            buf = buf[len(buf) - rest :]
+        # Fast path: complete, canonical Turn packets are framed and read here.  The
+        # first packet that is not (incomplete, another kind, malformed) and all that
+        # follows it in this chunk go to the streaming decoder.
+        p = 0
+        n = len(buf)
+        while p < n:
+            if self.closed:
+                return
+            q = self._fast_turn(buf, p)
+            if q < 0:
+                self._decoder.feed(buf[p:] if p else buf)
+                self._decode_loop()
+                return
+            p = q
+
+    def _new_decoder(self) -> Decoder:
+        return Decoder(embedded=self._wireref_in, max_value_size=self.limits.max_packet_size)
+
+    def _decode_loop(self) -> None:
+        dec = self._decoder
+        while not self.closed:
+            self._saw_embedded = False
+            try:
+                v = dec.try_next()
+            except DecodeError as e:
+                self._decode_failed(e)
+                return
+            if v is None:
+                return
+            self._packet(v)
+
+    def receive_packet(self, data: bytes | bytearray | memoryview) -> None:
+        """Exactly one packet (a WebSocket message)."""
+        if self.closed:
+            return
+        if len(data) > self.limits.max_packet_size:
+            self.fail(
+                f"packet of {len(data)} bytes is larger than the limit of "
+                f"{self.limits.max_packet_size} bytes",
+                Symbol("packet-too-large"),
+            )
+            return
+        buf = data if type(data) is bytes else bytes(data)
+        if self._fast_turn(buf, 0, whole=True) >= 0:
+            return
+        if self.closed:
+            return
+        dec = self._decoder
+        dec.feed(buf)
+        self._saw_embedded = False
+        try:
+            v = dec.try_next()
+            if v is None:
+                raise DecodeError("the message ends in the middle of a packet", len(buf))
+            if dec.buffered:
+                raise DecodeError(
+                    f"{dec.buffered} byte(s) after the packet (one packet per message)",
+                    len(buf) - dec.buffered,
+                )
+        except DecodeError as e:
+            self._decode_failed(e)
+            return
+        self._packet(v)
+
+    def _fast_turn(self, buf: bytes, p: int, whole: bool = False) -> int:
+        """Read and apply the Turn packet at ``buf[p]`` if it is complete and canonical.
+
+        Returns the offset after it, or -1 (nothing applied) when it is not: then the
+        generic decoder reads it (and reports any error).  Event envelopes
+        ``[oid <A|R|M|S ...>]`` are checked byte by byte; assertions, bodies and handles
+        go through the same reader (and limits) as the decoder uses.  With ``whole``, the
+        packet must also end exactly at the end of ``buf``.
+        """
+        if buf[p] != 0xB5:
+            return -1
+        start = p
+        read = self._read
+        events: list[tuple[int, int, Any, Any]] = []
+        self._saw_embedded = False
+        try:
+            p += 1
+            while True:
+                t = buf[p]
+                if t == 0x84:
+                    p += 1
+                    break
+                if t != 0xB5 or buf[p + 1] != 0xB0:
+                    return -1
+                ln = buf[p + 2]
+                if ln > 8:
+                    return -1
+                q = p + 3 + ln
+                oid = int.from_bytes(buf[p + 3 : q], "big", signed=True)
+                if buf[q] != 0xB4 or buf[q + 1] != 0xB3 or buf[q + 2] != 1:
+                    return -1
+                k = buf[q + 3]
+                p = q + 4
+                if k == 0x4D or k == 0x52 or k == 0x53:  # M, R, S: one field
+                    a, p = read(buf, p, 3)
+                    b = None
+                elif k == 0x41:  # A: assertion, handle
+                    a, p = read(buf, p, 3)
+                    b, p = read(buf, p, 3)
+                else:
+                    return -1
+                if buf[p] != 0x84 or buf[p + 1] != 0x84:
+                    return -1
+                p += 2
+                events.append((oid, k, a, b))
+        except (IndexError, DecodeError, RecursionError):
+            return -1  # incomplete or malformed: the decoder decides
+        if p - start > self.limits.max_packet_size or (whole and p != len(buf)):
+            return -1
+        self.packets_in += 1
+        if events:
+            self._turn_in(events, self._saw_embedded)
+        return p
+
+    def _decode_failed(self, e: DecodeError) -> None:
+        cause = e.__cause__
+        if isinstance(cause, ProtocolError):  # raised by the embedded hook
+            self.fail(cause.message, cause.detail)
+        else:
+            self.fail(f"malformed packet: {e}", _decode_detail(e))
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet forming a complete packet."""
+        return self._decoder.buffered
+
+    def _packet(self, v: Value) -> None:
+        self.packets_in += 1
+        t = type(v)
+        if t is Sequence:
+            if v:
+                try:
+                    events = [_envelope(ev) for ev in v]
+                except ProtocolError as e:
+                    # Events before the bad one are applied first, as they would be
+                    # had they come in a packet of their own.
+                    good = []
+                    for ev in v:
+                        try:
+                            good.append(_envelope(ev))
+                        except ProtocolError:
+                            break
+                    if good:
+                        self._turn_in(good, self._saw_embedded)
+                    self.fail(e.message, e.detail)
+                    return
+                self._turn_in(events, self._saw_embedded)
+        elif t is Record:
+            if v.label == ERROR and len(v.fields) == 2:
+                msg, detail = v.fields
+                self.peer_error = (msg if type(msg) is str else short(msg), detail)
+                log.info("%s: the peer reported an error: %s %s", self.name,
+                            self.peer_error[0], short(detail))
+                self.wants_close = True
+                self._shutdown()
+            else:
+                log.debug("%s: ignoring extension packet %s", self.name, short(v))
+        elif v is False:
+            pass  # Nop
+        else:
+            self.fail(
+                f"malformed packet {short(v)}: expected a turn [[oid event] ...], "
+                "<error ...>, an extension record or #f",
+                Symbol("malformed-packet"),
+            )
+
+    def _turn_in(self, events: list[tuple[int, int, Any, Any]], emb: bool) -> None:
+        if len(events) == 1 or self._turn is None:
+            try:
+                for ev in events:
+                    self._apply(ev, emb)
+                    if self.closed:
+                        return
+            except ProtocolError as e:
+                self.fail(e.message, e.detail)
+            except Exception as e:
+                self._internal_error(e)
+            return
+        err: ProtocolError | None = None
+        syncs = self._syncs = []
+        try:
+            with self._turn():
+                for ev in events:
+                    try:
+                        self._apply(ev, emb)
+                    except ProtocolError as e:
+                        err = e
+                        break
+                    except Exception as e:
+                        err = self._internal_error(e, fail=False)
+                        break
+                    if self.closed:
+                        break
+        except Exception as e:  # committing the turn failed: a bug on this side
+            err = self._internal_error(e, fail=False)
+        finally:
+            self._syncs = None
+        if err is not None:
+            self.fail(err.message, err.detail)
+            return
+        for oid_bytes in syncs:
+            self._emit_message_bytes(oid_bytes, _B_TRUE)
+
+    def _internal_error(self, e: Exception, fail: bool = True) -> ProtocolError:
+        """A local entity raised while applying the peer's event: a bug on this side,
+        but only this connection is closed (the server carries on)."""
+        log.error("%s: applying an event failed", self.name, exc_info=e)
+        err = ProtocolError(
+            f"internal error while applying an event ({type(e).__name__}); the connection "
+            "is closed",
+            Symbol("internal-error"),
+        )
+        if fail:
+            self.fail(err.message, err.detail)
+        return err
+
+    def _apply(self, ev: tuple[int, int, Any, Any], emb: bool) -> None:
+        """Apply one event ``(oid, kind, a, b)`` (kind: the byte of A, R, M or S)."""
+        oid, k, a, b = ev
+        ex = self._exports.get(oid)
+        if ex is None:
+            if self._strict:
+                raise ProtocolError(f"unknown OID {oid}: no such object on this connection", oid)
+            target = None
+        else:
+            target = ex.target
+        if k == 0x4D:  # M
+            if emb:
+                pins: list[Any] = []
+                a = self._rewrite_in(a, pins)
+                if target is not None:
+                    target.on_message(a)
+                self._drop_pins(pins)
+            elif target is not None:
+                target.on_message(a)
+        elif k == 0x41:  # A
+            h = b
+            if type(h) is not int:
+                raise ProtocolError(f"a handle must be an integer, not {short(h)}", Symbol("malformed-event"))
+            inbound = self._in
+            if h in inbound:
+                raise ProtocolError(f"handle {h} is already in use by a live assertion", h)
+            if len(inbound) >= self.limits.max_assertions:
+                raise ProtocolError(
+                    f"too many assertions: the limit is {self.limits.max_assertions} per "
+                    "connection",
+                    Symbol("too-many-assertions"),
+                )
+            p = None
+            if emb:
+                p = []
+                a = self._rewrite_in(a, p)
+            if ex is not None:
+                ex.count += 1
+            lh = fresh_handle()
+            inbound[h] = (target, lh, p, ex)
+            if target is not None:
+                target.on_assert(a, lh)
+        elif k == 0x52:  # R
+            rec = self._in.pop(a, None) if type(a) is int else None
+            if rec is None:
+                if self._strict:
+                    raise ProtocolError(f"retraction of unknown handle {short(a)}", a)
+                return
+            target, lh, p, ex2 = rec
+            if ex2 is not None:
+                self._unpin_export(ex2)
+            if p:
+                self._drop_pins(p)
+            if target is not None:
+                target.on_retract(lh)
+        else:  # S
+            if type(a) is not Embedded or type(a.value) is not WireRef:
+                raise ProtocolError(f"<S> needs an embedded peer reference, not {short(a)}", Symbol("malformed-event"))
+            wr = a.value
+            if wr.mine:
+                # Everything before this event has been applied: answer (after the turn
+                # of a multi-event packet, once its effects have been dispatched).
+                ob = self._encode_int(wr.oid)
+                if self._syncs is not None:
+                    self._syncs.append(ob)
+                else:
+                    self._emit_message_bytes(ob, _B_TRUE)
+            else:
+                local = self._import_wireref(wr, None)
+                if isinstance(local, Entity):
+                    local.on_message(True)
+
+    # -- membranes -----------------------------------------------------------------------
+
+    def _wireref_in(self, v: Value) -> WireRef:
+        """Decoder hook: the content of each ``#:`` in a packet."""
+        self._saw_embedded = True
+        return WireRef.from_value(v)
+
+    def _rewrite_in(self, v: Value, pins: list[Any]) -> Value:
+        """``v`` with its WireRefs replaced by local objects (pinned in ``pins``)."""
+        t = type(v)
+        if t is Embedded:
+            return Embedded(self._import_wireref(v.value, pins))
+        if t is Record:
+            label = self._rewrite_in(v.label, pins)
+            fields = tuple([self._rewrite_in(x, pins) for x in v.fields])
+            return Record._make(label, fields)
+        if t is Sequence:
+            return tuple.__new__(Sequence, [self._rewrite_in(x, pins) for x in v])
+        if t is Set:
+            return Set([self._rewrite_in(x, pins) for x in v])
+        if t is Dictionary:
+            return Dictionary(
+                [(self._rewrite_in(k, pins), self._rewrite_in(x, pins)) for k, x in v.items()]
+            )
+        return v
+
+    def _import_wireref(self, wr: Any, pins: list[Any] | None) -> Any:
+        if type(wr) is not WireRef:  # pragma: no cover - the decoder hook made it
+            raise ProtocolError("embedded value is not a wire reference", False)
+        oid = wr.oid
+        if wr.mine:
+            imp = self._imports.get(oid)
+            if imp is None:
+                if len(self._imports) >= self.limits.max_imports:
+                    raise ProtocolError(
+                        f"too many references: the limit is {self.limits.max_imports} per "
+                        "connection",
+                        Symbol("too-many-references"),
+                    )
+                imp = self._imports[oid] = RemoteEntity(self, oid)
+            if pins is not None:
+                imp.count += 1
+                pins.append(imp)
+            return imp
+        ex = self._exports.get(oid)
+        if ex is None:
+            if self._strict:
+                raise ProtocolError(f"reference to unknown OID {oid}", wr.to_value())
+            return _Inert()
+        if pins is not None:
+            ex.count += 1
+            pins.append(ex)
+        if not wr.caveats:
+            return ex.obj
+        # The peer hands back one of our objects with caveats: enforce them here.
+        try:
+            att = Attenuation(wr.caveats)
+        except SturdyError as e:
+            raise ProtocolError(f"invalid caveat in reference to OID {oid}: {e}", False) from None
+        if ex.target is None:
+            return _Inert()
+        return AttenuatedEntity(ex.target, att)
+
+    def _drop_pins(self, pins: list[Any]) -> None:
+        for p in pins:
+            if type(p) is RemoteEntity:
+                p.count -= 1
+                if p.count <= 0 and not p.permanent and self._imports.get(p.oid) is p:
+                    del self._imports[p.oid]
+            else:
+                self._unpin_export(p)
+
+    def _unpin_export(self, ex: _Export) -> None:
+        ex.count -= 1
+        if ex.count <= 0 and not ex.permanent and self._exports.get(ex.oid) is ex:
+            del self._exports[ex.oid]
+            self._export_by_obj.pop(ex.obj, None)
+
+    def _embed_out(self, obj: Any) -> Value:
+        """Encoder hook: the wire reference for a local object in an outbound value."""
+        self._embedded_out = True
+        t = type(obj)
+        if t is RemoteEntity and obj.relay is self:
+            return tuple.__new__(Sequence, (1, obj.oid))
+        if t is AttenuatedRef:
+            tgt = obj.target
+            if type(tgt) is RemoteEntity and tgt.relay is self:
+                return tuple.__new__(Sequence, (1, tgt.oid, *obj.attenuation.caveats))
+        ex = self._export_by_obj.get(obj)
+        if ex is None:
+            oid = self._next_oid
+            self._next_oid = oid + 1
+            ex = _Export(oid, obj, _deliverable(obj))
+            self._exports[oid] = ex
+            self._export_by_obj[obj] = ex
+            if self._pins is None:
+                self._hold_transient(ex)
+        pins = self._pins
+        if pins is not None:
+            ex.count += 1
+            pins.append(ex)
+        return tuple.__new__(Sequence, (0, ex.oid))
+
+    def _hold_transient(self, ex: _Export) -> None:
+        """Keep a reference exported only in a message alive for a while (the peer may
+        use it); the oldest of these are dropped beyond 1024, unless pinned since."""
+        ex.count += 1
+        q = self._transient
+        q.append(ex)
+        if len(q) > 1024:
+            self._unpin_export(q.popleft())
+
+    # -- output --------------------------------------------------------------------------
+
+    def _encode_int(self, n: int) -> bytes:
+        out: list[bytes] = []
+        self._write(n, out, 0)
+        return b"".join(out)
+
+    def _emit(self, oid_bytes: bytes, hdr: bytes, body: bytes) -> None:
+        """Append the event ``[oid <hdr body>]`` to the Turn being built."""
+        frags = self._frags
+        if not frags:
+            frags.append(_B_SEQ)
+            self._frag_size = 1
+            if not self._dirty:
+                self._dirty = True
+                if self.on_dirty is not None:
+                    self.on_dirty(self)
+        frags += (_B_SEQ, oid_bytes, hdr, body, _B_END2)
+        self._frag_size += len(oid_bytes) + len(body) + 7
+        if self._frag_size >= self._max_out:
+            self._seal()
+
+    def _body(self, value: Value, handle: int | None = None) -> bytes:
+        """The encoding of ``value`` (then ``handle``) inside an event (may raise)."""
+        out: list[bytes] = []
+        self._write(value, out, 3)
+        if handle is not None:
+            self._write(handle, out, 3)
+        return b"".join(out)
+
+    def _send_assert(self, proxy: RemoteEntity, value: Value, handle: int) -> None:
+        if self.closed or handle in self._out:
+            return
+        pins: list[Any] = [proxy]
+        proxy.count += 1
+        self._pins = pins
+        try:
+            body = self._body(value, handle)
+        except (TypeError, ValueError) as e:
+            self._drop_pins(pins)
+            log.warning("%s: cannot send assertion %s: %s", self.name, short(value), e)
+            return
+        finally:
+            self._pins = None
+        self._out[handle] = pins
+        self._emit(proxy.oid_bytes, _HDR_A, body)
+
+    def _send_retract(self, proxy: RemoteEntity, handle: int) -> None:
+        if self.closed:
+            return
+        pins = self._out.pop(handle, None)
+        if pins is None:
+            return
+        self._drop_pins(pins)
+        self._emit(proxy.oid_bytes, _HDR_R, self._encode_int(handle))
+
+    def _send_message(self, proxy: RemoteEntity, value: Value) -> None:
+        if self.closed:
+            return
+        # Fan-out: every observer of a message gets a sequence of the *same* captured
+        # objects; without embedded references their encoding is the same, so it is
+        # made once (a one-entry cache shared by all relays).
+        global _cached_value, _cached_body
+        cv = _cached_value
+        if (
+            cv is not None
+            and type(value) is Sequence
+            and len(value) == len(cv)
+            and all(map(is_, value, cv))
+        ):
+            body = _cached_body
+        else:
+            self._embedded_out = False
+            try:
+                body = self._body(value)
+            except (TypeError, ValueError) as e:
+                log.warning("%s: cannot send message %s: %s", self.name, short(value), e)
+                return
+            if type(value) is Sequence and not self._embedded_out:
+                _cached_value, _cached_body = value, body
+            else:
+                _cached_value = None
+        self._emit(proxy.oid_bytes, _HDR_M, body)
+
+    def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
+        if not self.closed:
+            self._emit(oid_bytes, _HDR_M, body)
+
+    def send_sync(self, proxy: RemoteEntity, peer: Entity) -> None:
+        """Queue ``<S #:peer>`` to ``proxy``: the peer answers by sending ``#t`` to ``peer``
+        (exported transiently) once it has processed everything sent before."""
+        if not self.closed:
+            self._emit(proxy.oid_bytes, _HDR_S, self._body(Embedded(peer)))
+
+    def _seal(self) -> None:
+        frags = self._frags
+        if frags:
+            frags.append(_B_END)
+            self._outbox.append(b"".join(frags))
+            frags.clear()
+            self._frag_size = 0
+            self.packets_out += 1
+
+    def take_packets(self) -> list[bytes]:
+        """Every pending packet, encoded (the current Turn is finished first)."""
+        self._seal()
+        out = self._outbox
+        self._outbox = []
+        self._dirty = False
+        return out
+
+    def data_to_send(self) -> bytes:
+        """Every pending packet concatenated (for stream transports)."""
+        return b"".join(self.take_packets())
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._frags or self._outbox)
+
+    # -- ending --------------------------------------------------------------------------
+
+    def fail(self, message: str, detail: Value = False) -> None:
+        """Stop with a protocol error: queue ``<error message detail>`` after what is
+        already pending, set :attr:`wants_close` and retract what the peer asserted."""
+        if self.closed:
+            return
+        log.info("%s: protocol error: %s", self.name, message)
+        self._seal()
+        self._outbox.append(error_packet(message, detail))
+        self.error = (message, detail)
+        self.wants_close = True
+        if not self._dirty:
+            self._dirty = True
+            if self.on_dirty is not None:
+                self.on_dirty(self)
+        self._shutdown()
+
+    def close(self) -> None:
+        """The connection is gone: retract everything the peer asserted, drop output."""
+        self._shutdown()
+        self._frags.clear()
+        self._outbox.clear()
+
+    def _shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        inbound = self._in
+        self._in = {}
+        if inbound:
+            targets = [(t, lh) for t, lh, _p, _e in inbound.values() if t is not None]
+            if self._turn is not None and len(targets) > 1:
+                with self._turn():
+                    self._retract_all(targets)
+            else:
+                self._retract_all(targets)
+        self._imports.clear()
+        self._exports.clear()
+        self._export_by_obj.clear()
+        self._transient.clear()
+        self._out.clear()
+
+    def _retract_all(self, targets: list[tuple[Entity, int]]) -> None:
+        for t, lh in targets:
+            try:
+                t.on_retract(lh)
+            except Exception:
+                log.exception("%s: retracting handle %d on close failed", self.name, lh)
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Table sizes: live inbound and outbound assertions, imported and exported OIDs."""
+        return {
+            "assertions_in": len(self._in),
+            "assertions_out": len(self._out),
+            "imports": len(self._imports),
+            "exports": len(self._exports),
+        }
+
+
+class _Inert:
+    """What a reference to an object that no longer exists resolves to (events dropped)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<inert>"
+
+
+def _deliverable(obj: Any) -> Entity | None:
+    """The entity that receives events addressed to an exported ``obj``."""
+    if isinstance(obj, Entity):
+        return obj
+    if type(obj) is AttenuatedRef and isinstance(obj.target, Entity):
+        return AttenuatedEntity(obj.target, obj.attenuation)
+    return None
+
+
+_KINDS = {_ASSERT: (0x41, 2), _RETRACT: (0x52, 1), _MESSAGE: (0x4D, 1), _SYNC: (0x53, 1)}
+
+
+def _envelope(ev: Value) -> tuple[int, int, Any, Any]:
+    """Check the shape of a decoded ``[oid <A|R|M|S ...>]``: ``(oid, kind, a, b)``."""
+    if type(ev) is not Sequence or len(ev) != 2:
+        raise ProtocolError(
+            f"malformed turn event {short(ev)}: expected [oid event]", Symbol("malformed-event")
+        )
+    oid, e = ev
+    if type(oid) is not int:
+        raise ProtocolError(f"an OID must be an integer, not {short(oid)}", Symbol("malformed-event"))
+    if type(e) is not Record:
+        raise _bad_event(e)
+    kind = _KINDS.get(e.label) if type(e.label) is Symbol else None
+    f = e.fields
+    if kind is None or len(f) != kind[1]:
+        raise _bad_event(e)
+    return (oid, kind[0], f[0], f[1] if kind[1] == 2 else None)
+
+
+def _bad_event(e: Value) -> ProtocolError:
+    return ProtocolError(
+        f"malformed event {short(e)}: expected <A assertion handle>, <R handle>, <M body> "
+        "or <S #:peer>",
+        Symbol("malformed-event"),
+    )
+
+
+def _decode_detail(e: DecodeError) -> Value:
+    if "max_value_size" in e.message or "longer than" in e.message:
+        return Symbol("packet-too-large")
+    return Symbol("malformed-packet")

@@ -1,0 +1,130 @@
+"""The broker's commands as people run them: serve, observe, assert, send."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from broker_support import PY, Changes, ServerProcess, async_test, kill, read_line_matching
+from dataspace.client import connect
+from dataspace.protocol.sturdy import SturdyRef
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataspace.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+async def cli(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        PY, "-m", "dataspace.cli", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+@pytest.mark.parametrize("command", ["serve", "observe", "assert", "send"])
+def test_help_has_examples(command):
+    r = run_cli(command, "--help")
+    assert r.returncode == 0
+    assert "examples:" in r.stdout and f"dataspace {command}" in r.stdout
+
+
+@async_test
+async def test_serve_observe_assert_send(tmp_path):
+    data = tmp_path / "data"
+    srv = ServerProcess(data)
+    await srv.start()
+    try:
+        # Exactly one line on stdout, the capability, also written to the data directory.
+        assert SturdyRef.parse(srv.sturdyref) == SturdyRef.parse((data / "root.sturdyref").read_text())
+        conn = ("--server", srv.address, "--data-dir", str(data))
+        obs = await cli("observe", "<Present $who>", "--count", "2", *conn)
+        msgs = await cli("observe", "<Says $who $what>", "--captures", "--count", "2", *conn)
+        # Wait until both observers have subscribed (subscriptions are assertions too).
+        watcher = await connect(srv.address, srv.sturdyref)
+        interest = Changes()
+        watcher.observe("<Observe $pattern _>", **interest.kw())
+        await interest.until(lambda s: len(s.present) >= 3)  # theirs and this one
+        await watcher.close()
+        held = await cli("assert", '<Present "alice">', *conn)
+        assert held.stderr is not None
+        await asyncio.wait_for(held.stderr.readline(), 20)  # "asserted <Present "alice">"
+        r = await asyncio.to_thread(run_cli, "send", '<Says "alice" "hi">', "-", *conn,
+                                    stdin='<Says "bob" "yo">\n')
+        assert r.returncode == 0, r.stderr
+        held.send_signal(signal.SIGINT)  # Ctrl-C retracts and exits cleanly
+        assert await asyncio.wait_for(held.wait(), 20) == 0
+        out, err = await asyncio.wait_for(obs.communicate(), 20)
+        assert obs.returncode == 0, err
+        assert out.decode().splitlines() == ['+ <Present "alice">', '- <Present "alice">']
+        out, err = await asyncio.wait_for(msgs.communicate(), 20)
+        assert out.decode().splitlines() == ['! ["alice" "hi"]', '! ["bob" "yo"]']
+        # A SIGTERM stops the server cleanly; stdout held the one sturdyref line only.
+        assert await srv.stop(signal.SIGTERM) == 0
+        assert await srv.proc.stdout.read() == b""  # type: ignore[union-attr]
+    finally:
+        await srv.stop(signal.SIGKILL)
+
+
+@async_test
+async def test_assert_is_reasserted_when_the_server_restarts(tmp_path):
+    data = tmp_path / "data"
+    srv = await ServerProcess(data).start()
+    try:
+        conn = ("--server", srv.address, "--data-dir", str(data))
+        held = await cli("assert", '<Present "carol">', *conn)
+        await asyncio.wait_for(held.stderr.readline(), 20)  # type: ignore[union-attr]
+        await srv.stop(signal.SIGKILL)
+        await srv.start()
+        obs = await cli("observe", "<Present $who>", "--count", "1", *conn)
+        out, _ = await asyncio.wait_for(obs.communicate(), 30)
+        assert out.decode().splitlines() == ['+ <Present "carol">']
+        await kill(held)
+    finally:
+        await srv.stop()
+
+
+def test_errors_say_what_to_do(tmp_path):
+    r = run_cli("send", "x", "--server", "127.0.0.1:1", "--cap", '<ref {oid: "root" sig: #x"00000000000000000000000000000000"}>')
+    assert r.returncode == 1 and "no server at 127.0.0.1:1: start one with `dataspace serve" in r.stderr
+    r = run_cli("observe", "_", "--data-dir", str(tmp_path / "none"))
+    assert r.returncode == 1 and "dataspace serve" in r.stderr and "root.sturdyref" in r.stderr
+    r = run_cli("send", "<unclosed", "--data-dir", str(tmp_path))
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    r = run_cli("observe", "<Present $who", "--data-dir", str(tmp_path))
+    assert r.returncode == 2 and "bad pattern" in r.stderr
+    cfg = tmp_path / "bad.pr"
+    cfg.write_text("{listen: 1}")
+    r = run_cli("serve", "--config", str(cfg))
+    assert r.returncode == 2 and "unknown setting listen" in r.stderr
+    r = run_cli("serve", "--tcp", "nonsense")
+    assert r.returncode == 2 and "HOST:PORT" in r.stderr
+
+
+@async_test
+async def test_serve_with_a_config_file_and_a_port_in_use(tmp_path):
+    data = tmp_path / "data"
+    srv = await ServerProcess(data).start()
+    try:
+        cfg = tmp_path / "server.pr"
+        cfg.write_text(f'# test\n{{tcp: ["127.0.0.1:{srv.port}"] data-dir: "{tmp_path / "d2"}"}}\n')
+        r = await asyncio.to_thread(run_cli, "serve", "--config", str(cfg))
+        assert r.returncode == 1 and "another `dataspace serve` running" in r.stderr
+        assert r.stdout == ""
+        out: list[str] = []
+        p = await asyncio.create_subprocess_exec(
+            PY, "-m", "dataspace.cli", "serve", "--config", str(cfg), "--tcp", "127.0.0.1:0",
+            "-v", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            await read_line_matching(p, r"^sturdyref: <ref ", out)
+            await read_line_matching(p, r"listening on 127\.0\.0\.1:\d+", out)
+            assert (tmp_path / "d2" / "root.sturdyref").exists()
+            p.send_signal(signal.SIGINT)
+            assert await asyncio.wait_for(p.wait(), 20) == 0
+        finally:
+            await kill(p)
+    finally:
+        await srv.stop()

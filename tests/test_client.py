@@ -1,0 +1,196 @@
+"""Our client (dataspace.client): the Dataspace API over the network, and reconnection."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+import pytest
+
+from broker_support import (
+    PY,
+    Changes,
+    ServerProcess,
+    async_test,
+    kill,
+    read_line_matching,
+    running_server,
+    spawn,
+    tcp_address,
+)
+from dataspace.client import CapabilityError, CapabilityRejected, connect, load_capability
+from dataspace.protocol.sturdy import mint
+from dataspace.values import parse
+
+
+@async_test
+async def test_same_api_as_the_in_process_dataspace(tmp_path):
+    async with running_server(tmp_path) as server:
+        ds = await connect(tcp_address(server), data_dir=tmp_path / "data")
+        other = await connect(tcp_address(server), server.sturdyref)
+        seen = Changes()
+        sub = ds.observe("<Present $who>", **seen.kw())
+        await ds.sync()
+        # assert_/retract/value_of
+        h = other.assert_(parse('<Present "a">'))
+        assert other.value_of(h) == parse('<Present "a">')
+        await seen.until(lambda s: ("a",) in s.present)
+        assert other.retract(h) and not other.retract(h) and other.value_of(h) is None
+        await seen.until(lambda s: not s.present)
+        # Bag semantics: two handles, one appearance.
+        h1 = other.assert_(parse('<Present "b">'))
+        h2 = other.assert_(parse('<Present "b">'))
+        await other.sync()
+        await ds.sync()
+        other.retract(h1)
+        await other.sync()
+        await ds.sync()
+        assert seen.present == {("b",): 1}
+        other.retract(h2)
+        await seen.until(lambda s: not s.present)
+        assert [k for k, c in seen.log if c == ("b",)] == ["+", "-"]
+        # A turn: made and retracted inside it, never seen; messages in order.
+        msgs = Changes()
+        ds.observe("<Tick $n>", **msgs.kw())
+        await ds.sync()
+        with other.turn():
+            t = other.assert_(parse('<Present "ghost">'))
+            other.retract(t)
+            for i in range(5):
+                other.send(parse(f"<Tick {i}>"))
+        await msgs.until(lambda s: len(s.messages()) == 5)
+        assert msgs.messages() == [(i,) for i in range(5)]
+        await ds.sync()
+        assert ("ghost",) not in [c for _k, c in seen.log]
+        # A turn that raises sends nothing.
+        with pytest.raises(RuntimeError), other.turn():
+            other.assert_(parse('<Present "never">'))
+            raise RuntimeError("boom")
+        await other.sync()
+        await ds.sync()
+        assert ("never",) not in [c for _k, c in seen.log]
+        # cancel
+        sub.cancel()
+        other.assert_(parse('<Present "late">'))
+        await other.sync()
+        await ds.sync()
+        assert ("late",) not in [c for _k, c in seen.log]
+        await ds.close()
+        await other.close()
+
+
+@async_test
+async def test_during_facets_and_failing_callbacks(tmp_path):
+    async with running_server(tmp_path) as server:
+        ds = await connect(tcp_address(server), server.sturdyref)
+        other = await connect(tcp_address(server), server.sturdyref)
+        log: list[str] = []
+        replies = Changes()
+        other.observe("<Welcome $who>", **replies.kw())
+
+        def setup(who):
+            log.append(f"start {who}")
+            ds.assert_(parse(f'<Welcome "{who}">'))  # lives as long as the presence
+            if who == "crash":
+                raise ValueError("a bug in a callback")
+            return lambda: log.append(f"stop {who}")
+
+        ds.during("<Present $who>", setup)
+        await ds.sync()
+        h = other.assert_(parse('<Present "x">'))
+        await replies.until(lambda s: ("x",) in s.present)
+        other.retract(h)
+        await replies.until(lambda s: ("x",) not in s.present)
+        assert log == ["start x", "stop x"]
+        # A failing callback is logged; the client carries on.
+        other.assert_(parse('<Present "crash">'))
+        await other.sync()
+        await ds.sync()
+        assert "start crash" in log and ds.connected
+        await ds.close()
+        await other.close()
+
+
+@async_test
+async def test_connect_errors_say_what_to_do(tmp_path):
+    with pytest.raises(ConnectionError, match="start one with `dataspace serve"):
+        await connect("127.0.0.1:1", mint("root", b"k"))
+    with pytest.raises(ConnectionError, match="dataspace serve --unix"):
+        await connect(f"unix:{tmp_path}/nothing.sock", mint("root", b"k"))
+    with pytest.raises(CapabilityError, match="does not exist"):
+        load_capability(data_dir=tmp_path / "empty")
+    with pytest.raises(CapabilityError, match="not a usable sturdyref"):
+        load_capability("<ref {}>")
+    async with running_server(tmp_path) as server:
+        with pytest.raises(CapabilityRejected, match="invalid signature"):
+            await connect(tcp_address(server), mint("root", b"wrong key"), reconnect=False)
+
+
+@async_test
+async def test_reconnect_after_the_server_is_killed_and_restarted(tmp_path):
+    srv = await ServerProcess(tmp_path / "data").start()
+    try:
+        ds = await connect(srv.address, srv.sturdyref, backoff=(0.02, 0.2))
+        other = await connect(srv.address, srv.sturdyref, backoff=(0.02, 0.2))
+        seen = Changes()
+        ds.observe("<Present $who>", **seen.kw())
+        ds.assert_(parse('<Present "me">'))
+        other.assert_(parse('<Present "other">'))
+        await seen.until(lambda s: set(s.present) == {("me",), ("other",)})
+        lost = asyncio.Event()
+        ds.on_disconnect.append(lost.set)
+        await srv.stop(signal.SIGKILL)
+        await asyncio.wait_for(lost.wait(), 20)
+        # Observers are told of the gap: everything retracted.
+        await seen.until(lambda s: not s.present)
+        assert not ds.connected
+        ds.send(parse("<Lost>"))
+        assert ds.dropped_messages == 1
+        await srv.start()  # same port, same data directory, same key
+        await ds.wait_connected(30)
+        await other.wait_connected(30)
+        # Then fresh state: our held assertion and the other client's, re-asserted.
+        await seen.until(lambda s: set(s.present) == {("me",), ("other",)})
+        assert ds.reconnects >= 1
+        await ds.close()
+        await other.close()
+    finally:
+        await srv.stop()
+
+
+CLIENT_SCRIPT = """
+import asyncio, sys
+from dataspace.client import connect
+from dataspace.values import parse
+async def main():
+    ds = await connect(sys.argv[1], sys.argv[2])
+    for i in range(20):
+        ds.assert_(parse(f'<Lease "worker" {i}>'))
+    await ds.sync()
+    print("holding", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+@async_test
+async def test_kill_9_of_a_client_process_retracts_its_assertions(tmp_path):
+    async with running_server(tmp_path) as server:
+        watcher = await connect(tcp_address(server), server.sturdyref)
+        seen = Changes()
+        watcher.observe("<Lease $who $n>", **seen.kw())
+        await watcher.sync()
+        script = tmp_path / "client.py"
+        script.write_text(CLIENT_SCRIPT)
+        proc = await spawn(str(script), tcp_address(server), str(server.sturdyref))
+        try:
+            await read_line_matching(proc, "^holding$", [])
+            await seen.until(lambda s: len(s.present) == 20)
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+            await seen.until(lambda s: not s.present)
+        finally:
+            await kill(proc)
+        await watcher.close()
+    assert PY == sys.executable

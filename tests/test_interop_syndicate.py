@@ -1,0 +1,108 @@
+"""syndicate-py (unmodified, in subprocesses) as a client of our server."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from broker_support import (
+    Changes,
+    async_test,
+    kill,
+    read_line_matching,
+    running_server,
+    spawn,
+    tcp_address,
+    ws_address,
+)
+from dataspace.client import connect
+from dataspace.protocol.sturdy import attenuate
+from dataspace.values import parse
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "interop_syndicate_client.py")
+
+pytest.importorskip("syndicate")
+
+
+def tcp_transport(server) -> str:
+    host, port = tcp_address(server).rsplit(":", 1)
+    return f'<tcp "{host}" {port}>'
+
+
+@async_test
+async def test_syndicate_py_clients_interoperate(tmp_path):
+    async with running_server(tmp_path, ws=["127.0.0.1:0"]) as server:
+        ours = await connect(tcp_address(server), server.sturdyref)
+        seen = Changes()
+        ours.observe("<Present $who>", **seen.kw())
+        ours.observe("<Says $who $what>", **seen.kw())
+        ours.observe("<Pong $who $n>", **seen.kw())
+        await ours.sync()
+
+        alice_out: list[str] = []
+        bob_out: list[str] = []
+        alice = await spawn(SCRIPT, tcp_transport(server), str(server.sturdyref), "alice")
+        bob = None
+        try:
+            await read_line_matching(alice, r"^\+ alice$", alice_out)
+            # bob over WebSocket
+            bob = await spawn(SCRIPT, f'<ws "{ws_address(server)}">', str(server.sturdyref), "bob")
+            await read_line_matching(bob, r"^\+ alice$", bob_out)
+            await read_line_matching(alice, r"^\+ bob$", alice_out)
+            await read_line_matching(alice, r"^says bob hello$", alice_out)
+            await seen.until(lambda s: {("alice",), ("bob",)} <= set(s.present))
+            await seen.until(lambda s: ("bob", "hello") in s.messages())
+            # Request/response: our message reaches their on_message, theirs reaches us.
+            ours.send(parse("<Ping 1>"))
+            await seen.until(lambda s: {("alice", 1), ("bob", 1)} <= set(s.messages()))
+            # Our assertions reach their `during`.
+            ours.assert_(parse('<Present "ours">'))
+            await read_line_matching(alice, r"^\+ ours$", alice_out)
+            await read_line_matching(bob, r"^\+ ours$", bob_out)
+            # kill -9 bob: everything bob asserted is retracted, alice's `during` ends.
+            bob.send_signal(signal.SIGKILL)
+            await bob.wait()
+            await read_line_matching(alice, r"^- bob$", alice_out)
+            await seen.until(lambda s: ("bob",) not in s.present)
+            assert parse('<Secret "bob">') not in server.dataspaces["root"]
+            assert parse('<Secret "alice">') in server.dataspaces["root"]
+        finally:
+            await kill(alice)
+            if bob is not None:
+                await kill(bob)
+        await seen.until(lambda s: set(s.present) == {("ours",)})
+        await ours.close()
+
+
+@async_test
+async def test_attenuated_sturdyref_is_enforced_for_syndicate_py(tmp_path):
+    async with running_server(tmp_path) as server:
+        ours = await connect(tcp_address(server), server.sturdyref)
+        seen = Changes()
+        ours.observe("<Present $who>", **seen.kw())
+        ours.observe("<Says $who $what>", **seen.kw())
+        await ours.sync()
+        # Only <Present x> and subscriptions may pass; the holder cannot remove the caveat.
+        ref = attenuate(server.sturdyref, parse(
+            "<or [<rewrite <bind <rec Present [<_>]>> <ref 0>>"
+            " <rewrite <bind <rec Observe [<_> <_>]>> <ref 0>>]>"
+        ))
+        out: list[str] = []
+        carol = await spawn(SCRIPT, tcp_transport(server), str(ref), "carol")
+        try:
+            await seen.until(lambda s: ("carol",) in s.present)
+            await read_line_matching(carol, r"^connected$", out)
+            # Her subscriptions pass the caveat, so what others send reaches her.
+            ours.send(parse('<Says "ours" "to carol">'))
+            await read_line_matching(carol, r"^says ours to carol$", out)
+            await ours.sync()
+            root = server.dataspaces["root"]
+            assert parse('<Present "carol">') in root
+            assert parse('<Secret "carol">') not in root  # rejected by the caveat
+            assert ("carol", "hello") not in seen.messages()  # her message was dropped
+        finally:
+            await kill(carol)
+        await seen.until(lambda s: ("carol",) not in s.present)
+        await ours.close()
