@@ -164,3 +164,22 @@ def test_check_reports_unknown_and_invalid_caveats(data_dir):
     invalid = SturdyRef("syndicate", signature(key, "syndicate", [bad_caveat]), (bad_caveat,))
     r = cap("check", str(invalid), data_dir=data_dir)
     assert r.returncode == 1 and "caveat 1 is invalid" in r.stdout
+
+
+def test_only_accepts_the_concise_pattern_syntax(tmp_path):
+    from dataspace.protocol.sturdy import Attenuation, SturdyRef
+    from dataspace.values import parse
+
+    key = "00" * 32
+    minted = cap("mint", "--key-hex", key, data_dir=tmp_path)
+    assert minted.returncode == 0, minted.stderr
+    r = cap("attenuate", minted.stdout.strip(), "--only", '<Says "alice" _>', data_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    att = Attenuation(SturdyRef.parse(r.stdout.strip()).caveats)
+    assert att.apply(parse('<Says "alice" "hi">')) == parse('<Says "alice" "hi">')
+    assert att.apply(parse('<Says "bob" "hi">')) is None
+    assert att.apply(parse('<Says "alice" "hi" "extra">')) is None  # the arity written
+    bad = cap("attenuate", minted.stdout.strip(), "--only", "<_ 1>", data_dir=tmp_path)
+    assert bad.returncode == 2 and "not a pattern of the attenuation language" in bad.stderr
+    bad = cap("attenuate", minted.stdout.strip(), "--only", "<$x 1 2>", data_dir=tmp_path)
+    assert bad.returncode == 2 and "concise syntax" in bad.stderr

@@ -28,8 +28,13 @@ COMMANDS = _discover()
 
 EPILOG = """\
 examples:
-  dataspace demo                      simulated users chatting in an in-process dataspace
-  dataspace COMMAND --help            help on one command
+  dataspace serve                         run the server (127.0.0.1:7411)
+  dataspace observe '<Present $who>'      watch assertions appear and go
+  dataspace assert '<Present "alice">'    hold an assertion until Ctrl-C
+  dataspace send '<Says "alice" "hi">'    send a message
+  dataspace cap mint                      print the server's root capability
+  dataspace demo                          simulated users chatting, in process
+  dataspace COMMAND --help                help on one command
 """
 
 

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from ..datadir import KEY_BYTES, ROOT_KEY, ROOT_STURDYREF, resolve_data_dir
+from ..pattern import PatternError, parse_pattern
 from ..protocol.sturdy import (
     SturdyError,
     SturdyRef,
     attenuate,
+    attenuation_pattern,
     caveat_kind,
     mint,
     validate,
@@ -26,8 +28,10 @@ examples:
   dataspace cap mint                          the server's root capability, signed with
                                               the data directory's root.key
   dataspace cap mint --oid '"chat"' --key-file chat.key
+  dataspace cap attenuate @root.sturdyref --only '<Says "alice" _>'
+                                              only <Says "alice" X> may pass
   dataspace cap attenuate @root.sturdyref --only '<rec Says [<lit "alice"> String]>'
-                                              only <Says "alice" TEXT> may pass
+                                              the same, and X must be a string
   dataspace cap attenuate @ref.pr --reject '<rec Observe [<_> <_>]>'
                                               everything except subscriptions
   dataspace cap mint | dataspace cap attenuate - --only '<rec Present [String]>'
@@ -55,6 +59,7 @@ a string, chat a symbol.
 
 ATTENUATE_EPILOG = """\
 examples:
+  dataspace cap attenuate @root.sturdyref --only '<Says "alice" _>'
   dataspace cap attenuate @root.sturdyref --only '<rec Says [<lit "alice"> String]>'
   dataspace cap attenuate @ref.pr --only '<rec Present [String]>' \\
       --only '<rec Observe [<_> <_>]>'           either kind may pass
@@ -62,6 +67,9 @@ examples:
   dataspace cap attenuate @ref.pr \\
       '<rewrite <rec Says [<_> <bind String>]> <rec Says [<lit "guest"> <ref 0>]>>'
 
+PATTERN is written in the attenuation language (<rec Says [<lit "alice"> String]>) or
+in the concise pattern syntax of observe (<Says "alice" _>, translated with the arity
+written: two fields exactly).
 --only P adds <rewrite <bind P> <ref 0>> (one flag) or <or [...]> of those (several
 flags: a value may match any of them); --reject P adds <reject P>.  Caveats are added in
 the order: CAVEAT arguments, then --only, then --reject (the newest run first, so the
@@ -298,16 +306,35 @@ def _checked(caveat: Value, what: str, allow_unknown: bool) -> Value:
     return caveat
 
 
+_ATTENUATION_WORDS = frozenset({"_", "bind", "and", "not", "lit", "rec", "arr", "dict"})
+
+
 def _pattern_caveat(flag: str, text: str, make: Any) -> Value:
-    """The caveat ``make(pattern)`` for ``--only``/``--reject PATTERN``, checked."""
-    c = make(_parse_value(text, f"the PATTERN of {flag}"))
+    """The caveat ``make(pattern)`` for ``--only``/``--reject PATTERN``, checked.
+
+    PATTERN is either in the attenuation language (``<rec Says [<lit "alice"> String]>``)
+    or in the concise dataspace syntax (``<Says "alice" _>``), translated with the arity
+    written; the attenuation reading wins when both apply.
+    """
+    pv = _parse_value(text, f"the PATTERN of {flag}")
+    c = make(pv)
     try:
         kind, why = caveat_kind(c)
     except SturdyError as e:  # pragma: no cover - these caveats have no templates to get wrong
         raise _Fail(f"{flag} {text}: {e}") from None
-    if kind == "unknown":
+    if kind != "unknown":
+        return c
+    if type(pv) is Record and type(pv.label) is Symbol and pv.label.name in _ATTENUATION_WORDS:
+        # Meant as the attenuation language: teach rather than reinterpret it.
         raise _Fail(f"{flag} {text}: not a pattern of the attenuation language: {why}")
-    return c
+    try:
+        concise = parse_pattern(text)
+    except PatternError:
+        raise _Fail(
+            f"{flag} {text}: neither an attenuation pattern ({why}) nor a pattern in the "
+            "concise syntax such as <Says \"alice\" _>"
+        ) from None
+    return make(attenuation_pattern(concise))
 
 
 def _only(p: Value) -> Value:

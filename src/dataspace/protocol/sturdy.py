@@ -989,3 +989,37 @@ class AttenuatedEntity(Entity):
         """How many assertions are currently forwarded (and remembered)."""
         return len(self._forwarded)
 
+
+def attenuation_pattern(pattern: Any) -> Value:
+    """Translate a dataspace pattern (e.g. from the concise syntax) into the attenuation
+    pattern language, matching exactly the shape written.
+
+    Records and sequences keep the arity written (``<Says "alice" _>`` matches two-field
+    ``Says`` records only: attenuation patterns are exact, unlike dataspace patterns);
+    gaps become ``<_>``; binds become their subpatterns (a filter has no use for them).
+    """
+    from ..pattern import Arr, Bind, Dict, Discard, Lit, Rec
+
+    t = type(pattern)
+    if t is Discard:
+        return Record(Symbol("_"), [])
+    if t is Bind:
+        return attenuation_pattern(pattern.pattern)
+    if t is Lit:
+        return Record(Symbol("lit"), [pattern.value])
+    if t is Rec or t is Arr:
+        items = dict(pattern.fields if t is Rec else pattern.items)
+        n = max(items) + 1 if items else 0
+        subs = Sequence(
+            attenuation_pattern(items[i]) if i in items else Record(Symbol("_"), [])
+            for i in range(n)
+        )
+        if t is Rec:
+            return Record(Symbol("rec"), [pattern.label, subs])
+        return Record(Symbol("arr"), [subs])
+    if t is Dict:
+        return Record(
+            Symbol("dict"), [Dictionary((k, attenuation_pattern(x)) for k, x in pattern.entries)]
+        )
+    raise TypeError(f"not a pattern: {pattern!r}")
+
