@@ -210,3 +210,26 @@ def test_server_refuses_bad_limits(tmp_path):
     with pytest.raises(ConfigError):
         Server(ServerConfig(max_packet_size=0), data_dir=tmp_path)
     assert Symbol("x")  # keep the import used
+
+
+@async_test
+async def test_connections_beyond_the_limit_are_refused_with_an_error(tmp_path):
+    async with running_server(tmp_path, max_connections=1) as server:
+        first = await connect(tcp_address(server), server.sturdyref)
+        raw = await RawClient.open(tcp_address(server))
+        msgs = error_messages(await raw.read_until_closed())
+        assert any("too many connections (1)" in m for m in msgs)
+        raw.close()
+        assert first.connected and server.stats()["connections"] == 1
+        gone = asyncio.Event()
+        for c in server.connections:
+            c.on_close.append(lambda _c: gone.set())
+        await first.close()
+        await wait(lambda: server.stats()["connections"] == 0, gone, timeout=10)
+        second = await connect(tcp_address(server), server.sturdyref)  # room again
+        assert second.connected
+        await second.close()
+
+
+def test_max_connections_is_a_setting_of_the_file():
+    assert parse_config("{max-connections: 7}").max_connections == 7

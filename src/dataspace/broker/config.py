@@ -77,6 +77,7 @@ class ServerConfig:
     max_references: int = RelayLimits.max_imports
     max_debt: int = FlowLimits.max_debt
     max_send_queue: int = FlowLimits.max_send_queue
+    max_connections: int = 10_000
     send_timeout: float = FlowLimits.send_timeout
     handshake_timeout: float = FlowLimits.handshake_timeout
     keepalive: float = FlowLimits.keepalive
@@ -136,6 +137,7 @@ _INT_KEYS = {
     "max-references": "max_references",
     "max-debt": "max_debt",
     "max-send-queue": "max_send_queue",
+    "max-connections": "max_connections",
 }
 _SECONDS_KEYS = {
     "send-timeout": "send_timeout",

@@ -157,6 +157,13 @@ class Server:
         relay.export_at(0, gk)
         if self._stopping:
             relay.fail("the server is shutting down", Symbol("shutdown"))
+        elif len(self.connections) >= self.config.max_connections:
+            log.warning("%s: refused: %d connections already", conn.name, len(self.connections))
+            relay.fail(
+                f"too many connections ({self.config.max_connections}); try again later",
+                Symbol("too-many-connections"),
+            )
+            return relay
         self.connections.add(conn)
         conn.on_close.append(self.connections.discard)
         t = self.flow.handshake_timeout

@@ -65,6 +65,9 @@ def register(sub: Any) -> None:
     g.add_argument("--max-send-queue", type=int, metavar="BYTES",
                    help="bytes queued to a slow consumer before it is disconnected "
                    "(default 16777216)")
+    g.add_argument("--max-connections", type=int, metavar="N",
+                   help="connections served at once; more are refused with an error "
+                   "(default 10000)")
     g.add_argument("--send-timeout", type=float, metavar="SECONDS",
                    help="disconnect a consumer whose queue does not drain for this long "
                    "(default 30)")
@@ -84,7 +87,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tcp=args.tcp, unix=args.unix, ws=args.ws, data_dir=args.data_dir,
         max_packet_size=args.max_packet_size, max_assertions=args.max_assertions,
         max_references=args.max_references, max_debt=args.max_debt,
-        max_send_queue=args.max_send_queue, send_timeout=args.send_timeout,
+        max_send_queue=args.max_send_queue, max_connections=args.max_connections,
+        send_timeout=args.send_timeout,
         handshake_timeout=args.handshake_timeout, keepalive=args.keepalive,
         ws_ping_interval=args.ws_ping_interval,
     )
