@@ -15,6 +15,7 @@ from broker_support import (
     error_messages,
     running_server,
     tcp_address,
+    wait,
     ws_address,
 )
 from dataspace.broker import ConfigError, Server, ServerConfig, parse_config

@@ -59,6 +59,9 @@ class Connection:
     def attach(self, relay: Relay) -> None:
         self.relay = relay
         relay.on_dirty = self._relay_dirty
+        # Whatever the session set-up already produced (an error refusing the connection,
+        # say) was queued before this hook existed: flush it now.
+        self._relay_dirty(relay)
 
     def _relay_dirty(self, relay: Relay) -> None:
         if not self.closed:
