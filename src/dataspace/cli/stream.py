@@ -1,0 +1,340 @@
+"""``dataspace stream``: look at and write durable streams (the embedded store)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import select
+import sys
+from typing import Any
+
+from ..datadir import STREAMS_DB, resolve_data_dir
+from ..streams import StoreError, open_store
+from ..streams.base import Entry, StreamInfo, parse_duration
+from ..values import ParseError, stringify
+from ..values.text import parse_many
+
+EPILOG = """\
+examples:
+  dataspace stream ls                               streams, sizes and retention
+  dataspace stream append chat '<Says "alice" "hi">' '<Says "bob" "yo">'
+  printf '<n 1>\\n<n 2>\\n' | dataspace stream append nums -      values from stdin
+  dataspace stream tail chat                        the last 10 entries
+  dataspace stream tail chat -f                     ... and follow new ones (Ctrl-C stops)
+  dataspace stream tail chat -f --tailer me         resume as the named tailer "me"
+  dataspace stream info chat                        details, tailers and their lag
+  dataspace stream create logs --max-count 100000 --max-age 7d   set retention
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "stream",
+        help="list, read, follow and append to durable streams",
+        description="Durable streams are named, append-only logs of Preserves values in the "
+        f"embedded store ({STREAMS_DB} in the data directory).  Entries have monotonic "
+        "indices from 0; named tailers remember positions.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", metavar="DIR",
+                        help="data directory (default: $DATASPACE_DATA_DIR or ~/.local/share/dataspace)")
+    ss = p.add_subparsers(dest="stream_command", metavar="SUBCOMMAND")
+
+    ls = ss.add_parser("ls", parents=[common], help="list streams",
+                       description="List streams: entries, index range, last append, retention.")
+    ls.add_argument("--all", "-a", action="store_true",
+                    help="include internal streams (processor backing streams, __...)")
+    ls.set_defaults(func=run_ls)
+
+    info = ss.add_parser("info", parents=[common], help="details of one stream",
+                         description="Details of a stream: index range, retention and every "
+                         "named tailer with its position and lag.")
+    info.add_argument("name")
+    info.add_argument("--check", action="store_true",
+                      help="also run an integrity check of the whole store file")
+    info.set_defaults(func=run_info)
+
+    ap = ss.add_parser("append", parents=[common], help="append values (Preserves text)",
+                       description="Append values given as Preserves text; '-' (or no value) "
+                       "reads values from standard input (committed in batches as they "
+                       "arrive).  The stream is created if needed.")
+    ap.add_argument("name")
+    ap.add_argument("values", nargs="*", metavar="VALUE")
+    ap.set_defaults(func=run_append)
+
+    tl = ss.add_parser("tail", parents=[common], help="print the last entries; -f follows",
+                       description="Print entries as 'INDEX VALUE' lines.  With -f, keep "
+                       "printing entries as they are appended (by any process; readers are "
+                       "woken, not polling) until Ctrl-C.")
+    tl.add_argument("name")
+    tl.add_argument("-n", "--lines", type=int, default=10, metavar="N",
+                    help="how many of the last entries to print first (default 10; 0: none)")
+    tl.add_argument("-f", "--follow", action="store_true", help="follow new entries")
+    tl.add_argument("--from", dest="start", type=int, metavar="INDEX",
+                    help="print from this index on (instead of the last N)")
+    tl.add_argument("--tailer", metavar="NAME",
+                    help="read as a named tailer: resume from its saved position, save it as we go")
+    tl.add_argument("--meta", action="store_true", help="also print each entry's metadata")
+    tl.add_argument("--time", action="store_true", help="also print each entry's append time")
+    tl.add_argument("--no-index", action="store_true", help="print values only")
+    tl.set_defaults(func=run_tail)
+
+    cr = ss.add_parser("create", parents=[common], help="create a stream / set its retention",
+                       description="Create a stream if absent; with --max-count/--max-age set "
+                       "its retention (older entries are deleted as new ones arrive).")
+    cr.add_argument("name")
+    cr.add_argument("--max-count", type=int, metavar="N", help="keep at most N entries")
+    cr.add_argument("--max-age", metavar="DURATION", help="keep entries younger than this (90s, 15m, 12h, 7d)")
+    cr.add_argument("--keep-all", action="store_true", help="remove both retention limits")
+    cr.set_defaults(func=run_create)
+
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _store(args: argparse.Namespace, create: bool = False) -> Any:
+    d = resolve_data_dir(args.data_dir, create=create)
+    return open_store(d / STREAMS_DB, create=create)
+
+
+def _fail(msg: str) -> int:
+    print(f"dataspace stream: {msg}", file=sys.stderr)
+    return 1
+
+
+def _ago(ns: int | None) -> str:
+    if ns is None:
+        return "-"
+    t = datetime.datetime.fromtimestamp(ns / 1e9)
+    return t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _retention(s: StreamInfo) -> str:
+    parts = []
+    if s.max_count is not None:
+        parts.append(f"{s.max_count} entries")
+    if s.max_age is not None:
+        parts.append(_duration(s.max_age))
+    return ", ".join(parts) or "keep all"
+
+
+def _duration(seconds: float) -> str:
+    for unit, n in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}{unit}"
+    return f"{seconds:g}s"
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    if not (resolve_data_dir(args.data_dir, create=False) / STREAMS_DB).exists():
+        print("no streams yet (dataspace stream append NAME VALUE creates one)")
+        return 0
+    try:
+        with _store(args) as store:
+            streams = store.streams(include_internal=args.all)
+    except (StoreError, OSError) as e:
+        return _fail(str(e))
+    if not streams:
+        print("no streams yet (dataspace stream append NAME VALUE creates one)")
+        return 0
+    rows = [("NAME", "ENTRIES", "INDICES", "LAST APPEND", "RETENTION", "TAILERS")]
+    for s in streams:
+        rng = "-" if s.first is None else f"{s.first}..{s.next - 1}"
+        rows.append((s.name, str(s.count), rng, _ago(s.last_time_ns), _retention(s), str(len(s.tailers))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    try:
+        with _store(args) as store:
+            s = store.stream_info(args.name)
+            problems = store.check() if args.check else None
+            path = store.path
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    print(f"stream      {s.name}")
+    print(f"store       {path}")
+    print(f"entries     {s.count}")
+    print(f"indices     {'-' if s.first is None else f'{s.first}..{s.next - 1}'} (next append: {s.next})")
+    print(f"created     {_ago(s.created_ns)}")
+    print(f"last append {_ago(s.last_time_ns)}")
+    print(f"retention   {_retention(s)}")
+    if s.tailers:
+        print("tailers")
+        for t in s.tailers:
+            print(f"  {t.name:<24} position {t.position:<12} lag {max(0, s.next - t.position):<10} "
+                  f"saved {_ago(t.updated_ns)}")
+    else:
+        print("tailers     none")
+    if problems is not None:
+        if problems:
+            print("integrity   PROBLEMS:")
+            for pr in problems:
+                print(f"  {pr}")
+            return 1
+        print("integrity   ok")
+    return 0
+
+
+def _read_stdin_batches(stream: Any) -> Any:
+    """Yield lists of values from stdin as they arrive (a batch per burst of lines)."""
+    pending = ""
+    batch: list[Any] = []
+    fd_ok = True
+    try:
+        fileno = stream.fileno()
+    except (OSError, AttributeError, ValueError):
+        fd_ok = False
+    lineno = 0
+    while True:
+        line = stream.readline()
+        if not line:
+            break
+        lineno += 1
+        pending += line
+        if not pending.strip():
+            pending = ""
+            continue
+        try:
+            batch.extend(parse_many(pending))
+            pending = ""
+        except ParseError as e:
+            if type(e).__name__ in ("ParseShort", "ParseEOF"):
+                continue  # a value spanning lines
+            raise ValueError(f"stdin line {lineno}: {e}") from e
+        more = False
+        if fd_ok and len(batch) < 1000:
+            try:
+                more = bool(select.select([fileno], [], [], 0)[0])
+            except (OSError, ValueError):
+                more = False
+        if not more or len(batch) >= 1000:
+            yield batch
+            batch = []
+    if pending.strip():
+        raise ValueError(f"stdin ends inside a value: {pending.strip()[:60]!r}")
+    if batch:
+        yield batch
+
+
+def run_append(args: argparse.Namespace) -> int:
+    texts = args.values
+    try:
+        if texts and texts != ["-"]:
+            values = []
+            for t in texts:
+                try:
+                    values.append(*_one(t))
+                except ParseError as e:
+                    return _fail(f"cannot parse {t!r}: {e}")
+            with _store(args, create=True) as store:
+                r = store.append_many(args.name, values)
+            print(f"appended {len(r)} to {args.name} (indices {r.start}..{r.stop - 1})")
+            return 0
+        total = 0
+        first = None
+        with _store(args, create=True) as store:
+            for batch in _read_stdin_batches(sys.stdin):
+                r = store.append_many(args.name, batch)
+                first = r.start if first is None else first
+                total += len(r)
+        if total:
+            print(f"appended {total} to {args.name} (indices {first}..{first + total - 1})",
+                  file=sys.stderr)
+        return 0
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+
+
+def _one(text: str) -> list[Any]:
+    vals = parse_many(text)
+    if len(vals) != 1:
+        raise ParseError(f"expected one value, found {len(vals)} (quote each value separately)")
+    return vals
+
+
+def _print(e: Entry, args: argparse.Namespace) -> None:
+    try:
+        text = stringify(e.value)
+    except Exception as err:  # a damaged value: show it, keep going
+        text = f"#!undecodable ({err}): {e.data[:32].hex()}"
+    parts = []
+    if not args.no_index:
+        parts.append(str(e.index))
+    if args.time:
+        parts.append(datetime.datetime.fromtimestamp(e.time).isoformat(timespec="milliseconds"))
+    parts.append(text)
+    if args.meta and e.meta_data is not None:
+        try:
+            parts.append("meta " + stringify(e.meta))
+        except Exception:
+            parts.append("meta #!undecodable")
+    sys.stdout.write("  ".join(parts) + "\n")
+
+
+def run_tail(args: argparse.Namespace) -> int:
+    if args.lines < 0:
+        print("dataspace stream tail: -n must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        store = _store(args, create=args.follow)
+    except (StoreError, OSError) as e:
+        return _fail(str(e))
+    try:
+        if not store.has_stream(args.name) and not args.follow:
+            return _fail(f"no stream named {args.name!r} (dataspace stream ls lists them)")
+        if args.tailer:
+            # Resume as a named tailer: everything from its saved position (or --from).
+            t = store.tailer(args.name, args.tailer, start="earliest")
+            if args.start is not None:
+                t.seek(args.start)
+        elif args.start is not None:
+            t = store.tailer(args.name, start=args.start)
+        else:
+            t = store.tailer(args.name, start=max(0, store.next_index(args.name) - args.lines))
+        while batch := t.read(1000):
+            for e in batch:
+                _print(e, args)
+        sys.stdout.flush()
+        if args.follow:
+            while True:
+                for e in t.poll(None):
+                    _print(e, args)
+                sys.stdout.flush()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except (StoreError, ValueError) as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+
+
+def run_create(args: argparse.Namespace) -> int:
+    try:
+        max_age = None if args.max_age is None else parse_duration(args.max_age)
+        if args.max_count is not None and args.max_count < 1:
+            raise ValueError("--max-count must be >= 1")
+        with _store(args, create=True) as store:
+            with store.transaction() as tx:
+                tx.create_stream(args.name)
+                if args.keep_all:
+                    tx.set_retention(args.name, None, None)
+                elif args.max_count is not None or max_age is not None:
+                    old = store.stream_info(args.name) if store.has_stream(args.name) else None
+                    tx.set_retention(
+                        args.name,
+                        args.max_count if args.max_count is not None else old and old.max_count,
+                        max_age if max_age is not None else old and old.max_age,
+                    )
+            removed = store.apply_retention()
+            s = store.stream_info(args.name)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    print(f"{s.name}: {s.count} entries, retention {_retention(s)}"
+          + (f" ({removed} old entries removed)" if removed else ""))
+    return 0

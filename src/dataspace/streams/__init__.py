@@ -1,0 +1,70 @@
+"""Durable streams: named, append-only logs of Preserves values.
+
+>>> import tempfile, os
+>>> from dataspace.values import parse
+>>> d = tempfile.mkdtemp()
+>>> store = open_store(d)                      # streams.sqlite3 in that directory
+>>> store.append("chat", parse('<Says "alice" "hi">'))
+0
+>>> [e.value for e in store.read("chat")]
+[Record(Symbol('Says'), ('alice', 'hi'))]
+>>> t = store.tailer("chat", "bot")             # a named tailer: resumes after restarts
+>>> [e.index for e in t.poll(timeout=1)]
+[0]
+>>> store.close()
+
+* :mod:`.base` -- the storage interface (:class:`Store`, :class:`Transaction`, :class:`Entry`).
+* :mod:`.sqlite` -- the SQLite implementation (WAL, one file, no server).
+* :mod:`.wakeup` -- readers wake when data arrives, in-process and across processes.
+* :mod:`.tailer` -- tailers with persisted positions.
+* :mod:`.recorder` -- dataspace to stream (:class:`Recorder`) and back (:class:`Emitter`).
+"""
+
+from .base import (
+    MAX_VALUE_SIZE,
+    Entry,
+    ForeignStore,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StreamInfo,
+    StreamNotFound,
+    TailerInfo,
+    Transaction,
+    check_stream_name,
+)
+from .recorder import (
+    Emitter,
+    Recorder,
+    RecorderSpec,
+    parse_recorder_spec,
+    recorder_specs,
+    start_recorders,
+    stop_recorders,
+)
+from .sqlite import SQLiteStore, open_store
+from .tailer import Tailer
+
+__all__ = [
+    "MAX_VALUE_SIZE",
+    "Emitter",
+    "Entry",
+    "ForeignStore",
+    "Recorder",
+    "RecorderSpec",
+    "SQLiteStore",
+    "Store",
+    "StoreCorrupt",
+    "StoreError",
+    "StreamInfo",
+    "StreamNotFound",
+    "Tailer",
+    "TailerInfo",
+    "Transaction",
+    "check_stream_name",
+    "open_store",
+    "parse_recorder_spec",
+    "recorder_specs",
+    "start_recorders",
+    "stop_recorders",
+]

@@ -1,0 +1,537 @@
+"""The storage interface of durable streams.
+
+A *store* holds named, append-only *streams* of Preserves values.  Every entry has a
+monotonic 64-bit *index* within its stream (0, 1, 2, ...; never reused, even after
+retention removed old entries), the time it was appended, its value (kept as the canonical
+binary encoding) and optional metadata (a Preserves value too).  Named *tailers* remember a
+read position per stream.  A :class:`Transaction` writes entries to several streams,
+tailer positions and anything else atomically: that is what makes exactly-once processing
+cheap (see :mod:`dataspace.pipeline`).
+
+:class:`~dataspace.streams.sqlite.SQLiteStore` is the implementation; another backend
+implements :class:`Store` and :class:`Transaction`.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..values import Value, decode, encode
+
+if TYPE_CHECKING:
+    from .tailer import Tailer
+
+__all__ = [
+    "MAX_INDEX",
+    "MAX_VALUE_SIZE",
+    "Entry",
+    "ForeignStore",
+    "Store",
+    "StoreCorrupt",
+    "StoreError",
+    "StreamInfo",
+    "StreamNotFound",
+    "TailerInfo",
+    "Transaction",
+    "check_stream_name",
+    "check_tailer_name",
+    "encode_value",
+    "parse_duration",
+]
+
+MAX_INDEX = (1 << 63) - 1
+"""Indices are signed 64-bit integers (SQLite's INTEGER), so at most this."""
+
+MAX_VALUE_SIZE = 16 * 1024 * 1024
+"""Largest encoded value (or metadata) one entry may hold, in bytes."""
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+/-]{0,199}")
+
+
+class StoreError(Exception):
+    """Base class of stream store errors (the message says what to do next)."""
+
+
+class StoreCorrupt(StoreError):
+    """The store file is damaged or is not a store at all."""
+
+
+class ForeignStore(StoreError):
+    """The file is an SQLite database, but not a dataspace stream store (or too new)."""
+
+
+class StreamNotFound(StoreError, KeyError):
+    """No stream of that name."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "stream not found"
+
+
+def check_stream_name(name: str) -> str:
+    """``name`` if it is a valid stream name, else ``ValueError`` saying why.
+
+    Names are 1-200 characters: letters, digits and ``_ . : @ + / -``, not starting with
+    punctuation other than ``_``.  Names starting with ``__`` are internal (hidden by
+    ``stream ls``).
+    """
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid stream name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
+            "(starting with a letter, digit or _)"
+        )
+    return name
+
+
+def check_tailer_name(name: str) -> str:
+    """``name`` if it is a valid tailer name (same rules as stream names)."""
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"invalid tailer name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
+            "(starting with a letter, digit or _)"
+        )
+    return name
+
+
+def encode_value(value: Value, what: str = "value") -> bytes:
+    """The canonical encoding of ``value``, checked against :data:`MAX_VALUE_SIZE`.
+
+    ``bytes`` are a Preserves value (a byte string) like any other: to append data that
+    is already encoded, use :meth:`Transaction.append_encoded`.
+    """
+    data = encode(value)
+    if len(data) > MAX_VALUE_SIZE:
+        raise ValueError(
+            f"{what} is {len(data)} bytes encoded; the limit is {MAX_VALUE_SIZE} bytes per entry"
+        )
+    return data
+
+
+class Entry:
+    """One entry of a stream: index, append time, value and metadata.
+
+    ``data`` and ``meta_data`` are the canonical encodings as stored; ``value`` and
+    ``meta`` decode them on first use.
+    """
+
+    __slots__ = ("_meta", "_value", "data", "index", "meta_data", "seq", "stream", "time_ns")
+
+    def __init__(
+        self,
+        stream: str,
+        index: int,
+        data: bytes,
+        meta_data: bytes | None = None,
+        time_ns: int = 0,
+        seq: int = 0,
+    ) -> None:
+        self.stream = stream
+        self.index = index
+        self.data = data
+        self.meta_data = meta_data
+        self.time_ns = time_ns
+        self.seq = seq
+        self._value: Any = _UNSET
+        self._meta: Any = _UNSET
+
+    @property
+    def value(self) -> Value:
+        """The entry's value (decoded once)."""
+        v = self._value
+        if v is _UNSET:
+            v = self._value = decode(self.data)
+        return v
+
+    @property
+    def meta(self) -> Value | None:
+        """The entry's metadata value, or None."""
+        m = self._meta
+        if m is _UNSET:
+            m = self._meta = None if self.meta_data is None else decode(self.meta_data)
+        return m
+
+    @property
+    def time(self) -> float:
+        """Append time in seconds since the epoch."""
+        return self.time_ns / 1e9
+
+    def __repr__(self) -> str:
+        return f"Entry({self.stream!r}, {self.index}, {self.data!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Entry)
+            and (self.stream, self.index, self.data, self.meta_data)
+            == (other.stream, other.index, other.data, other.meta_data)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class TailerInfo:
+    """A named tailer: its stream, name and persisted position (the next index it reads)."""
+
+    stream: str
+    name: str
+    position: int
+    updated_ns: int
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What a store knows about one stream.
+
+    ``first`` is the lowest index still stored (None when empty), ``next`` the index the
+    next append gets; ``count`` is the number of stored entries.  ``max_count`` and
+    ``max_age`` (seconds) are the retention settings (None: keep).
+    """
+
+    name: str
+    first: int | None
+    next: int
+    count: int
+    created_ns: int
+    max_count: int | None = None
+    max_age: float | None = None
+    last_time_ns: int | None = None
+    tailers: tuple[TailerInfo, ...] = field(default=())
+
+    @property
+    def internal(self) -> bool:
+        """Streams named ``__...`` are the store's own (processor backing streams)."""
+        return self.name.startswith("__")
+
+
+class Transaction(ABC):
+    """A write transaction: everything done through it commits or rolls back together.
+
+    Obtained from :meth:`Store.transaction`; reads inside it see its own writes.
+    """
+
+    @abstractmethod
+    def append(
+        self, stream: str, value: Value, meta: Value | None = None
+    ) -> int:
+        """Append one value (with optional metadata); returns its index."""
+
+    @abstractmethod
+    def append_encoded(
+        self,
+        stream: str,
+        datas: list[bytes],
+        metas: list[bytes | None] | None = None,
+    ) -> int:
+        """Append already-encoded values (and metadata) in order; returns the first
+        index (the others follow).  The fast path: no checks on the bytes."""
+
+    @abstractmethod
+    def next_index(self, stream: str) -> int:
+        """The index the next append to ``stream`` gets (this transaction's view)."""
+
+    @abstractmethod
+    def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
+        """Up to ``limit`` entries with ``start <= index < end``, in index order."""
+
+    @abstractmethod
+    def get(self, stream: str, index: int) -> Entry | None:
+        """The entry at ``index`` (None if absent or removed by retention)."""
+
+    @abstractmethod
+    def last(self, stream: str, before: int | None = None, limit: int = 1) -> list[Entry]:
+        """Up to ``limit`` entries just below ``before`` (default: the end), newest first."""
+
+    @abstractmethod
+    def read_rows(
+        self, stream: str, start: int, end: int, limit: int
+    ) -> list[tuple[int, int, bytes, bytes | None]]:
+        """The fast read path: ``(index, seq, value, meta)`` tuples with
+        ``start <= index < end``, at most ``limit``, in index order.  ``seq`` orders
+        entries of all streams by commit."""
+
+    @abstractmethod
+    def first_index(self, stream: str) -> int | None:
+        """The lowest stored index of ``stream`` (None when empty or absent)."""
+
+    @abstractmethod
+    def position(self, stream: str, tailer: str) -> int | None:
+        """A named tailer's persisted position, or None if it has none yet."""
+
+    @abstractmethod
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        """Persist a named tailer's position (the next index it will read)."""
+
+    def set_positions(self, items: list[tuple[str, str, int]]) -> None:
+        """Several ``(stream, tailer, position)`` at once."""
+        for s, t, p in items:
+            self.set_position(s, t, p)
+
+    @abstractmethod
+    def create_stream(
+        self, stream: str, max_count: int | None = None, max_age: float | None = None
+    ) -> None:
+        """Create ``stream`` if absent (and set retention if given)."""
+
+    @abstractmethod
+    def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
+        """Set (None: clear) both retention limits of an existing stream."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make everything durable and visible (then wake readers everywhere)."""
+
+    @abstractmethod
+    def rollback(self) -> None:
+        """Discard everything done in this transaction."""
+
+
+class Store(ABC):
+    """A store of durable streams (see the module docstring)."""
+
+    # -- streams --------------------------------------------------------------------------
+
+    @abstractmethod
+    def create_stream(
+        self,
+        name: str,
+        *,
+        max_count: int | None = None,
+        max_age: float | None = None,
+    ) -> StreamInfo:
+        """Create ``name`` if absent; set its retention when given (count, seconds)."""
+
+    @abstractmethod
+    def stream_info(self, name: str) -> StreamInfo:
+        """Details of one stream (raises :class:`StreamNotFound`)."""
+
+    @abstractmethod
+    def streams(self, include_internal: bool = False) -> list[StreamInfo]:
+        """Every stream, by name."""
+
+    @abstractmethod
+    def has_stream(self, name: str) -> bool:
+        """Whether ``name`` exists."""
+
+    @abstractmethod
+    def delete_stream(self, name: str) -> None:
+        """Delete a stream with its entries and tailers."""
+
+    @abstractmethod
+    def next_index(self, name: str) -> int:
+        """The index the next append to ``name`` will get (0 for a missing stream)."""
+
+    @abstractmethod
+    def next_indices(self) -> dict[str, int]:
+        """:meth:`next_index` of every stream, in one read."""
+
+    # -- writing --------------------------------------------------------------------------
+
+    @abstractmethod
+    def begin(self) -> Transaction:
+        """Start a write transaction; end it with ``commit()`` or ``rollback()`` in the
+        same thread.  (:meth:`transaction` is the usual way.)"""
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """``with store.transaction() as tx: ...``: one atomic, durable write; rolled
+        back if the block raises."""
+        tx = self.begin()
+        try:
+            yield tx
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+
+    def append(self, name: str, value: Value, meta: Value | None = None) -> int:
+        """Append one value in its own transaction; returns its index."""
+        with self.transaction() as tx:
+            return tx.append(name, value, meta)
+
+    def append_many(self, name: str, values: Iterable[Value]) -> range:
+        """Append values in one transaction; returns their indices."""
+        datas = [encode_value(v) for v in values]
+        with self.transaction() as tx:
+            tx.create_stream(name)
+            first = tx.append_encoded(name, datas)
+        return range(first, first + len(datas))
+
+    # -- reading --------------------------------------------------------------------------
+
+    @abstractmethod
+    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+        """Up to ``limit`` entries of ``name`` from index ``start`` (below ``end``)."""
+
+    @abstractmethod
+    def get(self, name: str, index: int) -> Entry | None:
+        """One entry, or None."""
+
+    @abstractmethod
+    def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
+        """Up to ``limit`` entries just below ``before`` (default: the end), newest first."""
+
+    @abstractmethod
+    def first_index(self, name: str) -> int | None:
+        """The lowest stored index of ``name`` (None when empty or absent)."""
+
+    @abstractmethod
+    def read_rows(
+        self, name: str, start: int, end: int, limit: int
+    ) -> list[tuple[int, int, bytes, bytes | None]]:
+        """:meth:`Transaction.read_rows` outside a transaction (committed data)."""
+
+    # -- tailers --------------------------------------------------------------------------
+
+    @abstractmethod
+    def position(self, stream: str, tailer: str) -> int | None:
+        """A named tailer's persisted position (None if it never saved one)."""
+
+    @abstractmethod
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        """Persist a named tailer's position."""
+
+    @abstractmethod
+    def tailers(self, stream: str) -> list[TailerInfo]:
+        """The named tailers of ``stream``."""
+
+    @abstractmethod
+    def delete_tailer(self, stream: str, tailer: str) -> None:
+        """Forget a named tailer."""
+
+    def tailer(
+        self,
+        stream: str,
+        name: str | None = None,
+        *,
+        start: int | str = "earliest",
+        auto_commit: bool = True,
+    ) -> Tailer:
+        """A reader of ``stream``; a *named* tailer resumes from its persisted position.
+
+        ``start`` applies when there is no persisted position: ``"earliest"`` (the first
+        stored entry), ``"latest"`` (only new entries) or an index.
+        """
+        from .tailer import Tailer
+
+        return Tailer(self, stream, name, start=start, auto_commit=auto_commit)
+
+    # -- waiting --------------------------------------------------------------------------
+
+    @abstractmethod
+    def generation(self) -> int:
+        """A counter that changes whenever the store may have changed (any process)."""
+
+    @abstractmethod
+    def wait_change(self, generation: int, timeout: float | None) -> int:
+        """Block until :meth:`generation` differs from ``generation`` or ``timeout``
+        seconds pass; returns the current generation.  No polling: see
+        :mod:`dataspace.streams.wakeup`."""
+
+    @abstractmethod
+    async def wait_change_async(self, generation: int, timeout: float | None) -> int:
+        """:meth:`wait_change` for asyncio."""
+
+    @abstractmethod
+    def wake(self) -> None:
+        """Wake this process's waiters now (e.g. to make a loop look at a stop flag)."""
+
+    def wait_for(self, name: str, index: int, timeout: float | None = None) -> bool:
+        """Block until ``name`` has an entry at ``index`` or later appended (that is, its
+        next index exceeds ``index``); False on timeout."""
+        import time as _time
+
+        deadline = None if timeout is None else _time.monotonic() + timeout
+        while True:
+            gen = self.generation()
+            if self.next_index(name) > index:
+                return True
+            remaining = None if deadline is None else deadline - _time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self.wait_change(gen, remaining)
+
+    async def wait_for_async(self, name: str, index: int, timeout: float | None = None) -> bool:
+        """:meth:`wait_for` for asyncio."""
+        import time as _time
+
+        deadline = None if timeout is None else _time.monotonic() + timeout
+        while True:
+            gen = self.generation()
+            if self.next_index(name) > index:
+                return True
+            remaining = None if deadline is None else deadline - _time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            await self.wait_change_async(gen, remaining)
+
+    def wait_until(
+        self, ready: Callable[[], bool], timeout: float | None = None
+    ) -> bool:
+        """Block until ``ready()`` is true (checked after every store change); False on
+        timeout.  ``ready`` must only read the store."""
+        import time as _time
+
+        deadline = None if timeout is None else _time.monotonic() + timeout
+        while True:
+            gen = self.generation()
+            if ready():
+                return True
+            remaining = None if deadline is None else deadline - _time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            self.wait_change(gen, remaining)
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    @abstractmethod
+    def apply_retention(self, now_ns: int | None = None) -> int:
+        """Delete entries beyond each stream's retention; returns how many went."""
+
+    @abstractmethod
+    def check(self) -> list[str]:
+        """An integrity check: the problems found (empty when the store is sound)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the store (idempotent)."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def iter_entries(self, name: str, start: int = 0, end: int | None = None, chunk: int = 1000) -> Iterator[Entry]:
+        """Every stored entry of ``name`` from ``start`` (below ``end``), read in chunks."""
+        pos = start
+        while True:
+            batch = self.read(name, pos, chunk, end)
+            if not batch:
+                return
+            yield from batch
+            pos = batch[-1].index + 1
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``"90"``, ``"90s"``, ``"15m"``, ``"12h"``, ``"7d"``, ``"2w"`` or ``"250ms"``."""
+    t = text.strip().lower()
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", t)
+    if not m:
+        raise ValueError(
+            f"invalid duration {text!r}: use a number with an optional unit (ms, s, m, h, d, w), "
+            "e.g. 90s, 15m, 7d"
+        )
+    seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if seconds <= 0:
+        raise ValueError(f"a duration must be positive, not {text!r}")
+    return seconds

@@ -1,0 +1,869 @@
+"""The SQLite stream store: one file (``streams.sqlite3`` in the data directory), WAL mode.
+
+Layout (schema version 1; ``PRAGMA application_id`` = 0x44537472, "DStr")::
+
+    streams  (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, next_index,
+              created_ns, max_count, max_age_ms)
+    entries  (stream, idx, seq, time_ns, value BLOB, meta BLOB,
+              PRIMARY KEY (stream, idx)) WITHOUT ROWID
+    tailers  (stream, name, position, updated_ns, PRIMARY KEY (stream, name)) WITHOUT ROWID
+    store_meta (key TEXT PRIMARY KEY, value)      -- format, created_ns, seq
+
+* ``entries`` is clustered on (stream, index): appends go to the end of one b-tree range
+  and a read of a range of indices is one index range scan.  Values and metadata are
+  canonical Preserves binary.
+* ``seq`` is a store-wide counter in commit order (writers are serialised by SQLite), so
+  entries of different streams can be ordered by when they were committed; ``alts``
+  processors use it to take "whichever input has one first" deterministically.
+* ``next_index`` is kept per stream so indices stay monotonic when retention has removed
+  every entry.
+* One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) may touch any number of
+  streams and tailers: the exactly-once engine writes its outputs, its tailer positions
+  and its backing-stream records together.
+
+Durability: ``synchronous=FULL`` by default (every commit is fsynced before it returns);
+``durability="normal"`` keeps commits safe from process crashes (kill -9) but not from
+power loss, and is faster on slow disks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+from ..values import Value
+from .base import (
+    MAX_INDEX,
+    Entry,
+    ForeignStore,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StreamInfo,
+    StreamNotFound,
+    TailerInfo,
+    Transaction,
+    check_stream_name,
+    check_tailer_name,
+    encode_value,
+)
+from .wakeup import Notifier, get_notifier, release_notifier
+
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteStore", "open_store"]
+
+log = logging.getLogger(__name__)
+
+APPLICATION_ID = 0x44537472  # "DStr"
+SCHEMA_VERSION = 1
+_HEADER = b"SQLite format 3\x00"
+
+_SCHEMA = f"""
+CREATE TABLE streams (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    next_index INTEGER NOT NULL DEFAULT 0,
+    created_ns INTEGER NOT NULL,
+    max_count INTEGER,
+    max_age_ms INTEGER
+);
+CREATE TABLE entries (
+    stream INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    time_ns INTEGER NOT NULL,
+    value BLOB NOT NULL,
+    meta BLOB,
+    PRIMARY KEY (stream, idx)
+) WITHOUT ROWID;
+CREATE TABLE tailers (
+    stream INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    updated_ns INTEGER NOT NULL,
+    PRIMARY KEY (stream, name)
+) WITHOUT ROWID;
+CREATE TABLE store_meta (key TEXT PRIMARY KEY, value);
+INSERT INTO store_meta VALUES ('format', 'dataspace-streams');
+INSERT INTO store_meta VALUES ('seq', 0);
+PRAGMA application_id = {APPLICATION_ID};
+PRAGMA user_version = {SCHEMA_VERSION};
+"""
+
+_TABLES = {"streams", "entries", "tailers", "store_meta"}
+
+
+def open_store(
+    path: str | os.PathLike[str], *, create: bool = True, durability: str = "full",
+    busy_timeout: float = 30.0,
+) -> SQLiteStore:
+    """Open (creating if asked) the SQLite store at ``path``.
+
+    ``path`` may be the database file or a data directory (then ``streams.sqlite3`` in it).
+    """
+    from ..datadir import STREAMS_DB
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / STREAMS_DB
+    return SQLiteStore(p, create=create, durability=durability, busy_timeout=busy_timeout)
+
+
+def _corrupt(path: Path, e: BaseException) -> StoreCorrupt:
+    return StoreCorrupt(
+        f"{path} is damaged or is not a stream store ({e}); move it away (a new store is "
+        "created on next use) or restore it from a backup"
+    )
+
+
+class SQLiteStore(Store):
+    """A stream store in one SQLite file (see the module docstring).
+
+    Safe to share between threads (operations are serialised by a lock).  Several
+    processes may open the same file: SQLite serialises their writers, and the
+    notifier wakes readers in every process.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        durability: str = "full",
+        busy_timeout: float = 30.0,
+    ) -> None:
+        if durability not in ("full", "normal"):
+            raise ValueError("durability must be 'full' or 'normal'")
+        self.path = Path(path)
+        self.durability = durability
+        self._lock = threading.RLock()
+        self._ids: dict[str, int] = {}
+        self._closed = False
+        self._in_tx = False
+        self._conn = self._open(create, busy_timeout)
+        self._notifier: Notifier | None = get_notifier(self.path)
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _open(self, create: bool, busy_timeout: float) -> sqlite3.Connection:
+        path = self.path
+        exists = path.exists()
+        if exists:
+            if path.is_dir():
+                raise StoreError(f"{path} is a directory, not a stream store file")
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(100)
+            except OSError as e:
+                raise StoreError(f"cannot read {path}: {e.strerror}") from e
+            if head and not head.startswith(_HEADER):
+                raise ForeignStore(
+                    f"{path} is not a stream store (not an SQLite database: it starts with "
+                    f"{head[:16]!r}); move it away or choose another --data-dir"
+                )
+            if head and len(head) < 100:
+                raise StoreCorrupt(
+                    f"{path} is truncated ({len(head)} bytes); move it away or restore it "
+                    "from a backup"
+                )
+        elif not create:
+            raise StoreError(
+                f"no stream store at {path}; append to a stream first (dataspace stream "
+                "append NAME VALUE) or check --data-dir"
+            )
+        else:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot create {path.parent}: {e.strerror}") from e
+        try:
+            conn = sqlite3.connect(
+                str(path), isolation_level=None, check_same_thread=False,
+                timeout=busy_timeout,
+            )
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open {path}: {e}") from e
+        try:
+            self._setup(conn)
+        except StoreError:
+            conn.close()
+            raise
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise _corrupt(path, e) from e
+        return conn
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        path = self.path
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if app_id == 0 and not (tables - {"sqlite_sequence"}):
+            # A new (or empty) file: lay out the schema.
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Another process may have won the race to initialise.
+                if conn.execute("PRAGMA application_id").fetchone()[0] == 0:
+                    for stmt in _SCHEMA.strip().split(";"):
+                        if stmt.strip():
+                            conn.execute(stmt)
+                    conn.execute(
+                        "INSERT INTO store_meta VALUES ('created_ns', ?)", (time.time_ns(),)
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            app_id = APPLICATION_ID
+            version = SCHEMA_VERSION
+            tables = _TABLES
+        if app_id != APPLICATION_ID:
+            what = f"application id {app_id:#x}" if app_id else "tables " + ", ".join(sorted(tables))
+            raise ForeignStore(
+                f"{path} is an SQLite database of another application ({what}), not a "
+                "stream store; choose another --data-dir or move the file away"
+            )
+        if version > SCHEMA_VERSION:
+            raise ForeignStore(
+                f"{path} was written by a newer dataspace (store format {version}, this one "
+                f"reads up to {SCHEMA_VERSION}); upgrade dataspace"
+            )
+        if not _TABLES <= tables:
+            raise StoreCorrupt(
+                f"{path} is a stream store with missing tables ({', '.join(sorted(_TABLES - tables))}); "
+                "move it away or restore it from a backup"
+            )
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"{path}: cannot switch to WAL mode (got {mode}); is the file system local?")
+        conn.execute(f"PRAGMA synchronous = {'FULL' if self.durability == 'full' else 'NORMAL'}")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute("PRAGMA cache_size = -32768")
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store {self.path} is closed")
+
+    def _exec(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+                raise StoreError(
+                    f"{self.path} stayed locked by another process for the whole busy "
+                    "timeout; is a long transaction running elsewhere?"
+                ) from e
+            if isinstance(e, (sqlite3.IntegrityError, sqlite3.OperationalError, sqlite3.ProgrammingError)):
+                raise
+            raise _corrupt(self.path, e) from e
+
+    def _stream_id(self, name: str, create: bool = False) -> int | None:
+        sid = self._ids.get(name)
+        if sid is not None:
+            return sid
+        row = self._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            if not create:
+                return None
+            check_stream_name(name)
+            cur = self._exec(
+                "INSERT INTO streams (name, next_index, created_ns) VALUES (?, 0, ?)",
+                (name, time.time_ns()),
+            )
+            sid = cur.lastrowid
+            assert sid is not None
+            # Not cached until the transaction commits (it could roll back).
+            return sid
+        sid = row[0]
+        self._ids[name] = sid
+        return sid
+
+    def _require(self, name: str) -> int:
+        sid = self._stream_id(name)
+        if sid is None:
+            raise StreamNotFound(f"no stream named {name!r} in {self.path}")
+        return sid
+
+    def begin(self) -> SQLiteTransaction:
+        """Start a write transaction (``BEGIN IMMEDIATE``: waits for other writers up to
+        the busy timeout).  Commit or roll it back from the same thread."""
+        self._lock.acquire()
+        try:
+            self._check_open()
+            if self._in_tx:
+                raise StoreError("transactions do not nest")
+            self._exec("BEGIN IMMEDIATE")
+            self._in_tx = True
+        except BaseException:
+            self._lock.release()
+            raise
+        return SQLiteTransaction(self)
+
+    def _end(self, tx: SQLiteTransaction, commit: bool) -> None:
+        if tx._done:
+            raise StoreError("this transaction has already ended")
+        tx._done = True
+        try:
+            if commit:
+                try:
+                    tx._finish()
+                    self._exec("COMMIT")
+                except BaseException:
+                    self._rollback()
+                    raise
+                tx._committed()
+            else:
+                self._rollback()
+        finally:
+            self._in_tx = False
+            changed = commit and self._conn.total_changes != tx._changes0
+            self._lock.release()
+        if changed:
+            assert self._notifier is not None
+            self._notifier.signal()
+
+    def wake(self) -> None:
+        self._check_open()
+        assert self._notifier is not None
+        self._notifier.bump()
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:  # pragma: no cover - the transaction was already gone
+            pass
+
+    # -- streams --------------------------------------------------------------------------
+
+    def create_stream(
+        self, name: str, *, max_count: int | None = None, max_age: float | None = None
+    ) -> StreamInfo:
+        check_stream_name(name)
+        with self.transaction() as tx:
+            tx.create_stream(name, max_count, max_age)
+        return self.stream_info(name)
+
+    def has_stream(self, name: str) -> bool:
+        with self._lock:
+            self._check_open()
+            return self._stream_id(name) is not None
+
+    def _info(self, row: tuple[Any, ...], with_tailers: bool) -> StreamInfo:
+        sid, name, nxt, created, max_count, max_age_ms = row
+        first_row = self._exec(
+            "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
+        ).fetchone()
+        last_row = self._exec(
+            "SELECT time_ns FROM entries WHERE stream = ? ORDER BY idx DESC LIMIT 1", (sid,)
+        ).fetchone()
+        first = None if first_row is None else first_row[0]
+        tailers: tuple[TailerInfo, ...] = ()
+        if with_tailers:
+            tailers = tuple(
+                TailerInfo(name, t, p, u)
+                for t, p, u in self._exec(
+                    "SELECT name, position, updated_ns FROM tailers WHERE stream = ? ORDER BY name",
+                    (sid,),
+                )
+            )
+        return StreamInfo(
+            name=name,
+            first=first,
+            next=nxt,
+            count=0 if first is None else nxt - first,
+            created_ns=created,
+            max_count=max_count,
+            max_age=None if max_age_ms is None else max_age_ms / 1000.0,
+            last_time_ns=None if last_row is None else last_row[0],
+            tailers=tailers,
+        )
+
+    _COLS = "id, name, next_index, created_ns, max_count, max_age_ms"
+
+    def stream_info(self, name: str) -> StreamInfo:
+        with self._lock:
+            self._check_open()
+            row = self._exec(f"SELECT {self._COLS} FROM streams WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                raise StreamNotFound(f"no stream named {name!r} in {self.path}")
+            return self._info(row, True)
+
+    def streams(self, include_internal: bool = False) -> list[StreamInfo]:
+        with self._lock:
+            self._check_open()
+            rows = self._exec(f"SELECT {self._COLS} FROM streams ORDER BY name").fetchall()
+            return [
+                self._info(r, True) for r in rows if include_internal or not r[1].startswith("__")
+            ]
+
+    def delete_stream(self, name: str) -> None:
+        with self.transaction() as tx:
+            sid = tx._sid(name)
+            self._exec("DELETE FROM entries WHERE stream = ?", (sid,))
+            self._exec("DELETE FROM tailers WHERE stream = ?", (sid,))
+            self._exec("DELETE FROM streams WHERE id = ?", (sid,))
+            tx._next.pop(sid, None)
+        self._ids.pop(name, None)
+
+    def next_indices(self) -> dict[str, int]:
+        with self._lock:
+            self._check_open()
+            return dict(self._exec("SELECT name, next_index FROM streams").fetchall())
+
+    def next_index(self, name: str) -> int:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                return 0
+            row = self._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
+            if row is None:  # deleted by another process
+                self._ids.pop(name, None)
+                return 0
+            return int(row[0])
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                return []
+            return _read(self, sid, name, start, limit, end)
+
+    def get(self, name: str, index: int) -> Entry | None:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                return None
+            return _get(self, sid, name, index)
+
+    def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                return []
+            return _last(self, sid, name, before, limit)
+
+    def read_rows(
+        self, name: str, start: int, end: int, limit: int
+    ) -> list[tuple[int, int, bytes, bytes | None]]:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                return []
+            return self._exec(
+                "SELECT idx, seq, value, meta FROM entries WHERE stream = ? AND idx >= ? "
+                "AND idx < ? ORDER BY idx LIMIT ?",
+                (sid, start, end, limit),
+            ).fetchall()
+
+    def first_index(self, name: str) -> int | None:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                return None
+            row = self._exec(
+                "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
+            ).fetchone()
+            return None if row is None else row[0]
+
+    # -- tailers --------------------------------------------------------------------------
+
+    def position(self, stream: str, tailer: str) -> int | None:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(stream)
+            if sid is None:
+                return None
+            row = self._exec(
+                "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        with self.transaction() as tx:
+            tx.set_position(stream, tailer, position)
+
+    def tailers(self, stream: str) -> list[TailerInfo]:
+        return list(self.stream_info(stream).tailers)
+
+    def delete_tailer(self, stream: str, tailer: str) -> None:
+        with self.transaction() as tx:
+            sid = tx._sid(stream)
+            self._exec("DELETE FROM tailers WHERE stream = ? AND name = ?", (sid, tailer))
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def generation(self) -> int:
+        self._check_open()
+        assert self._notifier is not None
+        return self._notifier.generation()
+
+    def wait_change(self, generation: int, timeout: float | None) -> int:
+        self._check_open()
+        assert self._notifier is not None
+        return self._notifier.wait(generation, timeout)
+
+    async def wait_change_async(self, generation: int, timeout: float | None) -> int:
+        self._check_open()
+        assert self._notifier is not None
+        return await self._notifier.wait_async(generation, timeout)
+
+    @property
+    def wakeup_mode(self) -> str:
+        """How other processes' commits wake readers: ``inotify`` or ``poll``."""
+        assert self._notifier is not None
+        self._notifier.generation()
+        return self._notifier.mode
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def apply_retention(self, now_ns: int | None = None) -> int:
+        now = time.time_ns() if now_ns is None else now_ns
+        with self.transaction() as tx:
+            rows = self._exec(
+                "SELECT id, next_index, max_count, max_age_ms FROM streams "
+                "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL"
+            ).fetchall()
+            deleted = 0
+            for sid, nxt, max_count, max_age_ms in rows:
+                deleted += _retain(self, sid, nxt, max_count, max_age_ms, now)
+            tx._retained = deleted
+        return deleted
+
+    def check(self) -> list[str]:
+        with self._lock:
+            self._check_open()
+            try:
+                rows = self._conn.execute("PRAGMA integrity_check").fetchall()
+            except sqlite3.DatabaseError as e:
+                return [str(e)]
+            problems = [r[0] for r in rows if r[0] != "ok"]
+            if not problems:
+                bad = self._conn.execute(
+                    "SELECT s.name, s.next_index, max(e.idx) FROM streams s JOIN entries e "
+                    "ON e.stream = s.id GROUP BY s.id HAVING max(e.idx) >= s.next_index"
+                ).fetchall()
+                problems += [f"stream {n!r}: entry {m} at or beyond next index {x}" for n, x, m in bad]
+                orphans = self._conn.execute(
+                    "SELECT count(*) FROM entries WHERE stream NOT IN (SELECT id FROM streams)"
+                ).fetchone()[0]
+                if orphans:
+                    problems.append(f"{orphans} entries of no stream")
+            return problems
+
+    def checkpoint(self) -> None:
+        """Fold the write-ahead log into the database file (also done automatically)."""
+        with self._lock:
+            self._check_open()
+            self._exec("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._conn.close()
+            finally:
+                if self._notifier is not None:
+                    release_notifier(self._notifier)
+                    self._notifier = None
+
+    def __repr__(self) -> str:
+        return f"<SQLiteStore {self.path}>"
+
+
+# -- shared read helpers (store and transaction) -----------------------------------------
+
+
+def _read(store: SQLiteStore, sid: int, name: str, start: int, limit: int, end: int | None) -> list[Entry]:
+    if limit <= 0:
+        return []
+    hi = MAX_INDEX if end is None else end
+    rows = store._exec(
+        "SELECT idx, seq, time_ns, value, meta FROM entries WHERE stream = ? AND idx >= ? "
+        "AND idx < ? ORDER BY idx LIMIT ?",
+        (sid, max(start, 0), hi, limit),
+    ).fetchall()
+    return [Entry(name, i, v, m, t, s) for i, s, t, v, m in rows]
+
+
+def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
+    row = store._exec(
+        "SELECT idx, seq, time_ns, value, meta FROM entries WHERE stream = ? AND idx = ?",
+        (sid, index),
+    ).fetchone()
+    if row is None:
+        return None
+    i, s, t, v, m = row
+    return Entry(name, i, v, m, t, s)
+
+
+def _last(store: SQLiteStore, sid: int, name: str, before: int | None, limit: int) -> list[Entry]:
+    hi = MAX_INDEX if before is None else before
+    rows = store._exec(
+        "SELECT idx, seq, time_ns, value, meta FROM entries WHERE stream = ? AND idx < ? "
+        "ORDER BY idx DESC LIMIT ?",
+        (sid, hi, limit),
+    ).fetchall()
+    return [Entry(name, i, v, m, t, s) for i, s, t, v, m in rows]
+
+
+def _retain(
+    store: SQLiteStore, sid: int, nxt: int, max_count: int | None, max_age_ms: int | None, now_ns: int
+) -> int:
+    cut = 0
+    if max_count is not None:
+        cut = max(cut, nxt - max_count)
+    if max_age_ms is not None:
+        limit_ns = now_ns - max_age_ms * 1_000_000
+        row = store._exec(
+            "SELECT idx FROM entries WHERE stream = ? AND time_ns >= ? ORDER BY idx LIMIT 1",
+            (sid, limit_ns),
+        ).fetchone()
+        cut = max(cut, nxt if row is None else row[0])
+    if cut <= 0:
+        return 0
+    cur = store._exec("DELETE FROM entries WHERE stream = ? AND idx < ?", (sid, cut))
+    return max(cur.rowcount, 0)
+
+
+class SQLiteTransaction(Transaction):
+    """A write transaction of :class:`SQLiteStore` (see :meth:`SQLiteStore.transaction`)."""
+
+    __slots__ = ("_changes0", "_done", "_new_ids", "_next", "_retained", "_seq", "_start_next",
+                 "_store", "_time")
+
+    def __init__(self, store: SQLiteStore) -> None:
+        self._store = store
+        self._done = False
+        self._changes0 = store._conn.total_changes
+        self._next: dict[int, int] = {}  # stream id -> next index (as of this transaction)
+        self._start_next: dict[int, int] = {}
+        self._seq: int | None = None
+        self._new_ids: dict[str, int] = {}
+        self._retained = 0
+        self._time: int | None = None
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _sid(self, name: str, create: bool = False) -> int:
+        sid = self._new_ids.get(name)
+        if sid is not None:
+            return sid
+        store = self._store
+        sid = store._ids.get(name)
+        if sid is None:
+            row = store._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
+            if row is not None:
+                sid = store._ids[name] = row[0]
+            elif create:
+                check_stream_name(name)
+                sid = store._exec(
+                    "INSERT INTO streams (name, next_index, created_ns) VALUES (?, 0, ?)",
+                    (name, time.time_ns()),
+                ).lastrowid
+                assert sid is not None
+                self._new_ids[name] = sid
+                self._next[sid] = self._start_next[sid] = 0
+            else:
+                raise StreamNotFound(f"no stream named {name!r} in {store.path}")
+        return sid
+
+    def _next_of(self, sid: int) -> int:
+        n = self._next.get(sid)
+        if n is None:
+            row = self._store._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
+            if row is None:
+                raise StreamNotFound(f"stream id {sid} was deleted")
+            n = self._next[sid] = self._start_next[sid] = row[0]
+        return n
+
+    def _finish(self) -> None:
+        store = self._store
+        changed = [(n, sid) for sid, n in self._next.items() if n != self._start_next[sid]]
+        if changed:
+            store._conn.executemany("UPDATE streams SET next_index = ? WHERE id = ?", changed)
+            store._exec("UPDATE store_meta SET value = ? WHERE key = 'seq'", (self._seq,))
+            # Retention of the streams written, in the same transaction.
+            ids = [sid for _n, sid in changed]
+            rows = store._exec(
+                f"SELECT id, next_index, max_count, max_age_ms FROM streams WHERE id IN "
+                f"({','.join('?' * len(ids))}) AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)",
+                ids,
+            ).fetchall()
+            now = self._time or time.time_ns()
+            for sid, nxt, max_count, max_age_ms in rows:
+                self._retained += _retain(store, sid, nxt, max_count, max_age_ms, now)
+
+    def _committed(self) -> None:
+        self._store._ids.update(self._new_ids)
+
+    def commit(self) -> None:
+        self._store._end(self, True)
+
+    def rollback(self) -> None:
+        self._store._end(self, False)
+
+    # -- the interface ----------------------------------------------------------------
+
+    def create_stream(
+        self, stream: str, max_count: int | None = None, max_age: float | None = None
+    ) -> None:
+        sid = self._sid(stream, create=True)
+        if max_count is not None or max_age is not None:
+            if max_count is not None and (type(max_count) is not int or max_count < 1):
+                raise ValueError("max_count must be a positive integer")
+            if max_age is not None and not (max_age > 0):
+                raise ValueError("max_age must be a positive number of seconds")
+            self._store._exec(
+                "UPDATE streams SET max_count = ?, max_age_ms = ? WHERE id = ?",
+                (max_count, None if max_age is None else round(max_age * 1000), sid),
+            )
+
+    def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
+        """Set (or with None, clear) both retention limits of ``stream``."""
+        sid = self._sid(stream)
+        self._store._exec(
+            "UPDATE streams SET max_count = ?, max_age_ms = ? WHERE id = ?",
+            (max_count, None if max_age is None else round(max_age * 1000), sid),
+        )
+
+    def next_index(self, stream: str) -> int:
+        store = self._store
+        sid = self._new_ids.get(stream) or store._ids.get(stream)
+        if sid is None:
+            row = store._exec("SELECT id FROM streams WHERE name = ?", (stream,)).fetchone()
+            if row is None:
+                return 0
+            sid = store._ids[stream] = row[0]
+        return self._next_of(sid)
+
+    def append(self, stream: str, value: Value, meta: Value | None = None) -> int:
+        data = encode_value(value)
+        m = None if meta is None else encode_value(meta, "metadata")
+        return self.append_encoded(stream, [data], [m])
+
+    def append_encoded(
+        self, stream: str, datas: list[bytes], metas: list[bytes | None] | None = None
+    ) -> int:
+        sid = self._sid(stream, create=True)
+        first = self._next_of(sid)
+        n = len(datas)
+        if n == 0:
+            return first
+        if first + n > MAX_INDEX:
+            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        seq = self._seq
+        store = self._store
+        if seq is None:
+            seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+        t = self._time = time.time_ns()
+        # Rows are zipped in C (no per-row Python tuple building in a loop).
+        if metas is None:
+            store._conn.executemany(
+                "INSERT INTO entries (stream, idx, seq, time_ns, value) VALUES (?, ?, ?, ?, ?)",
+                zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas),
+            )
+        else:
+            if len(metas) != n:
+                raise ValueError("append_encoded: datas and metas differ in length")
+            store._conn.executemany(
+                "INSERT INTO entries (stream, idx, seq, time_ns, value, meta) VALUES (?, ?, ?, ?, ?, ?)",
+                zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas, metas),
+            )
+        self._seq = seq + n
+        self._next[sid] = first + n
+        return first
+
+    def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
+        try:
+            sid = self._sid(stream)
+        except StreamNotFound:
+            return []
+        return _read(self._store, sid, stream, start, limit, end)
+
+    def read_rows(self, stream: str, start: int, end: int, limit: int) -> list[tuple[int, int, bytes, bytes | None]]:
+        """The engine's fast path: ``(index, seq, value, meta)`` tuples."""
+        try:
+            sid = self._sid(stream)
+        except StreamNotFound:
+            return []
+        return self._store._exec(
+            "SELECT idx, seq, value, meta FROM entries WHERE stream = ? AND idx >= ? AND idx < ? "
+            "ORDER BY idx LIMIT ?",
+            (sid, start, end, limit),
+        ).fetchall()
+
+    def get(self, stream: str, index: int) -> Entry | None:
+        try:
+            sid = self._sid(stream)
+        except StreamNotFound:
+            return None
+        return _get(self._store, sid, stream, index)
+
+    def last(self, stream: str, before: int | None = None, limit: int = 1) -> list[Entry]:
+        try:
+            sid = self._sid(stream)
+        except StreamNotFound:
+            return []
+        return _last(self._store, sid, stream, before, limit)
+
+    def first_index(self, stream: str) -> int | None:
+        """The lowest stored index of ``stream`` (None when empty or absent)."""
+        try:
+            sid = self._sid(stream)
+        except StreamNotFound:
+            return None
+        row = self._store._exec(
+            "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def position(self, stream: str, tailer: str) -> int | None:
+        try:
+            sid = self._sid(stream)
+        except StreamNotFound:
+            return None
+        row = self._store._exec(
+            "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        check_tailer_name(tailer)
+        if type(position) is not int or not 0 <= position <= MAX_INDEX:
+            raise ValueError(f"a tailer position is an index (0 to 2**63-1), not {position!r}")
+        sid = self._sid(stream, create=True)
+        self._store._exec(
+            "INSERT INTO tailers (stream, name, position, updated_ns) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
+            "updated_ns = excluded.updated_ns",
+            (sid, tailer, position, time.time_ns()),
+        )
+
+    def set_positions(self, items: list[tuple[str, str, int]]) -> None:
+        """Several :meth:`set_position` calls in one statement."""
+        now = time.time_ns()
+        rows = [(self._sid(s, create=True), t, p, now) for s, t, p in items]
+        self._store._conn.executemany(
+            "INSERT INTO tailers (stream, name, position, updated_ns) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
+            "updated_ns = excluded.updated_ns",
+            rows,
+        )

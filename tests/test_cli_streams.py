@@ -1,0 +1,135 @@
+"""``dataspace stream ...`` end to end (real processes, a temporary data directory)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from dataspace.cli import main
+from dataspace.datadir import STREAMS_DB
+from dataspace.streams import open_store
+from dataspace.values import parse
+
+LONG = 30.0
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path))
+    return tmp_path
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dataspace.cli", *args], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_append_ls_tail_info(data_dir, capsys):
+    assert main(["stream", "append", "chat", '<Says "alice" "hi">', '<Says "bob" "yo">']) == 0
+    assert "appended 2 to chat (indices 0..1)" in capsys.readouterr().out
+    assert main(["stream", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split()[:3] == ["NAME", "ENTRIES", "INDICES"]
+    assert "chat" in out and "0..1" in out
+    assert main(["stream", "tail", "chat", "-n", "1"]) == 0
+    assert capsys.readouterr().out == '1  <Says "bob" "yo">\n'
+    assert main(["stream", "tail", "chat", "--from", "0", "--no-index"]) == 0
+    assert capsys.readouterr().out == '<Says "alice" "hi">\n<Says "bob" "yo">\n'
+    assert main(["stream", "info", "chat", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "entries     2" in out and "integrity   ok" in out
+
+
+def test_append_from_stdin_multiline_values(data_dir):
+    r = cli("stream", "append", "nums", "-", stdin="<n 1>\n<n\n 2> <n 3>\n\n")
+    assert r.returncode == 0, r.stderr
+    with open_store(data_dir) as s:
+        assert [e.value for e in s.read("nums")] == [parse("<n 1>"), parse("<n 2>"), parse("<n 3>")]
+
+
+def test_named_tailer_resumes_between_runs(data_dir, capsys):
+    main(["stream", "append", "q", "1", "2", "3"])
+    capsys.readouterr()
+    assert main(["stream", "tail", "q", "--tailer", "me", "--no-index"]) == 0
+    assert capsys.readouterr().out == "1\n2\n3\n"
+    main(["stream", "append", "q", "4"])
+    capsys.readouterr()
+    assert main(["stream", "tail", "q", "--tailer", "me", "--no-index"]) == 0
+    assert capsys.readouterr().out == "4\n"
+    assert main(["stream", "info", "q"]) == 0
+    assert "me" in capsys.readouterr().out
+
+
+def test_create_sets_retention(data_dir, capsys):
+    main(["stream", "append", "logs", *[str(i) for i in range(10)]])
+    assert main(["stream", "create", "logs", "--max-count", "3"]) == 0
+    assert "3 entries, retention 3 entries (7 old entries removed)" in capsys.readouterr().out
+    assert main(["stream", "create", "logs", "--max-age", "3d"]) == 0
+    assert "retention 3 entries, 3d" in capsys.readouterr().out
+    assert main(["stream", "create", "logs", "--keep-all"]) == 0
+    assert "retention keep all" in capsys.readouterr().out
+
+
+def test_errors_are_clear(data_dir, capsys):
+    assert main(["stream", "ls"]) == 0
+    assert "no streams yet" in capsys.readouterr().out
+    assert main(["stream", "tail", "nope"]) == 1
+    assert "no stream store" in capsys.readouterr().err
+    main(["stream", "append", "other", "1"])
+    capsys.readouterr()
+    assert main(["stream", "tail", "nope"]) == 1
+    assert "no stream named 'nope'" in capsys.readouterr().err
+    assert main(["stream", "append", "x", "<unclosed"]) == 1
+    assert "cannot parse" in capsys.readouterr().err
+    assert main(["stream", "append", "bad name", "1"]) == 1
+    assert "invalid stream name" in capsys.readouterr().err
+    assert main(["stream", "create", "x", "--max-age", "forever"]) == 1
+    assert "invalid duration" in capsys.readouterr().err
+    (data_dir / STREAMS_DB).write_bytes(b"garbage" * 100)
+    assert main(["stream", "ls"]) == 1
+    assert "not an SQLite database" in capsys.readouterr().err
+
+
+def test_help_has_examples():
+    r = cli("stream", "--help")
+    assert r.returncode == 0 and "examples:" in r.stdout
+    for sub in ("ls", "info", "append", "tail", "create"):
+        r = cli("stream", sub, "--help")
+        assert r.returncode == 0 and "usage: dataspace stream" in r.stdout
+
+
+def test_tail_follow_wakes_on_appends_from_other_processes(data_dir):
+    main(["stream", "append", "live", "0"])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "stream", "tail", "live", "-f", "-n", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    got = threading.Condition()
+
+    def reader():
+        for line in proc.stdout:
+            with got:
+                lines.append(line.rstrip("\n"))
+                got.notify_all()
+
+    threading.Thread(target=reader, daemon=True).start()
+    try:
+        with got:
+            assert got.wait_for(lambda: len(lines) >= 1, LONG), proc.stderr
+        assert lines == ["0  0"]
+        assert cli("stream", "append", "live", "1", "2").returncode == 0
+        with got:
+            assert got.wait_for(lambda: len(lines) >= 3, LONG)
+        assert lines == ["0  0", "1  1", "2  2"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(LONG) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
