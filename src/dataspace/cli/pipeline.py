@@ -1,0 +1,303 @@
+"""``dataspace pipeline``: run processor graphs over durable streams (exactly once)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from ..datadir import STREAMS_DB, resolve_data_dir
+from ..pipeline.engine import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    GUARANTEES,
+    EngineError,
+    ProcStats,
+    get_engine,
+)
+from ..pipeline.exactly_once import BackingCorrupt, recover
+from ..pipeline.loader import GraphLoadError, load_graph
+from ..streams import StoreError, open_store
+
+EPILOG = """\
+examples:
+  dataspace pipeline run graph.py                 run until Ctrl-C, with a live progress line
+  dataspace pipeline run graph.py --until-idle    stop once every input is processed
+  dataspace pipeline run graph.py --guarantee at-most-once --batch 5000
+  dataspace pipeline status graph.py              positions, lag and the last step of each processor
+  dataspace pipeline check graph.py               validate the graph without running it
+
+A graph file is Python that defines `graph` (see docs/pipelines.md):
+
+  from dataspace.pipeline import Graph
+  graph = Graph("shout", error_stream="shout.errors")
+  graph.source("chat")
+  graph.map("upper", "chat", "loud", lambda v: v.upper() if isinstance(v, str) else None)
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "pipeline",
+        help="run processor graphs over durable streams, exactly once",
+        description="Processor graphs read durable streams and write streams, exactly once "
+        "(seed 002): each processor step, its outputs and its tailer positions commit "
+        "together, and a restart resumes where the last committed step ended.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("graph", metavar="GRAPH.py", help="Python file defining `graph`")
+    common.add_argument("--data-dir", metavar="DIR",
+                        help="data directory holding the stream store (default: "
+                        "$DATASPACE_DATA_DIR or ~/.local/share/dataspace)")
+    ss = p.add_subparsers(dest="pipeline_command", metavar="SUBCOMMAND")
+
+    run = ss.add_parser("run", parents=[common], help="run a graph",
+                        description="Run a graph: recover every processor (seed 002), then "
+                        "process input as it arrives, printing a progress line (messages "
+                        "in/out per processor, lag per input).  Ctrl-C stops cleanly after "
+                        "the current step; a second Ctrl-C stops at once (still safe: the "
+                        "next run recovers).",
+                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--engine", choices=sorted(ENGINES), default=DEFAULT_ENGINE,
+                     help=f"where to run (default {DEFAULT_ENGINE})")
+    run.add_argument("--guarantee", choices=GUARANTEES, default="exactly-once",
+                     help="delivery guarantee (default exactly-once)")
+    run.add_argument("--batch", type=int, default=1000, metavar="N",
+                     help="most message sets per processor step (default 1000)")
+    run.add_argument("--durability", choices=("full", "normal"), default="full",
+                     help="full: every commit is fsynced (survives power loss); normal: "
+                     "survives process crashes only (default full)")
+    run.add_argument("--until-idle", action="store_true",
+                     help="stop when no processor has input left")
+    run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                     help="progress interval (default 1)")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    run.set_defaults(func=run_run)
+
+    st = ss.add_parser("status", parents=[common], help="positions, lag and last step per processor",
+                       description="For each processor: its input positions and lag, and what "
+                       "the recovery component would find (the last step delivered, or a "
+                       "step to retry).  Reads the store only.")
+    st.set_defaults(func=run_status)
+
+    ck = ss.add_parser("check", parents=[common], help="validate a graph file",
+                       description="Load and validate a graph file (cycles, unknown streams, "
+                       "processor shapes) without running it.")
+    ck.set_defaults(func=run_check)
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"dataspace pipeline: {msg}", file=sys.stderr)
+    return code
+
+
+def _n(x: int) -> str:
+    return f"{x:,}"
+
+
+def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
+    """One line: per processor messages in/out (errors), lag per input and state."""
+    parts = []
+    for s in stats:
+        lag = " ".join(f"{k}:{_n(v)}" for k, v in s.lag.items())
+        part = f"{s.name} in {_n(s.consumed)} out {_n(s.produced)}"
+        if s.errors:
+            part += f" err {_n(s.errors)}"
+        part += f" lag {lag}"
+        if s.state == "failed":
+            part += " FAILED"
+        parts.append(part)
+    line = " | ".join(parts)
+    if rate is not None:
+        line += f" | {_n(round(rate))} msg/s"
+    return line
+
+
+class _Progress:
+    """Renders progress: rewrites one line on a terminal, prints a line per interval
+    otherwise."""
+
+    def __init__(self, out: Any, quiet: bool) -> None:
+        self.out = out
+        self.quiet = quiet
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.last_t = time.monotonic()
+        self.last_n = 0
+        self.width = 0
+
+    def __call__(self, stats: list[ProcStats]) -> None:
+        if self.quiet:
+            return
+        now = time.monotonic()
+        n = sum(s.consumed for s in stats)
+        dt = now - self.last_t
+        rate = (n - self.last_n) / dt if dt > 0 else None
+        self.last_t, self.last_n = now, n
+        line = format_progress(stats, rate)
+        if self.tty:
+            cols = _columns()
+            if len(line) > cols - 1:
+                line = line[: cols - 2] + "…"
+            pad = max(0, self.width - len(line))
+            self.out.write("\r" + line + " " * pad)
+            self.width = len(line)
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def end(self) -> None:
+        if self.tty and not self.quiet and self.width:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _columns() -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return 120
+
+
+def _open(args: argparse.Namespace, durability: str = "full", create: bool = True) -> Any:
+    d = resolve_data_dir(args.data_dir, create=create)
+    return open_store(d / STREAMS_DB, create=create, durability=durability)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    try:
+        g = load_graph(args.graph)
+    except GraphLoadError as e:
+        return _fail(str(e), 2)
+    print(f"{args.graph}: graph {g.name!r} is valid: {len(g.processors)} processors, "
+          f"{len(g.streams())} streams")
+    for p in g.order():
+        outs = ", ".join(p.outputs) or "(side effects)"
+        print(f"  {p.kind:<9} {p.name:<20} {', '.join(p.inputs)} -> {outs}")
+    return 0
+
+
+def run_run(args: argparse.Namespace) -> int:
+    if args.batch < 1 or args.interval <= 0:
+        return _fail("--batch must be >= 1 and --interval > 0", 2)
+    try:
+        g = load_graph(args.graph)
+    except GraphLoadError as e:
+        return _fail(str(e), 2)
+    try:
+        engine_cls = get_engine(args.engine)
+        store = _open(args, args.durability)
+    except (EngineError, StoreError, OSError) as e:
+        return _fail(str(e))
+    progress = _Progress(sys.stdout, args.quiet)
+    stop = threading.Event()
+    interrupted = {"n": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted["n"] += 1
+        if interrupted["n"] > 1:
+            raise KeyboardInterrupt
+        stop.set()
+        with contextlib.suppress(Exception):
+            store.wake()
+
+    old = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    try:
+        engine = engine_cls(g, store, guarantee=args.guarantee, batch=args.batch)
+        with engine:
+            engine.start()
+            if not args.quiet:
+                rec = getattr(engine, "recovery", None)
+                branches = rec() if callable(rec) else {}
+                retried = {k: v for k, v in branches.items() if v in ("1b", "1c+1b") or v.endswith("3b")}
+                print(f"dataspace pipeline: running graph {g.name!r} ({len(g.processors)} "
+                      f"processors, {args.guarantee}, engine {args.engine}, store {store.path})"
+                      + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""),
+                      flush=True)
+            stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
+                               progress_interval=args.interval)
+        progress.end()
+    except KeyboardInterrupt:
+        progress.end()
+        print("dataspace pipeline: stopped at once (the next run recovers)", file=sys.stderr)
+        return 130
+    except (EngineError, StoreError, BackingCorrupt) as e:
+        progress.end()
+        return _fail(str(e))
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+        store.close()
+    failed = [s for s in stats if s.state == "failed"]
+    total_in = sum(s.consumed for s in stats)
+    total_out = sum(s.produced for s in stats)
+    if not args.quiet:
+        why = "interrupted" if stop.is_set() else "idle" if args.until_idle else "stopped"
+        print(f"dataspace pipeline: {why}: {_n(total_in)} messages in, {_n(total_out)} out")
+    for s in failed:
+        print(f"dataspace pipeline: processor {s.name} stopped: {s.error} (its input is kept; "
+              "fix the function or configure an error stream, then run again)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    try:
+        g = load_graph(args.graph)
+    except GraphLoadError as e:
+        return _fail(str(e), 2)
+    try:
+        store = _open(args, create=False)
+    except (StoreError, OSError) as e:
+        return _fail(str(e))
+    try:
+        running = _running(store.path, g.name)
+        nexts = store.next_indices()
+        print(f"graph {g.name!r} on {store.path}: {'running (pid ' + running + ')' if running else 'not running'}")
+        for p in g.order():
+            pid = g.proc_id(p)
+            try:
+                rec = recover(store, pid)
+                last = {"1a": "never ran"}.get(rec.branch, "")
+                if not last:
+                    last = ("step to retry" if rec.retry else "last step delivered") + f" ({rec.branch})"
+            except BackingCorrupt as e:
+                last = f"backing stream damaged: {e}"
+            print(f"  {p.kind:<9} {p.name:<20} {last}")
+            for s in p.inputs:
+                pos = store.position(s, pid)
+                nxt = nexts.get(s, 0)
+                if pos is None:
+                    print(f"      {s:<22} position -        (stream at {_n(nxt)})")
+                else:
+                    print(f"      {s:<22} position {_n(pos):<8} lag {_n(max(0, nxt - pos))}")
+        if g.error_stream:
+            print(f"  error stream {g.error_stream}: {_n(nexts.get(g.error_stream, 0))} records")
+    except StoreError as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+    return 0
+
+
+def _running(db_path: Any, graph: str) -> str | None:
+    lock = os.path.join(os.path.dirname(str(db_path)), os.path.basename(str(db_path)) + "-locks",
+                        f"{graph}.lock")
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+    finally:
+        os.close(fd)
+    return None

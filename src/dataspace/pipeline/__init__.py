@@ -1,0 +1,46 @@
+"""Processor graphs over durable streams, with exactly-once delivery (seed 002).
+
+>>> import tempfile
+>>> from dataspace.streams import open_store
+>>> g = Graph("demo")
+>>> g.source("numbers")
+>>> _ = g.map("double", "numbers", "doubled", lambda n: n * 2)
+>>> store = open_store(tempfile.mkdtemp())
+>>> _ = store.append_many("numbers", [1, 2, 3])
+>>> with LocalEngine(g, store) as engine:
+...     _ = engine.drain()
+>>> [e.value for e in store.read("doubled")]
+[2, 4, 6]
+>>> store.close()
+
+* :mod:`.graph` -- the graph model (:class:`Graph`, processor kinds, validation).
+* :mod:`.exactly_once` -- backing-stream records, the delivery hash, the recovery component.
+* :mod:`.local` -- the local engine (:class:`LocalEngine`); :mod:`.engine` -- the engine
+  interface and registry (``local``; ``spark`` next).
+* :mod:`.sinks` -- :class:`SQLiteSink`, the idempotent side-effecting sink pattern.
+* :mod:`.loader` -- loading a graph from a Python file (``dataspace pipeline run``).
+* :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).
+"""
+
+from .engine import DEFAULT_ENGINE, ENGINES, Engine, EngineError, ProcStats, get_engine
+from .exactly_once import delivery_hash
+from .graph import Context, Delivery, Graph, GraphError, Message, Processor
+from .local import Crash, LocalEngine
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "Context",
+    "Crash",
+    "Delivery",
+    "Engine",
+    "EngineError",
+    "Graph",
+    "GraphError",
+    "LocalEngine",
+    "Message",
+    "ProcStats",
+    "Processor",
+    "delivery_hash",
+    "get_engine",
+]

@@ -1,0 +1,423 @@
+"""The crash harness: a graph killed with SIGKILL at random moments must still deliver
+everything exactly once.
+
+The graph (processor ids ``crash/...``)::
+
+    left ─┐                      ┌─ even ── store (sink: SQLite table, idempotent by hash)
+          ├─ pair (join) ─ pairs ┤
+    right ┘                      └─ odd ──┐
+                                          ├─ merge (alts) ── merged
+    extra ────────────────────────────────┘
+    errors: pair raises on some pairs, merge on some extras (the graph's error stream)
+
+A *child* process produces ``N`` seeded messages into each of the three sources (in
+random-sized chunks, resuming by index, so production is exactly-once too) while its
+engine processes them.  The *parent* starts the child, kills it with SIGKILL at a random
+moment -- during start-up/recovery, or after a random number of committed groups plus a
+random delay, so kills land inside steps, inside commits, inside the sink's transaction
+-- restarts it, and repeats.  After the last kill it lets a child run to the end and
+checks that the sources, ``pairs``, ``merged``, the error stream and the sink's table
+hold exactly the expected multisets: no duplicate, no loss, errors counted as delivered.
+
+``--kills K`` runs campaigns of ``--campaign-kills`` kills each (a fresh store and seed
+per campaign) until K kills are done::
+
+    python -m dataspace.pipeline.crashtest --kills 1000          # the soak (make soak)
+    python -m dataspace.pipeline.crashtest --kills 50 -v         # what CI runs
+
+The test suite (tests/test_crash.py) calls :func:`run_campaign` from this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..values import Record, Sequence, Symbol, encode
+from .graph import Graph
+from .sinks import SQLiteSink
+
+__all__ = ["CampaignResult", "build_graph", "expected", "inputs", "main", "run_campaign", "verify"]
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("left", "right", "extra")
+_L, _R, _X, _P, _M = (Symbol(s) for s in ("L", "R", "X", "P", "M"))
+
+
+def inputs(n: int, seed: int) -> dict[str, list[Record]]:
+    """The seeded messages of each source (the same for every run of a campaign)."""
+    out = {}
+    for s, label in zip(SOURCES, (_L, _R, _X)):
+        rng = random.Random(f"{seed}:{s}")
+        out[s] = [Record(label, [i, rng.randrange(1000)]) for i in range(n)]
+    return out
+
+
+def _pair(left: Record, right: Record) -> Record:
+    i, a = left.fields
+    _j, b = right.fields
+    if (i * 7 + b) % 53 == 0:
+        raise ValueError(f"pair {i} rejected")
+    return Record(_P, [i, a + b])
+
+
+def _route(p: Record) -> dict[str, Record]:
+    return {"even" if p.fields[1] % 2 == 0 else "odd": p}
+
+
+def _merge(v: Record) -> Record:
+    if v.label == _X and v.fields[1] % 41 == 0:
+        raise ValueError(f"extra {v.fields[0]} rejected")
+    return Record(_M, [v])
+
+
+def build_graph(directory: str | os.PathLike[str]) -> Graph:
+    """The crash-test graph; its sink writes to ``directory/sink.db``."""
+    g = Graph("crash", error_stream="errors")
+    g.source(*SOURCES)
+    g.join("pair", ["left", "right"], "pairs", _pair)
+    g.fork("route", "pairs", ["even", "odd"], _route)
+    g.alts("merge", ["odd", "extra"], "merged", _merge)
+    g.sink("store", "even", SQLiteSink(Path(directory) / "sink.db", "pairs",
+                                       ["i INTEGER", "total INTEGER"],
+                                       to_row=lambda p: tuple(p.fields)), batch=True)
+    return g
+
+
+def expected(n: int, seed: int) -> dict[str, Counter[Any]]:
+    """The exact multisets the outputs must hold at the end."""
+    src = inputs(n, seed)
+    pairs: Counter[Any] = Counter()
+    merged: Counter[Any] = Counter()
+    table: Counter[Any] = Counter()
+    errors: Counter[Any] = Counter()
+    odd = []
+    for left, right in zip(src["left"], src["right"]):
+        try:
+            p = _pair(left, right)
+        except ValueError:
+            errors[("crash/pair", encode(Sequence([left, right])))] += 1
+            continue
+        pairs[encode(p)] += 1
+        if p.fields[1] % 2 == 0:
+            table[tuple(p.fields)] += 1
+        else:
+            odd.append(p)
+    for v in odd + src["extra"]:
+        try:
+            merged[encode(_merge(v))] += 1
+        except ValueError:
+            errors[("crash/merge", encode(Sequence([v])))] += 1
+    return {"pairs": pairs, "merged": merged, "table": table, "errors": errors}
+
+
+def verify(directory: str | os.PathLike[str], n: int, seed: int) -> list[str]:
+    """Compare the store and the sink's table with :func:`expected`; the problems found."""
+    from ..streams import open_store
+
+    want = expected(n, seed)
+    problems: list[str] = []
+    with open_store(directory) as store:
+        src = inputs(n, seed)
+        for s in SOURCES:
+            got = [e.data for e in store.iter_entries(s)]
+            if got != [encode(v) for v in src[s]]:
+                problems.append(f"source {s}: {len(got)} entries, expected the {n} seeded ones")
+        got_streams = {
+            "pairs": Counter(e.data for e in store.iter_entries("pairs")),
+            "merged": Counter(e.data for e in store.iter_entries("merged")),
+            "errors": Counter(
+                (e.value.fields[0], encode(e.value.fields[3])) for e in store.iter_entries("errors")
+            ),
+        }
+    db = Path(directory) / "sink.db"
+    rows = sqlite3.connect(db).execute("SELECT i, total FROM pairs").fetchall() if db.exists() else []
+    got_streams["table"] = Counter(tuple(r) for r in rows)
+    for name, got in got_streams.items():
+        exp = want[name]
+        if got != exp:
+            dup = sum(((got - exp) & got).values())
+            lost = sum((exp - got).values())
+            extra = sum((got - exp).values())
+            problems.append(f"{name}: {lost} lost, {extra} unexpected ({dup} duplicates); "
+                            f"{sum(got.values())} present, {sum(exp.values())} expected")
+    return problems
+
+
+def _line(text: str) -> None:
+    """One line of this module's command output (the child's lines are read by the
+    parent: this is a protocol, not logging)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+# -- the child ---------------------------------------------------------------------------
+
+
+def _produce(directory: str, n: int, seed: int, run: int, done: threading.Event) -> None:
+    from ..streams import open_store
+
+    src = inputs(n, seed)
+    datas = {s: [encode(v) for v in src[s]] for s in SOURCES}
+    rng = random.Random(f"{seed}:producer:{run}")
+    with open_store(directory) as store:
+        while True:
+            left = [s for s in SOURCES if store.next_index(s) < n]
+            if not left:
+                break
+            s = rng.choice(left)
+            with store.transaction() as tx:
+                at = tx.next_index(s)
+                chunk = datas[s][at : at + rng.randint(1, 200)]
+                tx.append_encoded(s, chunk)
+    done.set()
+
+
+def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
+    """One run of the graph: produce and process until everything is done."""
+    from ..streams import open_store
+    from .local import LocalEngine
+
+    store = open_store(directory)
+    engine = LocalEngine(build_graph(directory), store, batch=batch, group_ms=5)
+    engine.start()
+    _line("ready")
+    produced = threading.Event()
+    threading.Thread(target=_produce, args=(directory, n, seed, run, produced), daemon=True).start()
+
+    def progress(_stats: Any) -> None:
+        _line(f"commit {engine.commits}")
+
+    while True:
+        gen = store.generation()
+        engine.run(until_idle=True, on_progress=progress, progress_interval=0.0)
+        if engine.failed:
+            _line(f"failed {engine.failed}")
+            return 1
+        if produced.is_set() and engine.idle():
+            break
+        store.wait_change(gen, 1.0)
+    engine.close()
+    store.close()
+    _line("done")
+    return 0
+
+
+# -- the parent --------------------------------------------------------------------------
+
+
+@dataclass
+class CampaignResult:
+    """What a campaign did: kills, runs, where the kills landed, and problems found."""
+
+    directory: str
+    messages: int
+    seed: int
+    kills: int = 0
+    runs: int = 0
+    kills_before_ready: int = 0
+    commits_seen: int = 0
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _spawn(directory: str, n: int, seed: int, run: int, batch: int) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.pipeline.crashtest", "child", "--dir", directory,
+         "--messages", str(n), "--seed", str(seed), "--run", str(run), "--batch", str(batch)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def _stderr(proc: subprocess.Popen[str]) -> str:
+    try:
+        return (proc.stderr.read() if proc.stderr else "")[-3000:]
+    except (OSError, ValueError):
+        return ""
+
+
+def run_campaign(
+    directory: str,
+    *,
+    kills: int,
+    messages: int,
+    seed: int,
+    batch: int = 50,
+    max_commits: int = 6,
+    timeout: float = 120.0,
+    say: Callable[[str], None] | None = None,
+) -> CampaignResult:
+    """Kill a child ``kills`` times at random moments, then let one finish and verify."""
+    rng = random.Random(f"{seed}:kills")
+    res = CampaignResult(directory, messages, seed)
+    t0 = time.monotonic()
+    finished = False
+    while not finished:
+        kill_now = res.kills < kills
+        proc, lines = _spawn(directory, messages, seed, res.runs, batch)
+        res.runs += 1
+        try:
+            if kill_now and rng.random() < 0.1:
+                # Kill during start-up or recovery, at a random moment.
+                try:
+                    proc.wait(timeout=rng.uniform(0.05, 0.4))
+                except subprocess.TimeoutExpired:
+                    pass
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                    proc.wait(timeout)
+                    res.kills += 1
+                    res.kills_before_ready += 1
+                    continue
+            target = rng.randint(0, max_commits) if kill_now else None
+            commits = 0
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    proc.kill()
+                    res.problems.append(f"run {res.runs}: no progress for {timeout}s: {_stderr(proc)}")
+                    return res
+                if line is None:  # the child exited
+                    rc = proc.wait(timeout)
+                    if rc == 0:  # it finished everything (before a planned kill, maybe)
+                        finished = True
+                        break
+                    res.problems.append(f"run {res.runs}: child exited with {rc}: {_stderr(proc)}")
+                    return res
+                if line.startswith("failed"):
+                    res.problems.append(f"run {res.runs}: {line}")
+                if target is None:
+                    continue
+                if line.startswith("commit"):
+                    commits += 1
+                    res.commits_seen += 1
+                if (line == "ready" and target == 0) or (
+                        line.startswith("commit") and commits >= target):
+                    try:  # a random moment a little later: inside a step or a commit
+                        proc.wait(timeout=rng.uniform(0.0, 0.02))
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGKILL)
+                        proc.wait(timeout)
+                        res.kills += 1
+                    break
+            if say is not None and kill_now:
+                say(f"  kill {res.kills}/{kills} after {commits} commits")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout)
+    res.problems += verify(directory, messages, seed)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def soak(
+    kills: int,
+    *,
+    base: str,
+    seed: int,
+    campaign_kills: int = 50,
+    messages: int | None = None,
+    say: Callable[[str], None] | None = None,
+) -> tuple[int, list[CampaignResult]]:
+    """Campaigns of ``campaign_kills`` kills (fresh store and seed each) until ``kills``
+    kills are done or a campaign finds a problem; returns (kills done, results)."""
+    done = 0
+    results: list[CampaignResult] = []
+    t0 = time.monotonic()
+    while done < kills:
+        campaign = len(results)
+        k = min(campaign_kills, kills - done)
+        n = messages or max(2000, 600 * k)
+        d = os.path.join(base, f"campaign-{campaign}")
+        os.makedirs(d, exist_ok=True)
+        if say:
+            say(f"campaign {campaign}: seed {seed + campaign}, {n} messages per source, {k} kills")
+        r = run_campaign(d, kills=k, messages=n, seed=seed + campaign, say=None)
+        results.append(r)
+        done += r.kills
+        if say:
+            say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills "
+                f"({r.kills_before_ready} during start-up/recovery), {r.runs} runs, "
+                f"{r.seconds:.1f}s; total {done} kills in {time.monotonic() - t0:.0f}s")
+            for p in r.problems:
+                say(f"  problem: {p}")
+        if r.problems:
+            if say:
+                say(f"  the store is kept in {d}")
+            break
+        if r.kills == 0:
+            if say:
+                say("  no kill landed (the work finished first): use more --messages")
+            break
+    return done, results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m dataspace.pipeline.crashtest",
+        description="SIGKILL crash test of the exactly-once engine: kill a running graph at "
+        "random moments, restart it, and check the outputs hold exactly the expected "
+        "multisets.",
+    )
+    sub = ap.add_subparsers(dest="cmd")
+    ch = sub.add_parser("child", help="(internal) one run of the graph")
+    ch.add_argument("--dir", required=True)
+    ch.add_argument("--messages", type=int, required=True)
+    ch.add_argument("--seed", type=int, required=True)
+    ch.add_argument("--run", type=int, default=0)
+    ch.add_argument("--batch", type=int, default=50)
+    ap.add_argument("--kills", type=int, default=1000, help="total kills (default 1000)")
+    ap.add_argument("--campaign-kills", type=int, default=50,
+                    help="kills per campaign (a fresh store per campaign; default 50)")
+    ap.add_argument("--messages", type=int, default=None,
+                    help="messages per source per campaign (default: 600 per kill)")
+    ap.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
+    ap.add_argument("--dir", help="keep the stores here (default: a temporary directory)")
+    args = ap.parse_args(argv)
+    if args.cmd == "child":
+        return child(args.dir, args.messages, args.seed, args.run, args.batch)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    base = args.dir or tempfile.mkdtemp(prefix="dataspace-crash-")
+    done, results = soak(args.kills, base=base, seed=seed, campaign_kills=args.campaign_kills,
+                         messages=args.messages, say=_line)
+    ok = done >= args.kills and not any(r.problems for r in results)
+    _line(f"PASSED: {done} SIGKILLs, every output exactly once" if ok
+          else f"FAILED after {done} kills")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

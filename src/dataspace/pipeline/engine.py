@@ -1,0 +1,120 @@
+"""Engines run graphs: ``local`` (this process, :mod:`.local`) now, ``spark`` next.
+
+An engine is created with a validated :class:`~.graph.Graph` and a stream store, and
+implements :class:`Engine`.  ``dataspace pipeline run --engine NAME`` looks the name up in
+:data:`ENGINES` (``module:Class``), so adding an engine is one entry and one module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..streams.base import Store
+from .graph import Graph
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINES",
+    "GUARANTEES",
+    "Engine",
+    "EngineError",
+    "ProcStats",
+    "get_engine",
+]
+
+ENGINES: dict[str, str] = {
+    "local": "dataspace.pipeline.local:LocalEngine",
+    "spark": "dataspace.pipeline.spark:SparkEngine",
+}
+DEFAULT_ENGINE = "local"
+GUARANTEES = ("exactly-once", "at-most-once")
+
+
+class EngineError(RuntimeError):
+    """The engine cannot run the graph (the message says why and what to do)."""
+
+
+@dataclass
+class ProcStats:
+    """Progress of one processor (messages in = input messages consumed; out = output
+    messages written; errors = error records written; lag = unread entries per input)."""
+
+    name: str
+    kind: str
+    consumed: int = 0
+    produced: int = 0
+    errors: int = 0
+    steps: int = 0
+    lag: dict[str, int] = field(default_factory=dict)
+    state: str = "idle"  # idle | running | waiting (a join missing inputs) | failed
+    error: str | None = None
+    recovery: str = ""
+
+
+class Engine(ABC):
+    """What every engine offers (see :class:`~.local.LocalEngine` for the options)."""
+
+    name = "?"
+
+    def __init__(self, graph: Graph, store: Store, **options: Any) -> None:
+        graph.validate()
+        self.graph = graph
+        self.store = store
+        self.options = options
+        self._stop = threading.Event()
+
+    @abstractmethod
+    def start(self) -> None:
+        """Claim the graph and run the recovery component for every processor."""
+
+    @abstractmethod
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        until_idle: bool = False,
+        on_progress: Callable[[list[ProcStats]], None] | None = None,
+        progress_interval: float = 1.0,
+    ) -> list[ProcStats]:
+        """Process until ``stop`` is set (or :meth:`stop` is called), or with
+        ``until_idle`` until no processor has input; returns the final statistics."""
+
+    @abstractmethod
+    def stats(self) -> list[ProcStats]:
+        """Current statistics (lag read from the store)."""
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to finish its current step, commit and return."""
+        self._stop.set()
+        try:
+            self.store.wake()
+        except Exception:  # the store may already be closed
+            pass
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the graph (no writes)."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def get_engine(name: str) -> type[Engine]:
+    """The engine class registered as ``name`` (``EngineError`` if unknown/unavailable)."""
+    target = ENGINES.get(name)
+    if target is None:
+        raise EngineError(f"unknown engine {name!r}; available: {', '.join(sorted(ENGINES))}")
+    module, _, cls = target.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise EngineError(f"the {name} engine is not available here ({e})") from e
+    return getattr(mod, cls)  # type: ignore[no-any-return]

@@ -1,0 +1,163 @@
+"""``dataspace pipeline run|status|check`` end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from dataspace.cli import main
+from dataspace.cli.pipeline import format_progress
+from dataspace.pipeline import ProcStats
+from dataspace.streams import open_store
+from dataspace.values import parse
+
+LONG = 60.0
+
+GRAPH = """
+from dataspace.pipeline import Graph
+from dataspace.values import Record, Symbol
+
+graph = Graph("shout", error_stream="shout.errors")
+graph.source("chat")
+
+@graph.map("upper", "chat", "loud")
+def upper(v):
+    who, text = v.fields
+    return Record(Symbol("Shout"), [who, text.upper()])
+"""
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "graph.py").write_text(GRAPH)
+    return tmp_path
+
+
+def test_check_and_run_until_idle(env, capsys):
+    assert main(["pipeline", "check", str(env / "graph.py")]) == 0
+    assert "graph 'shout' is valid" in capsys.readouterr().out
+    assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle"]) == 0
+    out = capsys.readouterr().out
+    assert "running graph 'shout'" in out
+    assert "upper in 2 out 1 err 1 lag chat:0" in out  # the plain progress line (no tty)
+    assert "idle: 2 messages in, 1 out" in out
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("loud")] == [parse('<Shout "alice" "HI">')]
+        assert s.read("shout.errors")[0].value.fields[1] == "AttributeError"
+    assert main(["pipeline", "status", str(env / "graph.py")]) == 0
+    out = capsys.readouterr().out
+    assert "not running" in out and "last step delivered (1d+3a)" in out and "lag 0" in out
+
+
+@pytest.mark.parametrize("text, message", [
+    ("graph = 1 +", "syntax error"),
+    ("raise RuntimeError('no config')", "loading the graph raised RuntimeError: no config"),
+    ("x = 1", "does not define a graph"),
+    ("from dataspace.pipeline import Graph\ngraph = Graph('g')\ngraph.source('a')\n"
+     "graph.map('m', 'b', 'c', lambda v: v)", "reads unknown stream 'b'"),
+    ("from dataspace.pipeline import Graph\ngraph = Graph('g')\ngraph.source('a')\n"
+     "graph.alts('m', ['a', 'c'], 'b', lambda v: v)\ngraph.map('n', 'b', 'c', lambda v: v)",
+     "cycle"),
+])
+def test_bad_graph_files_are_rejected_before_running(env, capsys, text, message):
+    (env / "bad.py").write_text(text)
+    assert main(["pipeline", "run", str(env / "bad.py")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (env / "data" / "streams.sqlite3").exists()  # nothing ran
+
+
+def test_missing_graph_file(env, capsys):
+    assert main(["pipeline", "check", str(env / "nope.py")]) == 2
+    assert "no graph file" in capsys.readouterr().err
+
+
+def test_failing_processor_without_error_stream(env, capsys):
+    (env / "g.py").write_text(
+        "from dataspace.pipeline import Graph\ngraph = Graph('g')\ngraph.source('in')\n"
+        "graph.map('inv', 'in', 'out', lambda v: 1 // v)\n"
+    )
+    main(["stream", "append", "in", "1", "0", "2"])
+    capsys.readouterr()
+    assert main(["pipeline", "run", str(env / "g.py"), "--until-idle", "--batch", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "processor inv stopped: ZeroDivisionError" in err and "input is kept" in err
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("out")] == [1]
+        assert s.position("in", "g/inv") == 1
+
+
+def test_format_progress():
+    stats = [ProcStats("j", "join", 1200, 600, 3, 2, {"a": 0, "b": 12}),
+             ProcStats("f", "fork", 5, 0, 0, 1, {"x": 1}, state="failed")]
+    assert format_progress(stats, 1234.4) == (
+        "j in 1,200 out 600 err 3 lag a:0 b:12 | f in 5 out 0 lag x:1 FAILED | 1,234 msg/s"
+    )
+
+
+def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env):
+    data = env / "data"
+    main(["stream", "append", "chat", '<Says "a" "x">'])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
+         "--interval", "0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: list[str] = []
+    cond = threading.Condition()
+
+    def pump():
+        for line in proc.stdout:
+            with cond:
+                lines.append(line)
+                cond.notify_all()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        with cond:
+            assert cond.wait_for(lambda: any("running graph" in x for x in lines), LONG), proc.stderr
+        with open_store(data) as s:
+            s.append("chat", parse('<Says "b" "y">'))
+            assert s.wait_until(lambda: s.next_index("loud") == 2, timeout=LONG)
+        # A second run of the same graph is refused while this one runs.
+        r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run",
+                            str(env / "graph.py")], capture_output=True, text=True, timeout=LONG)
+        assert r.returncode == 1 and "already running" in r.stderr
+        r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "status",
+                            str(env / "graph.py")], capture_output=True, text=True, timeout=LONG)
+        assert f"running (pid {proc.pid})" in r.stdout
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(LONG) == 0
+        with cond:
+            assert cond.wait_for(lambda: any("interrupted" in x for x in lines), LONG)
+        assert any("upper in 2 out 2" in x for x in lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_the_documented_example_graph_runs(env, capsys, monkeypatch):
+    """docs/pipelines.md's complete example, as written there."""
+    doc = (os.path.dirname(__file__) + "/../docs/pipelines.md")
+    text = open(doc).read().split("<!-- example-graph -->", 1)[1]
+    (env / "orders.py").write_text(text.split("```python", 1)[1].split("```", 1)[0])
+    monkeypatch.chdir(env)  # the example's ledger.db is relative
+    assert main(["pipeline", "check", "orders.py"]) == 0
+    main(["stream", "append", "orders", '<order 1 "ann" 250>', '<order 2 "bob" 20>'])
+    main(["stream", "append", "payments", "<payment 1 250>", "<payment 2 25>"])
+    capsys.readouterr()
+    assert main(["pipeline", "run", "orders.py", "--until-idle", "-q"]) == 0
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("notifications")] == [parse('<alert <paid 1 "ann" 250>>')]
+        assert s.read("orders.errors")[0].value.fields[2] == "payment 2/25 does not match order 2/20"
+    import sqlite3
+
+    assert sqlite3.connect(env / "ledger.db").execute("select * from paid").fetchall() == [(1, "ann", 250)]
