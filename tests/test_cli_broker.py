@@ -128,3 +128,43 @@ async def test_serve_with_a_config_file_and_a_port_in_use(tmp_path):
             await kill(p)
     finally:
         await srv.stop()
+
+
+@async_test
+async def test_serve_records_streams_from_its_dataspace(tmp_path):
+    from dataspace.streams import open_store
+    from dataspace.values import parse
+
+    data = tmp_path / "data"
+    srv = ServerProcess(data, extra=("--record", "chat:<Says $who $text>",
+                                     "--record", "presence,events=assert+retract:<Present _>"))
+    await srv.start()
+    ds = await connect(srv.address, srv.sturdyref)
+    try:
+        h = ds.assert_(parse('<Present "ann">'))
+        ds.send(parse('<Says "ann" "hi">'))
+        ds.send(parse("<Other 1>"))
+        await ds.sync()
+        ds.retract(h)
+        await ds.sync()
+        store = open_store(data)
+        try:
+            # Recorders commit from their own thread: wait on the store, bounded.
+            assert await asyncio.to_thread(store.wait_for, "chat", 0, 20)
+            assert await asyncio.to_thread(store.wait_for, "presence", 1, 20)
+            assert [e.value for e in store.read("chat")] == [parse('<Says "ann" "hi">')]
+            assert [e.value for e in store.read("presence")] == [
+                parse('<assert <Present "ann">>'), parse('<retract <Present "ann">>'),
+            ]
+        finally:
+            store.close()
+    finally:
+        await ds.close()
+        assert await srv.stop() == 0
+
+
+def test_serve_rejects_bad_recorder_specs(tmp_path):
+    r = run_cli("serve", "--data-dir", str(tmp_path), "--record", "chat")
+    assert r.returncode == 2 and "STREAM[,OPTION=VALUE...]:PATTERN" in r.stderr
+    r = run_cli("serve", "--data-dir", str(tmp_path), "--record", "x,dataspace=nope:<a>")
+    assert r.returncode == 2 and "which the server does not have" in r.stderr

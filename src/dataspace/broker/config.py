@@ -83,6 +83,10 @@ class ServerConfig:
     keepalive: float = FlowLimits.keepalive
     ws_ping_interval: float = FlowLimits.ws_ping_interval
     bind: list[BindingSpec] = field(default_factory=list)
+    # Streams to record from the server's dataspaces: recorder specs as text or
+    # dictionaries (see dataspace.streams.recorder), checked and started by the serve
+    # command -- the broker layer itself knows nothing of streams.
+    record: list[Any] = field(default_factory=list)
 
     def listeners(self) -> list[Address]:
         """The addresses to listen on (TCP on 127.0.0.1:7411 when none is configured)."""
@@ -147,7 +151,8 @@ _SECONDS_KEYS = {
 }
 _LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
 _KNOWN = sorted(
-    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "root-oid", "root-key", "bind"]
+    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "root-oid", "root-key", "bind",
+     "record"]
 )
 
 
@@ -218,6 +223,12 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not Sequence:
                 raise ConfigError("bind must be a list [<ref {oid: ... key: ...}> ...]")
             changes["bind"] = [_binding(b) for b in x]
+        elif name == "record":
+            if type(x) is not Sequence:
+                raise ConfigError(
+                    'record must be a list of recorder specs, e.g. record: ["chat:<Says $who $text>"]'
+                )
+            changes["record"] = list(x)
     cfg = dataclasses.replace(cfg, **changes)
     cfg.relay_limits()
     cfg.flow_limits()

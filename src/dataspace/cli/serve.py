@@ -11,7 +11,10 @@ from typing import Any
 
 from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server
+from ..datadir import STREAMS_DB
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
+from ..streams import open_store, recorder_specs, start_recorders
+from ..streams.recorder import RecorderSpec, stop_recorders
 
 EXAMPLES = f"""\
 examples:
@@ -20,11 +23,16 @@ examples:
   dataspace serve --unix /tmp/ds.sock --ws 127.0.0.1:7412
   dataspace serve --config server.pr -v        settings from a file, with info logging
   dataspace serve --data-dir ./state           keep root.key and root.sturdyref in ./state
+  dataspace serve --record 'chat:<Says $who $text>'
+                                               record every <Says ...> message into stream chat
+  dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
+                                               presence messages, assertions and retractions
 
 At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability of its root
 dataspace, and writes it to <data-dir>/root.sturdyref, where `dataspace observe`, `assert`
 and `send` find it.  Ctrl-C (SIGINT) or SIGTERM stops it cleanly.  See docs/broker.md for the
-configuration file and the limits.
+configuration file and the limits; docs/streams.md for recording (the stream store is
+<data-dir>/streams.sqlite3, read it with `dataspace stream tail`).
 """
 
 
@@ -52,6 +60,11 @@ def register(sub: Any) -> None:
                    "~/.local/share/dataspace)")
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                    help="more logging (-v info, -vv debug)")
+    p.add_argument("--record", action="append", metavar="SPEC",
+                   help="record into a stream what PATTERN matches in a dataspace: "
+                   "STREAM[,events=message+assert+retract|all][,capture=yes][,max-count=N]"
+                   "[,max-age=7d][,dataspace=NAME]:PATTERN (repeatable; adds to the "
+                   "config's record list)")
     g = p.add_argument_group("limits (defaults in docs/broker.md)")
     g.add_argument("--max-packet-size", type=int, metavar="BYTES",
                    help="largest packet accepted (default 1048576)")
@@ -92,10 +105,29 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         handshake_timeout=args.handshake_timeout, keepalive=args.keepalive,
         ws_ping_interval=args.ws_ping_interval,
     )
+    if args.record:
+        cfg = cfg.override(record=[*cfg.record, *args.record])
     cfg.relay_limits()
     cfg.flow_limits()
     cfg.listeners()
+    _recorder_specs(cfg)
     return cfg
+
+
+def _recorder_specs(cfg: ServerConfig) -> list[RecorderSpec]:
+    """The config's recorder specs, checked (a bad one is a ConfigError)."""
+    try:
+        specs = recorder_specs(cfg.record)
+    except ValueError as e:
+        raise ConfigError(f"record: {e}") from None
+    names = {"root"} | {b.dataspace for b in cfg.bind}
+    for s in specs:
+        if (s.dataspace or "root") not in names:
+            raise ConfigError(
+                f"record: stream {s.stream!r} records from dataspace {s.dataspace!r}, which "
+                f"the server does not have (it has: {', '.join(sorted(names))})"
+            )
+    return specs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,9 +158,28 @@ async def _serve(cfg: ServerConfig) -> int:
         print(f"dataspace serve: listening on {a}", file=sys.stderr)
     print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
           file=sys.stderr, flush=True)
+    store = None
+    recorders: list[Any] = []
     try:
+        specs = _recorder_specs(cfg)
+        if specs:
+            assert server.data_dir is not None
+            store = open_store(server.data_dir)
+            for spec in specs:
+                ds = server.dataspaces[spec.dataspace or "root"]
+                recorders += start_recorders(ds, [spec], store)
+            print(f"dataspace serve: recording {len(recorders)} stream(s) into "
+                  f"{server.data_dir / STREAMS_DB}", file=sys.stderr, flush=True)
         await stop.wait()
+    except (OSError, ValueError) as e:
+        print(f"dataspace serve: {e}", file=sys.stderr)
+        return 1
     finally:
         print("dataspace serve: shutting down", file=sys.stderr, flush=True)
+        # Recorders first: what they queued is committed, and the server's own shutdown
+        # (every connection closing) is not recorded as if clients had left.
+        stop_recorders(recorders)
+        if store is not None:
+            store.close()
         await server.close()
     return 0
