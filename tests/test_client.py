@@ -194,3 +194,30 @@ async def test_kill_9_of_a_client_process_retracts_its_assertions(tmp_path):
             await kill(proc)
         await watcher.close()
     assert PY == sys.executable
+
+
+@async_test
+async def test_callbacks_are_turns_and_a_failing_one_is_discarded(tmp_path, caplog):
+    # The same callback semantics as the in-process Dataspace.
+    async with running_server(tmp_path) as server:
+        ds = await connect(tcp_address(server), server.sturdyref)
+        got = asyncio.Event()
+
+        def bad(_x):
+            ds.assert_(parse("<from-bad>"))
+            raise RuntimeError("boom")
+
+        def good(_x):
+            ds.assert_(parse("<from-good>"))
+            got.set()
+
+        ds.observe("<a $x>", on_assert=bad)
+        ds.observe("<a $x>", on_assert=good)
+        ds.assert_(parse("<a 1>"))
+        await asyncio.wait_for(got.wait(), 20)
+        await ds.sync()
+        root = server.dataspaces["root"]
+        assert parse("<from-good>") in root
+        assert parse("<from-bad>") not in root
+        assert "boom" in caplog.text
+        await ds.close()

@@ -263,3 +263,15 @@ def test_handles_are_not_tracked_by_the_garbage_collector():
 
     h = Dataspace().assert_(1)
     assert isinstance(h, int) and not gc.is_tracked(h)
+
+
+def test_during_keeps_confusable_captures_apart():
+    # (1,) and (True,) are equal Python tuples: facets are keyed by Sequence instead.
+    ds, log = Dataspace(), Log()
+    ds.during("[$x]", lambda x: log.items.append(("start", x))
+              or (lambda: log.items.append(("stop", x))))
+    h1 = ds.assert_([1])
+    ds.assert_([True])
+    ds.retract(h1)
+    got = [(e, type(x)) for e, x in log.take()]
+    assert got == [("start", int), ("start", bool), ("stop", int)]

@@ -41,12 +41,12 @@ import contextlib
 import logging
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .datadir import ROOT_STURDYREF, resolve_data_dir
-from .dataspace import OBSERVE, Entity, fresh_handle
+from .dataspace import _MISSING, OBSERVE, Entity, Facet, Handle, _DataspaceBase, fresh_handle
 from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
 from .net.connection import Connection, connect_stream
 from .net.flow import FlowLimits, Hub
@@ -209,20 +209,6 @@ class _Observer(Entity):
             self.on_retract(h)
 
 
-class _Facet:
-    __slots__ = ("alive", "children", "cleanups", "handles", "parent", "subs")
-
-    def __init__(self, parent: _Facet | None) -> None:
-        self.handles: set[int] = set()
-        self.subs: set[RemoteSubscription] = set()
-        self.children: set[_Facet] = set()
-        self.cleanups: list[Callable[[], Any]] = []
-        self.parent = parent
-        self.alive = True
-        if parent is not None:
-            parent.children.add(self)
-
-
 class RemoteSubscription:
     """An active remote observer: :meth:`cancel` ends it."""
 
@@ -233,7 +219,7 @@ class RemoteSubscription:
         on_assert: Callable[..., Any] | None,
         on_retract: Callable[..., Any] | None,
         on_message: Callable[..., Any] | None,
-        facet: _Facet | None,
+        facet: Facet | None,
     ) -> None:
         self.ds = ds
         self.pattern = pattern
@@ -244,7 +230,7 @@ class RemoteSubscription:
         self.live = True
         self.handle: int | None = None
         self.entity = _Observer(self)
-        self._during: dict[Value, _Facet] | None = None
+        self._during: dict[Value, Facet] | None = None
 
     def cancel(self) -> None:
         """Stop observing (retracts the ``<Observe ...>``; ends ``during`` facets)."""
@@ -258,7 +244,7 @@ class RemoteSubscription:
 # The remote dataspace
 
 
-class RemoteDataspace:
+class RemoteDataspace(_DataspaceBase):
     """A dataspace on a server (see the module docstring).  Make one with :func:`connect`."""
 
     def __init__(
@@ -282,12 +268,9 @@ class RemoteDataspace:
         self.relay_limits = relay_limits or CLIENT_RELAY_LIMITS
         self._rng = rng or random.Random()
         self._hub = Hub()
-        self._held: dict[int, Value] = {}
+        self.name = str(address)
+        self._init_base()  # turns, facets, and the held assertions (self._values)
         self._subs: set[RemoteSubscription] = set()
-        self._owner: dict[int, _Facet] = {}
-        self._facet: _Facet | None = None
-        self._turn: list[tuple[str, int, Value]] | None = None
-        self._turn_depth = 0
         self._conn: Connection | None = None
         self._relay: Relay | None = None
         self._ref: RemoteEntity | None = None
@@ -357,7 +340,7 @@ class RemoteDataspace:
             raise ConnectionError(f"{self.address} answered the resolve with a non-reference")
         self._conn, self._relay, self._ref = conn, relay, ref
         # Re-assert what we hold (subscriptions included), as one packet.
-        for h, v in self._held.items():
+        for h, v in self._values.items():
             ref.on_assert(v, h)
         self._hub.flush(None)
         conn.on_close.append(self._lost)
@@ -448,12 +431,7 @@ class RemoteDataspace:
     def assert_(self, value: Value) -> int:
         """Assert ``value``; returns the handle that retracts it (held across reconnects)."""
         value = preserve(value)
-        h = fresh_handle()
-        self._held[h] = value
-        facet = self._facet
-        if facet is not None:
-            facet.handles.add(h)
-            self._owner[h] = facet
+        h = self._new_handle(value)
         if self._turn is not None:
             self._turn.append(("a", h, value))
             return h
@@ -465,12 +443,9 @@ class RemoteDataspace:
 
     def retract(self, handle: int) -> bool:
         """Retract the assertion made under ``handle``; False if it is not live."""
-        value = self._held.pop(handle, None)
-        if value is None:
+        value = self._drop_handle(handle)
+        if value is _MISSING:
             return False
-        facet = self._owner.pop(handle, None)
-        if facet is not None:
-            facet.handles.discard(handle)
         if self._turn is not None:
             self._turn.append(("r", handle, value))
             return True
@@ -479,10 +454,6 @@ class RemoteDataspace:
             ref.on_retract(handle)
             self._flush()
         return True
-
-    def value_of(self, handle: int) -> Value | None:
-        """The value asserted under ``handle``, or None if it is not live."""
-        return self._held.get(handle)
 
     def send(self, value: Value) -> None:
         """Send ``value`` as a message (dropped, and counted, while disconnected)."""
@@ -511,7 +482,7 @@ class RemoteDataspace:
         sub = RemoteSubscription(self, pat, on_assert, on_retract, on_message, self._facet)
         self._subs.add(sub)
         if self._facet is not None:
-            self._facet.subs.add(sub)
+            self._facet.subscriptions.add(sub)
         sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub.entity))))
         return sub
 
@@ -525,67 +496,25 @@ class RemoteDataspace:
         sub.on_retract = lambda *caps: self._stop_during(sub, caps)
         self._subs.add(sub)
         if self._facet is not None:
-            self._facet.subs.add(sub)
+            self._facet.subscriptions.add(sub)
         sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub.entity))))
         return sub
 
-    @contextlib.contextmanager
-    def turn(self) -> Iterator[RemoteDataspace]:
-        """Group actions into one packet (see the module docstring)."""
-        if self._turn is not None:
-            self._turn_depth += 1
-            try:
-                yield self
-            finally:
-                self._turn_depth -= 1
-            return
-        actions: list[tuple[str, int, Value]] = []
-        self._turn = actions
-        self._turn_depth = 1
-        try:
-            yield self
-        except BaseException:
-            self._turn = None
-            self._turn_depth = 0
-            self._undo(actions)
-            raise
-        self._turn = None
-        self._turn_depth = 0
-        self._commit(actions)
-
-    def _commit(self, actions: list[tuple[str, int, Value]]) -> None:
+    def _apply(
+        self, added: dict[Handle, Value], removed: list[tuple[Handle, Value]], messages: list[Value]
+    ) -> None:
         ref = self._ref
         if ref is None:
-            self.dropped_messages += sum(1 for k, _h, _v in actions if k == "m")
+            # Held assertions are re-asserted on reconnect; messages are lost meanwhile.
+            self.dropped_messages += len(messages)
             return
-        added: dict[int, Value] = {}
-        removed: list[int] = []
-        messages: list[Value] = []
-        for kind, h, v in actions:
-            if kind == "a":
-                added[h] = v
-            elif kind == "r":
-                if added.pop(h, None) is None:
-                    removed.append(h)
-            else:
-                messages.append(v)
         for h, v in added.items():
             ref.on_assert(v, h)
-        for h in removed:
+        for h, _v in removed:
             ref.on_retract(h)
         for m in messages:
             ref.on_message(m)
         self._flush()
-
-    def _undo(self, actions: list[tuple[str, int, Value]]) -> None:
-        for kind, h, v in reversed(actions):
-            if kind == "a":
-                self._held.pop(h, None)
-                facet = self._owner.pop(h, None)
-                if facet is not None:
-                    facet.handles.discard(h)
-            elif kind == "r":
-                self._held[h] = v
 
     async def sync(self, timeout: float | None = 30.0) -> None:
         """Wait until the server has processed everything sent so far (a round trip).
@@ -620,64 +549,10 @@ class RemoteDataspace:
 
     def _callback(self, sub: RemoteSubscription, fn: Callable[..., Any], caps: Value) -> None:
         args = tuple(caps) if type(caps) is Sequence else (caps,)
-        prev = self._facet
-        self._facet = sub.facet
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("observer callback %r failed", fn)
-        finally:
-            self._facet = prev
+        self._run_callback(fn, args, sub.facet)
 
-    def _cancel(self, sub: RemoteSubscription) -> None:
-        if not sub.live:
-            return
-        sub.live = False
+    def _forget(self, sub: Any) -> None:
         self._subs.discard(sub)
-        if sub.facet is not None:
-            sub.facet.subs.discard(sub)
-        if sub.handle is not None:
-            self.retract(sub.handle)
-        if sub._during:
-            facets = list(sub._during.values())
-            sub._during.clear()
-            for f in facets:
-                self._stop_facet(f)
-
-    def _start_facet(self, sub: RemoteSubscription, caps: tuple[Any, ...], setup: Callable[..., Any]) -> None:
-        assert sub._during is not None
-        facet = _Facet(sub.facet)
-        sub._during[Sequence(caps)] = facet
-        prev = self._facet
-        self._facet = facet
-        try:
-            cleanup = setup(*caps)
-        finally:
-            self._facet = prev
-        if callable(cleanup):
-            facet.cleanups.append(cleanup)
-
-    def _stop_during(self, sub: RemoteSubscription, caps: tuple[Any, ...]) -> None:
-        assert sub._during is not None
-        facet = sub._during.pop(Sequence(caps), None)
-        if facet is not None:
-            self._stop_facet(facet)
-
-    def _stop_facet(self, facet: _Facet) -> None:
-        if not facet.alive:
-            return
-        facet.alive = False
-        for child in list(facet.children):
-            self._stop_facet(child)
-        for sub in list(facet.subs):
-            self._cancel(sub)
-        for h in list(facet.handles):
-            self.retract(h)
-        facet.handles.clear()
-        for fn in facet.cleanups:
-            _call(fn, ())
-        if facet.parent is not None:
-            facet.parent.children.discard(facet)
 
 
 async def connect(

@@ -97,7 +97,7 @@ class Facet:
 
     def __init__(self, parent: Facet | None) -> None:
         self.handles: set[Handle] = set()
-        self.subscriptions: dict[int, Subscription] = {}
+        self.subscriptions: set[Any] = set()  # Subscription or RemoteSubscription
         self.children: set[Facet] = set()
         self.cleanups: list[Callable[[], Any]] = []
         self.parent = parent
@@ -202,7 +202,187 @@ class _EntityObserver:
             self.ds._queue.append(("x", (on_retract,), (h,)))
 
 
-class Dataspace:
+class _DataspaceBase:
+    """What the in-process :class:`Dataspace` and the remote client share: live handles
+    and their values, turns (collected, applied as their net effect, undone if they
+    fail), callbacks run as turns of their own, and facets for ``during``.
+
+    A subclass says how a turn's net effect is applied (:meth:`_apply`) and what follows
+    a turn (:meth:`_after_turn`); subscriptions have ``live``, ``facet``, ``handle`` and
+    ``_during`` attributes.
+    """
+
+    name: str
+
+    def _init_base(self) -> None:
+        self._turn: list[tuple[str, Any, Any]] | None = None
+        self._turn_depth = 0
+        self._facet: Facet | None = None
+        # Live handles and their values; handles made inside a facet and their facet.
+        self._values: dict[Handle, Value] = {}
+        self._owner: dict[Handle, Facet] = {}
+
+    def _apply(
+        self, added: dict[Handle, Value], removed: list[tuple[Handle, Value]], messages: list[Value]
+    ) -> None:
+        raise NotImplementedError
+
+    def _after_turn(self) -> None:
+        pass
+
+    def retract(self, handle: Handle) -> bool:
+        raise NotImplementedError
+
+    def value_of(self, handle: Handle) -> Value | None:
+        """The value asserted under ``handle``, or None if it is not live."""
+        return self._values.get(handle)
+
+    def _new_handle(self, value: Value) -> Handle:
+        """Record a live handle for ``value``, owned by the current facet if any."""
+        h: Handle = next(_ids)  # type: ignore[assignment]
+        self._values[h] = value
+        facet = self._facet
+        if facet is not None:
+            facet.handles.add(h)
+            self._owner[h] = facet
+        return h
+
+    def _drop_handle(self, handle: Handle) -> Any:
+        """Forget a live handle; its value, or _MISSING if it was not live."""
+        value = self._values.pop(handle, _MISSING)
+        if value is not _MISSING and self._owner:
+            facet = self._owner.pop(handle, None)
+            if facet is not None:
+                facet.handles.discard(handle)
+        return value
+
+    @contextmanager
+    def turn(self) -> Iterator[Any]:
+        """Group actions into one atomic turn (additions, then removals, then messages).
+
+        If the block raises, the turn is discarded and the exception propagates.
+        """
+        if self._turn is not None:
+            self._turn_depth += 1
+            try:
+                yield self
+            finally:
+                self._turn_depth -= 1
+            return
+        self._turn = []
+        try:
+            yield self
+        except BaseException:
+            actions, self._turn = self._turn, None
+            self._undo(actions)
+            raise
+        actions, self._turn = self._turn, None
+        self._commit(actions)
+        self._after_turn()
+
+    def _commit(self, actions: list[tuple[str, Any, Any]]) -> None:
+        # Net effect of the turn: an assertion both made and retracted here never shows.
+        added: dict[Handle, Value] = {}
+        removed: list[tuple[Handle, Value]] = []
+        messages: list[Value] = []
+        for kind, h, v in actions:
+            if kind == "a":
+                added[h] = v
+            elif kind == "r":
+                if added.pop(h, _MISSING) is _MISSING:
+                    removed.append((h, v))
+            else:
+                messages.append(v)
+        self._apply(added, removed, messages)
+
+    def _undo(self, actions: list[tuple[str, Any, Any]]) -> None:
+        for kind, h, v in reversed(actions):
+            if kind == "a":
+                self._values.pop(h, None)
+                facet = self._owner.pop(h, None)
+                if facet is not None:
+                    facet.handles.discard(h)
+            elif kind == "r":
+                self._values[h] = v
+
+    def _run_callback(self, fn: Callable[..., Any], args: tuple[Any, ...], facet: Facet | None) -> None:
+        """Run one callback as its own turn, in ``facet``, isolating failures."""
+        prev_turn, prev_facet = self._turn, self._facet
+        turn: list[tuple[str, Any, Any]] = []
+        self._turn = turn
+        self._facet = facet
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("%s: callback %r failed; its actions are discarded", self.name, fn)
+            self._turn = prev_turn
+            self._undo(turn)
+        else:
+            self._turn = prev_turn
+            if turn:
+                self._commit(turn)
+        finally:
+            self._turn, self._facet = prev_turn, prev_facet
+
+    # -- subscriptions and facets (during) -----------------------------------------------
+
+    def _forget(self, sub: Any) -> None:
+        """A subscription ended (hook for subclasses that track them)."""
+
+    def _cancel(self, sub: Any) -> None:
+        if not sub.live:
+            return
+        sub.live = False
+        self._forget(sub)
+        if sub.facet is not None:
+            sub.facet.subscriptions.discard(sub)
+        if sub.handle is not None:
+            self.retract(sub.handle)
+        if sub._during:
+            facets = list(sub._during.values())
+            sub._during.clear()
+            for f in facets:
+                self._stop_facet(f)
+
+    def _start_facet(self, sub: Any, caps: tuple[Any, ...], setup: Callable[..., Any]) -> None:
+        facet = Facet(sub.facet)
+        # Keyed by the captures as a Sequence: (1,) and (True,) are different matches.
+        sub._during[Sequence(caps)] = facet
+        prev = self._facet
+        self._facet = facet
+        try:
+            cleanup = setup(*caps)
+        finally:
+            self._facet = prev
+        if callable(cleanup):
+            facet.cleanups.append(cleanup)
+
+    def _stop_during(self, sub: Any, caps: tuple[Any, ...]) -> None:
+        facet = sub._during.pop(Sequence(caps), None)
+        if facet is not None:
+            self._stop_facet(facet)
+
+    def _stop_facet(self, facet: Facet) -> None:
+        if not facet.alive:
+            return
+        facet.alive = False
+        for child in list(facet.children):
+            self._stop_facet(child)
+        for sub in list(facet.subscriptions):
+            self._cancel(sub)
+        for h in list(facet.handles):
+            self.retract(h)
+        facet.handles.clear()
+        for fn in facet.cleanups:
+            try:
+                fn()
+            except Exception:
+                log.exception("%s: cleanup %r failed", self.name, fn)
+        if facet.parent is not None:
+            facet.parent.children.discard(facet)
+
+
+class Dataspace(_DataspaceBase):
     """An in-process dataspace (see the module docstring for the semantics)."""
 
     def __init__(self, name: str = "dataspace") -> None:
@@ -210,13 +390,8 @@ class Dataspace:
         # Events the index produces, (event, targets, captures), dispatched in order.
         self._queue: deque[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = deque()
         self.index = Index(sink=self._queue)  # type: ignore[arg-type]
-        self._turn: list[tuple[str, Any, Any]] | None = None
-        self._turn_depth = 0
-        # Live handles and their values; handles made inside a facet and their facet.
-        self._values: dict[Handle, Value] = {}
-        self._owner: dict[Handle, Facet] = {}
+        self._init_base()
         self._dispatching = False
-        self._facet: Facet | None = None
         # Observe assertion (strict key) -> (pattern, index callback)
         self._observers: dict[Any, tuple[Pattern, Any]] = {}
 
@@ -226,12 +401,7 @@ class Dataspace:
         """Assert ``value``; returns the handle that retracts it."""
         if type(value) not in _PLAIN:
             value = strip(preserve(value))
-        h = Handle(next(_ids))
-        self._values[h] = value
-        facet = self._facet
-        if facet is not None:
-            facet.handles.add(h)
-            self._owner[h] = facet
+        h = self._new_handle(value)
         turn = self._turn
         if turn is not None:
             turn.append(("a", h, value))
@@ -248,15 +418,11 @@ class Dataspace:
         Returns False (and does nothing) if it was already retracted or is not a handle
         of this dataspace.
         """
-        value = self._values.pop(handle, _MISSING)
+        value = self._drop_handle(handle)
         if value is _MISSING:
             if not isinstance(handle, int):
                 raise TypeError(f"retract() takes a Handle, not {type(handle).__name__}")
             return False
-        if self._owner:
-            facet = self._owner.pop(handle, None)
-            if facet is not None:
-                facet.handles.discard(handle)
         turn = self._turn
         if turn is not None:
             turn.append(("r", handle, value))
@@ -265,10 +431,6 @@ class Dataspace:
         if self._queue and not self._dispatching:
             self._dispatch()
         return True
-
-    def value_of(self, handle: Handle) -> Value | None:
-        """The value asserted under ``handle``, or None if it is not live."""
-        return self._values.get(handle)
 
     def send(self, value: Value) -> None:
         """Send ``value`` as a message to every current matching observer."""
@@ -299,7 +461,7 @@ class Dataspace:
         pat = _to_pattern(pattern)
         sub = Subscription(self, pat, on_assert, on_retract, on_message, self._facet)
         if self._facet is not None:
-            self._facet.subscriptions[sub.id] = sub
+            self._facet.subscriptions.add(sub)
         sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
         return sub
 
@@ -317,32 +479,11 @@ class Dataspace:
         sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
         sub.on_retract = lambda *caps: self._stop_during(sub, caps)
         if self._facet is not None:
-            self._facet.subscriptions[sub.id] = sub
+            self._facet.subscriptions.add(sub)
         sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
         return sub
 
-    @contextmanager
-    def turn(self) -> Iterator[Dataspace]:
-        """Group actions into one atomic turn (additions, then removals, then messages).
-
-        If the block raises, the turn is discarded and the exception propagates.
-        """
-        if self._turn is not None:
-            self._turn_depth += 1
-            try:
-                yield self
-            finally:
-                self._turn_depth -= 1
-            return
-        self._turn = []
-        try:
-            yield self
-        except BaseException:
-            actions, self._turn = self._turn, None
-            self._undo(actions)
-            raise
-        actions, self._turn = self._turn, None
-        self._commit(actions)
+    def _after_turn(self) -> None:
         if self._queue and not self._dispatching:
             self._dispatch()
 
@@ -413,35 +554,15 @@ class Dataspace:
         if isinstance(cb, _EntityObserver):
             cb.retract_all()
 
-    def _commit(self, actions: list[tuple[str, Any, Any]]) -> None:
-        # Net effect of the turn: an assertion both made and retracted here never shows.
-        added: dict[Handle, Value] = {}
-        removed: list[Value] = []
-        messages: list[Value] = []
-        for kind, h, v in actions:
-            if kind == "a":
-                added[h] = v
-            elif kind == "r":
-                if added.pop(h, _MISSING) is _MISSING:
-                    removed.append(v)
-            else:
-                messages.append(v)
+    def _apply(
+        self, added: dict[Handle, Value], removed: list[tuple[Handle, Value]], messages: list[Value]
+    ) -> None:
         for v in added.values():
             self._add(v)
-        for v in removed:
+        for _h, v in removed:
             self._remove(v)
         for m in messages:
             self.index.send_message(m)
-
-    def _undo(self, actions: list[tuple[str, Any, Any]]) -> None:
-        for kind, h, v in reversed(actions):
-            if kind == "a":
-                self._values.pop(h, None)
-                facet = self._owner.pop(h, None)
-                if facet is not None:
-                    facet.handles.discard(h)
-            elif kind == "r":
-                self._values[h] = v
 
     def _dispatch(self) -> None:
         queue = self._queue
@@ -461,86 +582,14 @@ class Dataspace:
                             fn = target.on_message
                         if fn is None:
                             continue
-                        self._run(fn, caps, target.facet)
+                        self._run_callback(fn, caps, target.facet)
                     elif event == "x":
-                        self._run(target, caps, None)
+                        self._run_callback(target, caps, None)
                     else:
-                        self._run(target.deliver, (event, caps), None)
+                        self._run_callback(target.deliver, (event, caps), None)
         finally:
             self._dispatching = False
 
-    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], facet: Facet | None) -> None:
-        """Run one callback as its own turn, isolating failures."""
-        prev_turn, prev_facet = self._turn, self._facet
-        turn: list[tuple[str, Any, Any]] = []
-        self._turn = turn
-        self._facet = facet
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("%s: callback %r failed; its actions are discarded", self.name, fn)
-            self._turn = prev_turn
-            self._undo(turn)
-        else:
-            self._turn = prev_turn
-            if turn:
-                self._commit(turn)
-        finally:
-            self._turn, self._facet = prev_turn, prev_facet
-
-    def _cancel(self, sub: Subscription) -> None:
-        if not sub.live:
-            return
-        sub.live = False
-        if sub.facet is not None:
-            sub.facet.subscriptions.pop(sub.id, None)
-        if sub.handle is not None:
-            self.retract(sub.handle)
-        if sub._during:
-            facets = list(sub._during.values())
-            sub._during.clear()
-            for f in facets:
-                self._stop_facet(f)
-
-    # -- facets (during) -----------------------------------------------------------------
-
-    def _start_facet(self, sub: Subscription, caps: tuple[Any, ...], setup: Callable[..., Any]) -> None:
-        assert sub._during is not None
-        facet = Facet(sub.facet)
-        sub._during[caps] = facet
-        prev = self._facet
-        self._facet = facet
-        try:
-            cleanup = setup(*caps)
-        finally:
-            self._facet = prev
-        if callable(cleanup):
-            facet.cleanups.append(cleanup)
-
-    def _stop_during(self, sub: Subscription, caps: tuple[Any, ...]) -> None:
-        assert sub._during is not None
-        facet = sub._during.pop(caps, None)
-        if facet is not None:
-            self._stop_facet(facet)
-
-    def _stop_facet(self, facet: Facet) -> None:
-        if not facet.alive:
-            return
-        facet.alive = False
-        for child in list(facet.children):
-            self._stop_facet(child)
-        for sub in list(facet.subscriptions.values()):
-            self._cancel(sub)
-        for h in list(facet.handles):
-            self.retract(h)
-        facet.handles.clear()
-        for fn in facet.cleanups:
-            try:
-                fn()
-            except Exception:
-                log.exception("%s: cleanup %r failed", self.name, fn)
-        if facet.parent is not None:
-            facet.parent.children.discard(facet)
 
 
 def _to_pattern(p: Pattern | str | Value) -> Pattern:
