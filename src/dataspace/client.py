@@ -51,7 +51,7 @@ from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, pars
 from .net.connection import Connection, connect_stream
 from .net.flow import FlowLimits, Hub
 from .net.websocket import connect_ws
-from .pattern import Pattern, from_preserves, parse_pattern, to_preserves
+from .pattern import Pattern, as_pattern, to_preserves
 from .protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE
 from .protocol.relay import Relay, RelayLimits, RemoteEntity
 from .protocol.sturdy import SturdyError, SturdyRef
@@ -125,13 +125,6 @@ def load_capability(cap: SturdyRef | str | Value | None = None, *, data_dir: str
     except SturdyError as e:
         raise CapabilityError(f"not a usable sturdyref: {e}") from None
 
-
-def _to_pattern(p: Pattern | str | Value) -> Pattern:
-    if isinstance(p, Pattern):
-        return p
-    if isinstance(p, str):
-        return parse_pattern(p)
-    return from_preserves(p)
 
 
 def _call(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -478,7 +471,7 @@ class RemoteDataspace(_DataspaceBase):
         """Observe ``pattern`` (as :meth:`Dataspace.observe`): ``on_assert(*captures)``
         once per distinct capture tuple as matches appear, ``on_retract(*captures)`` when
         the last goes, ``on_message(*captures)`` per matching message."""
-        pat = _to_pattern(pattern)
+        pat = as_pattern(pattern)
         sub = RemoteSubscription(self, pat, on_assert, on_retract, on_message, self._facet)
         self._subs.add(sub)
         if self._facet is not None:
@@ -489,7 +482,7 @@ class RemoteDataspace(_DataspaceBase):
     def during(self, pattern: Pattern | str | Value, setup: Callable[..., Any]) -> RemoteSubscription:
         """For each distinct match run ``setup(*captures)`` in a facet; what it asserts
         and observes (and the callable it may return) ends when the match goes."""
-        pat = _to_pattern(pattern)
+        pat = as_pattern(pattern)
         sub = RemoteSubscription(self, pat, None, None, None, self._facet)
         sub._during = {}
         sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)

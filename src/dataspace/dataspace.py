@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from typing import Any, NewType
 
 from .index import Index
-from .pattern import Pattern, PatternError, from_preserves, parse_pattern, to_preserves
+from .pattern import Pattern, PatternError, as_pattern, from_preserves, to_preserves
 from .values import Embedded, Record, Sequence, Symbol, Value, preserve, strip
 from .values.model import _PLAIN
 
@@ -458,7 +458,7 @@ class Dataspace(_DataspaceBase):
         when the last one giving those captures goes, and ``on_message(*captures)`` for
         each matching message.
         """
-        pat = _to_pattern(pattern)
+        pat = as_pattern(pattern)
         sub = Subscription(self, pat, on_assert, on_retract, on_message, self._facet)
         if self._facet is not None:
             self._facet.subscriptions.add(sub)
@@ -473,7 +473,7 @@ class Dataspace(_DataspaceBase):
         What ``setup`` asserts and observes lives until the matching assertion is
         retracted; if ``setup`` returns a callable, it is called then too.
         """
-        pat = _to_pattern(pattern)
+        pat = as_pattern(pattern)
         sub = Subscription(self, pat, None, None, None, self._facet)
         sub._during = {}
         sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
@@ -591,13 +591,6 @@ class Dataspace(_DataspaceBase):
             self._dispatching = False
 
 
-
-def _to_pattern(p: Pattern | str | Value) -> Pattern:
-    if isinstance(p, Pattern):
-        return p
-    if isinstance(p, str):
-        return parse_pattern(p)
-    return from_preserves(p)
 
 
 def fresh_handle() -> Handle:

@@ -414,6 +414,18 @@ def parse_pattern(text: str) -> Pattern:
     return from_value_syntax(v)
 
 
+def as_pattern(p: Pattern | str | Value) -> Pattern:
+    """A pattern from what APIs accept: a Pattern, concise pattern text, or the wire form."""
+    if isinstance(p, Pattern):
+        return p
+    if isinstance(p, str):
+        return parse_pattern(p)
+    return from_preserves(p)
+
+
+__all__.append("as_pattern")
+
+
 def from_value_syntax(v: Value) -> Pattern:
     """Convert a parsed value written in the concise syntax into a pattern."""
     return _from_syntax(preserve(v), 0)

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..pattern import Bind, Pattern, from_preserves, parse_pattern
+from ..pattern import Bind, Pattern, as_pattern, parse_pattern
 from ..values import Record, Sequence, Symbol, Value, encode
 from .base import MAX_VALUE_SIZE, Store, check_stream_name, parse_duration
 from .tailer import Tailer
@@ -75,13 +75,6 @@ _MESSAGE = Symbol("message")
 _ASSERT = Symbol("assert")
 _RETRACT = Symbol("retract")
 
-
-def _to_pattern(p: Pattern | str | Value) -> Pattern:
-    if isinstance(p, Pattern):
-        return p
-    if isinstance(p, str):
-        return parse_pattern(p)
-    return from_preserves(p)
 
 
 class Recorder:
@@ -106,7 +99,7 @@ class Recorder:
         if bad or not evs:
             raise ValueError(f"events must be some of {', '.join(EVENT_KINDS)}, not {evs!r}")
         self.dataspace = dataspace
-        self.pattern = _to_pattern(pattern)
+        self.pattern = as_pattern(pattern)
         self.store = store
         self.stream = stream
         self.events = evs
