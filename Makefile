@@ -30,7 +30,6 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks || true
 
 ## Every benchmark, printing figures (not part of the test suite).
 bench: setup
