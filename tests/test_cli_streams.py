@@ -106,7 +106,9 @@ def test_help_has_examples():
 def test_tail_follow_wakes_on_appends_from_other_processes(data_dir):
     main(["stream", "append", "live", "0"])
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dataspace.cli", "stream", "tail", "live", "-f", "-n", "1"],
+        # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack.
+        [sys.executable, "-X", "faulthandler", "-m", "dataspace.cli", "stream", "tail", "live",
+         "-f", "-n", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -129,7 +131,13 @@ def test_tail_follow_wakes_on_appends_from_other_processes(data_dir):
             assert got.wait_for(lambda: len(lines) >= 3, LONG)
         assert lines == ["0  0", "1  1", "2  2"]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(LONG) == 0
+        try:
+            code = proc.wait(LONG)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(LONG)
+            pytest.fail(f"tail -f ignored SIGINT for {LONG} s; its threads:\n{proc.stderr.read()}")
+        assert code == 0
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -52,6 +52,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._threads import start_daemon
 from ..pattern import Bind, Pattern, as_pattern, parse_pattern
 from ..values import Record, Sequence, Symbol, Value, encode
 from .base import MAX_VALUE_SIZE, Store, check_stream_name, parse_duration
@@ -117,8 +118,7 @@ class Recorder:
         self._closing = False
         if not store.has_stream(stream):
             store.create_stream(stream)
-        self._thread = threading.Thread(target=self._writer, name=f"recorder:{stream}", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._writer, f"recorder:{stream}")
         root = Bind(self.pattern)
         self.subscription = dataspace.observe(
             root,

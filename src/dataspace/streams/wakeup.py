@@ -55,6 +55,8 @@ import sys
 import threading
 from pathlib import Path
 
+from .._threads import start_daemon
+
 __all__ = ["FALLBACK_INTERVAL", "Notifier", "get_notifier", "inotify_available"]
 
 log = logging.getLogger(__name__)
@@ -182,10 +184,7 @@ class Notifier:
             self._started = True
             target = self._watch_inotify if self._open_inotify() else self._watch_fallback
             self._pipe = os.pipe()
-            self._thread = threading.Thread(
-                target=target, name=f"streams-wakeup:{self.path.name}", daemon=True
-            )
-            self._thread.start()
+            self._thread = start_daemon(target, f"streams-wakeup:{self.path.name}")
 
     def _open_inotify(self) -> bool:
         if _libc is None:
