@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import select
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ..datadir import STREAMS_DB, resolve_data_dir
@@ -301,10 +305,11 @@ def run_tail(args: argparse.Namespace) -> int:
                 _print(e, args)
         sys.stdout.flush()
         if args.follow:
-            while True:
-                for e in t.poll(None):
-                    _print(e, args)
-                sys.stdout.flush()
+            with _stop_on_signals():
+                while True:
+                    for e in t.poll(None):
+                        _print(e, args)
+                    sys.stdout.flush()
         return 0
     except KeyboardInterrupt:
         return 0
@@ -312,6 +317,26 @@ def run_tail(args: argparse.Namespace) -> int:
         return _fail(str(e))
     finally:
         store.close()
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """Ctrl-C or SIGTERM stop a follow cleanly, like the other long-running commands --
+    even when SIGINT came in ignored (a background job of a non-interactive shell), where
+    Python would not raise KeyboardInterrupt on its own."""
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def run_create(args: argparse.Namespace) -> int:
