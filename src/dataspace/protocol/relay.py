@@ -56,7 +56,7 @@ from ..values import (
     Symbol,
     Value,
 )
-from ..values.binary import DEFAULT_MAX_DEPTH, _make_reader, _make_writer
+from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -195,8 +195,8 @@ class Relay:
         self._export_by_obj: dict[Any, _Export] = {}
         self._transient: deque[_Export] = deque()
         self._next_oid = 0
-        self._write = _make_writer(True, False, self._embed_out, DEFAULT_MAX_DEPTH)
-        self._read = _make_reader(False, self._wireref_in, DEFAULT_MAX_DEPTH)
+        self._write = make_writer(True, False, self._embed_out, DEFAULT_MAX_DEPTH)
+        self._read = make_reader(False, self._wireref_in, DEFAULT_MAX_DEPTH)
         self._pins: list[Any] | None = None
         self._embedded_out = False
         self._max_out = limits.max_outbound_packet

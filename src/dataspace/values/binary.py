@@ -50,7 +50,7 @@ from .model import (
     preserve,
 )
 
-__all__ = ["Decoder", "decode", "decode_prefix", "encode"]
+__all__ = ["Decoder", "decode", "decode_prefix", "encode", "make_reader", "make_writer"]
 
 DEFAULT_MAX_DEPTH = MAX_DEPTH
 """Default nesting limit (containers, embedded values and annotations) for both ways."""
@@ -132,13 +132,16 @@ _Writer = Callable[[Any, list[bytes], int], None]
 _first = itemgetter(0)
 
 
-def _make_writer(
+def make_writer(
     canonical: bool,
     annotations: bool,
     embedded: Callable[[Any], Value] | None,
     max_depth: int,
 ) -> _Writer:
     """Build ``write(v, out, depth)`` appending the encoding of ``v`` to the list ``out``.
+
+    Low-level API for protocol code that encodes many values with the same options (the
+    relay): ``out`` is a list of ``bytes`` to ``b"".join``, ``depth`` starts at 0.
 
     ``out`` collects ``bytes`` chunks to be joined once at the end (``list.append`` is the
     cheapest way to accumulate in CPython 3.11).  The options are closed over so the hot
@@ -158,7 +161,7 @@ def _make_writer(
     # With canonical ordering *and* annotations, elements are sorted by their canonical
     # annotation-free encodings, but written with their annotations.
     sort_writer = (
-        _make_writer(True, False, embedded, max_depth) if canonical and annotations else None
+        make_writer(True, False, embedded, max_depth) if canonical and annotations else None
     )
 
     def write(v: Any, out: list[bytes], depth: int) -> None:
@@ -334,7 +337,7 @@ def _make_writer(
 
 
 _WRITERS: dict[tuple[bool, bool, int], _Writer] = {}
-_default_writer = _make_writer(True, False, None, DEFAULT_MAX_DEPTH)
+_default_writer = make_writer(True, False, None, DEFAULT_MAX_DEPTH)
 _WRITERS[(True, False, DEFAULT_MAX_DEPTH)] = _default_writer
 
 
@@ -372,9 +375,9 @@ def encode(
         if write is None:
             if len(_WRITERS) > 64:
                 _WRITERS.clear()
-            write = _WRITERS[k] = _make_writer(canonical, annotations, None, max_depth)
+            write = _WRITERS[k] = make_writer(canonical, annotations, None, max_depth)
     else:
-        write = _make_writer(canonical, annotations, embedded, max_depth)
+        write = make_writer(canonical, annotations, embedded, max_depth)
     out: list[bytes] = []
     try:
         write(v, out, 0)
@@ -429,12 +432,15 @@ def _make_symbol(buf: bytes, s: int, q: int) -> Symbol:
 _Reader = Callable[[bytes, int, int], tuple[Any, int]]
 
 
-def _make_reader(
+def make_reader(
     annotations: bool,
     embedded: Callable[[Value], Any] | None,
     max_depth: int,
 ) -> _Reader:
     """Build ``read(buf, p, depth) -> (value, end)`` reading the value at ``buf[p]``.
+
+    Low-level API for protocol code that decodes many values with the same options (the
+    relay); ``depth`` starts at 0.
 
     ``buf`` must be ``bytes``.  Reading past the end of ``buf`` raises ``IndexError`` or
     :class:`DecodeShort`; callers turn the former into the latter.  The most common leaf
@@ -614,7 +620,7 @@ def _make_reader(
 
 
 _READERS: dict[tuple[bool, int], _Reader] = {}
-_plain_reader = _make_reader(False, None, DEFAULT_MAX_DEPTH)
+_plain_reader = make_reader(False, None, DEFAULT_MAX_DEPTH)
 _READERS[(False, DEFAULT_MAX_DEPTH)] = _plain_reader
 
 
@@ -622,13 +628,13 @@ def _reader_for(
     annotations: bool, embedded: Callable[[Value], Any] | None, max_depth: int
 ) -> _Reader:
     if embedded is not None:
-        return _make_reader(annotations, embedded, max_depth)
+        return make_reader(annotations, embedded, max_depth)
     k = (bool(annotations), max_depth)
     r = _READERS.get(k)
     if r is None:
         if len(_READERS) > 64:
             _READERS.clear()
-        r = _READERS[k] = _make_reader(bool(annotations), None, max_depth)
+        r = _READERS[k] = make_reader(bool(annotations), None, max_depth)
     return r
 
 
