@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run demo test lint bench soak clean
+.PHONY: setup run demo test lint bench bench-spark soak soak-spark clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,10 +36,19 @@ bench: setup
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_broker.py
 	$(BIN)/python benchmarks/bench_pipeline.py
+	$(BIN)/python benchmarks/bench_spark.py
+
+## The Spark benchmarks alone (connector vs Spark's file path, routing; about 4 minutes).
+bench-spark: setup
+	$(BIN)/python benchmarks/bench_spark.py
 
 ## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
 soak: setup
 	$(BIN)/python -m dataspace.pipeline.crashtest --kills 1000
+
+## The long crash test of the Spark engine: 200 SIGKILLs of the whole driver (about an hour).
+soak-spark: setup
+	$(BIN)/python -m dataspace.pipeline.spark.crashtest --kills 200
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis

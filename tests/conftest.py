@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Let test modules import the shared hypothesis strategies (``from strategies import ...``).
@@ -19,3 +20,13 @@ settings.register_profile(
     "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession (local[2]) shared by every Spark test of the run."""
+    from dataspace.pipeline.spark.session import get_session, stop_session
+
+    session, _created = get_session("local[2]", app_name="dataspace tests")
+    yield session
+    stop_session()

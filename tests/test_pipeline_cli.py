@@ -1,4 +1,5 @@
-"""``dataspace pipeline run|status|check`` end to end."""
+"""``dataspace pipeline run|status|check`` end to end, on the local engine (``--engine
+local``; the Spark engine, the default, is tested in test_spark_engine.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_check_and_run_until_idle(env, capsys):
     assert "graph 'shout' is valid" in capsys.readouterr().out
     assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42"]) == 0
     capsys.readouterr()
-    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle"]) == 0
+    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle", "--engine", "local"]) == 0
     out = capsys.readouterr().out
     assert "running graph 'shout'" in out
     assert "upper in 2 out 1 err 1 lag chat:0" in out  # the plain progress line (no tty)
@@ -69,7 +70,7 @@ def test_check_and_run_until_idle(env, capsys):
 ])
 def test_bad_graph_files_are_rejected_before_running(env, capsys, text, message):
     (env / "bad.py").write_text(text)
-    assert main(["pipeline", "run", str(env / "bad.py")]) == 2
+    assert main(["pipeline", "run", str(env / "bad.py"), "--engine", "local"]) == 2
     assert message in capsys.readouterr().err
     assert not (env / "data" / "streams.sqlite3").exists()  # nothing ran
 
@@ -86,7 +87,7 @@ def test_failing_processor_without_error_stream(env, capsys):
     )
     main(["stream", "append", "in", "1", "0", "2"])
     capsys.readouterr()
-    assert main(["pipeline", "run", str(env / "g.py"), "--until-idle", "--batch", "1"]) == 1
+    assert main(["pipeline", "run", str(env / "g.py"), "--until-idle", "--batch", "1", "--engine", "local"]) == 1
     err = capsys.readouterr().err
     assert "processor inv stopped: ZeroDivisionError" in err and "input is kept" in err
     with open_store(env / "data") as s:
@@ -107,7 +108,7 @@ def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env):
     main(["stream", "append", "chat", '<Says "a" "x">'])
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
-         "--interval", "0.1"],
+         "--interval", "0.1", "--engine", "local"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -129,7 +130,8 @@ def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env):
             assert s.wait_until(lambda: s.next_index("loud") == 2, timeout=LONG)
         # A second run of the same graph is refused while this one runs.
         r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run",
-                            str(env / "graph.py")], capture_output=True, text=True, timeout=LONG)
+                            str(env / "graph.py"), "--engine", "local"],
+                           capture_output=True, text=True, timeout=LONG)
         assert r.returncode == 1 and "already running" in r.stderr
         r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "status",
                             str(env / "graph.py")], capture_output=True, text=True, timeout=LONG)
@@ -154,7 +156,7 @@ def test_the_documented_example_graph_runs(env, capsys, monkeypatch):
     main(["stream", "append", "orders", '<order 1 "ann" 250>', '<order 2 "bob" 20>'])
     main(["stream", "append", "payments", "<payment 1 250>", "<payment 2 25>"])
     capsys.readouterr()
-    assert main(["pipeline", "run", "orders.py", "--until-idle", "-q"]) == 0
+    assert main(["pipeline", "run", "orders.py", "--until-idle", "-q", "--engine", "local"]) == 0
     with open_store(env / "data") as s:
         assert [e.value for e in s.read("notifications")] == [parse('<alert <paid 1 "ann" 250>>')]
         assert s.read("orders.errors")[0].value.fields[2] == "payment 2/25 does not match order 2/20"

@@ -27,11 +27,13 @@ from ..streams import StoreError, open_store
 
 EPILOG = """\
 examples:
-  dataspace pipeline run graph.py                 run until Ctrl-C, with a live progress line
+  dataspace pipeline run graph.py                 run on Spark (local[*]) until Ctrl-C
   dataspace pipeline run graph.py --until-idle    stop once every input is processed
-  dataspace pipeline run graph.py --guarantee at-most-once --batch 5000
-  dataspace pipeline status graph.py              positions, lag and the last step of each processor
+  dataspace pipeline run graph.py --master spark://host:7077    on a Spark cluster
+  dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
+  dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
   dataspace pipeline check graph.py               validate the graph without running it
+  dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
 
 A graph file is Python that defines `graph` (see docs/pipelines.md):
 
@@ -67,11 +69,25 @@ def register(sub: Any) -> None:
                         "next run recovers).",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--engine", choices=sorted(ENGINES), default=DEFAULT_ENGINE,
-                     help=f"where to run (default {DEFAULT_ENGINE})")
+                     help=f"where to run: spark (Structured Streaming, one query per "
+                     f"processor) or local (this process) (default {DEFAULT_ENGINE})")
+    run.add_argument("--master", default="local[*]", metavar="URL",
+                     help="Spark master: local[*] (default: this machine, every core), "
+                     "local[N], spark://HOST:PORT, yarn, k8s://...")
+    run.add_argument("--checkpoint-dir", metavar="DIR",
+                     help="where Spark queries keep their checkpoints (default "
+                     "DATA_DIR/spark/GRAPH); a cluster with stateful DataFrame processors "
+                     "needs a directory its executors share")
+    run.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                     help="extra Spark setting (repeatable), e.g. spark.ui.enabled=true")
+    run.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                     help="more logging (Spark's warnings on the terminal too)")
     run.add_argument("--guarantee", choices=GUARANTEES, default="exactly-once",
-                     help="delivery guarantee (default exactly-once)")
-    run.add_argument("--batch", type=int, default=1000, metavar="N",
-                     help="most message sets per processor step (default 1000)")
+                     help="delivery guarantee (default exactly-once; at-most-once: local "
+                     "engine only)")
+    run.add_argument("--batch", type=int, default=None, metavar="N",
+                     help="most message sets per processor step / Spark micro-batch "
+                     "(default: 1000 local, 100000 spark)")
     run.add_argument("--durability", choices=("full", "normal"), default="full",
                      help="full: every commit is fsynced (survives power loss); normal: "
                      "survives process crashes only (default full)")
@@ -87,6 +103,33 @@ def register(sub: Any) -> None:
                        "the recovery component would find (the last step delivered, or a "
                        "step to retry).  Reads the store only.")
     st.set_defaults(func=run_status)
+
+    rt = ss.add_parser(
+        "route", help="match a table of values against a table of patterns, on Spark",
+        description="A Spark batch job: every value (a stream of the store, or a Parquet/JSON "
+        "dataset with a binary `value` or a text `text` column) is matched against every "
+        "pattern (concise syntax, one per line; `ID<TAB>PATTERN` names it, otherwise its "
+        "number is its id).  The skeleton index of the patterns is built once per worker "
+        "from a broadcast; the output has one row per match: pattern, index, captures "
+        "(canonical binary) and captures_text.",
+        epilog="examples:\n  dataspace pipeline route --patterns patterns.txt --values chat "
+        "--out matches.parquet\n  dataspace pipeline route --patterns p.txt --values "
+        "events.parquet --out matches.json --format json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rt.add_argument("--patterns", required=True, metavar="FILE",
+                    help="patterns, one per line (blank lines and ; comments skipped)")
+    rt.add_argument("--values", required=True, metavar="STREAM|PATH",
+                    help="a stream of the store, or a Parquet/JSON file or directory")
+    rt.add_argument("--out", required=True, metavar="PATH", help="where to write the matches")
+    rt.add_argument("--format", choices=("parquet", "json"), default=None,
+                    help="output format (default: from --out's extension, else parquet)")
+    rt.add_argument("--data-dir", metavar="DIR", help="data directory holding the stream store")
+    rt.add_argument("--master", default="local[*]", metavar="URL", help="Spark master")
+    rt.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark setting (repeatable)")
+    rt.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                    help="more logging")
+    rt.set_defaults(func=run_route)
 
     ck = ss.add_parser("check", parents=[common], help="validate a graph file",
                        description="Load and validate a graph file (cycles, unknown streams, "
@@ -185,13 +228,49 @@ def run_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _conf(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.strip():
+            raise ValueError(f"--conf {item!r}: expected KEY=VALUE")
+        out[k.strip()] = v
+    return out
+
+
+def _java_ok() -> str | None:
+    """None when Java can run Spark, else the one-line error (checked before any JVM)."""
+    from ..pipeline.spark.session import SparkSetupError, check_java
+
+    try:
+        check_java()
+    except SparkSetupError as e:
+        return str(e)
+    return None
+
+
 def run_run(args: argparse.Namespace) -> int:
-    if args.batch < 1 or args.interval <= 0:
+    if (args.batch is not None and args.batch < 1) or args.interval <= 0:
         return _fail("--batch must be >= 1 and --interval > 0", 2)
+    try:
+        conf = _conf(args.conf)
+    except ValueError as e:
+        return _fail(str(e), 2)
     try:
         g = load_graph(args.graph)
     except GraphLoadError as e:
         return _fail(str(e), 2)
+    spark = args.engine == "spark"
+    if spark:
+        problem = _java_ok()
+        if problem:
+            return _fail(f"{problem} -- or run on this process with --engine local")
+    options: dict[str, Any] = {"guarantee": args.guarantee}
+    if args.batch is not None:
+        options["batch"] = args.batch
+    if spark:
+        options.update(master=args.master, checkpoint_dir=args.checkpoint_dir,
+                       verbose=getattr(args, "verbose", 0), conf=conf)
     try:
         engine_cls = get_engine(args.engine)
         store = _open(args, args.durability)
@@ -210,16 +289,22 @@ def run_run(args: argparse.Namespace) -> int:
             store.wake()
 
     old = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    engine = None
     try:
-        engine = engine_cls(g, store, guarantee=args.guarantee, batch=args.batch)
+        engine = engine_cls(g, store, **options)
         with engine:
             engine.start()
+            if old is not None:  # starting Spark installs PySpark's own SIGINT handler
+                signal.signal(signal.SIGINT, on_sigint)
             if not args.quiet:
                 rec = getattr(engine, "recovery", None)
                 branches = rec() if callable(rec) else {}
                 retried = {k: v for k, v in branches.items() if v in ("1b", "1c+1b") or v.endswith("3b")}
+                where = f"engine {args.engine}"
+                if spark:
+                    where += f" on {engine.spark.sparkContext.master}"  # type: ignore[attr-defined]
                 print(f"dataspace pipeline: running graph {g.name!r} ({len(g.processors)} "
-                      f"processors, {args.guarantee}, engine {args.engine}, store {store.path})"
+                      f"processors, {args.guarantee}, {where}, store {store.path})"
                       + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""),
                       flush=True)
             stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
@@ -236,6 +321,11 @@ def run_run(args: argparse.Namespace) -> int:
         if old is not None:
             signal.signal(signal.SIGINT, old)
         store.close()
+        if spark and getattr(engine, "created_session", False):
+            from ..pipeline.spark.session import stop_session
+
+            with contextlib.suppress(Exception):
+                stop_session()
     failed = [s for s in stats if s.state == "failed"]
     total_in = sum(s.consumed for s in stats)
     total_out = sum(s.produced for s in stats)
@@ -278,12 +368,82 @@ def run_status(args: argparse.Namespace) -> int:
                     print(f"      {s:<22} position -        (stream at {_n(nxt)})")
                 else:
                     print(f"      {s:<22} position {_n(pos):<8} lag {_n(max(0, nxt - pos))}")
+            line = _spark_status(store.path, g.name, p.name)
+            if line:
+                print(f"      {line}")
         if g.error_stream:
             print(f"  error stream {g.error_stream}: {_n(nexts.get(g.error_stream, 0))} records")
     except StoreError as e:
         return _fail(str(e))
     finally:
         store.close()
+    return 0
+
+
+def _spark_status(db_path: Any, graph: str, proc: str) -> str | None:
+    """One line about a processor's Spark query (None if it never ran on Spark)."""
+    from ..pipeline.spark.status import graph_dir, query_status
+
+    st = query_status(graph_dir(os.path.dirname(str(db_path)), graph) / proc)
+    if st is None:
+        return None
+    parts = []
+    if st["committed"] is not None:
+        parts.append(f"batch {st['committed']} committed")
+    elif st["offsets"] is None:
+        parts.append("no batch yet")
+    if st["offsets"] is not None and st["offsets"] != st["committed"]:
+        parts.append(f"batch {st['offsets']} in flight")
+    t = st["totals"]
+    if t:
+        parts.append(f"{_n(t.get('batches', 0))} batches, {_n(t.get('in', 0))} in, "
+                     f"{_n(t.get('out', 0))} out" + (f", {_n(t['errors'])} errors" if t.get("errors") else ""))
+    pr = st["progress"]
+    if pr:
+        rate = pr.get("processed_rows_per_s")
+        if isinstance(rate, (int, float)):
+            parts.append(f"{_n(round(rate))} rows/s in its last batch")
+        saved = pr.get("saved_ms")
+        if isinstance(saved, int):
+            parts.append("progress at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved / 1000)))
+    return "spark: " + "; ".join(parts)
+
+
+def run_route(args: argparse.Namespace) -> int:
+    try:
+        conf = _conf(args.conf)
+    except ValueError as e:
+        return _fail(str(e), 2)
+    if not os.path.isfile(args.patterns):
+        return _fail(f"no patterns file at {args.patterns}", 2)
+    problem = _java_ok()
+    if problem:
+        return _fail(problem)
+    from ..pipeline.spark.route import RouteError, load_patterns, route_to
+    from ..pipeline.spark.session import get_session, stop_session
+
+    try:
+        patterns = load_patterns(args.patterns)
+    except (RouteError, OSError) as e:
+        return _fail(str(e), 2)
+    data_dir = resolve_data_dir(args.data_dir, create=False)
+    t0 = time.monotonic()
+    print(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
+          "starting Spark ...", flush=True)
+    spark, created = get_session(args.master, app_name="dataspace route",
+                                 verbose=getattr(args, "verbose", 0), conf=conf,
+                                 log_file=data_dir / "spark" / "spark.log")
+    try:
+        n_values, n_matches = route_to(spark, patterns, args.values, args.out,
+                                       data_dir=data_dir, fmt=args.format)
+    except (RouteError, StoreError) as e:
+        return _fail(str(e))
+    finally:
+        if created:
+            with contextlib.suppress(Exception):
+                stop_session()
+    print(f"dataspace pipeline route: {n_values:,} values, {n_matches:,} matches -> "
+          f"{args.out} ({time.monotonic() - t0:.1f}s)")
     return 0
 
 

@@ -16,7 +16,7 @@
 * :mod:`.graph` -- the graph model (:class:`Graph`, processor kinds, validation).
 * :mod:`.exactly_once` -- backing-stream records, the delivery hash, the recovery component.
 * :mod:`.local` -- the local engine (:class:`LocalEngine`); :mod:`.engine` -- the engine
-  interface and registry (``local``; ``spark`` next).
+  interface and registry (``spark``, the default, in :mod:`.spark`; ``local``).
 * :mod:`.sinks` -- :class:`SQLiteSink`, the idempotent side-effecting sink pattern.
 * :mod:`.loader` -- loading a graph from a Python file (``dataspace pipeline run``).
 * :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).

@@ -1,4 +1,5 @@
-"""Engines run graphs: ``local`` (this process, :mod:`.local`) now, ``spark`` next.
+"""Engines run graphs: ``spark`` (the default: Structured Streaming through PySpark,
+:mod:`.spark`) and ``local`` (this process, :mod:`.local`).
 
 An engine is created with a validated :class:`~.graph.Graph` and a stream store, and
 implements :class:`Engine`.  ``dataspace pipeline run --engine NAME`` looks the name up in
@@ -31,7 +32,7 @@ ENGINES: dict[str, str] = {
     "local": "dataspace.pipeline.local:LocalEngine",
     "spark": "dataspace.pipeline.spark:SparkEngine",
 }
-DEFAULT_ENGINE = "local"
+DEFAULT_ENGINE = "spark"
 GUARANTEES = ("exactly-once", "at-most-once")
 
 

@@ -377,9 +377,9 @@ def commit_step(
     proc_id: str,
     starts: Mapping[str, int],
     ends: Mapping[str, int],
-    outputs: Mapping[str, Sequence[tuple[bytes, Mapping[str, int]]]],
+    outputs: Mapping[str, Sequence[tuple[bytes, Mapping[str, int] | bytes]]],
     *,
-    errors: Sequence[tuple[bytes, Mapping[str, int]]] = (),
+    errors: Sequence[tuple[bytes, Mapping[str, int] | bytes]] = (),
     error_stream: str | None = None,
     order: Sequence[str] | None = None,
 ) -> bool:
@@ -387,7 +387,10 @@ def commit_step(
     the transaction ``tx``, as the persistence component does; returns False and writes
     nothing when recovery finds this very step already delivered.
 
-    ``outputs`` maps each output stream to ``(encoded value, input positions)`` pairs;
+    ``outputs`` maps each output stream to ``(encoded value, input positions)`` pairs
+    (positions may be empty -- an output of an aggregation has no single source -- or
+    already encoded metadata without a hash, as :meth:`MetaEncoder.suffix` ``(None)``
+    ends it: the step's hash is spliced in);
     ``errors`` are encoded error records for ``error_stream``; ``order`` is an alts step's
     input per message set.  The snapshot is written unless it is the pending retry's, the
     tailers (named ``proc_id``) move to ``ends``, and the attempt record and the messages
@@ -411,14 +414,20 @@ def commit_step(
     meta = MetaEncoder(names)
     suffix = meta.suffix(h)
 
-    def metas(items: Sequence[tuple[bytes, Mapping[str, int]]]) -> list[bytes]:
+    no_src = b"\xb7" + _SRC_ENC + b"\xb7" + suffix
+
+    def metas(items: Sequence[tuple[bytes, Mapping[str, int] | bytes]]) -> list[bytes]:
         out = []
         for _data, src in items:
-            if len(src) == 1:
-                (name, idx), = src.items()
+            if type(src) is bytes:  # encoded already, without a hash: add this step's
+                out.append(src[:-2] + suffix)
+            elif not src:
+                out.append(no_src)
+            elif len(src) == 1:
+                (name, idx), = src.items()  # type: ignore[union-attr]
                 out.append(meta.prefix_one(name) + enc_int(idx) + suffix)
             else:
-                out.append(meta.encode_all([src[n] for n in names], suffix))
+                out.append(meta.encode_all([src[n] for n in names], suffix))  # type: ignore[index]
         return out
 
     written = {s: items for s, items in outputs.items() if items}

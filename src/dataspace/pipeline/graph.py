@@ -26,6 +26,9 @@ fork       1 input, >= 2 outputs       ``fn(value) -> {output: value or [values]
 sink       >= 1 input, no output       ``fn(value, delivery)`` -- side effects; or with
                                        ``batch=True`` ``fn(values, delivery)`` per step
 processor  >= 1 input, any outputs     ``fn(ctx, *values)``; ``ctx.emit(stream, value)``
+dataframe  >= 1 input, 1 output        ``fn(df, ...) -> DataFrame``: a Spark DataFrame
+                                       transformation, one streaming DataFrame per input
+                                       (Spark engine only; see docs/spark.md)
 =========  ==========================  ============================================
 
 A function returning ``None`` writes nothing (the input still counts as delivered).  With
@@ -58,7 +61,7 @@ __all__ = [
     "Processor",
 ]
 
-KINDS = ("map", "join", "alts", "fork", "sink", "processor")
+KINDS = ("map", "join", "alts", "fork", "sink", "processor", "dataframe")
 
 
 class GraphError(ValueError):
@@ -150,6 +153,7 @@ class Processor:
     side_effects: bool = False
     batch: bool = False
     messages: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # engine-specific (dataframe)
 
     @property
     def reads_alts(self) -> bool:
@@ -254,6 +258,24 @@ class Graph:
         of times.  ``mode`` is ``"join"`` or ``"alts"``."""
         return self._node("processor", name, inputs, outputs, fn, mode=mode,
                           side_effects=side_effects, messages=messages)
+
+    def dataframe(self, name: str, inputs: str | Iterable[str], output: str,
+                  fn: Callable[..., Any] | None = None, *, output_mode: str = "append",
+                  **options: Any) -> Any:
+        """A Spark DataFrame transformation (Spark engine only): ``fn(df, ...)`` gets one
+        streaming DataFrame per input (the connector's columns: ``stream``, ``index``,
+        ``time``, ``value``, ``text``, ``label``, ``fields``...) and returns a DataFrame
+        whose rows become the messages of ``output`` -- so Spark SQL, joins and windowed
+        aggregations work on streams.  ``output_mode`` is Spark's ``append`` (windowed
+        aggregations: with a watermark) or ``complete``; other keyword options go to the
+        input sources (e.g. ``decode=False``).  Also a decorator.  See docs/spark.md."""
+        if output_mode not in ("append", "complete"):
+            self._problems.append(
+                f"dataframe {name!r}: output_mode must be append or complete, not "
+                f"{output_mode!r} (Spark's Python sinks have no update mode)")
+        node = self._node("dataframe", name, inputs, output, fn)
+        self.processors[name].options = {"output_mode": output_mode, **options}
+        return node
 
     # -- queries ----------------------------------------------------------------------
 
@@ -397,6 +419,7 @@ _SHAPES = {
     "fork": (1, 1, 2, None),
     "sink": (1, None, 0, 0),
     "processor": (1, None, 0, None),
+    "dataframe": (1, None, 1, 1),
 }
 
 
@@ -426,6 +449,8 @@ def _shape_problems(p: Processor) -> list[str]:
     per_set = 1 if p.mode == "alts" else len(p.inputs)
     if p.kind == "sink":
         nargs = 2 if p.batch else per_set + 1
+    elif p.kind == "dataframe":
+        nargs = len(p.inputs)
     elif p.kind == "processor":
         nargs = 1 + per_set
     else:
@@ -438,6 +463,8 @@ def _shape_problems(p: Processor) -> list[str]:
 
 
 def _call_shape(p: Processor) -> str:
+    if p.kind == "dataframe":
+        return ", ".join(f"DataFrame of {s}" for s in p.inputs)
     v = "message" if p.messages else "value"
     per = [v] if p.mode == "alts" else [f"{v} of {s}" for s in p.inputs]
     if p.kind == "sink":

@@ -727,6 +727,12 @@ class LocalEngine(Engine):
         backing_keep: int = 1000,
     ) -> None:
         super().__init__(graph, store)
+        spark_only = [p.name for p in graph.processors.values() if p.kind == "dataframe"]
+        if spark_only:
+            raise EngineError(
+                f"{', '.join(spark_only)}: DataFrame processors run on Spark only; run the "
+                "graph with --engine spark (the default)"
+            )
         if guarantee not in GUARANTEES:
             raise EngineError(f"guarantee must be one of {', '.join(GUARANTEES)}, not {guarantee!r}")
         if commit not in ("group", "each-write"):

@@ -127,6 +127,19 @@ class SQLiteSink:
         else:
             self.skipped += len(rows)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (the Spark engine ships sinks to its worker processes): without the
+        per-thread connections, and with the path made absolute, since workers may run in
+        another directory."""
+        state = dict(self.__dict__)
+        state["path"] = os.path.abspath(self.path)
+        del state["_local"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
     def close(self) -> None:
         """Close this thread's connection."""
         c = getattr(self._local, "conn", None)

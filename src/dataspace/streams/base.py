@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..values import Value, decode, encode
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_INDEX",
     "MAX_VALUE_SIZE",
+    "Columns",
     "Entry",
     "ForeignStore",
     "Store",
@@ -173,6 +174,17 @@ class Entry:
 
 
 _UNSET: Any = object()
+
+
+class Columns(NamedTuple):
+    """Entries as parallel lists (:meth:`Store.read_columns`): indices, commit-order
+    numbers (``seq``), append times (ns since the epoch), encoded values and metadata."""
+
+    indices: list[int]
+    seqs: list[int]
+    times: list[int]
+    values: list[bytes]
+    metas: list[bytes | None]
 
 
 @dataclass(frozen=True)
@@ -386,6 +398,31 @@ class Store(ABC):
         self, name: str, start: int, end: int, limit: int
     ) -> list[tuple[int, int, bytes, bytes | None]]:
         """:meth:`Transaction.read_rows` outside a transaction (committed data)."""
+
+    def read_columns(
+        self, name: str, start: int, end: int, *, values: bool = True, meta: bool = False,
+        limit: int = MAX_INDEX,
+    ) -> Columns:
+        """Entries with ``start <= index < end`` (at most ``limit``) as columns: the bulk
+        read path of the Spark connector (partitions are index ranges).  ``values`` and
+        ``meta`` say whether to fetch those (unfetched columns are empty lists).  This
+        default goes through :meth:`read`; a backend may override it with one query."""
+        out = Columns([], [], [], [], [])
+        pos = start
+        while pos < end and len(out.indices) < limit:
+            batch = self.read(name, pos, min(10_000, limit - len(out.indices)), end)
+            if not batch:
+                break
+            for e in batch:
+                out.indices.append(e.index)
+                out.seqs.append(e.seq)
+                out.times.append(e.time_ns)
+                if values:
+                    out.values.append(e.data)
+                if meta:
+                    out.metas.append(e.meta_data)
+            pos = batch[-1].index + 1
+        return out
 
     # -- tailers --------------------------------------------------------------------------
 

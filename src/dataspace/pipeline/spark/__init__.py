@@ -1,0 +1,48 @@
+"""Running pipelines on Apache Spark through PySpark (see docs/spark.md).
+
+* :mod:`.session` -- set-up: the Java check, one SparkSession per process, quiet logs,
+  ``PYSPARK_PYTHON``, shipping the package to cluster workers;
+* :mod:`.source` -- ``spark.read`` / ``spark.readStream.format("dataspace")``: streams as
+  DataFrames, offsets are stream indices, partitions are index ranges;
+* :mod:`.sink` -- ``writeStream.format("dataspace")``: each micro-batch committed once,
+  keyed by the delivery hash of seed 002;
+* :mod:`.engine` -- :class:`SparkEngine` (``dataspace pipeline run``'s default engine);
+* :mod:`.route` -- matching a table of values against a table of patterns;
+* :mod:`.crashtest` -- the SIGKILL crash harness for the Spark engine;
+* :mod:`.status` -- reading the engine's progress files (no Spark needed).
+
+PySpark is imported lazily: ``import dataspace.pipeline.spark`` does not start or import
+Spark; the names below are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "SparkEngine",
+    "SparkSetupError",
+    "check_java",
+    "get_session",
+    "load_patterns",
+    "route",
+    "stop_session",
+]
+
+_WHERE = {
+    "SparkEngine": "engine",
+    "SparkSetupError": "session",
+    "check_java": "session",
+    "get_session": "session",
+    "stop_session": "session",
+    "route": "route",
+    "load_patterns": "route",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)

@@ -1,0 +1,337 @@
+"""The SIGKILL crash harness for the Spark engine: a graph killed at chosen and random
+points must still deliver everything exactly once.
+
+The graph and the data are the local harness's (:mod:`dataspace.pipeline.crashtest`):
+``join -> fork -> SQLite sink (idempotent by the delivery hash) + alts``, with errors
+going to the error stream, N seeded messages per source produced while the graph runs.
+A *child* process runs the graph on the Spark engine (``local[2]``: the Python driver,
+the JVM with its executors, Spark's Python workers); the *parent* kills the whole driver
+-- every process of the child's session, with SIGKILL -- and restarts it, again and
+again, then lets a last run finish and checks that the sources, ``pairs``, ``merged``,
+the error stream and the sink's table hold exactly the expected multisets.
+
+Kill points (:mod:`.faults`; the N-th time any process of the run gets there):
+
+=================  ==========================================================
+``source``         the stream reader's ``latestOffset`` (driver)
+``partitions``     planning a batch, after Spark logged its offsets (driver)
+``read``           a partition being read (executor)
+``write``          a write task, rows in hand (executor)
+``sink``           a side-effecting function has run, our commit not yet (driver)
+``commit-inside``  our commit's writes done, not committed (driver)
+``commit-after``   our commit durable, Spark's commit log not yet written (driver)
+``random``         a random moment after the driver reported ready (parent kills)
+``startup``        a random moment while Spark starts (parent kills)
+=================  ==========================================================
+
+::
+
+    python -m dataspace.pipeline.spark.crashtest --kills 10     # what CI runs (~3 min)
+    python -m dataspace.pipeline.spark.crashtest --kills 200    # the soak (make soak-spark)
+
+The test suite (tests/test_spark_crash.py) calls :func:`run_campaign`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import random
+import select
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..crashtest import _line, _produce, build_graph, verify
+from .faults import ENV, kill_session, session_pids
+
+__all__ = ["CHOSEN", "CampaignResult", "child", "main", "run_campaign", "soak"]
+
+CHOSEN = ("source", "partitions", "read", "write", "sink", "commit-inside", "commit-after")
+"""The chosen kill points (see the module docstring)."""
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
+    """One run of the graph on Spark: produce and process until everything is done."""
+    from ...streams import open_store
+    from .engine import SparkEngine
+
+    os.environ[f"{ENV}_SID"] = str(os.getsid(0))  # the fault points may kill this session
+    store = open_store(directory)
+    engine = SparkEngine(build_graph(directory), store, master="local[2]", batch=batch,
+                         partition_rows=max(1, batch // 2), wait_ms=50,
+                         log_file=os.path.join(directory, "spark.log"))
+    engine.start()
+    _line("ready")
+    produced = threading.Event()
+    threading.Thread(target=_produce, args=(directory, n, seed, run, produced), daemon=True).start()
+
+    def progress(stats: Any) -> None:
+        _line(f"progress {sum(s.steps for s in stats)}")
+
+    while True:
+        gen = store.generation()
+        engine.run(until_idle=True, on_progress=progress, progress_interval=0.5)
+        if engine.failed:
+            _line(f"failed {engine.failed}")
+            return 1
+        if produced.is_set() and engine.idle():
+            break
+        store.wait_change(gen, 1.0)
+    engine.close()
+    store.close()
+    _line("done")
+    return 0
+
+
+# -- the parent ------------------------------------------------------------------------------
+
+
+@dataclass
+class CampaignResult:
+    """What a campaign did: kills per point, runs, problems found."""
+
+    directory: str
+    messages: int
+    seed: int
+    kills: int = 0
+    runs: int = 0
+    points: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _spawn(directory: str, n: int, seed: int, run: int, batch: int, fault: str | None,
+           fault_dir: str) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(ENV, None)
+    if fault:
+        env[ENV] = fault
+        env[f"{ENV}_DIR"] = fault_dir
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.pipeline.spark.crashtest", "child", "--dir", directory,
+         "--messages", str(n), "--seed", str(seed), "--run", str(run), "--batch", str(batch)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.strip())
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return proc, lines
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait (bounded) for a process that is not our child to end: a pidfd becomes
+    readable when it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # already gone
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+
+
+def _reap(proc: subprocess.Popen[str], timeout: float) -> bool:
+    """Kill whatever is left of the child's session (the JVM, Python workers) and wait
+    until it is gone; False if it would not go."""
+    sid = proc.pid
+    deadline = time.monotonic() + timeout
+    kill_session(sid)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    while True:
+        left = session_pids(sid)
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        kill_session(sid)
+        for pid in left:
+            _wait_gone(pid, max(0.0, deadline - time.monotonic()))
+
+
+def _stderr(proc: subprocess.Popen[str]) -> str:
+    try:
+        return (proc.stderr.read() if proc.stderr else "")[-3000:]
+    except (OSError, ValueError):
+        return ""
+
+
+def run_campaign(
+    directory: str,
+    *,
+    kills: int,
+    messages: int,
+    seed: int,
+    batch: int = 40,
+    plan: list[str] | None = None,
+    max_nth: int = 1,
+    timeout: float = 240.0,
+    say: Callable[[str], None] | None = None,
+) -> CampaignResult:
+    """Kill the child ``kills`` times -- at the points of ``plan`` in order (default: each
+    chosen point once, then random moments), the first to ``max_nth``-th time a run
+    gets there -- then let one run finish and verify."""
+    rng = random.Random(f"{seed}:spark-kills")
+    plan = list(plan) if plan is not None else [*CHOSEN, "startup", "random", "random"]
+    res = CampaignResult(directory, messages, seed)
+    t0 = time.monotonic()
+    attempts = 0
+    while True:
+        kill_now = res.kills < kills
+        point = plan[res.kills % len(plan)] if kill_now else None
+        fault = None
+        if point in CHOSEN:
+            fault = f"{point}:{rng.randint(1, max_nth)}"
+        fault_dir = tempfile.mkdtemp(prefix="faults-", dir=directory)
+        proc, lines = _spawn(directory, messages, seed, res.runs, batch, fault, fault_dir)
+        res.runs += 1
+        attempts += 1
+        killed = finished = False
+        try:
+            deadline = time.monotonic() + timeout
+            if point == "startup":
+                try:
+                    proc.wait(timeout=rng.uniform(0.2, 4.0))
+                except subprocess.TimeoutExpired:
+                    kill_session(proc.pid)
+                    killed = True
+            ready_at: float | None = None
+            while not killed:
+                if ready_at is not None and time.monotonic() >= ready_at:
+                    kill_session(proc.pid)  # a random moment of a running driver
+                    killed = True
+                    break
+                wait = deadline - time.monotonic()
+                if ready_at is not None:
+                    wait = min(wait, ready_at - time.monotonic())
+                try:
+                    line = lines.get(timeout=max(0.0, wait))
+                except queue.Empty:
+                    if ready_at is not None:
+                        continue
+                    res.problems.append(f"run {res.runs}: no progress for {timeout}s: {_stderr(proc)}")
+                    break
+                if line is None:  # the child ended: killed by a fault point, or finished
+                    rc = proc.wait(timeout)
+                    if rc == 0:
+                        finished = True
+                    elif rc == -9 and fault:
+                        killed = True
+                    else:
+                        res.problems.append(f"run {res.runs}: child exited with {rc}: {_stderr(proc)}")
+                    break
+                if line.startswith("failed"):
+                    res.problems.append(f"run {res.runs}: {line}")
+                if line == "ready" and point == "random":
+                    ready_at = time.monotonic() + rng.uniform(0.5, 8.0)
+        finally:
+            if not _reap(proc, 60.0):
+                res.problems.append(f"run {res.runs}: processes of the killed driver would not die")
+        if killed:
+            res.kills += 1
+            res.points[point or "?"] = res.points.get(point or "?", 0) + 1
+            if say:
+                say(f"  kill {res.kills}/{kills} at {fault or point} (run {res.runs}, "
+                    f"{time.monotonic() - t0:.0f}s)")
+        if res.problems or finished:
+            break
+        if not killed and not kill_now:
+            break
+        if attempts > 3 * kills + 5:
+            res.problems.append("too many runs without the planned kills")
+            break
+    if not res.problems:
+        if res.kills < kills:
+            res.problems.append(f"the work finished after {res.kills} of {kills} kills: use more "
+                                "--messages")
+        res.problems += verify(directory, messages, seed)
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def soak(kills: int, *, base: str, seed: int, campaign_kills: int = 20,
+         messages: int | None = None, say: Callable[[str], None] | None = None) -> tuple[int, list[CampaignResult]]:
+    """Campaigns of ``campaign_kills`` kills (a fresh store and seed each) until ``kills``
+    kills are done or a campaign finds a problem."""
+    done = 0
+    results: list[CampaignResult] = []
+    t0 = time.monotonic()
+    while done < kills:
+        k = min(campaign_kills, kills - done)
+        n = messages or max(600, 150 * k)
+        d = os.path.join(base, f"campaign-{len(results)}")
+        os.makedirs(d, exist_ok=True)
+        if say:
+            say(f"campaign {len(results)}: seed {seed + len(results)}, {n} messages per source, "
+                f"{k} kills")
+        r = run_campaign(d, kills=k, messages=n, seed=seed + len(results), max_nth=3, say=say)
+        results.append(r)
+        done += r.kills
+        if say:
+            say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills {r.points}, "
+                f"{r.runs} runs, {r.seconds:.0f}s; total {done} kills in {time.monotonic() - t0:.0f}s")
+            for p in r.problems:
+                say(f"  problem: {p}")
+        if r.problems:
+            if say:
+                say(f"  the store is kept in {d}")
+            break
+    return done, results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m dataspace.pipeline.spark.crashtest",
+        description="SIGKILL crash test of the Spark engine: kill the driver (Python, JVM, "
+        "workers) at chosen and random points, restart, and check every output is there "
+        "exactly once.")
+    sub = ap.add_subparsers(dest="cmd")
+    ch = sub.add_parser("child", help="(internal) one run of the graph")
+    ch.add_argument("--dir", required=True)
+    ch.add_argument("--messages", type=int, required=True)
+    ch.add_argument("--seed", type=int, required=True)
+    ch.add_argument("--run", type=int, default=0)
+    ch.add_argument("--batch", type=int, default=40)
+    ap.add_argument("--kills", type=int, default=200, help="total kills (default 200)")
+    ap.add_argument("--campaign-kills", type=int, default=20,
+                    help="kills per campaign (a fresh store each; default 20)")
+    ap.add_argument("--messages", type=int, default=None,
+                    help="messages per source per campaign (default: 150 per kill, at least 600)")
+    ap.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
+    ap.add_argument("--dir", help="keep the stores here (default: a temporary directory)")
+    args = ap.parse_args(argv)
+    if args.cmd == "child":
+        return child(args.dir, args.messages, args.seed, args.run, args.batch)
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    base = args.dir or tempfile.mkdtemp(prefix="dataspace-spark-crash-")
+    done, results = soak(args.kills, base=base, seed=seed, campaign_kills=args.campaign_kills,
+                         messages=args.messages, say=_line)
+    ok = done >= args.kills and not any(r.problems for r in results)
+    _line(f"PASSED: {done} SIGKILLs of the Spark driver, every output exactly once" if ok
+          else f"FAILED after {done} kills")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,538 @@
+"""The Spark engine: each processor of a graph is a Structured Streaming query.
+
+A processor's query reads its inputs with the ``dataspace`` source (one micro-batch = one
+step: the start and end index of every input), applies the processor -- a plain Python
+function, run with the local engine's own step code, or a DataFrame transformation -- and
+commits through the ``dataspace`` sink: outputs, error records, snapshot, attempt record
+and tailer positions in one store transaction, keyed by the delivery hash of seed 002
+(:mod:`.sink` explains why a re-run batch writes nothing).  Every query has its own
+checkpoint, ``DATA_DIR/spark/GRAPH/PROCESSOR/checkpoint`` by default.
+
+At start the engine compares each checkpoint with what the store says was delivered (the
+recovery component of seed 002):
+
+* no checkpoint: the query starts at the store's positions (a new processor, or one that
+  ran on the local engine);
+* the checkpoint's last batch is the store's last delivered step, or it is in flight and
+  starts where the store's positions are: Spark carries on (re-running the in-flight
+  batch, which writes nothing if it was delivered);
+* anything else (the store moved on under another engine, or was replaced): the
+  checkpoint is stale; it is moved aside (``checkpoint.stale-TIME``) and the query starts
+  at the store's positions.  DataFrame processors lose their aggregation state then
+  (logged);
+* the store holds an interrupted step of the local engine (recovery 1b/1c/3b): the first
+  batch is pinned to exactly that step, so it is retried with the same delivery hash.
+
+``run(until_idle=True)`` runs the processors one after the other in topological order,
+each with ``Trigger.AvailableNow``, and repeats until no processor has input; otherwise
+every query runs continuously (``latestOffset`` sleeps on the store's wake-ups while
+idle) until :meth:`stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...streams.base import Store
+from ..engine import Engine, EngineError, ProcStats
+from ..exactly_once import Recovery, backing_stream, recover
+from ..graph import Graph, Processor
+from .session import SparkSetupError, get_session, is_local
+from .sink import ProcSpec, encode_spec
+from .status import checkpoint_state, graph_dir
+
+__all__ = ["SparkEngine"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 100_000
+
+
+class _Query:
+    """One processor's query and bookkeeping."""
+
+    def __init__(self, engine: SparkEngine, p: Processor) -> None:
+        self.engine = engine
+        self.p = p
+        self.id = engine.graph.proc_id(p)
+        self.dir = engine.root / p.name
+        self.checkpoint = self.dir / "checkpoint"
+        self.start_pos: dict[str, int] = {}
+        self.first_batch: dict[str, dict[str, int]] | None = None
+        self.recovery = ""
+        self.note = "new checkpoint"
+        self.query: Any = None
+        self.failed: str | None = None
+        self.base = {"in": 0, "out": 0, "errors": 0, "batches": 0}
+        self.last_progress: dict[str, Any] | None = None
+
+    @property
+    def mode(self) -> str:
+        p = self.p
+        if p.kind == "dataframe":
+            return "each"
+        if p.reads_alts:
+            return "alts"
+        return "join" if len(p.inputs) > 1 else "each"
+
+    def totals(self) -> dict[str, int]:
+        try:
+            with open(self.dir / "totals.json", encoding="utf-8") as f:
+                t = json.load(f)
+            return {k: int(t.get(k, 0)) for k in ("in", "out", "errors", "batches")}
+        except (OSError, ValueError):
+            return {"in": 0, "out": 0, "errors": 0, "batches": 0}
+
+
+class SparkEngine(Engine):
+    """Runs a graph on Spark (see the module docstring).
+
+    Options: ``master`` (default ``local[*]``; ignored when a session exists, e.g.
+    ``spark=``), ``spark`` (a SparkSession to use), ``batch`` (most message sets per
+    micro-batch, default 100,000), ``partition_rows`` (rows per task; default: the batch
+    over the parallelism), ``checkpoint_dir`` (default ``DATA_DIR/spark/GRAPH``),
+    ``verbose`` (Spark's warnings on the terminal), ``conf`` (extra Spark settings),
+    ``log_file`` (the JVM's output; default ``DATA_DIR/spark/spark.log``), ``wait_ms``
+    (longest sleep of an idle source before it answers Spark, default 250).
+    """
+
+    name = "spark"
+
+    def __init__(
+        self,
+        graph: Graph,
+        store: Store,
+        *,
+        guarantee: str = "exactly-once",
+        batch: int | None = None,
+        master: str | None = None,
+        spark: Any = None,
+        partition_rows: int | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        verbose: int = 0,
+        conf: dict[str, str] | None = None,
+        log_file: str | os.PathLike[str] | None = None,
+        wait_ms: int = 250,
+        backing_keep: int = 1000,
+    ) -> None:
+        super().__init__(graph, store)
+        if guarantee != "exactly-once":
+            raise EngineError("the spark engine runs exactly-once only; use --engine local "
+                              f"for {guarantee}")
+        if batch is not None and batch < 1:
+            raise EngineError("batch must be >= 1")
+        path = getattr(store, "path", None)
+        if path is None:
+            raise EngineError("the spark engine needs a store in a file (SQLite)")
+        self.db = str(Path(path).resolve())
+        self.data_dir = Path(self.db).parent
+        self.batch = batch or DEFAULT_BATCH
+        self.master = master
+        self.spark = spark
+        self.partition_rows = partition_rows
+        self.root = Path(checkpoint_dir) if checkpoint_dir else graph_dir(self.data_dir, graph.name)
+        self.verbose = verbose
+        self.conf = conf or {}
+        self.log_file = log_file or (self.data_dir / "spark" / "spark.log")
+        self.wait_ms = wait_ms
+        self.backing_keep = max(backing_keep, 8)
+        self.queries = [_Query(self, p) for p in graph.order()]
+        self.started = False
+        self._lock_fd: int | None = None
+        self.created_session = False
+        self.commits = 0
+        self._progress_t = 0.0
+
+    # -- start ---------------------------------------------------------------------------
+
+    def _claim(self) -> None:
+        lock_dir = self.db + "-locks"
+        os.makedirs(lock_dir, exist_ok=True)
+        fd = os.open(os.path.join(lock_dir, f"{self.graph.name}.lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            finally:
+                os.close(fd)
+            raise EngineError(
+                f"graph {self.graph.name!r} is already running on this store (pid {other or '?'}); "
+                "stop it first -- two runs of one graph would break exactly-once"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self._claim()
+        try:
+            with self.store.transaction() as tx:
+                for s in self.graph.streams():
+                    tx.create_stream(s)
+                for q in self.queries:
+                    tx.create_stream(backing_stream(q.id))
+                    tx.set_retention(backing_stream(q.id), self.backing_keep, None)
+            for q in self.queries:
+                self._reconcile(q)
+                t = q.totals()
+                q.base = t
+            if self.spark is None:
+                try:
+                    self.spark, self.created_session = get_session(
+                        self.master, app_name=f"dataspace {self.graph.name}",
+                        verbose=self.verbose, conf=self.conf, log_file=self.log_file)
+                except SparkSetupError as e:
+                    raise EngineError(str(e)) from None
+            else:
+                from .session import _register
+
+                _register(self.spark)
+        except BaseException:
+            self.close()
+            raise
+        self.started = True
+
+    def _positions(self, q: _Query, rec: Recovery) -> dict[str, int]:
+        if rec.ends is not None and not rec.retry:
+            return {s: rec.ends.get(s, self._fresh(q, s)) for s in q.p.inputs}
+        return {s: self._fresh(q, s) for s in q.p.inputs}
+
+    def _fresh(self, q: _Query, s: str) -> int:
+        saved = self.store.position(s, q.id)
+        if saved is not None:
+            return saved
+        first = self.store.first_index(s)
+        return first if first is not None else self.store.next_index(s)
+
+    def _reconcile(self, q: _Query) -> None:
+        rec = recover(self.store, q.id)
+        ck = q.checkpoint
+        q.recovery = rec.branch
+        if rec.retry:
+            assert rec.starts is not None and rec.ends is not None
+            q.start_pos = dict(rec.starts)
+            q.first_batch = {"starts": dict(rec.starts), "ends": dict(rec.ends)}
+            if ck.exists():
+                self._set_aside(q, "the store holds an interrupted step to retry")
+            q.note = "retrying the interrupted step"
+            return
+        pos = self._positions(q, rec)
+        q.start_pos = pos
+        if not ck.exists():
+            return
+        n, c, ranges = checkpoint_state(ck)
+        if n is None or ranges is None:
+            return
+        step = None if rec.starts is None else {s: (rec.starts[s], rec.ends[s]) for s in rec.starts}  # type: ignore[index]
+        in_flight = c is None or c < n
+        if ranges == step or (in_flight and all(pos.get(s) == a for s, (a, _b) in ranges.items())):
+            q.note = f"checkpoint at batch {n}" + (" (in flight)" if in_flight else "")
+            return
+        self._set_aside(q, f"its last batch {n} ({ranges}) is not the store's state "
+                           f"(delivered {step}, positions {pos})")
+        q.note = "stale checkpoint set aside"
+
+    def _set_aside(self, q: _Query, why: str) -> None:
+        dest = q.checkpoint.with_name(f"checkpoint.stale-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.replace(q.checkpoint, dest)
+        extra = " (its aggregation state is lost)" if q.p.kind == "dataframe" else ""
+        log.warning("%s: Spark checkpoint set aside to %s: %s; starting from the store's "
+                    "positions%s", q.id, dest, why, extra)
+
+    # -- queries -------------------------------------------------------------------------
+
+    def _parallelism(self) -> int:
+        try:
+            return max(1, int(self.spark.sparkContext.defaultParallelism))
+        except Exception:
+            return 2
+
+    def _source(self, q: _Query, streams: tuple[str, ...], mode: str, decode: bool,
+                meta: bool, extra: dict[str, Any] | None = None) -> Any:
+        pr = self.partition_rows or min(self.batch, max(1000, math.ceil(self.batch / self._parallelism())))
+        opts = {
+            "path": self.db,
+            "streams": ",".join(streams),
+            "mode": mode,
+            "maxRowsPerBatch": str(self.batch),
+            "partitionRows": str(pr),
+            "startingOffsets": json.dumps({s: q.start_pos[s] for s in streams}),
+            "decode": "true" if decode else "false",
+            "includeMeta": "true" if meta else "false",
+            "includeTime": "true" if q.p.kind == "dataframe" else "false",
+            "readOn": "executor" if is_local(self.spark.sparkContext.master) else "driver",
+            "waitMs": str(self.wait_ms),
+        }
+        if q.first_batch is not None:
+            fb = {k: {s: v[s] for s in streams} for k, v in q.first_batch.items()}
+            opts["firstBatch"] = json.dumps(fb)
+        for k, v in (extra or {}).items():
+            opts[k] = v if isinstance(v, str) else json.dumps(v) if not isinstance(v, bool) else str(v).lower()
+        return self.spark.readStream.format("dataspace").options(**opts).load()
+
+    def _start_query(self, q: _Query, available_now: bool) -> Any:
+        p = q.p
+        # Python data sources are looked up in the JVM thread's active session, which a
+        # thread other than the session's creator does not have.
+        with contextlib.suppress(Exception):
+            jvm = self.spark.sparkContext._jvm
+            jvm.org.apache.spark.sql.SparkSession.setActiveSession(self.spark._jsparkSession)
+        spec = ProcSpec(self.graph.name, p, self.graph.error_stream
+                        if self.graph.error_stream not in p.inputs else None, str(q.dir))
+        q.dir.mkdir(parents=True, exist_ok=True)
+        mode = "append"
+        if p.kind == "dataframe":
+            opts = dict(p.options)
+            mode = opts.pop("output_mode", "append")
+            decode = bool(opts.pop("decode", True))
+            meta = bool(opts.pop("include_meta", False))
+            dfs = [self._source(q, (s,), "each", decode, meta, opts) for s in p.inputs]
+            assert p.fn is not None
+            try:
+                out = p.fn(*dfs)
+            except Exception as e:
+                raise EngineError(f"dataframe {p.name!r}: the function raised "
+                                  f"{type(e).__name__}: {e}") from e
+            if out is None or not hasattr(out, "writeStream"):
+                raise EngineError(f"dataframe {p.name!r}: the function must return a DataFrame, "
+                                  f"not {type(out).__name__}")
+        else:
+            out = self._source(q, p.inputs, q.mode, False, p.messages)
+        try:
+            packed = encode_spec(spec)
+        except Exception as e:
+            raise EngineError(
+                f"processor {p.name!r}: its function cannot be sent to Spark's Python workers "
+                f"({type(e).__name__}: {e}); functions run in other processes, so they must "
+                "be picklable -- open connections and locks inside the function, not around it"
+            ) from e
+        w = (out.writeStream.format("dataspace")
+             .option("path", self.db)
+             .option("processor", packed)
+             .option("checkpointLocation", str(q.checkpoint))
+             .outputMode(mode)
+             .queryName(q.id))
+        w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="0 seconds")
+        q.query = w.start()
+        return q.query
+
+    # -- running -------------------------------------------------------------------------
+
+    def _has_input(self, q: _Query, nexts: dict[str, int] | None = None) -> bool:
+        if q.failed:
+            return False
+        if q.first_batch is not None:
+            return True  # a step to retry
+        nexts = nexts or self.store.next_indices()
+        avail = [nexts.get(s, 0) > self._pos(q, s) for s in q.p.inputs]
+        return all(avail) if q.mode == "join" else any(avail)
+
+    def _pos(self, q: _Query, s: str) -> int:
+        p = self.store.position(s, q.id)
+        return q.start_pos.get(s, 0) if p is None else p
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        *,
+        until_idle: bool = False,
+        on_progress: Callable[[list[ProcStats]], None] | None = None,
+        progress_interval: float = 1.0,
+    ) -> list[ProcStats]:
+        self.start()
+        stop = stop or self._stop
+        interval = progress_interval if progress_interval > 0 else 0.2
+        self._progress_t = time.monotonic() + interval
+        try:
+            if until_idle:
+                self._until_idle(stop, on_progress, interval)
+            else:
+                self._continuous(stop, on_progress, interval)
+        finally:
+            self._stop_queries()
+            if on_progress is not None:
+                with contextlib.suppress(Exception):
+                    on_progress(self.stats())
+        return self.stats()
+
+    def _tick(self, on_progress: Callable[[list[ProcStats]], None] | None, interval: float) -> None:
+        now = time.monotonic()
+        if now < self._progress_t:
+            return
+        self._progress_t = now + interval
+        self._save_progress()
+        if on_progress is not None:
+            on_progress(self.stats())
+
+    def _check(self, q: _Query) -> None:
+        """Record a query that ended with an error."""
+        if q.query is None or q.query.isActive:
+            return
+        exc = q.query.exception()
+        if exc is not None and not q.failed:
+            q.failed = _summary(exc)
+            log.error("processor %s stopped: %s", q.id, q.failed)
+
+    def _until_idle(self, stop: threading.Event, on_progress: Any, interval: float) -> None:
+        while not stop.is_set() and not self._stop.is_set():
+            ran = False
+            for q in self.queries:
+                if stop.is_set() or self._stop.is_set():
+                    break
+                if not self._has_input(q):
+                    continue
+                ran = True
+                self._start_query(q, available_now=True)
+                while q.query.isActive:
+                    with contextlib.suppress(Exception):  # a failure: see _check
+                        q.query.awaitTermination(min(interval, 1.0))
+                    self._remember(q)
+                    self._tick(on_progress, interval)
+                    if stop.is_set() or self._stop.is_set():
+                        q.query.stop()
+                self._remember(q)
+                self._check(q)
+                q.first_batch = None
+            if not ran or all(q.failed for q in self.queries):
+                break
+
+    def _continuous(self, stop: threading.Event, on_progress: Any, interval: float) -> None:
+        for q in self.queries:
+            if not q.failed:
+                self._start_query(q, available_now=False)
+        while not stop.is_set() and not self._stop.is_set():
+            stop.wait(min(interval, 0.5))
+            for q in self.queries:
+                self._remember(q)
+                self._check(q)
+            self._tick(on_progress, interval)
+            if all(q.failed for q in self.queries):
+                break
+
+    def _remember(self, q: _Query) -> None:
+        if q.query is not None:
+            with contextlib.suppress(Exception):
+                lp = q.query.lastProgress
+                if lp:
+                    q.last_progress = lp
+
+    def _stop_queries(self) -> None:
+        for q in self.queries:
+            if q.query is not None:
+                with contextlib.suppress(Exception):
+                    if q.query.isActive:
+                        q.query.stop()
+                self._remember(q)
+                with contextlib.suppress(Exception):
+                    self._check(q)
+        self._save_progress()
+
+    def _save_progress(self) -> None:
+        for q in self.queries:
+            lp = q.last_progress
+            if not lp:
+                continue
+            data = {
+                "query": q.id,
+                "batch": lp.get("batchId"),
+                "timestamp": lp.get("timestamp"),
+                "input_rows": lp.get("numInputRows"),
+                "input_rows_per_s": lp.get("inputRowsPerSecond"),
+                "processed_rows_per_s": lp.get("processedRowsPerSecond"),
+                "duration_ms": lp.get("durationMs"),
+                "pid": os.getpid(),
+                "saved_ms": int(time.time() * 1000),
+            }
+            with contextlib.suppress(OSError, TypeError, ValueError):
+                q.dir.mkdir(parents=True, exist_ok=True)
+                tmp = q.dir / f"progress.json.{os.getpid()}.tmp"
+                tmp.write_text(json.dumps(data, default=str))
+                os.replace(tmp, q.dir / "progress.json")
+
+    # -- statistics ------------------------------------------------------------------------
+
+    def stats(self) -> list[ProcStats]:
+        nexts = self.store.next_indices()
+        out = []
+        for q in self.queries:
+            t = q.totals()
+            lag = {s: max(0, nexts.get(s, 0) - self._pos(q, s)) for s in q.p.inputs}
+            active = q.query is not None and _active(q.query)
+            if q.failed:
+                state = "failed"
+            elif self._has_input(q, nexts):
+                state = "running"
+            elif any(lag.values()):
+                state = "waiting"
+            else:
+                state = "running" if active else "idle"
+            out.append(ProcStats(
+                q.p.name, q.p.kind, t["in"] - q.base["in"], t["out"] - q.base["out"],
+                t["errors"] - q.base["errors"], t["batches"] - q.base["batches"], lag, state,
+                q.failed, q.recovery))
+        return out
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Processors whose query stopped with an error: name -> error."""
+        return {q.p.name: q.failed for q in self.queries if q.failed}
+
+    def recovery(self) -> dict[str, str]:
+        """The recovery branch (seed 002) each processor's store state gave at start."""
+        return {q.p.name: q.recovery for q in self.queries}
+
+    def checkpoints(self) -> dict[str, str]:
+        """What start-up did with each processor's Spark checkpoint."""
+        return {q.p.name: q.note for q in self.queries}
+
+    def idle(self) -> bool:
+        """No processor has input."""
+        nexts = self.store.next_indices()
+        return not any(self._has_input(q, nexts) for q in self.queries)
+
+    def drain(self) -> list[ProcStats]:
+        """Process until no processor has input; returns the statistics."""
+        return self.run(until_idle=True)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._stop_queries()
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _active(query: Any) -> bool:
+    try:
+        return bool(query.isActive)
+    except Exception:
+        return False
+
+
+def _summary(exc: Any) -> str:
+    """The useful line of a query's exception (our CommitError or the function's error)."""
+    text = str(getattr(exc, "desc", None) or exc)
+    for marker in ("CommitError: ", "EngineError: "):
+        if marker in text:
+            line = text.split(marker, 1)[1].splitlines()[0]
+            return line.strip()
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    for x in reversed(lines):
+        if "Error:" in x and not x.startswith("at "):
+            return x[:500]
+    return (lines[0] if lines else repr(exc))[:500]

@@ -1,0 +1,269 @@
+"""Spark set-up that works on a fresh machine: a Java check before the JVM starts, one
+SparkSession per process, quiet logs, the right Python on workers, the package on
+cluster workers.
+
+Classic failures this module prevents:
+
+* **No Java, or too old a Java**: :func:`check_java` runs before the JVM is started and
+  raises :class:`SparkSetupError` with one line that names what to install.
+* **Workers run another Python** (``python3`` from ``PATH``, without this package):
+  ``PYSPARK_PYTHON`` and ``PYSPARK_DRIVER_PYTHON`` are set to the running interpreter
+  (for a cluster, a ``PYSPARK_PYTHON`` set by the user is kept: the workers' path may
+  differ).
+* **The package is not importable on workers**: in local mode workers run this
+  interpreter (its ``site-packages`` has the package); for a cluster master,
+  :func:`ship_package` zips the ``dataspace`` package and adds it with ``addPyFile``.
+* **log4j noise on the user's terminal**: the JVM's own output goes to a log file
+  (:data:`DEFAULT_LOG`, or the one given) and log4j logs errors only; ``verbose`` keeps
+  Spark's usual warnings on the terminal.  The Spark UI is off unless asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "JAVA_HINT",
+    "MIN_JAVA",
+    "SparkSetupError",
+    "check_java",
+    "get_session",
+    "is_local",
+    "java_version",
+    "ship_package",
+    "stop_session",
+]
+
+log = logging.getLogger(__name__)
+
+MIN_JAVA = 17
+JAVA_HINT = (
+    "Java 17 or newer is needed for Spark: install openjdk-17-jre (Debian: apt install "
+    "openjdk-17-jre-headless) or set JAVA_HOME"
+)
+
+_LOG4J = """\
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+# Known noise at start-up and shutdown, even at WARN.
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+logger.utils.name = org.apache.spark.util.Utils
+logger.utils.level = error
+"""
+
+_lock = threading.Lock()
+_created: SparkSession | None = None
+
+
+class SparkSetupError(RuntimeError):
+    """Spark cannot start here; the message is one line that says what to do."""
+
+
+def find_java() -> str | None:
+    """The ``java`` Spark will run: ``$JAVA_HOME/bin/java``, else ``java`` on ``PATH``."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        cand = os.path.join(home, "bin", "java")
+        return cand if os.access(cand, os.X_OK) else None
+    return shutil.which("java")
+
+
+def java_version(java: str) -> int | None:
+    """The major version of ``java`` (8 for "1.8.0_x", 17 for "17.0.15"), None if it
+    does not run or says something unexpected."""
+    try:
+        r = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', r.stderr + r.stdout)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2) or 0) if major == 1 else major
+
+
+def check_java() -> int:
+    """The Java major version, or :class:`SparkSetupError` (one line) when Java is
+    missing, does not run, or is older than :data:`MIN_JAVA`."""
+    java = find_java()
+    if java is None:
+        where = "JAVA_HOME points to no java" if os.environ.get("JAVA_HOME") else "no java found"
+        raise SparkSetupError(f"{JAVA_HINT} ({where})")
+    v = java_version(java)
+    if v is None:
+        raise SparkSetupError(f"{JAVA_HINT} ({java} -version failed)")
+    if v < MIN_JAVA:
+        raise SparkSetupError(f"{JAVA_HINT} (found Java {v} at {java})")
+    return v
+
+
+def is_local(master: str) -> bool:
+    """Whether ``master`` runs everything in this machine's JVM (``local``, ``local[N]``)."""
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
+
+
+def _log4j_file(level: str) -> str:
+    d = Path(tempfile.gettempdir()) / f"dataspace-spark-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    f = d / f"log4j2-{level}.properties"
+    text = _LOG4J.format(level=level)
+    if not f.exists() or f.read_text() != text:
+        tmp = f.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, f)
+    return str(f)
+
+
+DEFAULT_LOG = os.path.join(tempfile.gettempdir(), f"dataspace-spark-{os.getuid()}", "spark.log")
+
+
+def get_session(
+    master: str | None = None,
+    *,
+    app_name: str = "dataspace",
+    verbose: int = 0,
+    conf: dict[str, str] | None = None,
+    log_file: str | os.PathLike[str] | None = None,
+) -> tuple[SparkSession, bool]:
+    """The process's SparkSession and whether this call created it.
+
+    An active session (a test fixture's, a pyspark shell's) is returned as it is: one
+    session per process.  Otherwise Java is checked first, then a session is started on
+    ``master`` (default ``local[*]``) with the settings of the module docstring; the JVM's
+    output goes to ``log_file`` (default :data:`DEFAULT_LOG`) unless ``verbose``.
+    ``conf`` adds or overrides Spark settings (``spark.ui.enabled=true`` brings the UI
+    back).  The ``dataspace`` data source is registered on the session.
+    """
+    global _created
+    with _lock:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is None:  # e.g. called from another thread than the creator
+            inst = SparkSession._instantiatedSession
+            if inst is not None and inst.sparkContext._jsc is not None:
+                active = inst
+        if active is not None:
+            if master and active.sparkContext.master != master:
+                log.warning("a Spark session on %s is already running in this process; "
+                            "using it instead of %s", active.sparkContext.master, master)
+            _register(active)
+            return active, False
+        check_java()
+        master = master or "local[*]"
+        _python_env(master)
+        spark = _start(master, app_name, verbose, conf or {}, log_file)
+        _register(spark)
+        if not is_local(master):
+            ship_package(spark)
+        _created = spark
+        return spark, True
+
+
+def _python_env(master: str) -> None:
+    if is_local(master) or not os.environ.get("PYSPARK_PYTHON"):
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    if is_local(master):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only
+
+
+def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
+           log_file: str | os.PathLike[str] | None) -> SparkSession:
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+    from pyspark.sql import SparkSession
+
+    cores = os.cpu_count() or 2
+    m = re.fullmatch(r"local\[(\d+)\]", master)
+    parallel = int(m.group(1)) if m else cores
+    settings = {
+        "spark.app.name": app_name,
+        "spark.master": master,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": str(max(2, parallel)),
+        "spark.driver.extraJavaOptions": "-Dlog4j2.configurationFile=file:"
+        + _log4j_file("warn" if verbose else "error"),
+        "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    }
+    if is_local(master):
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+    settings.update(extra)
+    conf = SparkConf()
+    for k, v in settings.items():
+        conf.set(k, v)
+    popen: dict[str, Any] = {}
+    if not verbose:
+        path = Path(log_file or DEFAULT_LOG)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(path, "ab")  # the JVM keeps it for its lifetime
+        popen = {"stdout": out, "stderr": out}
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: a gateway exists
+        sc = SparkContext(conf=conf)
+    else:
+        sc = SparkContext(conf=conf, gateway=launch_gateway(conf, popen_kwargs=popen))
+    sc.setLogLevel("WARN" if verbose else "ERROR")
+    if not verbose:
+        # PySpark logs every failed query's error as JSON on stderr; the engine reports
+        # failures itself (one line per processor).
+        from pyspark.logger import PySparkLogger
+
+        for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
+            PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
+    return SparkSession.builder.getOrCreate()
+
+
+def _register(spark: SparkSession) -> None:
+    from .source import DataspaceDataSource
+
+    if not getattr(spark, "_dataspace_registered", False):
+        spark.dataSource.register(DataspaceDataSource)
+        spark._dataspace_registered = True  # type: ignore[attr-defined]
+
+
+def stop_session() -> None:
+    """Stop the session :func:`get_session` created (sessions it found are left alone)."""
+    global _created
+    with _lock:
+        if _created is not None:
+            try:
+                _created.stop()
+            finally:
+                _created = None
+
+
+def ship_package(spark: SparkSession) -> str:
+    """Zip the ``dataspace`` package and add it to the session (``addPyFile``), so that
+    cluster workers can import it; returns the zip's path."""
+    import dataspace
+
+    root = Path(dataspace.__file__).resolve().parent
+    d = Path(tempfile.mkdtemp(prefix="dataspace-pyfiles-"))
+    zpath = d / "dataspace.zip"
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(root.rglob("*.py")):
+            z.write(f, Path("dataspace") / f.relative_to(root))
+    spark.sparkContext.addPyFile(str(zpath))
+    log.info("shipped the dataspace package to the workers (%s)", zpath)
+    return str(zpath)

@@ -1,0 +1,591 @@
+"""Writing to streams from Spark, exactly once: the ``dataspace`` sink.
+
+::
+
+    df.writeStream.format("dataspace").option("path", DATA_DIR).option("stream", "out")
+      .option("checkpointLocation", CKPT).start()
+
+**How a micro-batch is committed.**  Write tasks (executors) turn their rows into encoded
+output messages and send them to the driver in their commit messages; they write
+nothing.  The driver's :meth:`StreamWriter.commit` then
+
+1. reads the batch's offsets -- the start and end index of every dataspace input -- from
+   Spark's offset log (``CKPT/offsets/<batchId>``, written by Spark *before* the batch ran,
+   and re-used unchanged when Spark re-runs an uncommitted batch after a crash);
+2. asks the recovery component (seed 002) what the store last delivered for this
+   processor: if it is this very step (same processor id, starts and ends, hence the same
+   delivery hash), it writes nothing -- the crash came between our commit and Spark's
+   commit log, and Spark is re-running the batch;
+3. otherwise writes the outputs, the error records, the snapshot, the attempt record
+   and the tailer positions in **one store transaction**
+   (:func:`~dataspace.pipeline.exactly_once.commit_step`).
+
+So a batch is in the store once or not at all, whatever is killed when.  The store also
+refuses a batch that does not start where the processor's last delivered step ended (a
+stale or foreign checkpoint would otherwise write data twice).
+
+**Rows to messages.**  A processor spec (from the engine) runs the graph's function on
+each partition with the local engine's own code (same results, errors, metadata).
+Otherwise a row becomes a value: a binary ``value`` column is taken as canonical
+Preserves (checked); else a string ``text`` column is parsed as Preserves text; else the
+row becomes a dictionary ``{column: value}`` (symbols as keys, nulls left out,
+timestamps and dates as ISO-8601 strings, decimals as text, arrays as sequences,
+structs and maps as dictionaries).  When the rows have an ``index`` column (and a
+``stream`` column, or a single input), the output's metadata names it as the source.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from ...streams.base import MAX_VALUE_SIZE, check_stream_name
+from ...values import Dictionary, Sequence, Symbol, decode, encode, parse
+from ..exactly_once import Recovery, commit_step, delivery_hash, recover
+from ..graph import Graph, Processor
+from . import faults
+from ._store import db_path, store_for
+from .offsets import KEY, offset_ranges
+
+__all__ = [
+    "BatchWriter",
+    "CommitError",
+    "ProcSpec",
+    "StreamWriter",
+    "batch_offsets",
+    "decode_spec",
+    "encode_spec",
+]
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_KINDS = frozenset({"map", "join", "alts", "fork"})
+
+
+class CommitError(RuntimeError):
+    """The batch cannot be committed (the message says why and what to do)."""
+
+
+# -- the processor spec (engine -> workers) ----------------------------------------------
+
+
+@dataclass
+class ProcSpec:
+    """What the writer needs to run one processor of a graph."""
+
+    graph: str
+    processor: Processor
+    error_stream: str | None = None
+    stats_dir: str | None = None
+
+    @property
+    def proc_id(self) -> str:
+        return f"{self.graph}/{self.processor.name}"
+
+    @property
+    def on_executors(self) -> bool:
+        """Pure functions run in the write tasks; side effects and imperative processors
+        (which see the delivery hash) run on the driver, in the commit."""
+        p = self.processor
+        return p.kind in EXECUTOR_KINDS and not p.side_effects
+
+    @property
+    def on_driver(self) -> bool:
+        return self.processor.kind in ("sink", "processor") or self.processor.side_effects
+
+
+def encode_spec(spec: ProcSpec) -> str:
+    """The spec as an option string (cloudpickle, base64)."""
+    from pyspark import cloudpickle
+
+    return base64.b64encode(cloudpickle.dumps(spec)).decode("ascii")
+
+
+def decode_spec(text: str) -> ProcSpec:
+    import pickle
+
+    spec = pickle.loads(base64.b64decode(text))
+    if not isinstance(spec, ProcSpec):
+        raise CommitError("the processor option does not hold a processor spec")
+    return spec
+
+
+_runners: dict[int, Any] = {}
+
+
+def _runner(spec: ProcSpec) -> Any:
+    """The local engine's processor runtime for ``spec`` (its ``_run`` is the function
+    application: the same results, errors and metadata as the local engine)."""
+    from ..local import _Proc
+
+    g = Graph(spec.graph, error_stream=spec.error_stream)
+    return _Proc(SimpleNamespace(graph=g), spec.processor)  # type: ignore[arg-type]
+
+
+# -- commit messages --------------------------------------------------------------------------
+
+
+@dataclass
+class BatchPart(WriterCommitMessage):
+    """What one write task sends to the driver: encoded outputs per stream (metadata
+    without the hash, or source positions), error records, input rows for functions run
+    on the driver, the alts order of its message sets, and how many rows it read."""
+
+    outputs: dict[str, tuple[list[bytes], list[Any]]] = field(default_factory=dict)
+    errors: tuple[list[bytes], list[Any]] = field(default_factory=lambda: ([], []))
+    rows: dict[str, list[tuple[Any, ...]]] | None = None
+    order: list[str] | None = None
+    consumed: int = 0
+
+
+_INPUT_COLUMNS = frozenset({"stream", "index", "seq", "value", "meta"})
+
+
+def _columns(batches: Iterator[Any], wanted: frozenset[str] | None = None) -> dict[str, list[Any]]:
+    """The rows of a write task as Python lists per column (only the ``wanted`` ones:
+    timestamps, for one, are slow to convert)."""
+    cols: dict[str, list[Any]] = {}
+    for b in batches:
+        for name, col in zip(b.schema.names, b.columns):
+            if wanted is None or name in wanted:
+                cols.setdefault(name, []).extend(col.to_pylist())
+    return cols
+
+
+def _inputs(cols: dict[str, list[Any]], spec: ProcSpec) -> tuple[list[list[tuple[Any, ...]]], list[int] | None]:
+    """Rows per input -- ``(index, seq, value, meta)`` as the local engine reads them --
+    and the alts order (input number per message set, commit order)."""
+    p = spec.processor
+    ins = p.inputs
+    at = {s: i for i, s in enumerate(ins)}
+    rows: list[list[tuple[Any, ...]]] = [[] for _ in ins]
+    streams = cols.get("stream", [])
+    metas = cols.get("meta") or [None] * len(streams)
+    for s, i, q, v, m in zip(streams, cols.get("index", []), cols.get("seq", []),
+                             cols.get("value", []), metas):
+        k = at.get(s)
+        if k is None:
+            raise CommitError(f"{spec.proc_id}: a row of stream {s!r}, not an input")
+        rows[k].append((i, q, v, m))
+    for r in rows:
+        r.sort()
+    order = None
+    if p.reads_alts:
+        order = [k for _q, k in sorted((row[1], k) for k, r in enumerate(rows) for row in r)]
+    elif len(ins) > 1:
+        n = {len(r) for r in rows}
+        if len(n) > 1:
+            raise CommitError(f"{spec.proc_id}: a join task got unequal inputs "
+                              f"({', '.join(f'{s}: {len(r)}' for s, r in zip(ins, rows))})")
+    return rows, order
+
+
+def _unhandled(spec: ProcSpec, u: Any) -> CommitError:
+    return CommitError(
+        f"processor {spec.proc_id} stopped: its function raised {type(u.exc).__name__}: "
+        f"{u.exc} at {u.positions} and the graph has no error stream; the batch is not "
+        "committed and is retried after a restart"
+    )
+
+
+def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]]) -> BatchPart:
+    """Apply a pure function to one partition's rows."""
+    from ..local import _Unhandled
+
+    rows, order = _inputs(cols, spec)
+    ins = spec.processor.inputs
+    part = BatchPart(consumed=sum(len(r) for r in rows))
+    if spec.processor.reads_alts:
+        part.order = [ins[k] for k in order or []]
+    if not any(rows):
+        return part
+    proc = _runner(spec)
+    try:
+        outs, errs, _n = proc._run(rows, order, None, False)
+    except _Unhandled as u:
+        raise _unhandled(spec, u) from u.exc
+    part.outputs = {s: (list(d), list(m)) for s, (d, m) in outs.items()}
+    part.errors = (list(errs[0]), list(errs[1]))
+    return part
+
+
+# -- rows to values -----------------------------------------------------------------------------
+
+
+def _plain(x: Any) -> Any:
+    """A Spark value (as pyarrow gives it) as a Preserves value."""
+    if x is None or isinstance(x, (bool, int, float, str, bytes)):
+        return x
+    if isinstance(x, (datetime.datetime, datetime.date, datetime.time)):
+        return x.isoformat()
+    if isinstance(x, decimal.Decimal):
+        return str(x)
+    if isinstance(x, dict):
+        return Dictionary({Symbol(k): _plain(v) for k, v in x.items() if v is not None})
+    if isinstance(x, list):
+        if x and all(isinstance(e, tuple) and len(e) == 2 for e in x):  # a map
+            return Dictionary({_plain(k): _plain(v) for k, v in x})
+        return Sequence(_plain(e) for e in x)
+    if isinstance(x, datetime.timedelta):
+        return x.total_seconds()
+    return str(x)
+
+
+def rows_to_values(cols: dict[str, list[Any]], inputs: tuple[str, ...] = ()) -> tuple[list[bytes], list[Any]]:
+    """Encoded values and source positions of rows (see the module docstring)."""
+    names = list(cols)
+    n = len(cols[names[0]]) if names else 0
+    datas: list[bytes] = []
+    if "value" in cols and (n == 0 or isinstance(next((v for v in cols["value"] if v is not None), b""), bytes)):
+        for v in cols["value"]:
+            if v is None:
+                raise CommitError("a row has a null value column")
+            try:
+                decode(v)
+            except ValueError as e:
+                raise CommitError(f"a row's value column is not canonical Preserves: {e}") from e
+            if len(v) > MAX_VALUE_SIZE:
+                raise CommitError(f"a value of {len(v)} bytes is over the {MAX_VALUE_SIZE}-byte limit")
+            datas.append(v)
+    elif "text" in cols:
+        for t in cols["text"]:
+            try:
+                datas.append(encode(parse(t)))
+            except (ValueError, TypeError) as e:
+                raise CommitError(f"a row's text column is not Preserves text: {e}") from e
+    else:
+        for k in range(n):
+            d = Dictionary({Symbol(c): _plain(cols[c][k]) for c in names if cols[c][k] is not None})
+            datas.append(encode(d))
+    srcs: list[Any] = [{}] * n
+    idx = cols.get("index")
+    if idx is not None and all(type(i) is int for i in idx):
+        st = cols.get("stream")
+        if st is not None and all(isinstance(s, str) for s in st):
+            srcs = [{s: i} for s, i in zip(st, idx)]
+        elif len(inputs) == 1:
+            srcs = [{inputs[0]: i} for i in idx]
+    return datas, srcs
+
+
+# -- the offsets of a batch, from Spark's offset log ----------------------------------------------
+
+
+def _local_dir(location: str) -> str:
+    loc = location
+    if loc.startswith("file://"):
+        loc = loc[len("file://"):]
+    elif loc.startswith("file:"):
+        loc = loc[len("file:"):]
+    if "://" in loc:
+        raise CommitError(
+            f"checkpoint {location}: the dataspace sink reads the checkpoint's offset log, so "
+            "it must be on a file system mounted on the driver (a local path, NFS, FUSE)"
+        )
+    return os.path.abspath(loc)
+
+
+def _log_ranges(path: str, batch_id: int) -> dict[str, tuple[int, int]]:
+    """The dataspace ranges in one offset-log entry (CommitError if unreadable)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise CommitError(f"cannot read Spark's offset log {path}: {e.strerror}") from e
+    if not lines or not lines[0].startswith("v"):
+        raise CommitError(f"{path}: not a Spark offset log entry")
+    ranges: dict[str, tuple[int, int]] = {}
+
+    def take(off: Any) -> None:
+        for s, r in offset_ranges(off).items():
+            if s in ranges and ranges[s] != r:
+                raise CommitError(f"batch {batch_id} reads stream {s!r} twice, over different "
+                                  "ranges; a processor reads each stream once")
+            ranges[s] = r
+
+    for line in lines[2:]:
+        line = line.strip()
+        if not line or line == "-":
+            continue
+        try:
+            off = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(off, dict) and KEY in off:
+            take(off)
+        elif isinstance(off, dict):  # a map of source name -> offset
+            for v in off.values():
+                if isinstance(v, dict) and KEY in v:
+                    take(v)
+    return ranges
+
+
+def batch_offsets(checkpoint: str, batch_id: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The start and end index of every dataspace stream read by batch ``batch_id`` of the
+    query checkpointed at ``checkpoint`` (from Spark's offset log).
+
+    A batch whose offsets repeat the previous batch's is one Spark runs without new input
+    (to let a watermark close windows): it reads nothing, ``starts == ends``.  Two such
+    batches in a row (processing-time timers) cannot be told from a re-run by their
+    offsets, so the sink refuses them."""
+    base = os.path.join(_local_dir(checkpoint), "offsets")
+    ranges = _log_ranges(os.path.join(base, str(batch_id)), batch_id)
+    if not ranges:
+        raise CommitError(
+            f"batch {batch_id}: the query reads no dataspace stream; the dataspace sink keys "
+            "each batch by its input offsets, so its input must come from "
+            "spark.readStream.format('dataspace')"
+        )
+
+    def previous(n: int) -> dict[str, tuple[int, int]] | None:
+        p = os.path.join(base, str(n))
+        return _log_ranges(p, n) if n >= 0 and os.path.exists(p) else None
+
+    before = previous(batch_id - 1)
+    if before == ranges:  # a batch without new data
+        if previous(batch_id - 2) == before:
+            raise CommitError(
+                f"batches {batch_id - 1} and {batch_id} both ran without new input (processing-"
+                "time timers?); the dataspace sink identifies a batch by its input offsets "
+                "and cannot tell the second from a re-run of the first"
+            )
+        ends = {s: b for s, (_a, b) in ranges.items()}
+        return dict(ends), ends
+    return {s: a for s, (a, _b) in ranges.items()}, {s: b for s, (_a, b) in ranges.items()}
+
+
+# -- the streaming writer -----------------------------------------------------------------------
+
+
+def _delivered(rec: Recovery, starts: Mapping[str, int], ends: Mapping[str, int]) -> bool:
+    return not rec.retry and rec.starts == dict(starts) and rec.ends == dict(ends)
+
+
+def _check_continuity(pid: str, rec: Recovery, starts: Mapping[str, int], ends: Mapping[str, int]) -> None:
+    if rec.retry:
+        if rec.starts != dict(starts) or rec.ends != dict(ends):
+            raise CommitError(
+                f"{pid}: the store holds an interrupted step ({rec.starts} to {rec.ends}) and "
+                f"Spark's batch is another ({dict(starts)} to {dict(ends)}); run the graph once "
+                "with --engine local to finish that step, or remove the query's checkpoint"
+            )
+        return
+    if rec.ends is None:
+        return
+    gap = {s: (rec.ends[s], a) for s, a in starts.items() if s in rec.ends and rec.ends[s] != a}
+    if gap:
+        raise CommitError(
+            f"{pid}: this batch starts at {dict(starts)} but the store's last delivered step "
+            f"ended at {rec.ends}: the Spark checkpoint does not belong to this store's state "
+            "(stale, copied or from another store); committing would lose or duplicate "
+            "messages. Remove the checkpoint to start from the store's positions"
+        )
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """The streaming writer (see the module docstring)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        path = options.get("path")
+        if not path:
+            raise CommitError("the dataspace sink needs .option('path', DATA_DIR)")
+        self.path = db_path(path)
+        self.checkpoint = options.get("checkpointLocation")
+        if not self.checkpoint:
+            raise CommitError("the dataspace sink needs .option('checkpointLocation', DIR): its "
+                              "offset log identifies each batch")
+        spec = options.get("processor")
+        self.spec = decode_spec(spec) if spec else None
+        if self.spec is not None:
+            self.pid = self.spec.proc_id
+            self.outputs = self.spec.processor.outputs
+            self.inputs = self.spec.processor.inputs
+            self.error_stream = self.spec.error_stream
+            self.stats_dir = self.spec.stats_dir
+        else:
+            out = options.get("stream")
+            if not out:
+                raise CommitError("the dataspace sink needs .option('stream', NAME)")
+            self.outputs = (check_stream_name(out),)
+            self.inputs = tuple(s for s in (options.get("inputs") or "").split(",") if s)
+            self.error_stream = None
+            self.stats_dir = None
+            import hashlib
+
+            self.pid = options.get("id") or (
+                "spark:" + hashlib.blake2b(_local_dir(self.checkpoint).encode(), digest_size=6).hexdigest()
+            )
+
+    # -- executors ------------------------------------------------------------------------
+
+    def write(self, iterator: Iterator[Any]) -> BatchPart:
+        spec = self.spec
+        runs = spec is not None and (spec.on_executors or spec.on_driver)
+        cols = _columns(iterator, _INPUT_COLUMNS if runs else None)
+        faults.point("write")
+        if spec is not None and spec.on_executors:
+            return run_on_executor(spec, cols)
+        if spec is not None and spec.on_driver:
+            rows, order = _inputs(cols, spec)
+            return BatchPart(rows=dict(zip(spec.processor.inputs, rows)),
+                             order=None if order is None else [spec.processor.inputs[k] for k in order],
+                             consumed=sum(len(r) for r in rows))
+        if not cols:
+            return BatchPart()
+        datas, srcs = rows_to_values(cols, self.inputs)
+        return BatchPart(outputs={self.outputs[0]: (datas, srcs)})
+
+    # -- the driver ---------------------------------------------------------------------------
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        assert self.checkpoint is not None
+        starts, ends = batch_offsets(self.checkpoint, batchId)
+        parts = [m for m in messages if isinstance(m, BatchPart)]
+        store = store_for(self.path)
+        pid = self.pid
+        rec = recover(store, pid)
+        if _delivered(rec, starts, ends):
+            log.info("%s: batch %s (%s to %s) is already in the store; nothing written",
+                     pid, batchId, starts, ends)
+            return
+        _check_continuity(pid, rec, starts, ends)
+        spec = self.spec
+        outputs: dict[str, list[tuple[bytes, Any]]] = {}
+        errors: list[tuple[bytes, Any]] = []
+        order: list[str] | None = None
+        if spec is not None and spec.on_driver:
+            outputs, errors, order = self._run_on_driver(spec, parts, starts, ends)
+        else:
+            for part in parts:
+                for s, (datas, srcs) in part.outputs.items():
+                    outputs.setdefault(s, []).extend(zip(datas, srcs))
+                errors.extend(zip(*part.errors))
+                if part.order is not None:
+                    order = (order or []) + part.order
+        if spec is not None and spec.processor.reads_alts and order is None:
+            order = []
+        ordered = {s: outputs[s] for s in self.outputs if s in outputs}
+        for s in outputs:
+            if s not in ordered:
+                raise CommitError(f"{pid}: output to {s!r}, not one of {', '.join(self.outputs)}")
+        faults.point("sink")
+        tx = store.begin()
+        try:
+            wrote = commit_step(tx, pid, starts, ends, ordered, errors=errors,
+                                error_stream=self.error_stream,
+                                order=order if spec is not None and spec.processor.reads_alts else None)
+            faults.point("commit-inside")
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
+        faults.point("commit-after")
+        if wrote and self.stats_dir:
+            n_out = sum(len(v) for v in ordered.values())
+            _add_totals(self.stats_dir, batchId, sum(ends[s] - starts[s] for s in ends),
+                        n_out, len(errors))
+
+    def _run_on_driver(self, spec: ProcSpec, parts: list[BatchPart], starts: dict[str, int],
+                       ends: dict[str, int]) -> tuple[dict[str, list[tuple[bytes, Any]]], list[tuple[bytes, Any]], list[str] | None]:
+        """Sinks and imperative processors: the whole batch in one call of the local
+        engine's step function, with the batch's delivery hash (side effects happen here,
+        before our commit: after a crash Spark re-runs the batch with the same hash)."""
+        from ..local import _Unhandled
+
+        ins = spec.processor.inputs
+        rows: list[list[tuple[Any, ...]]] = [[] for _ in ins]
+        order_names: list[str] = []
+        for part in parts:
+            for k, s in enumerate(ins):
+                rows[k].extend((part.rows or {}).get(s, []))
+            if part.order:
+                order_names += part.order
+        for r in rows:
+            r.sort()
+        order = None
+        if spec.processor.reads_alts:
+            order = [k for _q, k in sorted((row[1], k) for k, r in enumerate(rows) for row in r)]
+        h = delivery_hash(spec.proc_id, starts, ends)
+        proc = _runner(spec)
+        try:
+            outs, errs, _n = proc._run(rows, order, h, False)
+        except _Unhandled as u:
+            raise _unhandled(spec, u) from u.exc
+        outputs = {s: list(zip(d, m)) for s, (d, m) in outs.items()}
+        errors = list(zip(errs[0], errs[1]))
+        return outputs, errors, None if order is None else [ins[k] for k in order]
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info("%s: batch %s aborted; nothing was written", self.pid, batchId)
+
+
+def _add_totals(d: str, batch: int, consumed: int, produced: int, errors: int) -> None:
+    """Running totals of a processor's commits (for progress and status)."""
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "totals.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            t = json.load(f)
+    except (OSError, ValueError):
+        t = {"batches": 0, "in": 0, "out": 0, "errors": 0}
+    t["batches"] += 1
+    t["in"] += consumed
+    t["out"] += produced
+    t["errors"] += errors
+    t["batch"] = batch
+    t["time_ms"] = int(time.time() * 1000)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(t, f)
+    os.replace(tmp, path)
+
+
+# -- the batch writer -------------------------------------------------------------------------
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """``df.write.format("dataspace")``: appends every row of the job in one transaction
+    when the job commits (all or nothing; a job run twice appends twice)."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        path = options.get("path")
+        out = options.get("stream")
+        if not path or not out:
+            raise CommitError("df.write.format('dataspace') needs .option('path', DATA_DIR) "
+                              "and .option('stream', NAME)")
+        self.path = db_path(path)
+        self.stream = check_stream_name(out)
+
+    def write(self, iterator: Iterator[Any]) -> BatchPart:
+        cols = _columns(iterator)
+        if not cols:
+            return BatchPart()
+        datas, srcs = rows_to_values(cols)
+        return BatchPart(outputs={self.stream: (datas, srcs)})
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        datas = [d for m in messages if isinstance(m, BatchPart)
+                 for d in m.outputs.get(self.stream, ([], []))[0]]
+        store = store_for(self.path, create=True)
+        with store.transaction() as tx:
+            tx.create_stream(self.stream)
+            tx.append_encoded(self.stream, datas)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        pass

@@ -1,0 +1,341 @@
+"""The Spark engine: graphs give the local engine's outputs; DataFrame processors; the
+error stream; side-effecting sinks with the delivery hash; restarts, checkpoints and
+their reconciliation with the store; progress and ``pipeline status``; the CLI."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import pytest
+
+from dataspace.cli import main
+from dataspace.pipeline import Crash, Graph, LocalEngine, delivery_hash
+from dataspace.pipeline.crashtest import build_graph, inputs, verify
+from dataspace.pipeline.exactly_once import recover
+from dataspace.pipeline.sinks import SQLiteSink
+from dataspace.streams import open_store
+from dataspace.values import Record, Symbol, encode, parse
+
+pytest.importorskip("pyspark")
+
+from dataspace.pipeline.spark.engine import SparkEngine
+
+LONG = 120.0
+P, N = Symbol("p"), Symbol("n")
+
+
+def spark_run(g, store, spark, **opts):
+    opts.setdefault("batch", 6)
+    with SparkEngine(g, store, spark=spark, **opts) as e:
+        stats = e.drain()
+        return e, {s.name: s for s in stats}
+
+
+def datas(store, stream):
+    return [e.data for e in store.read(stream, 0, 10**6)]
+
+
+def test_the_crash_graph_gives_exactly_the_local_engines_outputs(spark, tmp_path):
+    """join -> fork -> SQLite sink (idempotent by the delivery hash) + alts, with errors:
+    the expected multisets (the local engine's) on both engines, and the same sequences
+    where the order is determined (join, fork, the error stream of a map)."""
+    out = {}
+    for name in ("local", "spark"):
+        d = tmp_path / name
+        d.mkdir()
+        g = build_graph(d)
+        with open_store(d) as store:
+            for s, vals in inputs(120, 7).items():
+                store.append_many(s, vals)
+            if name == "local":
+                with LocalEngine(g, store, batch=7) as e:
+                    e.drain()
+            else:
+                e, stats = spark_run(g, store, spark, batch=25, partition_rows=10)
+                assert not e.failed
+                assert stats["pair"].consumed == 240 and stats["pair"].errors >= 1
+            out[name] = {s: datas(store, s) for s in ("pairs", "even", "odd", "merged")}
+            out[name]["errors"] = [e.value.fields[:3] for e in store.read("errors", 0, 10**6)]
+        assert verify(d, 120, 7) == []
+    for s in ("pairs", "even", "odd"):
+        assert out["spark"][s] == out["local"][s]
+    assert Counter(out["spark"]["merged"]) == Counter(out["local"]["merged"])
+    assert Counter(map(tuple, out["spark"]["errors"])) == Counter(map(tuple, out["local"]["errors"]))
+
+
+def test_every_processor_kind_matches_the_local_engine(spark, tmp_path):
+    def build(d):
+        g = Graph("kinds", error_stream="errs")
+        g.source("in", "in2")
+        g.map("inc", "in", "inc", lambda v: None if v % 5 == 0 else (1 // 0 if v == 7 else v + 1))
+        g.map("msg", "in", "msgs", lambda m: Record(Symbol("m"), [m.stream, m.index, m.value]),
+              messages=True)
+        g.join("zip", ["in", "in2"], "zipped", lambda a, b: [a, b])
+        g.alts("either", ["in", "in2"], "either")
+        g.fork("split", "in", ["lo", "hi"], lambda v: {"lo": v} if v < 6 else {"hi": [v, v]})
+
+        @g.processor("emit", "in", ["e1", "e2"])
+        def emit(ctx, v):
+            ctx.emit("e1", v)
+            ctx.emit("e2", Record(Symbol("h"), [ctx.delivery.hash, ctx.delivery.seq]))
+
+        g.sink("each", "in", lambda v, dl: open(d / "each.txt", "a").write(f"{v} {dl.key}\n"))
+        g.sink("db", "inc", SQLiteSink(d / "sink.db", "t", ["v INTEGER"], to_row=lambda v: (v,)),
+               batch=True)
+        return g
+
+    res = {}
+    for name in ("local", "spark"):
+        d = tmp_path / name
+        d.mkdir()
+        g = build(d)
+        with open_store(d) as store:
+            store.append_many("in", range(12))
+            store.append_many("in2", ["a", "b", "c"])
+            if name == "local":
+                with LocalEngine(g, store, batch=4) as e:
+                    e.drain()
+            else:
+                e, _ = spark_run(g, store, spark, batch=4, partition_rows=3)
+                assert not e.failed
+            res[name] = {s: datas(store, s) for s in
+                         ("inc", "msgs", "zipped", "either", "lo", "hi", "e1", "e2", "errs")}
+        res[name]["each"] = sorted((d / "each.txt").read_text().splitlines())
+        res[name]["db"] = sorted(sqlite3.connect(d / "sink.db").execute("select v from t").fetchall())
+    for k, v in res["local"].items():
+        assert res["spark"][k] == v, k
+    # the delivery hash: a step = a micro-batch of 4 (batch=4 on both engines)
+    assert res["spark"]["each"][0].endswith(delivery_hash("kinds/each", {"in": 0}, {"in": 4}).hex() + ":0")
+
+
+def test_dataframe_processors(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    g = Graph("df")
+    g.source("orders", "customers")
+
+    @g.dataframe("big", "orders", "big")
+    def big(df):  # Spark SQL over the decoded columns; rows keep value and index
+        return df.where("label = 'order' and cast(fields[1] as int) >= 100").select("index", "value")
+
+    @g.dataframe("totals", "orders", "totals", output_mode="complete")
+    def totals(df):
+        return df.groupBy(F.col("fields")[0].alias("customer")).agg(
+            F.sum(F.col("fields")[1].cast("int")).alias("total"))
+
+    @g.dataframe("windows", "orders", "windows")
+    def windows(df):  # event time from the values; a window is written once it closes
+        t = F.col("fields")[2].cast("long").cast("timestamp")
+        return (df.withColumn("t", t).withWatermark("t", "0 seconds")
+                .groupBy(F.window("t", "10 seconds")).agg(F.count("*").alias("n"))
+                .select(F.col("window.start").cast("long").alias("start"), "n"))
+
+    @g.dataframe("named", ["orders", "customers"], "named")
+    def named(o, c):
+        j = o.alias("o").join(c.alias("c"), F.expr("o.fields[0] = c.fields[0]"))
+        return j.select(F.format_string("<named %s %s>", F.col("c.fields")[1],
+                                        F.col("o.fields")[1]).alias("text"))
+
+    with open_store(tmp_path) as store:
+        store.append_many("orders", [parse(f'<order "c{i % 3}" {i * 30} {i * 4}>') for i in range(8)])
+        store.append_many("customers", [parse(f'<customer "c{i}" "name{i}">') for i in range(3)])
+        e, _stats = spark_run(g, store, spark, batch=100)
+        assert not e.failed, e.failed
+        assert [x.value for x in store.read("big")] == [parse(f'<order "c{i % 3}" {i * 30} {i * 4}>') for i in range(4, 8)]
+        assert [x.meta[Symbol("src")] for x in store.read("big")] == [{"orders": i} for i in range(4, 8)]
+        tot = {x.value[Symbol("customer")]: x.value[Symbol("total")] for x in store.read("totals")}
+        assert tot == {'"c0"': 270, '"c1"': 360, '"c2"': 210}
+        # times 0..28: windows [0,10) [10,20) closed by the watermark (28), [20,30) open
+        assert [(x.value[Symbol("start")], x.value[Symbol("n")]) for x in store.read("windows")] == [(0, 3), (10, 2)]
+        assert sorted(str(x.value) for x in store.read("named")) == sorted(
+            f'<named "name{i % 3}" {i * 30}>' for i in range(8))
+        # more input: only the new rows are processed (complete mode rewrites totals)
+        store.append_many("orders", [parse('<order "c0" 1000 100>')])
+        spark_run(g, store, spark, batch=100)
+        assert [x.value for x in store.read("big")][-1] == parse('<order "c0" 1000 100>')
+        assert [x.value[Symbol("start")] for x in store.read("windows")] == [0, 10, 20]
+        assert len(store.read("big")) == 5
+        last = {x.value[Symbol("customer")]: x.value[Symbol("total")] for x in store.read("totals")[-3:]}
+        assert last['"c0"'] == 1270
+    with open_store(tmp_path) as store, pytest.raises(Exception, match="Spark only"):
+        LocalEngine(g, store)
+
+
+def test_unhandled_error_stops_the_processor_and_keeps_the_input(spark, tmp_path):
+    g = Graph("g")
+    g.source("in")
+    g.map("inv", "in", "out", lambda v: 1 // v)
+    with open_store(tmp_path) as store:
+        store.append_many("in", [1, 2, 0, 4])
+        e, stats = spark_run(g, store, spark, batch=2)
+        assert "ZeroDivisionError" in e.failed["inv"] and stats["inv"].state == "failed"
+        assert [x.value for x in store.read("out")] == [1, 0]
+        assert store.position("in", "g/inv") == 2  # the failed batch [2, 4) is kept
+        g2 = Graph("g")
+        g2.source("in")
+        g2.map("inv", "in", "out", lambda v: 1 // v if v else None)  # fixed
+        e, _ = spark_run(g2, store, spark, batch=2)
+        assert not e.failed and [x.value for x in store.read("out")] == [1, 0, 0]
+
+
+def test_restarts_checkpoints_and_engine_switches(spark, tmp_path):
+    """Spark resumes from its checkpoint; after the local engine moved the store on, the
+    stale checkpoint is set aside; an interrupted local step is retried with its hash."""
+    g = Graph("g")
+    g.source("in")
+    log = tmp_path / "sink.log"  # the sink runs in Spark's worker processes: effects go to a file
+    g.map("x", "in", "out", lambda v: v * 10)
+    g.sink("s", "out", lambda vs, d: open(log, "a").write(f"{list(vs)} {d.hex}\n"), batch=True)
+    with open_store(tmp_path) as store:
+        store.append_many("in", range(5))
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert e.checkpoints()["x"] == "new checkpoint"
+        store.append_many("in", range(5, 8))
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert e.checkpoints()["x"].startswith("checkpoint at batch")
+        assert [x.value for x in store.read("out")] == [v * 10 for v in range(8)]
+        store.append_many("in", range(8, 10))
+        with LocalEngine(g, store) as le:
+            le.drain()
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert e.checkpoints()["x"] == "stale checkpoint set aside"
+        assert [x.value for x in store.read("out")] == [v * 10 for v in range(10)]
+        # The local engine crashes a sink step before its function: Spark retries it.
+        store.append_many("in", [10, 11])
+
+        def crash(proc, point):
+            if proc == "g/s" and point == "before-function":
+                raise Crash(point)
+
+        with LocalEngine(g, store, fault=crash) as le, pytest.raises(Crash):
+            le.drain()
+        rec = recover(store, "g/s")
+        assert rec.branch == "1b"
+        log.write_text("")
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert e.recovery()["s"] == "1b"
+        assert log.read_text().splitlines() == [
+            f"[100, 110] {delivery_hash('g/s', rec.starts, rec.ends).hex()}"]
+        assert recover(store, "g/s").branch == "1f+3a"
+
+
+def test_continuous_run_follows_appends_and_reports_progress(spark, tmp_path):
+    g = Graph("live")
+    g.source("in")
+    g.map("up", "in", "out", lambda v: v.upper())
+    reports = []
+    stop = threading.Event()
+    with open_store(tmp_path) as store:
+        store.append("in", "a")
+        e = SparkEngine(g, store, spark=spark)
+        e.start()
+        t = threading.Thread(target=e.run, args=(stop,),
+                             kwargs={"on_progress": reports.append, "progress_interval": 0.2})
+        t.start()
+        try:
+            assert store.wait_until(lambda: store.next_index("out") == 1, timeout=LONG)
+            store.append("in", "b")
+            assert store.wait_until(lambda: store.next_index("out") == 2, timeout=LONG)
+        finally:
+            stop.set()
+            t.join(LONG)
+            e.close()
+        assert not t.is_alive()
+        assert [x.value for x in store.read("out")] == ["A", "B"]
+        assert reports and reports[-1][0].consumed == 2 and reports[-1][0].produced == 2
+        assert (tmp_path / "spark" / "live" / "up" / "progress.json").exists()
+
+
+GRAPH = """
+from dataspace.pipeline import Graph
+graph = Graph("shout", error_stream="shout.errors")
+graph.source("chat")
+graph.map("upper", "chat", "loud", lambda v: v.upper())
+"""
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path / "data"))
+    (tmp_path / "graph.py").write_text(GRAPH)
+    return tmp_path
+
+
+def test_cli_runs_on_spark_by_default_and_status_shows_the_queries(spark, env, capsys):
+    assert main(["stream", "append", "chat", '"hi"', "42"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle"]) == 0
+    out = capsys.readouterr().out
+    assert "engine spark on local[2]" in out
+    assert "upper in 2 out 1 err 1 lag chat:0" in out
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("loud")] == ["HI"]
+    assert main(["pipeline", "status", str(env / "graph.py")]) == 0
+    out = capsys.readouterr().out
+    assert "last step delivered (1d+3a)" in out
+    assert "spark: batch 0 committed; 1 batches, 2 in, 1 out, 1 errors" in out
+
+
+def test_cli_without_java_says_what_to_install(env, capsys, monkeypatch):
+    monkeypatch.setenv("JAVA_HOME", str(env / "no-java-here"))
+    assert main(["pipeline", "run", str(env / "graph.py")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "Java 17 or newer is needed for Spark: install openjdk-17-jre" in err
+    assert "--engine local" in err
+
+
+def test_cli_process_is_quiet_and_stops_on_ctrl_c(env):
+    """A real `dataspace pipeline run` process (its own JVM): no Spark log noise on the
+    terminal, a live progress line, Ctrl-C stops it cleanly."""
+    main(["stream", "append", "chat", '"x"'])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
+         "--master", "local[1]", "--interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    cond = threading.Condition()
+
+    def pump():
+        for line in proc.stdout:
+            with cond:
+                lines.append(line)
+                cond.notify_all()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        with open_store(env / "data") as s:
+            assert s.wait_until(lambda: s.next_index("loud") == 1, timeout=LONG)
+        with cond:
+            assert cond.wait_for(lambda: any("upper in 1 out 1" in x for x in lines), LONG)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(LONG) == 0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "WARN" not in err and "log4j" not in err and "incubator" not in err, err
+    assert any("interrupted: 1 messages in, 1 out" in x for x in lines)
+
+
+def test_the_documented_example_graph_runs_on_spark(spark, env, capsys, monkeypatch):
+    doc = os.path.join(os.path.dirname(__file__), "..", "docs", "pipelines.md")
+    text = open(doc).read().split("<!-- example-graph -->", 1)[1]
+    (env / "orders.py").write_text(text.split("```python", 1)[1].split("```", 1)[0])
+    monkeypatch.chdir(env)
+    main(["stream", "append", "orders", '<order 1 "ann" 250>', '<order 2 "bob" 20>'])
+    main(["stream", "append", "payments", "<payment 1 250>", "<payment 2 25>"])
+    capsys.readouterr()
+    assert main(["pipeline", "run", "orders.py", "--until-idle", "-q"]) == 0
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("notifications")] == [parse('<alert <paid 1 "ann" 250>>')]
+        assert s.read("orders.errors")[0].value.fields[2] == "payment 2/25 does not match order 2/20"
+    assert sqlite3.connect(env / "ledger.db").execute("select * from paid").fetchall() == [(1, "ann", 250)]
+    assert encode(1)  # (values module in use above)
