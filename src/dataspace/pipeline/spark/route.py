@@ -32,6 +32,7 @@ undecodable values are skipped (and counted in the log).
 from __future__ import annotations
 
 import functools
+import gc
 import hashlib
 import logging
 import os
@@ -103,8 +104,14 @@ def _index_for(key: Any, bc: Any) -> tuple[Index, list[Any], list[str]]:
             ix.add_handler(parse_pattern(text), n)  # type: ignore[arg-type]  # sink mode: tags
             ids.append(pid)
         sink.clear()
-        _cache.clear()  # one pattern table at a time
+        if _cache:  # one pattern table at a time; the old one may go
+            _cache.clear()
+            gc.unfreeze()
         got = _cache[key] = (ix, sink, ids)
+        # The index is long-lived and large (millions of objects at 100,000 patterns): keep
+        # the cyclic collector from traversing it again and again while values stream by.
+        gc.collect()
+        gc.freeze()
     return got
 
 
