@@ -1,0 +1,103 @@
+"""Spark set-up on a fresh machine: the Java check, the workers' interpreter, the package
+on workers (the classic failures of a PySpark deployment)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from dataspace.pipeline.spark.session import (
+    JAVA_HINT,
+    SparkSetupError,
+    check_java,
+    is_local,
+    java_version,
+    ship_package,
+)
+
+
+def _fake_java(tmp_path, banner: str, code: int = 0) -> str:
+    """A JAVA_HOME whose bin/java prints ``banner`` on stderr, as java -version does."""
+    home = tmp_path / f"jdk{len(list(tmp_path.glob('jdk*')))}"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text(f"#!/bin/sh\necho '{banner}' >&2\nexit {code}\n")
+    java.chmod(java.stat().st_mode | stat.S_IXUSR)
+    return str(home)
+
+
+@pytest.mark.parametrize(("banner", "major"), [
+    ('openjdk version "17.0.15" 2025-04-15', 17),
+    ('openjdk version "21" 2023-09-19', 21),
+    ('java version "1.8.0_392"', 8),
+    ('openjdk version "11.0.2" 2019-01-15', 11),
+    ("Error: could not find libjava.so", None),
+])
+def test_java_version_reads_the_major_version(tmp_path, banner, major):
+    assert java_version(os.path.join(_fake_java(tmp_path, banner), "bin", "java")) == major
+
+
+def test_missing_or_old_java_is_one_line_that_names_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "nothing-here"))
+    with pytest.raises(SparkSetupError) as e:
+        check_java()
+    assert str(e.value).startswith(JAVA_HINT) and "JAVA_HOME points to no java" in str(e.value)
+    monkeypatch.setenv("JAVA_HOME", _fake_java(tmp_path, 'java version "1.8.0_392"'))
+    with pytest.raises(SparkSetupError) as e:
+        check_java()
+    msg = str(e.value)
+    assert "\n" not in msg and "openjdk-17" in msg and "found Java 8" in msg
+    monkeypatch.setenv("JAVA_HOME", _fake_java(tmp_path, "broken", code=1))
+    with pytest.raises(SparkSetupError, match="-version failed"):
+        check_java()
+    monkeypatch.setenv("JAVA_HOME", _fake_java(tmp_path, 'openjdk version "17.0.15" 2025-04-15'))
+    assert check_java() == 17
+
+
+def test_workers_run_this_interpreter_and_import_the_package(spark):
+    def probe(_: int) -> tuple[str, str]:
+        import sys as s
+
+        import dataspace
+
+        return s.executable, os.path.dirname(dataspace.__file__)
+
+    got = set(spark.sparkContext.parallelize(range(4), 2).map(probe).collect())
+    import dataspace
+
+    assert got == {(sys.executable, os.path.dirname(dataspace.__file__))}
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_the_shipped_package_is_importable_from_its_zip(tmp_path):
+    added: list[str] = []
+
+    class FakeContext:
+        def addPyFile(self, path: str) -> None:
+            added.append(path)
+
+    class FakeSession:
+        sparkContext = FakeContext()
+
+    path = ship_package(FakeSession())  # type: ignore[arg-type]
+    assert added == [path]
+    names = zipfile.ZipFile(path).namelist()
+    assert "dataspace/__init__.py" in names and "dataspace/pipeline/spark/sink.py" in names
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import dataspace.pipeline.spark.sink as m; "
+            "print(m.__file__)")
+    r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().startswith(path)
+
+
+def test_local_masters():
+    assert is_local("local") and is_local("local[*]") and is_local("local[2]")
+    assert not is_local("spark://h:7077") and not is_local("yarn")
