@@ -196,17 +196,22 @@ def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
 
     store = open_store(directory)
     engine = LocalEngine(build_graph(directory), store, batch=batch, group_ms=5)
+    return drive(engine, store, directory, n, seed, run,
+                 lambda _stats: _line(f"commit {engine.commits}"), 0.0)
+
+
+def drive(engine: Any, store: Any, directory: str, n: int, seed: int, run: int,
+          progress: Callable[[Any], None], interval: float) -> int:
+    """A child's life, whatever the engine: say ``ready``, produce the run's share of the
+    messages in a thread while processing until everything is produced and processed,
+    then say ``done`` (``failed ...`` and 1 if a processor failed)."""
     engine.start()
     _line("ready")
     produced = threading.Event()
     threading.Thread(target=_produce, args=(directory, n, seed, run, produced), daemon=True).start()
-
-    def progress(_stats: Any) -> None:
-        _line(f"commit {engine.commits}")
-
     while True:
         gen = store.generation()
-        engine.run(until_idle=True, on_progress=progress, progress_interval=0.0)
+        engine.run(until_idle=True, on_progress=progress, progress_interval=interval)
         if engine.failed:
             _line(f"failed {engine.failed}")
             return 1
@@ -238,11 +243,20 @@ class CampaignResult:
 
 
 def _spawn(directory: str, n: int, seed: int, run: int, batch: int) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return spawn_child("dataspace.pipeline.crashtest", directory, n, seed, run, batch)
+
+
+def spawn_child(module: str, directory: str, n: int, seed: int, run: int, batch: int, *,
+                env: dict[str, str] | None = None, new_session: bool = False,
+                ) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
+    """Start ``python -m MODULE child ...``; its stdout lines arrive on the queue (None at
+    its end)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dataspace.pipeline.crashtest", "child", "--dir", directory,
+        [sys.executable, "-m", module, "child", "--dir", directory,
          "--messages", str(n), "--seed", str(seed), "--run", str(run), "--batch", str(batch)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+        start_new_session=new_session,
     )
     lines: queue.Queue[str | None] = queue.Queue()
 

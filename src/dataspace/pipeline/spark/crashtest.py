@@ -42,13 +42,11 @@ import select
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..crashtest import _line, _produce, build_graph, verify
+from ..crashtest import _line, _stderr, build_graph, drive, spawn_child, verify
 from .faults import ENV, kill_session, session_pids
 
 __all__ = ["CHOSEN", "CampaignResult", "child", "main", "run_campaign", "soak"]
@@ -70,27 +68,8 @@ def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
     engine = SparkEngine(build_graph(directory), store, master="local[2]", batch=batch,
                          partition_rows=max(1, batch // 2), wait_ms=50,
                          log_file=os.path.join(directory, "spark.log"))
-    engine.start()
-    _line("ready")
-    produced = threading.Event()
-    threading.Thread(target=_produce, args=(directory, n, seed, run, produced), daemon=True).start()
-
-    def progress(stats: Any) -> None:
-        _line(f"progress {sum(s.steps for s in stats)}")
-
-    while True:
-        gen = store.generation()
-        engine.run(until_idle=True, on_progress=progress, progress_interval=0.5)
-        if engine.failed:
-            _line(f"failed {engine.failed}")
-            return 1
-        if produced.is_set() and engine.idle():
-            break
-        store.wait_change(gen, 1.0)
-    engine.close()
-    store.close()
-    _line("done")
-    return 0
+    return drive(engine, store, directory, n, seed, run,
+                 lambda stats: _line(f"progress {sum(s.steps for s in stats)}"), 0.5)
 
 
 # -- the parent ------------------------------------------------------------------------------
@@ -112,27 +91,13 @@ class CampaignResult:
 
 def _spawn(directory: str, n: int, seed: int, run: int, batch: int, fault: str | None,
            fault_dir: str) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = dict(os.environ)
     env.pop(ENV, None)
     if fault:
         env[ENV] = fault
         env[f"{ENV}_DIR"] = fault_dir
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataspace.pipeline.spark.crashtest", "child", "--dir", directory,
-         "--messages", str(n), "--seed", str(seed), "--run", str(run), "--batch", str(batch)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.strip())
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    return proc, lines
+    return spawn_child("dataspace.pipeline.spark.crashtest", directory, n, seed, run, batch,
+                       env=env, new_session=True)
 
 
 def _wait_gone(pid: int, timeout: float) -> None:
@@ -167,13 +132,6 @@ def _reap(proc: subprocess.Popen[str], timeout: float) -> bool:
         kill_session(sid)
         for pid in left:
             _wait_gone(pid, max(0.0, deadline - time.monotonic()))
-
-
-def _stderr(proc: subprocess.Popen[str]) -> str:
-    try:
-        return (proc.stderr.read() if proc.stderr else "")[-3000:]
-    except (OSError, ValueError):
-        return ""
 
 
 def run_campaign(
