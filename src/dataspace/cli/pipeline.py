@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import os
 import signal
 import sys
@@ -20,6 +19,7 @@ from ..pipeline.engine import (
     EngineError,
     ProcStats,
     get_engine,
+    graph_holder,
 )
 from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
@@ -348,7 +348,7 @@ def run_status(args: argparse.Namespace) -> int:
     except (StoreError, OSError) as e:
         return _fail(str(e))
     try:
-        running = _running(store.path, g.name)
+        running = graph_holder(store.path, g.name)
         nexts = store.next_indices()
         print(f"graph {g.name!r} on {store.path}: {'running (pid ' + running + ')' if running else 'not running'}")
         for p in g.order():
@@ -447,17 +447,3 @@ def run_route(args: argparse.Namespace) -> int:
     return 0
 
 
-def _running(db_path: Any, graph: str) -> str | None:
-    lock = os.path.join(os.path.dirname(str(db_path)), os.path.basename(str(db_path)) + "-locks",
-                        f"{graph}.lock")
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-    finally:
-        os.close(fd)
-    return None

@@ -39,7 +39,6 @@ exactly-once).  A crash loses the batches in flight; nothing is duplicated.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import threading
@@ -49,7 +48,7 @@ from typing import Any
 
 from ..streams.base import MAX_INDEX, MAX_VALUE_SIZE, Store, Transaction
 from ..values import Record, Sequence, Symbol, decode, encode
-from .engine import GUARANTEES, Engine, EngineError, ProcStats
+from .engine import GUARANTEES, Engine, EngineError, ProcStats, claim_graph
 from .exactly_once import (
     ATTEMPT_ERROR,
     ATTEMPT_NIL,
@@ -757,26 +756,8 @@ class LocalEngine(Engine):
 
     def _claim(self) -> None:
         path = getattr(self.store, "path", None)
-        if path is None:
-            return
-        lock_dir = os.path.join(os.path.dirname(str(path)), os.path.basename(str(path)) + "-locks")
-        os.makedirs(lock_dir, exist_ok=True)
-        lock_path = os.path.join(lock_dir, f"{self.graph.name}.lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                other = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            finally:
-                os.close(fd)
-            raise EngineError(
-                f"graph {self.graph.name!r} is already running on this store (pid {other or '?'}); "
-                "stop it first -- two runs of one graph would break exactly-once"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        if path is not None:
+            self._lock_fd = claim_graph(path, self.graph.name)
 
     def start(self) -> None:
         if self.started:

@@ -32,7 +32,6 @@ idle) until :meth:`stop`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import math
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...streams.base import Store
-from ..engine import Engine, EngineError, ProcStats
+from ..engine import Engine, EngineError, ProcStats, claim_graph
 from ..exactly_once import Recovery, backing_stream, recover
 from ..graph import Graph, Processor
 from .session import SparkSetupError, get_session, is_local
@@ -156,24 +155,7 @@ class SparkEngine(Engine):
     # -- start ---------------------------------------------------------------------------
 
     def _claim(self) -> None:
-        lock_dir = self.db + "-locks"
-        os.makedirs(lock_dir, exist_ok=True)
-        fd = os.open(os.path.join(lock_dir, f"{self.graph.name}.lock"),
-                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                other = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            finally:
-                os.close(fd)
-            raise EngineError(
-                f"graph {self.graph.name!r} is already running on this store (pid {other or '?'}); "
-                "stop it first -- two runs of one graph would break exactly-once"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd = claim_graph(self.db, self.graph.name)
 
     def start(self) -> None:
         if self.started:
