@@ -409,7 +409,9 @@ class SparkEngine(Engine):
         if q.query is not None:
             with contextlib.suppress(Exception):
                 lp = q.query.lastProgress
-                if lp:
+                # The last batch that read rows: its rate means something (batches run
+                # without input, to close windows or to find nothing new, do not).
+                if lp and (lp.get("numInputRows") or not q.last_progress):
                     q.last_progress = lp
 
     def _stop_queries(self) -> None:
