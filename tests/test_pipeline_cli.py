@@ -3,6 +3,7 @@ local``; the Spark engine, the default, is tested in test_spark_engine.py)."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import threading
 import pytest
 
 from dataspace.cli import main
-from dataspace.cli.pipeline import format_progress
+from dataspace.cli.pipeline import _Progress, format_progress
 from dataspace.pipeline import ProcStats
 from dataspace.streams import open_store
 from dataspace.values import parse
@@ -101,6 +102,18 @@ def test_format_progress():
     assert format_progress(stats, 1234.4) == (
         "j in 1,200 out 600 err 3 lag a:0 b:12 | f in 5 out 0 lag x:1 FAILED | 1,234 msg/s"
     )
+
+
+def test_progress_in_a_log_prints_only_changes():
+    out = io.StringIO()
+    show = _Progress(out, quiet=False)
+    idle = [ProcStats("p", "map", 0, 0, 0, 0, {"a": 5})]
+    for _ in range(3):  # e.g. while Spark starts: one line, not three
+        show(idle)
+    show([ProcStats("p", "map", 5, 5, 0, 1, {"a": 0})])
+    show([ProcStats("p", "map", 5, 5, 0, 1, {"a": 0})])
+    lines = out.getvalue().splitlines()
+    assert [x.split(" | ")[0] for x in lines] == ["p in 0 out 0 lag a:5", "p in 5 out 5 lag a:0"]
 
 
 def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env):

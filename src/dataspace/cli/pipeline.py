@@ -166,8 +166,8 @@ def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
 
 
 class _Progress:
-    """Renders progress: rewrites one line on a terminal, prints a line per interval
-    otherwise."""
+    """Renders progress: rewrites one line on a terminal; otherwise (a log, a pipe) prints
+    a line per interval when something changed."""
 
     def __init__(self, out: Any, quiet: bool) -> None:
         self.out = out
@@ -176,6 +176,7 @@ class _Progress:
         self.last_t = time.monotonic()
         self.last_n = 0
         self.width = 0
+        self.last_state = ""
 
     def __call__(self, stats: list[ProcStats]) -> None:
         if self.quiet:
@@ -194,6 +195,10 @@ class _Progress:
             self.out.write("\r" + line + " " * pad)
             self.width = len(line)
         else:
+            state = format_progress(stats)
+            if state == self.last_state:
+                return  # nothing moved: no repeated line in a log
+            self.last_state = state
             self.out.write(line + "\n")
         self.out.flush()
 
