@@ -400,35 +400,45 @@ def soak(
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m dataspace.pipeline.crashtest",
+    return harness_main(
+        argv, prog="python -m dataspace.pipeline.crashtest",
         description="SIGKILL crash test of the exactly-once engine: kill a running graph at "
         "random moments, restart it, and check the outputs hold exactly the expected "
         "multisets.",
-    )
+        child=child, soak=soak, kills=1000, campaign_kills=50, batch=50,
+        messages_help="600 per kill", tmp_prefix="dataspace-crash-", what="SIGKILLs")
+
+
+def harness_main(argv: list[str] | None, *, prog: str, description: str,
+                 child: Callable[..., int], soak: Callable[..., Any], kills: int,
+                 campaign_kills: int, batch: int, messages_help: str, tmp_prefix: str,
+                 what: str) -> int:
+    """The command line of a crash harness: ``child ...`` (one run, internal) or a soak of
+    ``--kills`` kills in campaigns of ``--campaign-kills``, each on a fresh store."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     sub = ap.add_subparsers(dest="cmd")
     ch = sub.add_parser("child", help="(internal) one run of the graph")
     ch.add_argument("--dir", required=True)
     ch.add_argument("--messages", type=int, required=True)
     ch.add_argument("--seed", type=int, required=True)
     ch.add_argument("--run", type=int, default=0)
-    ch.add_argument("--batch", type=int, default=50)
-    ap.add_argument("--kills", type=int, default=1000, help="total kills (default 1000)")
-    ap.add_argument("--campaign-kills", type=int, default=50,
-                    help="kills per campaign (a fresh store per campaign; default 50)")
+    ch.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--kills", type=int, default=kills, help=f"total kills (default {kills})")
+    ap.add_argument("--campaign-kills", type=int, default=campaign_kills,
+                    help=f"kills per campaign (a fresh store per campaign; default {campaign_kills})")
     ap.add_argument("--messages", type=int, default=None,
-                    help="messages per source per campaign (default: 600 per kill)")
+                    help=f"messages per source per campaign (default: {messages_help})")
     ap.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
     ap.add_argument("--dir", help="keep the stores here (default: a temporary directory)")
     args = ap.parse_args(argv)
     if args.cmd == "child":
         return child(args.dir, args.messages, args.seed, args.run, args.batch)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    base = args.dir or tempfile.mkdtemp(prefix="dataspace-crash-")
+    base = args.dir or tempfile.mkdtemp(prefix=tmp_prefix)
     done, results = soak(args.kills, base=base, seed=seed, campaign_kills=args.campaign_kills,
                          messages=args.messages, say=_line)
     ok = done >= args.kills and not any(r.problems for r in results)
-    _line(f"PASSED: {done} SIGKILLs, every output exactly once" if ok
+    _line(f"PASSED: {done} {what}, every output exactly once" if ok
           else f"FAILED after {done} kills")
     return 0 if ok else 1
 

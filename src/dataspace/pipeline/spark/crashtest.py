@@ -34,7 +34,6 @@ The test suite (tests/test_spark_crash.py) calls :func:`run_campaign`.
 
 from __future__ import annotations
 
-import argparse
 import os
 import queue
 import random
@@ -46,7 +45,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..crashtest import _line, _stderr, build_graph, drive, spawn_child, verify
+from ..crashtest import _line, _stderr, build_graph, drive, harness_main, spawn_child, verify
 from .faults import ENV, kill_session, session_pids
 
 __all__ = ["CHOSEN", "CampaignResult", "child", "main", "run_campaign", "soak"]
@@ -259,36 +258,14 @@ def soak(kills: int, *, base: str, seed: int, campaign_kills: int = 20,
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m dataspace.pipeline.spark.crashtest",
+    return harness_main(
+        argv, prog="python -m dataspace.pipeline.spark.crashtest",
         description="SIGKILL crash test of the Spark engine: kill the driver (Python, JVM, "
         "workers) at chosen and random points, restart, and check every output is there "
-        "exactly once.")
-    sub = ap.add_subparsers(dest="cmd")
-    ch = sub.add_parser("child", help="(internal) one run of the graph")
-    ch.add_argument("--dir", required=True)
-    ch.add_argument("--messages", type=int, required=True)
-    ch.add_argument("--seed", type=int, required=True)
-    ch.add_argument("--run", type=int, default=0)
-    ch.add_argument("--batch", type=int, default=40)
-    ap.add_argument("--kills", type=int, default=200, help="total kills (default 200)")
-    ap.add_argument("--campaign-kills", type=int, default=20,
-                    help="kills per campaign (a fresh store each; default 20)")
-    ap.add_argument("--messages", type=int, default=None,
-                    help="messages per source per campaign (default: 150 per kill, at least 600)")
-    ap.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
-    ap.add_argument("--dir", help="keep the stores here (default: a temporary directory)")
-    args = ap.parse_args(argv)
-    if args.cmd == "child":
-        return child(args.dir, args.messages, args.seed, args.run, args.batch)
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    base = args.dir or tempfile.mkdtemp(prefix="dataspace-spark-crash-")
-    done, results = soak(args.kills, base=base, seed=seed, campaign_kills=args.campaign_kills,
-                         messages=args.messages, say=_line)
-    ok = done >= args.kills and not any(r.problems for r in results)
-    _line(f"PASSED: {done} SIGKILLs of the Spark driver, every output exactly once" if ok
-          else f"FAILED after {done} kills")
-    return 0 if ok else 1
+        "exactly once.",
+        child=child, soak=soak, kills=200, campaign_kills=20, batch=40,
+        messages_help="150 per kill, at least 600", tmp_prefix="dataspace-spark-crash-",
+        what="SIGKILLs of the Spark driver")
 
 
 if __name__ == "__main__":
