@@ -161,9 +161,8 @@ class _Step:
 class _Proc:
     """A processor's runtime state."""
 
-    def __init__(self, engine: LocalEngine, p: Processor) -> None:
-        g = engine.graph
-        self.engine = engine
+    def __init__(self, g: Graph, p: Processor, store: Store | None = None) -> None:
+        self.store = store  # None: only the step function (_run) is used (the Spark writer)
         self.p = p
         self.id = g.proc_id(p)
         self.backing = backing_stream(self.id)
@@ -362,7 +361,7 @@ class _Proc:
 
     def step(self, io: _IO, limit: int) -> int:
         """One whole step in the seed's order (side effects, or commit="each-write")."""
-        st = self.plan(self.engine.store, limit)
+        st = self.plan(self.store, limit)
         if st is None:
             return 0
         self.write_pre(io, st)
@@ -744,7 +743,7 @@ class LocalEngine(Engine):
         self.group_ms = group_ms
         self.fault = fault
         self.backing_keep = max(backing_keep, 8)
-        self.procs = [_Proc(self, p) for p in graph.order()]
+        self.procs = [_Proc(graph, p, store) for p in graph.order()]
         self.pure = [q for q in self.procs if not q.p.side_effects]
         self.effectful = [q for q in self.procs if q.p.side_effects]
         self.started = False

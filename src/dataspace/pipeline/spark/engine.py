@@ -149,7 +149,6 @@ class SparkEngine(Engine):
         self.started = False
         self._lock_fd: int | None = None
         self.created_session = False
-        self.commits = 0
         self._progress_t = 0.0
 
     # -- start ---------------------------------------------------------------------------

@@ -45,7 +45,6 @@ import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -126,16 +125,12 @@ def decode_spec(text: str) -> ProcSpec:
     return spec
 
 
-_runners: dict[int, Any] = {}
-
-
 def _runner(spec: ProcSpec) -> Any:
     """The local engine's processor runtime for ``spec`` (its ``_run`` is the function
     application: the same results, errors and metadata as the local engine)."""
     from ..local import _Proc
 
-    g = Graph(spec.graph, error_stream=spec.error_stream)
-    return _Proc(SimpleNamespace(graph=g), spec.processor)  # type: ignore[arg-type]
+    return _Proc(Graph(spec.graph, error_stream=spec.error_stream), spec.processor)
 
 
 # -- commit messages --------------------------------------------------------------------------

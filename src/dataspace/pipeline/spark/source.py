@@ -36,6 +36,7 @@ default) ``text``, ``label`` and ``fields``.  Reads produce Arrow record batches
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import heapq
 import itertools
@@ -381,7 +382,7 @@ class _BatchReader(DataSourceReader):
             if isinstance(o.ending, dict) and s in o.ending:
                 b = min(b, int(o.ending[s]))
             ranges[s] = (a, max(a, b))
-        return _plan_partitions(SourceOptions(**{**o.__dict__, "mode": "each"}), ranges)
+        return _plan_partitions(dataclasses.replace(o, mode="each"), ranges)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, RangePartition)
