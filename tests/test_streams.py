@@ -395,3 +395,18 @@ class StoreMachine(RuleBasedStateMachine):
 
 TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+
+
+def test_a_stream_created_in_a_rolled_back_transaction_leaves_no_trace(store):
+    """Reads through the store inside its own transaction see the new stream; after a
+    rollback its id must not survive in any cache (the next stream reuses the id)."""
+    store.append("a", "x")
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        tx.create_stream("new")
+        assert store.has_stream("new")
+        raise RuntimeError("roll back")
+    assert not store.has_stream("new")
+    store.append("other", "for other")
+    store.append("new", "for new")
+    assert [e.value for e in store.read("other", 0, 10)] == ["for other"]
+    assert [e.value for e in store.read("new", 0, 10)] == ["for new"]

@@ -266,31 +266,18 @@ class SQLiteStore(Store):
                 raise
             raise _corrupt(self.path, e) from e
 
-    def _stream_id(self, name: str, create: bool = False) -> int | None:
+    def _stream_id(self, name: str) -> int | None:
         sid = self._ids.get(name)
         if sid is not None:
             return sid
         row = self._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
         if row is None:
-            if not create:
-                return None
-            check_stream_name(name)
-            cur = self._exec(
-                "INSERT INTO streams (name, next_index, created_ns) VALUES (?, 0, ?)",
-                (name, time.time_ns()),
-            )
-            sid = cur.lastrowid
-            assert sid is not None
-            # Not cached until the transaction commits (it could roll back).
-            return sid
+            return None
         sid = row[0]
-        self._ids[name] = sid
-        return sid
-
-    def _require(self, name: str) -> int:
-        sid = self._stream_id(name)
-        if sid is None:
-            raise StreamNotFound(f"no stream named {name!r} in {self.path}")
+        if not self._in_tx:
+            # Inside a transaction the row may be uncommitted (a stream created in it):
+            # caching its id would outlive a rollback.  Transactions cache at commit.
+            self._ids[name] = sid
         return sid
 
     def begin(self) -> SQLiteTransaction:
