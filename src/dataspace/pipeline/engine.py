@@ -15,7 +15,6 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..streams.base import Store
 from .graph import Graph
@@ -110,11 +109,10 @@ class Engine(ABC):
 
     name = "?"
 
-    def __init__(self, graph: Graph, store: Store, **options: Any) -> None:
+    def __init__(self, graph: Graph, store: Store) -> None:
         graph.validate()
         self.graph = graph
         self.store = store
-        self.options = options
         self._stop = threading.Event()
 
     @abstractmethod

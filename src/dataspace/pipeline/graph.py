@@ -377,29 +377,28 @@ class Graph:
             )
 
     def _cycle(self) -> list[str] | None:
-        prod = self.producers()
+        consumers: dict[str, list[str]] = {}
+        for q in self.processors.values():
+            for s in q.inputs:
+                consumers.setdefault(s, []).append(q.name)
         state: dict[str, int] = {}
         stack: list[str] = []
 
         def visit(name: str) -> list[str] | None:
             state[name] = 1
             stack.append(name)
-            p = self.processors[name]
-            for s in p.outputs:
-                for q in self.processors.values():
-                    if s in q.inputs:
-                        if state.get(q.name) == 1:
-                            i = stack.index(q.name)
-                            return [*stack[i:], q.name]
-                        if q.name not in state:
-                            found = visit(q.name)
-                            if found:
-                                return found
+            for s in self.processors[name].outputs:
+                for q in consumers.get(s, ()):
+                    if state.get(q) == 1:
+                        return [*stack[stack.index(q):], q]
+                    if q not in state:
+                        found = visit(q)
+                        if found:
+                            return found
             stack.pop()
             state[name] = 2
             return None
 
-        del prod
         for name in self.processors:
             if name not in state:
                 found = visit(name)

@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..streams.base import MAX_INDEX, MAX_VALUE_SIZE, Store, Transaction
+from ..streams.base import MAX_INDEX, Store, Transaction, encode_value
 from ..values import Record, Sequence, Symbol, decode, encode
 from .engine import GUARANTEES, Engine, EngineError, ProcStats, claim_graph
 from .exactly_once import (
@@ -58,6 +58,7 @@ from .exactly_once import (
     alts_record,
     attempt_record,
     backing_stream,
+    delivery_hash,
     enc_int,
     hash_of,
     recover,
@@ -635,8 +636,7 @@ class _Proc:
                 return  # at-most-once: batches read after a failure are not processed
             h = None
             if self.p.side_effects or self.p.kind == "processor":
-                h = hash_of(encode(snapshot_record(self.id, dict(zip(self.inputs, starts)),
-                                                   dict(zip(self.inputs, ends)))))
+                h = delivery_hash(self.id, dict(zip(self.inputs, starts)), dict(zip(self.inputs, ends)))
             try:
                 outs, errs, _n = self._run(rows, order, h, False)
             except _Unhandled as u:
@@ -664,10 +664,7 @@ class _Proc:
 def _encode(v: Any) -> bytes:
     """Encode an output value, refusing one over the entry size limit (an error of the
     function, like a value that is not a Preserves value)."""
-    data = encode(v)
-    if len(data) > MAX_VALUE_SIZE:
-        raise ValueError(f"the output is {len(data)} bytes encoded, over the {MAX_VALUE_SIZE}-byte limit")
-    return data
+    return encode_value(v, "the output")
 
 
 def _merge_order(rows: list[list[Any]]) -> list[int]:

@@ -15,6 +15,7 @@ implements :class:`Store` and :class:`Transaction`.
 from __future__ import annotations
 
 import re
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -482,28 +483,16 @@ class Store(ABC):
     def wait_for(self, name: str, index: int, timeout: float | None = None) -> bool:
         """Block until ``name`` has an entry at ``index`` or later appended (that is, its
         next index exceeds ``index``); False on timeout."""
-        import time as _time
-
-        deadline = None if timeout is None else _time.monotonic() + timeout
-        while True:
-            gen = self.generation()
-            if self.next_index(name) > index:
-                return True
-            remaining = None if deadline is None else deadline - _time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return False
-            self.wait_change(gen, remaining)
+        return self.wait_until(lambda: self.next_index(name) > index, timeout)
 
     async def wait_for_async(self, name: str, index: int, timeout: float | None = None) -> bool:
         """:meth:`wait_for` for asyncio."""
-        import time as _time
-
-        deadline = None if timeout is None else _time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             gen = self.generation()
             if self.next_index(name) > index:
                 return True
-            remaining = None if deadline is None else deadline - _time.monotonic()
+            remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
             await self.wait_change_async(gen, remaining)
@@ -513,14 +502,12 @@ class Store(ABC):
     ) -> bool:
         """Block until ``ready()`` is true (checked after every store change); False on
         timeout.  ``ready`` must only read the store."""
-        import time as _time
-
-        deadline = None if timeout is None else _time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             gen = self.generation()
             if ready():
                 return True
-            remaining = None if deadline is None else deadline - _time.monotonic()
+            remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return False
             self.wait_change(gen, remaining)

@@ -68,8 +68,8 @@ class Tailer:
         if start == "latest":
             return self.store.next_index(self.stream)
         if start == "earliest":
-            first = self.store.read(self.stream, 0, 1)
-            return first[0].index if first else self.store.next_index(self.stream)
+            first = self.store.first_index(self.stream)
+            return first if first is not None else self.store.next_index(self.stream)
         raise ValueError(f"start must be 'earliest', 'latest' or an index, not {start!r}")
 
     @property
