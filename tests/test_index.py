@@ -22,6 +22,7 @@ from dataspace.pattern import (
     Pattern,
     Rec,
     match,
+    parse_pattern,
 )
 from dataspace.values import Dictionary, Record, Sequence, Symbol, key
 
@@ -233,7 +234,22 @@ def test_removing_absent_things_is_a_no_op():
 
 
 EMPTY = {"assertions": 0, "nodes": 1, "groups": 0, "leaves": 0, "handlers": 0,
-         "callbacks": 0, "cached": 0}
+         "callbacks": 0, "cached": 0, "compiled": 0}
+
+
+def test_compiled_projections_go_with_their_last_handler():
+    """A long-lived handler keeps its node alive; the projections of handlers that come
+    and go on the same node must not pile up there."""
+    ix = Index()
+    keep = (parse_pattern("{a: $}"), Recorder())
+    ix.add_handler(*keep)
+    for k in range(200):
+        h = (parse_pattern(f"{{k{k}: $}}"), Recorder())
+        ix.add_handler(*h)
+        ix.remove_handler(*h)
+    assert ix.stats()["compiled"] == 1
+    ix.remove_handler(*keep)
+    assert ix.stats() == EMPTY
 
 
 def _random_pattern(rng: random.Random, depth: int = 0) -> Pattern:

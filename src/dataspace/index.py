@@ -86,8 +86,9 @@ class _Node:
         self.cls = cls
         self.path = path
         self.kinds = kinds
-        # capture paths -> compiled projection, shared by every leaf under this node
-        self.compiled: dict[Any, Callable[[Value], Any]] = {}
+        # capture paths -> [compiled projection, handlers using it] (shared by every leaf
+        # under this node; dropped with its last handler)
+        self.compiled: dict[Any, list[Any]] = {}
 
     def rebuild_move_list(self) -> None:
         self.move_list = [(up, get, table) for (get, up, table) in self.moves.values()]
@@ -397,10 +398,12 @@ class Index:
             capkey = tuple(map(path_key, skel.captures))
             handler = leaf.handlers.get(capkey)
             if handler is None:
-                fn = node.compiled.get(capkey)
-                if fn is None:
-                    fn = node.compiled[capkey] = _compile_captures(node.kinds, tuple(skel.captures))
-                handler = _Handler(fn)
+                entry = node.compiled.get(capkey)
+                if entry is None:
+                    entry = node.compiled[capkey] = [
+                        _compile_captures(node.kinds, tuple(skel.captures)), 0]
+                entry[1] += 1
+                handler = _Handler(entry[0])
                 leaf.handlers[capkey] = handler
                 grp.nhandlers += 1
                 proj = handler.project
@@ -458,6 +461,10 @@ class Index:
                 leaf.refresh(grp, cvals)
                 return
             del leaf.handlers[capkey]
+            entry = node.compiled[capkey]
+            entry[1] -= 1
+            if not entry[1]:
+                del node.compiled[capkey]
             leaf.refresh(grp, cvals)
             grp.nhandlers -= 1
             if leaf.one is None and not leaf.cache and not leaf.handlers:
@@ -620,10 +627,11 @@ class Index:
     def stats(self) -> dict[str, int]:
         """Sizes of every part of the index (for memory tests and diagnostics)."""
         s = {"assertions": len(self.bag), "nodes": 0, "groups": 0, "leaves": 0,
-             "handlers": 0, "callbacks": 0, "cached": 0}
+             "handlers": 0, "callbacks": 0, "cached": 0, "compiled": 0}
 
         def walk(n: _Node) -> None:
             s["nodes"] += 1
+            s["compiled"] += len(n.compiled)
             s["cached"] += len(n.cont.cache)
             for grp in n.cont.table.values():
                 s["groups"] += 1

@@ -666,18 +666,21 @@ class Skeleton:
         self.visit = shape_visit(self.shape)
         # The checks the index needs: an existence check of element i of a record or
         # sequence is implied by any constraint on a later element of the same parent.
+        # One pass (linear in the paths' total length): the largest step taken below each
+        # record or sequence node by any path of the pattern.
         others = [p for p, _c in shape] + [p for p, _v in consts] + caps + self.checks
+        maxstep: dict[Any, int] = {}
+        for o in others:
+            for depth in range(len(o)):
+                parent = path_key(o[:depth])
+                if kinds.get(parent) in ("rec", "arr") and o[depth] > maxstep.get(parent, -1):
+                    maxstep[parent] = o[depth]
         self.index_checks = [
             h for h in self.checks
             if not (
                 h
-                and kinds.get(path_key(h[:-1])) in ("rec", "arr")
-                and any(
-                    len(o) >= len(h)
-                    and path_key(o[: len(h) - 1]) == path_key(h[:-1])
-                    and o[len(h) - 1] > h[-1]
-                    for o in others
-                )
+                and kinds.get(parent := path_key(h[:-1])) in ("rec", "arr")
+                and maxstep.get(parent, -1) > h[-1]
             )
         ]
 
