@@ -237,6 +237,19 @@ EMPTY = {"assertions": 0, "nodes": 1, "groups": 0, "leaves": 0, "handlers": 0,
          "callbacks": 0, "cached": 0, "compiled": 0}
 
 
+@pytest.mark.parametrize("value", [2**70, -(2**64), 7, "s", Symbol("s"), 1.0, True,
+                                   Record(Symbol("P"), [2**70])])
+def test_membership_and_count_agree_with_the_bag(value):
+    ix = Index()
+    ix.add_assertion(value)
+    ix.add_assertion(value)
+    assert value in ix and ix.count(value) == 2
+    ix.remove_assertion(value)
+    assert value in ix and ix.count(value) == 1
+    ix.remove_assertion(value)
+    assert value not in ix and ix.count(value) == 0
+
+
 def test_compiled_projections_go_with_their_last_handler():
     """A long-lived handler keeps its node alive; the projections of handlers that come
     and go on the same node must not pile up there."""

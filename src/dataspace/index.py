@@ -612,12 +612,16 @@ class Index:
 
     # -- introspection -----------------------------------------------------------------
 
+    def _bag_key(self, value: Value) -> Any:
+        """The bag's key for ``value`` (as :meth:`add_assertion` computes it)."""
+        return value if type(value) in _PLAIN else key(strip(preserve(value)))
+
     def __contains__(self, value: Value) -> bool:
-        return key(strip(preserve(value))) in self.bag
+        return self._bag_key(value) in self.bag
 
     def count(self, value: Value) -> int:
         """How many copies of ``value`` are asserted."""
-        vid = self.bag.get(key(strip(preserve(value))))
+        vid = self.bag.get(self._bag_key(value))
         return 0 if vid is None else 1 + self.extra.get(vid, 0)
 
     def assertions(self) -> list[Value]:
