@@ -293,6 +293,18 @@ def test_oversized_packet_is_refused_before_it_is_buffered():
     assert_failed(relay2, ds2, "larger than the limit")
 
 
+@pytest.mark.parametrize(("data", "detail"), [
+    (b"\xb1" + b"\xff" * 11 + b"\x01", "malformed-packet"),  # a length varint of 12 bytes
+    (b"\xb1\xff\x0f" + b"x" * 1200, "packet-too-large"),  # a 2047-byte string, limit 1000
+    (b"\xb5" * 600, "malformed-packet"),  # nested past the depth limit
+])
+def test_error_detail_says_what_was_wrong(data, detail):
+    relay, _ds = server(RelayLimits(max_packet_size=1000))
+    relay.receive_data(data)
+    assert relay.closed and relay.error is not None
+    assert relay.error[1] == Symbol(detail), relay.error
+
+
 def test_duplicate_handle_and_too_many_assertions():
     relay, ds = server()
     relay.receive_data(turn((0, Assert("a", 1))))

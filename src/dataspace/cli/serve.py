@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from typing import Any
 
@@ -15,6 +14,7 @@ from ..datadir import STREAMS_DB
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
 from ..streams import open_store, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
+from ._client import stop_event
 
 EXAMPLES = f"""\
 examples:
@@ -149,10 +149,7 @@ async def _serve(cfg: ServerConfig) -> int:
     except (OSError, ConfigError, ValueError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_event()
     print(f"sturdyref: {server.sturdyref}", flush=True)
     for a in server.addresses:
         print(f"dataspace serve: listening on {a}", file=sys.stderr)

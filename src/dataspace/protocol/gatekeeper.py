@@ -101,7 +101,8 @@ class Gatekeeper(Entity):
 
     def on_assert(self, value: Value, handle: int) -> None:
         if type(value) is not Record or value.label != RESOLVE:
-            log.debug("gatekeeper: ignoring assertion %s", short(value))
+            if log.isEnabledFor(logging.DEBUG):  # short() of a peer's value is not free
+                log.debug("gatekeeper: ignoring assertion %s", short(value))
             return
         if len(value.fields) != 2 or type(value.fields[1]) is not Embedded:
             self._reject(None, handle, f"malformed resolve request {short(value)}: expected "

@@ -48,6 +48,7 @@ from ..dataspace import Entity, fresh_handle
 from ..values import (
     DecodeError,
     Decoder,
+    DecodeTooLarge,
     Dictionary,
     Embedded,
     Record,
@@ -80,9 +81,9 @@ _HDR_M = b"\xb4\xb3\x01M"
 _HDR_S = b"\xb4\xb3\x01S"
 _B_TRUE = b"\x81"
 
-# The last message body encoded (see Relay._send_message).
-_cached_value: Any = None
-_cached_body = b""
+# The last message body encoded, as (value, body): one object, so that relays in
+# different threads never pair one value with another's body (see Relay._send_message).
+_cached: tuple[Any, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,7 @@ class Relay:
                             self.peer_error[0], short(detail))
                 self.wants_close = True
                 self._shutdown()
-            else:
+            elif log.isEnabledFor(logging.DEBUG):  # short() of a peer's value is not free
                 log.debug("%s: ignoring extension packet %s", self.name, short(v))
         elif v is False:
             pass  # Nop
@@ -733,15 +734,15 @@ class Relay:
         # Fan-out: every observer of a message gets a sequence of the *same* captured
         # objects; without embedded references their encoding is the same, so it is
         # made once (a one-entry cache shared by all relays).
-        global _cached_value, _cached_body
-        cv = _cached_value
+        global _cached
+        c = _cached
         if (
-            cv is not None
+            c is not None
             and type(value) is Sequence
-            and len(value) == len(cv)
-            and all(map(is_, value, cv))
+            and len(value) == len(c[0])
+            and all(map(is_, value, c[0]))
         ):
-            body = _cached_body
+            body = c[1]
         else:
             self._embedded_out = False
             try:
@@ -749,10 +750,7 @@ class Relay:
             except (TypeError, ValueError) as e:
                 log.warning("%s: cannot send message %s: %s", self.name, short(value), e)
                 return
-            if type(value) is Sequence and not self._embedded_out:
-                _cached_value, _cached_body = value, body
-            else:
-                _cached_value = None
+            _cached = (value, body) if type(value) is Sequence and not self._embedded_out else None
         self._emit(proxy.oid_bytes, _HDR_M, body)
 
     def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
@@ -900,6 +898,6 @@ def _bad_event(e: Value) -> ProtocolError:
 
 
 def _decode_detail(e: DecodeError) -> Value:
-    if "max_value_size" in e.message or "longer than" in e.message:
+    if isinstance(e, DecodeTooLarge):
         return Symbol("packet-too-large")
     return Symbol("malformed-packet")

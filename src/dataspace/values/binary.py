@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from operator import itemgetter
 from typing import Any
 
-from .errors import DecodeEOF, DecodeError, DecodeLimitExceeded, DecodeShort
+from .errors import DecodeEOF, DecodeError, DecodeLimitExceeded, DecodeShort, DecodeTooLarge
 from .model import (
     _PLAIN_NOINT,
     MAX_DEPTH,
@@ -966,8 +966,8 @@ class Decoder:
                         return -1
                     return p
 
-    def _too_big(self) -> DecodeLimitExceeded:
-        return DecodeLimitExceeded(
+    def _too_big(self) -> DecodeTooLarge:
+        return DecodeTooLarge(
             f"value longer than max_value_size ({self._max_size} bytes)",
             self._pos + self._base,
         )

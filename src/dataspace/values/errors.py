@@ -23,6 +23,7 @@ __all__ = [
     "ParseShort",
     "ParseEOF",
     "DecodeLimitExceeded",
+    "DecodeTooLarge",
     "ParseLimitExceeded",
     "LimitExceeded",
 ]
@@ -67,6 +68,10 @@ class LimitExceeded(PreservesError):
 
 class DecodeLimitExceeded(DecodeError, LimitExceeded):
     """Binary input exceeded a configured limit."""
+
+
+class DecodeTooLarge(DecodeLimitExceeded):
+    """A value longer than the decoder's ``max_value_size``."""
 
 
 class ParseLimitExceeded(ParseError, LimitExceeded):
