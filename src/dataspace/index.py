@@ -45,6 +45,7 @@ from .pattern import (
     Path,
     Pattern,
     Skeleton,
+    apply_move,
     classof,
     path_key,
     skeleton,
@@ -70,11 +71,10 @@ class _Node:
         "move_list",
         "moves",
         "parent",
-        "path"
     )
 
     def __init__(
-        self, parent: _Node | None, move_key: Any, cls: Any, path: Path, kinds: dict[Path, str]
+        self, parent: _Node | None, move_key: Any, cls: Any, kinds: dict[Path, str]
     ) -> None:
         self.cont = _Continuation()
         # move key -> (getter, up, {class -> node}); move_list mirrors it as a list of
@@ -84,7 +84,6 @@ class _Node:
         self.parent = parent
         self.move_key = move_key
         self.cls = cls
-        self.path = path
         self.kinds = kinds
         # capture paths -> [compiled projection, handlers using it] (shared by every leaf
         # under this node; dropped with its last handler)
@@ -323,7 +322,7 @@ class Index:
         self.bag: dict[Any, int] = {}
         self.extra: dict[int, int] = {}
         self.values: dict[int, Value] = {}  # id -> assertion
-        self.root = _Node(None, None, None, (), {})
+        self.root = _Node(None, None, None, {})
         self._busy = False
         self._next_id = 0
 
@@ -344,14 +343,14 @@ class Index:
                 node.moves[mkey] = entry
                 node.rebuild_move_list()
             table = entry[2]
-            h = h[: len(h) - up] + tuple(down)
+            h = apply_move(h, (up, down))
             nxt = table.get(cls)
             if nxt is None:
                 new_kinds = dict(kinds)
                 new_kinds[path_key(h)] = (
                     "arr" if cls is SEQUENCE_CLASS else "dict" if cls is DICTIONARY_CLASS else "rec"
                 )
-                nxt = _Node(node, mkey, cls, h, new_kinds)
+                nxt = _Node(node, mkey, cls, new_kinds)
                 cache = nxt.cont.cache
                 values = self.values
                 for k in node.cont.cache:
@@ -690,7 +689,7 @@ def _children(node: _Node, stack: list[Any]) -> Iterator[tuple[_Node, list[Any]]
                 yield nxt, [*base, child]
 
 
-_EMPTY_NODE = _Node(None, None, None, (), {})  # stands for "no moves" at the root
+_EMPTY_NODE = _Node(None, None, None, {})  # stands for "no moves" at the root
 
 # At the root the only move is (0, []): the class of the whole value picks the child.
 

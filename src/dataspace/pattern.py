@@ -44,7 +44,6 @@ from typing import Any
 
 from .values import (
     Dictionary,
-    Embedded,
     Record,
     Sequence,
     Set,
@@ -468,9 +467,6 @@ def _from_syntax(v: Value, depth: int) -> Pattern:
     if t is Set:
         for x in v:
             _check_literal(x)
-        return Lit(v)
-    if t is Embedded:
-        return Lit(v)
     return Lit(v)
 
 
