@@ -176,3 +176,18 @@ def test_big_integers_hash_alike_with_and_without_annotations():
     assert a == b and hash(a) == hash(b)
     assert Set([a]) == Set([b]) and hash(Set([a])) == hash(Set([b]))
     assert hash(Sequence([big, Annotated(big, [1])])) == hash(Sequence([big, big]))
+
+
+def test_big_integers_inside_compounds_do_not_share_hashes():
+    """Python's int hash is modulo 2**61-1: a peer can send many big ints with one hash.
+    Inside records, sequences and sets they must be salted as they are at the top level of
+    key(), or a dictionary of such values degrades to a list (a hash flood)."""
+    m = (1 << 61) - 1
+    ints = [m * i + 5 for i in range(1, 200)]
+    assert len({hash(i) for i in ints}) == 1  # the attack: raw hashes all collide
+    for wrap in (lambda i: Record(Symbol("x"), [i]), lambda i: Sequence([i]),
+                 lambda i: Set([i]), lambda i: Dictionary({i: 1})):
+        hashes = {hash(wrap(i)) for i in ints}
+        assert len(hashes) > len(ints) // 2, wrap(ints[0])
+    small = Record(Symbol("x"), [5])  # small ints keep their plain hashing
+    assert hash(small) == hash(Record(Symbol("x"), [5]))

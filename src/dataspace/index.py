@@ -51,7 +51,7 @@ from .pattern import (
     skeleton,
 )
 from .values import Dictionary, Record, Sequence, Symbol, Value, key, preserve, strip
-from .values.model import _PLAIN
+from .values.model import _PLAIN, _PLAIN_NOINT
 
 __all__ = ["Callback", "Index"]
 
@@ -513,11 +513,11 @@ class Index:
     def adjust_assertion(self, value: Value, delta: int) -> bool:
         """Change the copy count of ``value`` by ``delta``.  Returns True when the value
         appeared or disappeared (the observable contents changed)."""
-        if type(value) in _PLAIN:
+        if type(value) in _PLAIN_NOINT:
             k = value
         else:
             value = strip(preserve(value))
-            k = key(value)
+            k = key(value)  # an int: big ones salted (their raw hashes can be made to collide)
         bag = self.bag
         if delta > 0:
             vid = self._next_id + 1
@@ -613,7 +613,7 @@ class Index:
 
     def _bag_key(self, value: Value) -> Any:
         """The bag's key for ``value`` (as :meth:`add_assertion` computes it)."""
-        return value if type(value) in _PLAIN else key(strip(preserve(value)))
+        return value if type(value) in _PLAIN_NOINT else key(strip(preserve(value)))
 
     def __contains__(self, value: Value) -> bool:
         return self._bag_key(value) in self.bag

@@ -553,9 +553,10 @@ class Annotated(_ValueMethods):
 
 _new = object.__new__
 
-# Types whose Python equality and hashing are already Preserves-strict.  ``int`` is here
-# because the only values Python would confuse it with (``bool`` and ``float``) are never
-# left bare inside a strict key.
+# Types whose Python equality is already Preserves-strict.  ``int`` is here because the
+# only values Python would confuse it with (``bool`` and ``float``) are never left bare
+# inside a strict key.  Its hash is not flood-safe for big ints: containers hash their
+# items through ``_hk`` (which salts them) and ``key()`` wraps a bare one.
 _PLAIN = frozenset({str, int, bytes, Symbol, Record, Sequence, Set, Dictionary, Embedded})
 # Types whose strict key is always the value itself (``key()`` wraps big integers).
 _PLAIN_NOINT = _PLAIN - {int}
@@ -563,7 +564,7 @@ _PLAIN_NOINT = _PLAIN - {int}
 _PLAIN_OR_ATOM = _PLAIN | {bool, float}
 
 
-_HK_TYPES = frozenset({float, Annotated})
+_HK_TYPES = frozenset({float, Annotated, int})
 
 
 def _hk(x: Value) -> Any:
@@ -576,7 +577,10 @@ def _hk(x: Value) -> Any:
     """
     while type(x) is Annotated:
         x = x.item
-    if type(x) is float and x != x:
+    t = type(x)
+    if t is int:
+        return x if -_BIG_INT < x < _BIG_INT else _BigIntKey(x)
+    if t is float and x != x:
         return key(x)
     return x
 
