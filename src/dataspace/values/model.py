@@ -269,11 +269,6 @@ class Sequence(_ValueMethods, tuple):
             items = tuple(map(preserve, items))
         return tuple.__new__(cls, items)
 
-    def _strict(self) -> tuple[Any, ...]:
-        if _PLAIN.issuperset(map(type, self)):
-            return tuple(self)
-        return tuple(map(key, self))
-
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True

@@ -1041,7 +1041,7 @@ class _Pretty:
         self.embedded = embedded
         self.indent = indent
         self.width = 80
-        self.table = _compact_writer(annotations, embedded)
+        self.table = _table_for(annotations, embedded)
 
     def write(self, v: Value, level: int) -> str:
         t = type(v)
