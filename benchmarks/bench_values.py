@@ -8,6 +8,11 @@ ops/s of our binary ``encode``/``decode`` and text ``stringify``/``parse`` next 
 ``preserves`` package's ``encode``/``decode``/``stringify``/``parse`` measured in the same
 run, and the ratio (theirs / ours: above 1 means ours is faster).  Each figure is the best
 of several timeit repeats.  Operations that are not implemented print ``n/a``.
+
+Then times our codecs on pathological inputs (the unit tests check only the results):
+a binary string declaring 2**70 - 1 bytes, huge double literals, a long flat text
+sequence, and a ~270 KB binary value fed to the streaming ``Decoder`` in 64-byte chunks.
+Figures only: nothing is asserted.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from dataspace.values import (
+    Decoder,
+    DecodeShort,
     Dictionary,
     Embedded,
     Record,
@@ -196,7 +203,55 @@ def main(argv: list[str] | None = None) -> int:
                 f"{fmt(t_ref)[0]:>9} {fmt(t_ref)[1]:>10} {ratio}"
             )
     print("ratio = reference time / our time (above 1: ours is faster)")
+    print()
+    pathological(repeat)
     return 0
+
+
+def _huge_declared_length() -> None:
+    data = b"\xb2" + b"\xff" * 9 + b"\x01"  # a string of 2**70 - 1 bytes declared
+    try:
+        decode(data)
+    except DecodeShort:
+        pass
+
+
+def _feed_in_chunks(data: bytes, size: int) -> list[Any]:
+    d = Decoder()
+    out: list[Any] = []
+    for i in range(0, len(data), size):
+        d.feed(data[i : i + size])
+        out.extend(d)
+    return out
+
+
+def pathological(repeat: int) -> None:
+    """Best-of-``repeat`` wall time of each pathological input (the tests' inputs)."""
+    long_digits = "1" * 200_000 + ".5"
+    huge_exponent = "1e999999999999999999"
+    tiny_fraction = "0." + "0" * 100_000 + "1"
+    flat_text = "[" + " ".join(['<a 1 "x">'] * 100_000) + "]"
+    flat_value = our_text.parse(flat_text)
+    chunked = encode(Sequence(range(60_000)))
+    cases: list[tuple[str, Callable[[], Any], int]] = [
+        ("binary: 2**70-1 byte length declared, decode", _huge_declared_length, 1000),
+        ("text: 200,000-digit double literal, parse", lambda: our_text.parse(long_digits), 1),
+        ("text: 1e999999999999999999, parse", lambda: our_text.parse(huge_exponent), 1),
+        ("text: 0.<100,000 zeros>1, parse", lambda: our_text.parse(tiny_fraction), 1),
+        ("text: 100,000 flat records, parse", lambda: our_text.parse(flat_text), 1),
+        ("text: 100,000 flat records, stringify", lambda: our_text.stringify(flat_value), 1),
+        (
+            f"binary: {len(chunked) // 1000} KB value in 64-byte chunks, Decoder",
+            lambda: _feed_in_chunks(chunked, 64),
+            1,
+        ),
+    ]
+    print(f"pathological inputs (best of {repeat})")
+    width = max(len(name) for name, _, _ in cases)
+    for name, fn, number in cases:
+        best = min(timeit.Timer(fn).timeit(number) for _ in range(repeat))
+        per = f" ({best / number * 1e6:.2f} µs each of {number})" if number > 1 else ""
+        print(f"  {name:<{width}} {best * 1e3:11.3f} ms{per}")
 
 
 if __name__ == "__main__":

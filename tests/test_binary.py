@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import math
 import random
-import time
 from datetime import timedelta
 
 import pytest
@@ -38,6 +37,7 @@ from dataspace.values import (
     stringify,
     strip,
 )
+from dataspace.values import binary as binary_module
 from dataspace.values.model import MAX_DEPTH
 from strategies import annotated_values, confusable_atoms, values, with_embedded
 
@@ -461,13 +461,11 @@ def test_decode_errors(hexed: str, error: type[DecodeError], position: int) -> N
     assert str(position) in str(e)
 
 
-def test_huge_declared_length_is_fast() -> None:
+def test_huge_declared_length_is_short() -> None:
+    # Timing of this input: benchmarks/bench_values.py (pathological inputs).
     data = b"\xb2" + b"\xff" * 9 + b"\x01"  # 2**70 - 1 bytes declared
-    t = time.perf_counter()
-    for _ in range(1000):
-        with pytest.raises(DecodeShort):
-            decode(data)
-    assert time.perf_counter() - t < 1.0
+    with pytest.raises(DecodeShort):
+        decode(data)
 
 
 def test_decode_accepts_bytes_likes() -> None:
@@ -706,15 +704,30 @@ def test_decoder_error_positions_are_stream_offsets() -> None:
     assert info.value.position == 3
 
 
-def test_decoder_large_value_in_small_chunks_is_linear() -> None:
-    v = Sequence(range(60_000))  # ~180 KB of small items
+def test_decoder_large_value_in_small_chunks_is_decoded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A value arriving in many small chunks is tracked by the resumable scan and decoded
+    # once it is complete, not re-parsed from the start on every feed.  (Timings of this
+    # input: benchmarks/bench_values.py.)
+    v = Sequence(range(60_000))  # ~270 KB of small items
     data = encode(v)
-    t = time.perf_counter()
+    chunks = -(-len(data) // 64)
+    assert chunks > 1000
+    calls = 0
+    real_run = binary_module._run
+
+    def counting_run(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(binary_module, "_run", counting_run)
     out = feed_in_chunks(data, [64])
-    elapsed = time.perf_counter() - t
     assert out == [v]
-    # Re-parsing from scratch on every feed would take tens of seconds here.
-    assert elapsed < 5.0, elapsed
+    # One failed fast-path attempt on the first chunk, one decode of the complete value;
+    # re-parsing on every feed would be about one call per chunk.
+    assert calls <= 2, (calls, chunks)
 
 
 def test_decoder_rejects_bad_max_value_size() -> None:

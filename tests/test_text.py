@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -245,12 +244,11 @@ def test_integer_digit_cap():
         parse("0" * (MAX_INTEGER_DIGITS + 1))
 
 
-def test_huge_double_literals_are_fast():
-    t = time.perf_counter()
+def test_huge_double_literals():
+    # Timings of these inputs: benchmarks/bench_values.py (pathological inputs).
     assert parse("1" * 200_000 + ".5") == float("1" * 200_000 + ".5")
     assert parse("1e999999999999999999") == math.inf
     assert parse("0." + "0" * 100_000 + "1") == 0.0
-    assert time.perf_counter() - t < 2
 
 
 # ---------------------------------------------------------------------------------------
@@ -359,6 +357,15 @@ def test_embedded():
     assert stringify(Embedded(0)) == "#:0"
     assert stringify(Embedded(Embedded(0))) == "#:#:0"
     assert stringify(v, embedded=lambda obj: 1) == "[#:1 #:1]"
+
+    class Unhashable:  # an embedded= callable that cannot be a cache key
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, obj: object) -> int:
+            return 1
+
+    assert stringify(v, embedded=Unhashable()) == "[#:1 #:1]"
+    assert stringify(v, embedded=Unhashable(), indent=2) == stringify(v, embedded=lambda o: 1, indent=2)
     with pytest.raises(TypeError, match="embedded"):
         stringify(Embedded(object()))
     with pytest.raises(TypeError, match="embedded"):
@@ -664,13 +671,12 @@ def test_max_length():
     assert parse("[1 2 3]", max_length=7) == Sequence([1, 2, 3])
 
 
-def test_long_flat_input_is_fast():
+def test_long_flat_input():
+    # Timing of this input: benchmarks/bench_values.py (pathological inputs).
     text = "[" + " ".join(['<a 1 "x">'] * 100_000) + "]"
-    t = time.perf_counter()
     v = parse(text)
     assert len(v) == 100_000
     assert stringify(v) == text
-    assert time.perf_counter() - t < 10
 
 
 # ---------------------------------------------------------------------------------------
