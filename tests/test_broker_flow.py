@@ -80,7 +80,9 @@ async def test_slow_consumer_back_pressure_then_send_timeout(tmp_path):
         # 2. The consumer does not drain for send_timeout: it is disconnected, and what it
         #    asserted is retracted.
         await seen.until(lambda s: ("consumer",) not in s.present)
-        assert consumer_conn.closed and "slow consumer" in (consumer_conn.close_reason or "")
+        # It is the send timeout that closed it, not the (8 MiB) queue limit.
+        assert consumer_conn.closed
+        assert "slow consumer: nothing could be sent for 1 s" in (consumer_conn.close_reason or "")
         # 3. The publisher's debt is repaid: it is read again and finishes.
         await asyncio.wait_for(resumed.wait(), 20)
         await asyncio.wait_for(task, 60)
@@ -102,10 +104,15 @@ async def test_slow_consumer_disconnected_at_the_queue_limit(tmp_path):
         watcher.observe("<Present $who>", **seen.kw())
         consumer = await stalled_consumer(server)
         await seen.until(lambda s: ("consumer",) in s.present)
+        watcher_name = server_side(server, watcher).name
+        consumer_conn = next(c for c in server.connections if c.name != watcher_name)
         pub = await connect(addr, server.sturdyref)
         progress = [0]
         task = asyncio.ensure_future(publish(pub, 400, progress))
         await seen.until(lambda s: ("consumer",) not in s.present)
+        # It is the queue limit that closed it, not the (60 s) send timeout.
+        assert consumer_conn.closed
+        assert "slow consumer: more than 524288 bytes waiting" in (consumer_conn.close_reason or "")
         await asyncio.wait_for(task, 60)
         await pub.sync()
         assert len(server.connections) == 2  # watcher and publisher remain

@@ -344,7 +344,8 @@ def test_a_graph_runs_once_at_a_time(store):
         e.start()
         with pytest.raises(EngineError, match="already running"):
             LocalEngine(g, store).start()
-    LocalEngine(g, store).start()  # released
+    with LocalEngine(g, store) as e:
+        e.start()  # released
 
 
 def test_engine_registry():

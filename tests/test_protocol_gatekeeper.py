@@ -94,6 +94,7 @@ class Pair:
         self.gk_ref = self.client.import_ref(0)
 
     def pump(self) -> None:
+        """Exchange data until neither relay has anything to send."""
         for _ in range(10):
             a = self.client.data_to_send()
             b = self.server.data_to_send()
@@ -101,11 +102,12 @@ class Pair:
                 return
             self.server.receive_data(a)
             self.client.receive_data(b)
+        raise AssertionError("relays did not quiesce in 10 rounds")
 
-    def resolve(self, ref: SturdyRef | object) -> Answers:
+    def resolve(self, ref: SturdyRef | object, handle: int = 1) -> Answers:
         answers = Answers()
         step = ref.to_value() if isinstance(ref, SturdyRef) else ref
-        self.gk_ref.on_assert(Record(Symbol("resolve"), [step, Embedded(answers)]), 1)
+        self.gk_ref.on_assert(Record(Symbol("resolve"), [step, Embedded(answers)]), handle)
         self.pump()
         return answers
 
@@ -199,5 +201,15 @@ def test_rewrite_caveat_rewrites():
 
 def test_several_keys_for_one_oid():
     p = Pair()
-    p.bindings.bind("root", b"second", DataspaceEntity(p.ds))
-    accepted_ref(p.resolve(mint("root", b"second")))
+    other = Dataspace("other")
+    p.bindings.bind("root", b"second", DataspaceEntity(other))
+    # Binding a second key adds to the first rather than replacing it: both are
+    # accepted, and each leads to what it was bound to.
+    second = accepted_ref(p.resolve(mint("root", b"second")))
+    first = accepted_ref(p.resolve(mint("root", KEY), handle=2))
+    first.on_assert(parse('<Present "first">'), 3)
+    second.on_assert(parse('<Present "second">'), 4)
+    p.pump()
+    assert p.ds.assertions() == [parse('<Present "first">')]
+    assert other.assertions() == [parse('<Present "second">')]
+    assert p.gk.accepted == 2 and p.rejections == [] and not p.server.closed
