@@ -14,11 +14,13 @@ import pytest
 
 from dataspace.streams import open_store
 from dataspace.values import Record, Symbol, encode, parse, stringify
+from spark_support import run_query
 
 pytest.importorskip("pyspark")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, ReadMinRows
 
+from dataspace.pipeline.spark._store import store_for
 from dataspace.pipeline.spark.offsets import make_offset, offset_ranges
 from dataspace.pipeline.spark.source import (
     OptionError,
@@ -115,7 +117,7 @@ def test_offsets_admission_control_and_available_now(tmp_path):
         assert late.initialOffset() == make_offset({"a": 15}, {"a": 15})
 
 
-def test_idle_latest_offset_wakes_on_append(tmp_path):
+def test_idle_latest_offset_wakes_on_append(tmp_path, monkeypatch):
     """With no new data latestOffset sleeps on the store's wake-ups (bounded by waitMs)
     and answers as soon as another process appends."""
     import subprocess
@@ -129,15 +131,30 @@ def test_idle_latest_offset_wakes_on_append(tmp_path):
                              "import sys; from dataspace.streams import open_store; "
                              "s = open_store(sys.argv[1]); sys.stdin.read(1); s.append('a', 2)",
                              str(tmp_path)], stdin=subprocess.PIPE)
-    try:
-        t = time.monotonic()
+    # The child appends only once the reader is in wait_change (it found nothing new),
+    # and each wait records whether the store changed or the wait timed out.
+    store = store_for(str(tmp_path))
+    real_wait = store.wait_change
+    woken: list[bool] = []
+
+    def wait_change(generation, timeout):
         proc.stdin.write(b"x")
         proc.stdin.flush()
+        g = real_wait(generation, timeout)
+        woken.append(g != generation)
+        return g
+
+    monkeypatch.setattr(store, "wait_change", wait_change)
+    try:
         off = r.latestOffset(start, ReadMaxRows(10))
+        assert woken == [True]  # waited once, and was woken rather than timed out
         assert offset_ranges(off) == {"a": (1, 2)}
-        assert time.monotonic() - t < 60  # woken, not timed out
+        assert proc.wait(60) == 0
     finally:
-        proc.wait(60)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+        proc.stdin.close()
 
 
 def test_modes_join_alts_each_and_retention(tmp_path):
@@ -196,8 +213,8 @@ def test_streaming_batches_follow_admission_control(spark, tmp_path):
            .option("maxRowsPerBatch", 4).option("waitMs", 0))
     q = (src.load().writeStream.foreachBatch(record)
          .option("checkpointLocation", str(tmp_path / "ck1")).trigger(availableNow=True).start())
-    q.awaitTermination(120)
-    assert not q.isActive and q.exception() is None
+    run_query(q)
+    assert q.exception() is None
     assert seen == [(0, [0, 1, 2, 3]), (1, [4, 5, 6, 7]), (2, [8, 9])]
     ends = [p["sources"][0]["endOffset"] for p in q.recentProgress if p["numInputRows"]]
     assert [offset_ranges(json.loads(e) if isinstance(e, str) else e) for e in ends] == [
@@ -205,5 +222,5 @@ def test_streaming_batches_follow_admission_control(spark, tmp_path):
     seen.clear()
     q = (src.load().writeStream.foreachBatch(record)
          .option("checkpointLocation", str(tmp_path / "ck2")).trigger(once=True).start())
-    q.awaitTermination(120)
+    run_query(q)
     assert seen == [(0, list(range(10)))]

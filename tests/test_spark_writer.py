@@ -14,6 +14,7 @@ import pytest
 from dataspace.pipeline.exactly_once import backing_stream, delivery_hash, recover
 from dataspace.streams import open_store
 from dataspace.values import Dictionary, Record, Symbol, decode, encode, parse
+from spark_support import run_query
 
 pytest.importorskip("pyspark")
 
@@ -107,7 +108,7 @@ def test_spark_re_running_a_committed_batch_duplicates_nothing(spark, tmp_path):
         s.append_many("in", [Record(N, [i]) for i in range(10)])
     ck = tmp_path / "ck"
     q = query(spark, tmp_path, ck, maxRowsPerBatch=4)
-    q.awaitTermination(120)
+    run_query(q)
     assert q.exception() is None
     with open_store(tmp_path) as s:
         first = [(e.data, e.meta_data) for e in s.read("out")]
@@ -120,7 +121,7 @@ def test_spark_re_running_a_committed_batch_duplicates_nothing(spark, tmp_path):
     if crc.exists():
         os.remove(crc)
     q = query(spark, tmp_path, ck, maxRowsPerBatch=4)
-    q.awaitTermination(120)
+    run_query(q)
     assert q.exception() is None
     assert [p["batchId"] for p in q.recentProgress if p["numInputRows"]] == [2]  # re-run
     assert (ck / "commits" / str(last)).exists()
@@ -133,12 +134,12 @@ def test_a_checkpoint_that_does_not_match_the_store_is_refused(spark, tmp_path):
     with open_store(tmp_path) as s:
         s.append_many("in", range(10))
     q = query(spark, tmp_path, tmp_path / "ck1", maxRowsPerBatch=3)
-    q.awaitTermination(120)
+    run_query(q)
     assert q.exception() is None
     # A new checkpoint starting over from the beginning, same processor id: refused.
     q = query(spark, tmp_path, tmp_path / "ck2", maxRowsPerBatch=4)
     with pytest.raises(Exception, match="does not belong to this store's state"):
-        q.awaitTermination(120)
+        run_query(q)
     with open_store(tmp_path) as s:
         assert [e.value for e in s.read("out")] == list(range(10))
 
@@ -153,7 +154,7 @@ def test_a_dataframe_transformation_keeps_its_sources(spark, tmp_path):
     q = (src.where("index % 2 = 0").select("stream", "index", "value").writeStream
          .format("dataspace").option("path", str(tmp_path)).option("stream", "even")
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
-    q.awaitTermination(120)
+    run_query(q)
     assert q.exception() is None
     with open_store(tmp_path) as s:
         got = s.read("even")

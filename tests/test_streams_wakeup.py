@@ -1,7 +1,8 @@
 """Readers wake when data arrives: in-process (threads, asyncio) and across processes.
 
-Every wait is bounded; nothing here sleeps to synchronise.  A reader that was not woken
-would only return at its (long) timeout with nothing, failing the test.
+Every wait is bounded; nothing here sleeps to synchronise.  The reader's store wait is
+wrapped: the data is appended only once the reader is in that wait, and the test checks
+that the wait ended because the store changed, not because it timed out.
 """
 
 from __future__ import annotations
@@ -28,6 +29,30 @@ def _child(script: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _watch_waits(store, waiting: threading.Event) -> list[bool]:
+    """Wrap ``store.wait_change`` and ``wait_change_async``: ``waiting`` is set when a wait
+    begins, and the list returned gets, for each wait, True if it ended because the store
+    changed and False if it timed out."""
+    woken: list[bool] = []
+    real, real_async = store.wait_change, store.wait_change_async
+
+    def wait_change(generation, timeout):
+        waiting.set()
+        g = real(generation, timeout)
+        woken.append(g != generation)
+        return g
+
+    async def wait_change_async(generation, timeout):
+        waiting.set()
+        g = await real_async(generation, timeout)
+        woken.append(g != generation)
+        return g
+
+    store.wait_change = wait_change
+    store.wait_change_async = wait_change_async
+    return woken
+
+
 def _readline(proc: subprocess.Popen[str], timeout: float = LONG) -> str:
     """One line of the child's stdout, waiting at most ``timeout`` seconds."""
     out: list[str] = []
@@ -46,9 +71,9 @@ def test_blocking_reader_wakes_on_append_in_another_thread(tmp_path):
         got: list[object] = []
         waiting = threading.Event()
         done = threading.Event()
+        woken = _watch_waits(store, waiting)
 
         def reader():
-            waiting.set()
             got.extend(e.value for e in t.poll(timeout=LONG))
             done.set()
 
@@ -57,6 +82,7 @@ def test_blocking_reader_wakes_on_append_in_another_thread(tmp_path):
         store.append("chat", "hello")
         assert done.wait(LONG)
         assert got == ["hello"]
+        assert woken and woken[-1], woken  # the append ended the wait, not the timeout
 
 
 def test_wait_for_returns_false_on_timeout_without_spurious_changes(tmp_path):
@@ -101,15 +127,32 @@ def test_reader_in_another_process_wakes_on_our_append(tmp_path):
             s = open_store(sys.argv[1])
             t = s.tailer("chat", start="latest")
             print(s.wakeup_mode, flush=True)
+            real_wait, woken = s.wait_change, []
+
+            def wait_change(generation, timeout):
+                if not woken:
+                    print("waiting", flush=True)
+                g = real_wait(generation, timeout)
+                woken.append(g != generation)
+                return g
+
+            s.wait_change = wait_change
             entries = t.poll(timeout=float(sys.argv[2]))
             print([e.value for e in entries], flush=True)
+            print("woken" if woken and woken[-1] else f"not woken: {woken}", flush=True)
             """,
             str(tmp_path), str(LONG),
         )
-        assert _readline(child) == "inotify"
-        store.append("chat", "from the parent")
-        assert _readline(child) == "['from the parent']"
-        assert child.wait(LONG) == 0
+        try:
+            assert _readline(child) == "inotify"
+            assert _readline(child) == "waiting"
+            store.append("chat", "from the parent")
+            assert _readline(child) == "['from the parent']"
+            assert _readline(child) == "woken"
+            assert child.wait(LONG) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
 
 
 @pytest.mark.skipif(not inotify_available(), reason="cross-process wake-ups use inotify (Linux)")
@@ -132,9 +175,9 @@ def test_our_reader_wakes_on_append_in_another_process(tmp_path, use_asyncio):
             result: list[object] = []
             waiting = threading.Event()
             done = threading.Event()
+            woken = _watch_waits(store, waiting)
 
             def reader():
-                waiting.set()
                 if use_asyncio:
                     entries = asyncio.run(t.poll_async(timeout=LONG))
                 else:
@@ -149,6 +192,7 @@ def test_our_reader_wakes_on_append_in_another_process(tmp_path, use_asyncio):
             assert child.wait(LONG) == 0
             assert done.wait(LONG)
             assert result == ["from the child"]
+            assert woken and woken[-1], woken  # the append ended the wait, not the timeout
         finally:
             if child.poll() is None:
                 child.kill()
