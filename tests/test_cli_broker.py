@@ -168,3 +168,30 @@ def test_serve_rejects_bad_recorder_specs(tmp_path):
     assert r.returncode == 2 and "STREAM[,OPTION=VALUE...]:PATTERN" in r.stderr
     r = run_cli("serve", "--data-dir", str(tmp_path), "--record", "x,dataspace=nope:<a>")
     assert r.returncode == 2 and "which the server does not have" in r.stderr
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "directory"])
+def test_serve_refuses_a_damaged_store_before_listening(tmp_path, damage):
+    """A --record server whose stream store is damaged says so in the one line that
+    `dataspace stream ls` gives for that store, before it listens or prints a sturdyref."""
+    data = tmp_path / "data"
+    data.mkdir()
+    db = data / "streams.sqlite3"
+    if damage == "garbage":
+        db.write_bytes(bytes(range(7, 256)) * 20)
+    elif damage == "truncated":
+        db.write_bytes(b"SQLite format 3\x00" + b"\x00" * 20)
+    else:
+        db.mkdir()  # cannot be read as a file
+    ls = run_cli("stream", "ls", "--data-dir", str(data))
+    assert ls.returncode == 1
+    [line] = ls.stderr.splitlines()
+    assert line.startswith("dataspace stream: ") and str(db) in line, line
+    problem = line[len("dataspace stream: "):]
+    assert "streams.sqlite3/streams.sqlite3" not in problem  # the path is the store file's
+    r = run_cli("serve", "--data-dir", str(data), "--tcp", "127.0.0.1:0",
+                "--record", "chat:<Says $who $text>")
+    assert r.returncode == 1
+    assert r.stdout == ""  # no sturdyref line
+    assert r.stderr.splitlines() == [f"dataspace serve: {problem}"]
+    assert not (data / "root.sturdyref").exists()

@@ -10,11 +10,12 @@ from typing import Any
 
 from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server
-from ..datadir import STREAMS_DB
+from ..datadir import resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
-from ..streams import open_store, recorder_specs, start_recorders
+from ..streams import SQLiteStore, StoreError, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
 from ._client import stop_event
+from ._store import open_data_store
 
 EXAMPLES = f"""\
 examples:
@@ -143,32 +144,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(cfg: ServerConfig) -> int:
-    server = Server(cfg)
+    # Everything that can fail on the data directory's contents is checked before the
+    # server listens or prints its sturdyref: a damaged stream store is one line and a
+    # non-zero exit, as `dataspace stream ls` reports it, not a traceback after start.
+    store: SQLiteStore | None = None
+    try:
+        specs = _recorder_specs(cfg)
+        data_dir = resolve_data_dir(cfg.data_dir)
+        if specs:
+            store = open_data_store(data_dir, create=True)
+    except (StoreError, OSError, ConfigError) as e:
+        print(f"dataspace serve: {e}", file=sys.stderr)
+        return 1
+    server = Server(cfg, data_dir=data_dir)
     try:
         await server.start()
     except (OSError, ConfigError, ValueError) as e:
+        if store is not None:
+            store.close()
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     stop = stop_event()
-    print(f"sturdyref: {server.sturdyref}", flush=True)
-    for a in server.addresses:
-        print(f"dataspace serve: listening on {a}", file=sys.stderr)
-    print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
-          file=sys.stderr, flush=True)
-    store = None
     recorders: list[Any] = []
     try:
-        specs = _recorder_specs(cfg)
-        if specs:
-            assert server.data_dir is not None
-            store = open_store(server.data_dir)
+        if store is not None:
             for spec in specs:
                 ds = server.dataspaces[spec.dataspace or "root"]
                 recorders += start_recorders(ds, [spec], store)
-            print(f"dataspace serve: recording {len(recorders)} stream(s) into "
-                  f"{server.data_dir / STREAMS_DB}", file=sys.stderr, flush=True)
+        print(f"sturdyref: {server.sturdyref}", flush=True)
+        for a in server.addresses:
+            print(f"dataspace serve: listening on {a}", file=sys.stderr)
+        print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
+              file=sys.stderr, flush=True)
+        if store is not None:
+            print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.path}",
+                  file=sys.stderr, flush=True)
         await stop.wait()
-    except (OSError, ValueError) as e:
+    except (StoreError, OSError, ValueError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     finally:

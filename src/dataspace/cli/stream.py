@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..datadir import STREAMS_DB, resolve_data_dir
-from ..streams import StoreError, open_store
+from ..streams import StoreError
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..values import ParseError, stringify
 from ..values.text import parse_many
+from ._store import open_data_store
 
 EPILOG = """\
 examples:
@@ -98,8 +99,7 @@ def register(sub: Any) -> None:
 
 
 def _store(args: argparse.Namespace, create: bool = False) -> Any:
-    d = resolve_data_dir(args.data_dir, create=create)
-    return open_store(d / STREAMS_DB, create=create)
+    return open_data_store(args.data_dir, create=create)
 
 
 def _fail(msg: str) -> int:
