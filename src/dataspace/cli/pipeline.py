@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ..datadir import STREAMS_DB, resolve_data_dir
+from ..datadir import resolve_data_dir
 from ..pipeline.engine import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -23,7 +23,8 @@ from ..pipeline.engine import (
 )
 from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
-from ..streams import StoreError, open_store
+from ..streams import StoreError
+from ._store import open_data_store
 
 EPILOG = """\
 examples:
@@ -216,8 +217,7 @@ def _columns() -> int:
 
 
 def _open(args: argparse.Namespace, durability: str = "full", create: bool = True) -> Any:
-    d = resolve_data_dir(args.data_dir, create=create)
-    return open_store(d / STREAMS_DB, create=create, durability=durability)
+    return open_data_store(args.data_dir, create=create, durability=durability)
 
 
 def run_check(args: argparse.Namespace) -> int:
