@@ -191,3 +191,23 @@ def test_big_integers_inside_compounds_do_not_share_hashes():
         assert len(hashes) > len(ints) // 2, wrap(ints[0])
     small = Record(Symbol("x"), [5])  # small ints keep their plain hashing
     assert hash(small) == hash(Record(Symbol("x"), [5]))
+
+
+def test_model_does_not_import_the_text_codec():
+    """values.text is built on values.model; model must not import text back (not even
+    inside a function): str() of a value reaches the text writer that text installs."""
+    import ast
+    import pathlib
+
+    import dataspace.values.model as model
+
+    tree = ast.parse(pathlib.Path(model.__file__).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+    assert not {m for m in imported if m.endswith("text")}, imported
+    assert str(Record(Symbol("Says"), ["alice", 1.5])) == '<Says "alice" 1.5>'
+    assert str(Sequence([Symbol("a"), b"x"])) == '[a #"x"]'

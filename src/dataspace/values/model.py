@@ -27,7 +27,7 @@ Values are immutable: do not assign to their attributes (hashes are cached).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any, TypeAlias
 
@@ -127,6 +127,18 @@ _FALSE_KEY = _AtomKey(0, 0)
 _TRUE_KEY = _AtomKey(0, 1)
 
 
+# The text form of str(value).  This module does not import the text codec (which is
+# built on it): ``values.text`` installs its writer here when it is imported, which the
+# package's ``__init__`` does before anyone can hold a value.
+_text_form: Callable[[Any], str] = repr
+
+
+def _set_text_form(writer: Callable[[Any], str]) -> None:
+    """Make ``str(value)`` use ``writer`` (called once, by :mod:`.text`)."""
+    global _text_form
+    _text_form = writer
+
+
 class _ValueMethods:
     """Methods every value class shares: the Preserves total order and text form."""
 
@@ -145,9 +157,7 @@ class _ValueMethods:
         return compare(self, other) >= 0
 
     def __str__(self) -> str:
-        from .text import stringify
-
-        return stringify(self)
+        return _text_form(self)
 
 
 class Symbol(_ValueMethods):

@@ -44,6 +44,7 @@ from .model import (
     Set,
     Symbol,
     Value,
+    _set_text_form,
     double_bits,
     double_from_bits,
     is_value,
@@ -1189,3 +1190,5 @@ def _write_deep(v: Value, annotations: bool, embedded: Callable[[Any], Value] | 
 
 _DEFAULT_TABLE = _compact_writer(True, None)
 _NO_ANNOTATIONS_TABLE = _compact_writer(False, None)
+
+_set_text_form(stringify)
