@@ -218,3 +218,36 @@ async def test_callbacks_are_turns_and_a_failing_one_is_discarded(tmp_path, capl
         assert parse("<from-bad>") not in root
         assert "boom" in caplog.text
         await ds.close()
+
+
+@async_test
+async def test_captured_references_print_readably(tmp_path, capsys):
+    """print(k) of a reference captured by during() works (it raised TypeError: cannot
+    write the embedded RemoteEntity object as text)."""
+    from dataspace.dataspace import Entity
+    from dataspace.values import Embedded, Record, Symbol, stringify
+
+    async with running_server(tmp_path) as server:
+        producer = await connect(tcp_address(server), server.sturdyref)
+        consumer = await connect(tcp_address(server), server.sturdyref)
+        texts: list[str] = []
+        seen = asyncio.Event()
+
+        def on_fib(n, k):
+            try:
+                print(n, k)
+                texts.append(str(k))
+                texts.append(stringify(Record(Symbol("fib"), [n, k])))
+            finally:
+                seen.set()
+
+        consumer.during("<fib $n $k>", on_fib)
+        await consumer.sync()
+        producer.assert_(Record(Symbol("fib"), [10, Embedded(Entity())]))
+        await asyncio.wait_for(seen.wait(), 20)
+        k_text, fib_text = texts
+        assert k_text.startswith('#:<object "<RemoteEntity ') and k_text.endswith('>">'), k_text
+        assert fib_text == f"<fib 10 {k_text}>"
+        assert capsys.readouterr().out == f"10 {k_text}\n"
+        await producer.close()
+        await consumer.close()

@@ -31,6 +31,7 @@ from dataspace.values import text as text_module
 from dataspace.values.model import MAX_DEPTH
 from dataspace.values.text import (
     MAX_INTEGER_DIGITS,
+    MAX_OBJECT_TEXT,
     parse,
     parse_many,
     parse_prefix,
@@ -366,10 +367,57 @@ def test_embedded():
 
     assert stringify(v, embedded=Unhashable()) == "[#:1 #:1]"
     assert stringify(v, embedded=Unhashable(), indent=2) == stringify(v, embedded=lambda o: 1, indent=2)
-    with pytest.raises(TypeError, match="embedded"):
-        stringify(Embedded(object()))
-    with pytest.raises(TypeError, match="embedded"):
-        stringify(v)
+    # A caller's embedded= gets exactly what it asks for: a non-value is an error.
+    with pytest.raises(TypeError, match="embedded= function returned object"):
+        stringify(v, embedded=lambda obj: obj)
+
+
+class _Ref:
+    """An embedded object that is not a Preserves value (like a client's RemoteEntity)."""
+
+    def __init__(self, oid: int) -> None:
+        self.oid = oid
+
+    def __repr__(self) -> str:
+        return f"<RemoteEntity client:127.0.0.1:7411#{self.oid}>"
+
+
+def test_embedded_objects_have_a_default_text_form():
+    k = Embedded(_Ref(3))
+    v = Record(S("fib"), [10, k])
+    text = '<fib 10 #:<object "<RemoteEntity client:127.0.0.1:7411#3>">>'
+    assert stringify(v) == str(v) == text
+    assert str(k) == '#:<object "<RemoteEntity client:127.0.0.1:7411#3>">'
+    assert repr(v) == "Record(Symbol('fib'), (10, Embedded(<RemoteEntity client:127.0.0.1:7411#3>)))"
+    assert stringify(v, indent=2) == text  # the indenting writer agrees
+    assert stringify(v, annotations=False) == text
+    # The text reads back (as a record standing for the object, not the object).
+    assert parse(text) == Record(S("fib"), [10, Embedded(Record(S("object"), [repr(k.value)]))])
+    # Too deep for the recursive writer: the stack-based one writes it the same way.
+    deep: object = k
+    for _ in range(3000):
+        deep = Sequence([deep])
+    assert stringify(deep).strip("[]") == str(k)
+    # An explicit embedded= wins over the default.
+    assert stringify(v, embedded=lambda obj: obj.oid) == "<fib 10 #:3>"
+    assert stringify(v, embedded=lambda obj: obj.oid, indent=2) == "<fib 10 #:3>"
+
+
+def test_embedded_object_text_is_bounded_and_survives_a_failing_repr():
+    class Long:
+        def __repr__(self) -> str:
+            return "x" * 10_000
+
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    long_text = stringify(Embedded(Long()))
+    assert long_text.startswith('#:<object "xxx') and long_text.endswith('...">')
+    assert len(parse(long_text).value.fields[0]) == MAX_OBJECT_TEXT
+    broken = stringify(Embedded(Broken()))
+    assert broken.startswith('#:<object "<') and "Broken object at 0x" in broken
+    parse(broken)
 
 
 def test_embedded_callable_errors_become_parse_errors():

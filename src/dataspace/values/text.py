@@ -13,7 +13,8 @@ Syntax summary (see samples.pr in the conformance suite for the test cases):
   ``#x"61 62"``, ``#[YWJj]``; symbols ``bare-word`` or ``|quoted word|``.
 * ``<label field ...>`` records (no commas), ``[a, b]`` sequences, ``#{a b}`` sets and
   ``{key: value, ...}`` dictionaries (commas are optional whitespace between items),
-  ``#:value`` embedded values.
+  ``#:value`` embedded values (written ``#:<object "repr">`` by default when the embedded
+  Python object is not itself a value).
 * ``@annotation value``; ``# comment`` to end of line is an annotation (a string) on the
   value after it; ``#!line`` is the annotation ``<interpreter "line">``.  A comment with
   no value after it before a closing bracket, a comma or the end of the text is dropped.
@@ -53,7 +54,7 @@ from .model import (
     sort_key,
 )
 
-__all__ = ["MAX_INTEGER_DIGITS", "parse", "parse_many", "parse_prefix", "stringify"]
+__all__ = ["MAX_INTEGER_DIGITS", "MAX_OBJECT_TEXT", "parse", "parse_many", "parse_prefix", "stringify"]
 
 MAX_INTEGER_DIGITS = 100_000
 """Longest integer literal :func:`parse` accepts (in digits); longer is ParseLimitExceeded.
@@ -940,10 +941,25 @@ def _embedded_value(obj: Any, embedded: Callable[[Any], Value] | None) -> Value:
     try:
         return preserve(obj)
     except TypeError:
-        raise TypeError(
-            f"cannot write the embedded {type(obj).__name__} object {obj!r:.60} as text: "
-            "pass stringify(..., embedded=f) with f returning a Preserves value for it"
-        ) from None
+        return _object_text(obj)
+
+
+_OBJECT = Symbol("object")
+MAX_OBJECT_TEXT = 200
+"""Longest ``repr`` (in characters) kept in the default text of an embedded object."""
+
+
+def _object_text(obj: Any) -> Value:
+    """The default text of an embedded object that is not a Preserves value (a reference,
+    an entity ...): ``<object "its repr">``, for people and logs."""
+    try:
+        r = repr(obj)
+    except Exception:  # a failing __repr__ must not make the value unprintable
+        t = type(obj)
+        r = f"<{t.__module__}.{t.__qualname__} object at {id(obj):#x}>"
+    if len(r) > MAX_OBJECT_TEXT:
+        r = r[: MAX_OBJECT_TEXT - 3] + "..."
+    return Record._make(_OBJECT, (r,))
 
 
 class _Table(dict):
@@ -1105,8 +1121,11 @@ def stringify(
     Sets and dictionaries are written in the Preserves order, so equal values give equal
     text.  ``indent`` (spaces per level) pretty-prints across lines; containers that fit
     in 80 columns stay on one line.  ``annotations=False`` omits annotations.  An
-    :class:`Embedded` is written ``#:`` followed by ``embedded(obj)`` (default: the
-    wrapped object itself, which must then be a Preserves value; TypeError otherwise).
+    :class:`Embedded` is written ``#:`` followed by ``embedded(obj)``, which must be a
+    Preserves value (TypeError otherwise).  Without ``embedded``, it is the wrapped object
+    itself when that is a Preserves value, else ``<object "repr of the object">`` (at most
+    :data:`MAX_OBJECT_TEXT` characters of it): every value has a text form for people and
+    logs, though such an object does not come back from :func:`parse` (the record does).
     Natural Python data (lists, dicts, ...) is accepted as by :func:`preserve`.
     """
     try:
