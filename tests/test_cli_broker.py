@@ -195,3 +195,121 @@ def test_serve_refuses_a_damaged_store_before_listening(tmp_path, damage):
     assert r.stdout == ""  # no sturdyref line
     assert r.stderr.splitlines() == [f"dataspace serve: {problem}"]
     assert not (data / "root.sturdyref").exists()
+
+
+@async_test
+async def test_observe_subscribes_as_the_client_does_so_producers_see_the_demand(tmp_path):
+    """`dataspace observe P` asserts exactly the <Observe P' #:observer> that the client's
+    observe(P) asserts (P' the wire form of P), so a producer waiting for demand with
+    during('<Observe <group <rec Says> {0: <lit $who>}> _>') sees it."""
+    from broker_support import running_server, tcp_address
+    from dataspace.pattern import parse_pattern, to_preserves
+    from dataspace.values import parse
+
+    async with running_server(tmp_path) as server:
+        producer = await connect(tcp_address(server), server.sturdyref)
+        demand: list[object] = []
+        wanted = asyncio.Event()
+
+        def produce_for(who):
+            demand.append(who)
+            wanted.set()
+
+        producer.during("<Observe <group <rec Says> {0: <lit $who>}> _>", produce_for)
+        patterns = Changes()
+        producer.observe("<Observe $pattern _>", **patterns.kw())
+        await producer.sync()
+        obs = await cli("observe", '<Says "alice" $text>', "--count", "2",
+                        "--server", tcp_address(server), "--data-dir", str(tmp_path / "data"))
+        try:
+            await asyncio.wait_for(wanted.wait(), 20)
+            assert demand == ["alice"]
+            await patterns.until(lambda s: len(s.present) == 3)
+            ours = ("<Observe <group <rec Says> {0: <lit $who>}> _>", "<Observe $pattern _>")
+            assert set(patterns.present) == {
+                (to_preserves(parse_pattern(p)),) for p in (*ours, '<Says "alice" $text>')
+            }
+            with producer.turn():
+                for text in ('<Says "alice" "hi">', '<Says "bob" "no">', '<Says "alice" "yo">'):
+                    producer.send(parse(text))
+            out, err = await asyncio.wait_for(obs.communicate(), 20)
+            assert obs.returncode == 0, err
+            assert out.decode().splitlines() == ['! <Says "alice" "hi">', '! <Says "alice" "yo">']
+            assert err.decode() == ""
+        finally:
+            await kill(obs)
+            await producer.close()
+
+
+@async_test
+async def test_observe_prints_the_pattern_filled_with_its_captures(tmp_path):
+    from broker_support import running_server, tcp_address
+    from dataspace.values import parse
+
+    async with running_server(tmp_path) as server:
+        ds = await connect(tcp_address(server), server.sturdyref)
+        conn = ("--server", tcp_address(server), "--data-dir", str(tmp_path / "data"))
+        ds.assert_(parse('<Job 7 {state: "done" owner: "ann" tags: [a b]}>'))
+        ds.assert_(parse('<Job 8 {state: "done" owner: "bob"}>'))
+        await ds.sync()
+        r = await asyncio.to_thread(
+            run_cli, "observe", '<Job $id {state: "done" owner: _ tags: [_ $t]}>', "--count", "1", *conn)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ['+ <Job 7 {owner: _ state: "done" tags: [_ b]}>']
+        r = await asyncio.to_thread(
+            run_cli, "observe", '<Job $id {state: "done" owner: _ tags: [_ $t]}>', "--count", "1",
+            "--captures", *conn)
+        assert r.stdout.splitlines() == ["+ [7 b]"]
+        # A bind around a compound captures it whole; the binds inside it are not repeated.
+        r = await asyncio.to_thread(run_cli, "observe", "<Job 8 <$d {owner: $o}>>", "--count", "1", *conn)
+        assert r.stdout.splitlines() == ['+ <Job 8 {owner: "bob" state: "done"}>']
+        await ds.close()
+
+
+@async_test
+async def test_observe_says_connection_lost_only_when_it_was(tmp_path):
+    from dataspace.values import parse
+
+    data = tmp_path / "data"
+    srv = await ServerProcess(data).start()
+    holder = await connect(srv.address, srv.sturdyref, reconnect=False)
+    try:
+        conn = ("--server", srv.address, "--data-dir", str(data))
+        holder.assert_(parse('<Present "dan">'))
+        await holder.sync()
+        # --count 1: a normal exit is not a lost connection.
+        r = await asyncio.to_thread(run_cli, "observe", "<Present $who>", "--count", "1", *conn)
+        assert r.returncode == 0 and r.stdout == '+ <Present "dan">\n'
+        assert r.stderr == ""
+        # Ctrl-C: neither.
+        obs = await cli("observe", "<Present $who>", *conn)
+        assert obs.stdout is not None and obs.stderr is not None
+        line = await asyncio.wait_for(obs.stdout.readline(), 20)
+        assert line == b'+ <Present "dan">\n'
+        obs.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(obs.communicate(), 20)
+        assert obs.returncode == 0 and err == b"" and out == b""
+        # The server really goes away: said once, then that it is back.
+        await holder.close()
+        obs = await cli("observe", "<Present $who>", *conn)
+        assert obs.stdout is not None and obs.stderr is not None
+        try:
+            held = await cli("assert", '<Present "eve">', *conn)
+            line = await asyncio.wait_for(obs.stdout.readline(), 20)
+            assert line == b'+ <Present "eve">\n'
+            await srv.stop(signal.SIGKILL)
+            line = await asyncio.wait_for(obs.stderr.readline(), 20)
+            assert line == b"dataspace observe: connection lost; reconnecting\n"
+            assert await asyncio.wait_for(obs.stdout.readline(), 20) == b'- <Present "eve">\n'
+            await srv.start()
+            line = await asyncio.wait_for(obs.stderr.readline(), 30)
+            assert line == b"dataspace observe: reconnected\n"
+            await kill(held)
+            obs.send_signal(signal.SIGINT)
+            out, err = await asyncio.wait_for(obs.communicate(), 20)
+            assert obs.returncode == 0 and err == b""
+        finally:
+            await kill(obs)
+    finally:
+        await holder.close()
+        await srv.stop()

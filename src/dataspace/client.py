@@ -276,7 +276,9 @@ class RemoteDataspace(_DataspaceBase):
         self.dropped_messages = 0
         self.reconnects = 0
         self.on_disconnect: list[Callable[[], Any]] = []
+        """Called when the connection is lost (not when :meth:`close` ends it)."""
         self.on_reconnect: list[Callable[[], Any]] = []
+        """Called when a lost connection is back."""
 
     # -- connection ----------------------------------------------------------------------
 
@@ -349,6 +351,8 @@ class RemoteDataspace(_DataspaceBase):
         # nothing is left behind (the gap is visible to observers as retractions).
         for sub in list(self._subs):
             sub.entity.reset()
+        if self._closing:
+            return  # closed on purpose (close()): nothing was lost
         for fn in self.on_disconnect:
             _call(fn, ())
 

@@ -5,28 +5,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Iterator
 from typing import Any
 
-from ..pattern import Bind, PatternError, parse_pattern
-from ..values import Sequence, Symbol, Value, stringify
+from ..pattern import Arr, Bind, Dict, Lit, Pattern, PatternError, Rec, parse_pattern
+from ..values import Dictionary, Record, Sequence, Symbol, Value, stringify
 from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, stop_event
 
 EXAMPLES = """\
 examples:
   dataspace observe '<Present $who>'                who is present, live
-  dataspace observe '<Says "alice" _>'              alice's messages
-  dataspace observe _                               everything asserted and sent
+  dataspace observe '<Says "alice" $text>'          alice's messages
+  dataspace observe '$v'                            everything asserted and sent
   dataspace observe '<Says $who $text>' --captures  just the captured fields
   dataspace observe '<Present _>' --count 1         wait for the first match, then exit
 
 output (one line per event, values in Preserves text):
-  + VALUE    a matching assertion is present (those present at start come first)
-  - VALUE    it disappeared (retracted, or its owner disconnected)
+  + VALUE    a match appeared (those present at start come first)
+  - VALUE    it went (retracted, or its owner disconnected)
   ! VALUE    a matching message
-  With --captures, VALUE is the sequence of what the pattern's $ captured.
+  VALUE is the pattern with each $ replaced by what it captured; a _ of the pattern
+  stays _ (the server sends subscribers only the captures).  Matches that differ only
+  where the pattern has _ are one match.  With --captures, VALUE is the sequence of the
+  captures.
 
 patterns: _ matches anything, $name captures, other values match themselves; records,
-sequences and dictionaries match the fields they list (extra fields are ignored).
+sequences and dictionaries match the fields they list (extra fields are ignored).  The
+subscription is <Observe PATTERN #:observer> with PATTERN in the Syndicate wire form,
+exactly as dataspace.client's observe() asserts it, so producers that watch for demand
+see it.
 
 """ + CONNECTION_HELP
 
@@ -44,7 +51,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("pattern", metavar="PATTERN", help="what to watch, e.g. '<Present $who>'")
     p.add_argument("--captures", action="store_true",
-                   help="print the captures of the pattern instead of whole values")
+                   help="print the sequence of captures instead of the pattern filled with them")
     p.add_argument("--count", type=int, metavar="N", default=0,
                    help="exit after printing N events")
     add_connection_args(p)
@@ -54,6 +61,39 @@ def register(sub: Any) -> None:
 def _embedded_text(obj: Any) -> Value:
     oid = getattr(obj, "oid", None)
     return Symbol(f"ref:{oid}" if oid is not None else f"<{type(obj).__name__}>")
+
+
+_DISCARD_TEXT = Symbol("_")
+
+
+def instantiate(pattern: Pattern, captures: tuple[Value, ...]) -> Value:
+    """``pattern`` with each bind replaced by its capture (in binding order) and each
+    discard by the symbol ``_``: what an observer knows of a match."""
+    it = iter(captures)
+    return _fill(pattern, it)
+
+
+def _fill(p: Pattern, captures: Iterator[Value]) -> Value:
+    t = type(p)
+    if t is Bind:
+        v = next(captures)
+        for _ in p.pattern.binding_names():  # type: ignore[attr-defined]
+            next(captures)  # binds inside a bind: its capture holds them already
+        return v
+    if t is Lit:
+        return p.value  # type: ignore[attr-defined]
+    if t is Rec:
+        return Record(p.label, _fill_items(dict(p.fields), captures))  # type: ignore[attr-defined]
+    if t is Arr:
+        return Sequence(_fill_items(dict(p.items), captures))  # type: ignore[attr-defined]
+    if t is Dict:
+        return Dictionary([(k, _fill(x, captures)) for k, x in p.entries])  # type: ignore[attr-defined]
+    return _DISCARD_TEXT
+
+
+def _fill_items(items: dict[int, Pattern], captures: Iterator[Value]) -> list[Value]:
+    n = max(items) + 1 if items else 0
+    return [_fill(items[i], captures) if i in items else _DISCARD_TEXT for i in range(n)]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_observe(args, pattern))
 
 
-async def _observe(args: argparse.Namespace, pattern: Any) -> int:
+async def _observe(args: argparse.Namespace, pattern: Pattern) -> int:
     ds = await open_dataspace("dataspace observe", args)
     if ds is None:
         return 1
@@ -80,7 +120,7 @@ async def _observe(args: argparse.Namespace, pattern: Any) -> int:
         nonlocal printed
         if stop.is_set():
             return
-        v = Sequence(caps[1:]) if args.captures else caps[0]
+        v = Sequence(caps) if args.captures else instantiate(pattern, caps)
         try:
             out.write(f"{prefix} {stringify(v, embedded=_embedded_text)}\n")
             out.flush()
@@ -91,8 +131,10 @@ async def _observe(args: argparse.Namespace, pattern: Any) -> int:
         if args.count and printed >= args.count:
             stop.set()
 
+    # The same subscription as dataspace.client's observe(pattern) -- and any Syndicate
+    # client's -- so that producers watching <Observe ...> for demand see this one too.
     ds.observe(
-        Bind(pattern),
+        pattern,
         on_assert=lambda *c: emit("+", c),
         on_retract=lambda *c: emit("-", c),
         on_message=lambda *c: emit("!", c),
