@@ -106,3 +106,33 @@ async def test_attenuated_sturdyref_is_enforced_for_syndicate_py(tmp_path):
             await kill(carol)
         await seen.until(lambda s: ("carol",) not in s.present)
         await ours.close()
+
+
+@async_test
+async def test_the_syndicate_py_example_in_the_docs_runs_from_any_directory(tmp_path):
+    import asyncio
+    import subprocess
+    from pathlib import Path
+
+    from broker_support import PY
+
+    doc = (Path(__file__).parent.parent / "docs" / "broker.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Other Syndicate clients"):]
+    start = section.index("```python\n") + len("```python\n")
+    code = section[start:section.index("```", start)]
+    assert '<tcp "127.0.0.1" 7411>' in code
+    elsewhere = tmp_path / "elsewhere"  # not the data directory
+    elsewhere.mkdir()
+    async with running_server(tmp_path) as server:  # data directory: tmp_path / "data"
+        script = elsewhere / "example.py"
+        script.write_text(code.replace('<tcp "127.0.0.1" 7411>', tcp_transport(server)))
+        proc = await asyncio.create_subprocess_exec(
+            PY, str(script), cwd=elsewhere, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "DATASPACE_DATA_DIR": str(tmp_path / "data")},
+        )
+        out: list[str] = []
+        try:
+            await read_line_matching(proc, r"^\+ bob$", out)
+            assert parse('<Present "bob">') in server.dataspaces["root"]
+        finally:
+            await kill(proc)
