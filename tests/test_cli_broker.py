@@ -313,3 +313,40 @@ async def test_observe_says_connection_lost_only_when_it_was(tmp_path):
     finally:
         await holder.close()
         await srv.stop()
+
+
+@async_test
+async def test_every_command_taking_a_cap_accepts_at_file(tmp_path):
+    data = tmp_path / "data"
+    srv = await ServerProcess(data).start()
+    try:
+        ref = tmp_path / "ref.pr"
+        ref.write_text(srv.sturdyref + "\n")
+        # An empty data directory: the capability can only come from the file.
+        conn = ("--server", srv.address, "--data-dir", str(tmp_path / "empty"), "--cap", f"@{ref}")
+        obs = await cli("observe", "<Says $who $text>", "--count", "2", *conn)
+        held = await cli("assert", '<Present "fay">', *conn)
+        try:
+            watcher = await connect(srv.address, srv.sturdyref)
+            seen = Changes()
+            watcher.observe("<Present $who>", **seen.kw())
+            watcher.observe("<Observe $p _>", **seen.kw())
+            # fay's presence, and the subscriptions of observe and of the watcher (x2)
+            await seen.until(lambda s: ("fay",) in s.present and len(s.present) >= 4)
+            await watcher.close()
+            r = await asyncio.to_thread(run_cli, "send", '<Says "fay" "hi">', '<Says "fay" "bye">', *conn)
+            assert r.returncode == 0, r.stderr
+            out, err = await asyncio.wait_for(obs.communicate(), 20)
+            assert obs.returncode == 0, err
+            assert out.decode().splitlines() == ['! <Says "fay" "hi">', '! <Says "fay" "bye">']
+        finally:
+            await kill(obs)
+            await kill(held)
+        # Errors name the file; a path given without @ gets a hint.
+        r = run_cli("send", "<x>", "--server", srv.address, "--cap", f"@{tmp_path / 'nope.pr'}")
+        assert r.returncode == 1
+        assert r.stderr.strip() == f"dataspace send: --cap: cannot read the ref: {tmp_path / 'nope.pr'} does not exist"
+        r = run_cli("observe", "_", "--server", srv.address, "--cap", str(ref))
+        assert r.returncode == 1 and f"write @{ref}" in r.stderr
+    finally:
+        await srv.stop()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..client import (
@@ -16,6 +17,7 @@ from ..client import (
     default_address,
 )
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
+from ..protocol.sturdy import SturdyError, SturdyRef
 from ..values import ParseError, Value, parse
 
 CONNECTION_HELP = f"""\
@@ -23,7 +25,7 @@ connecting:
   By default the command connects to $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT} with the
   capability in the data directory's root.sturdyref (written by `dataspace serve`).  Use
   --server for another address (HOST:PORT, unix:PATH, ws://HOST:PORT/) and --cap for
-  another capability (Preserves text, e.g. from `dataspace cap`).
+  another capability (Preserves text, e.g. from `dataspace cap`, or @FILE).
 """
 
 
@@ -31,16 +33,53 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", metavar="ADDRESS", default=None,
                    help=f"server address (default $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT})")
     p.add_argument("--cap", metavar="STURDYREF", default=None,
-                   help="capability as Preserves text (default: <data-dir>/root.sturdyref)")
+                   help="capability as Preserves text, or @FILE to read it from a file "
+                   "(default: <data-dir>/root.sturdyref)")
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="data directory holding root.sturdyref")
+
+
+class ArgumentError(ValueError):
+    """A command-line argument that cannot be used; the message says why (for stderr)."""
+
+
+def read_text_arg(arg: str, what: str, *, stdin: bool = False) -> str:
+    """A textual argument as the user gave it: the text itself, ``@FILE`` for the
+    contents of FILE, or (when ``stdin``) ``-`` for standard input."""
+    if stdin and arg == "-":
+        return sys.stdin.read()
+    if not arg.startswith("@"):
+        return arg
+    path = Path(arg[1:]).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ArgumentError(f"cannot read the {what}: {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArgumentError(f"cannot read the {what} from {path}: {e}") from None
+
+
+def read_capability_arg(arg: str, *, stdin: bool = False) -> SturdyRef:
+    """A capability argument (``--cap``, ``dataspace cap``'s REF): Preserves text
+    ``<ref {...}>``, ``@FILE``, or (when ``stdin``) ``-``."""
+    text = read_text_arg(arg, "ref", stdin=stdin)
+    try:
+        return SturdyRef.parse(text)
+    except SturdyError as e:
+        hint = ""
+        if not arg.startswith(("@", "-")) and not text.lstrip().startswith("<") and Path(arg).exists():
+            hint = f" (to read the ref from the file {arg}, write @{arg})"
+        raise ArgumentError(f"{e}{hint}") from None
 
 
 async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace | None:
     """Connect as the options say, or print what went wrong (and what to do) and return
     None."""
     try:
-        return await connect(args.server or default_address(), args.cap, data_dir=args.data_dir)
+        cap = None if args.cap is None else read_capability_arg(args.cap)
+        return await connect(args.server or default_address(), cap, data_dir=args.data_dir)
+    except ArgumentError as e:
+        print(f"{prog}: --cap: {e}", file=sys.stderr)
     except CapabilityRejected as e:
         print(f"{prog}: {e}; is this the capability of that server? (--cap, --data-dir)",
               file=sys.stderr)

@@ -19,6 +19,7 @@ from ..protocol.sturdy import (
     validate,
 )
 from ..values import PreservesError, Record, Sequence, Symbol, Value, parse, stringify
+from ._client import ArgumentError, read_capability_arg
 
 FALLBACK_OID = "root"
 """The root oid of a server with the default configuration (``ServerConfig.root_oid``)."""
@@ -194,29 +195,11 @@ def run(args: argparse.Namespace) -> int:
 # Reading input
 
 
-def _read_text(arg: str, what: str) -> str:
-    if arg == "-":
-        return sys.stdin.read()
-    if arg.startswith("@"):
-        path = Path(arg[1:]).expanduser()
-        try:
-            return path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise _Fail(f"cannot read the {what}: {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise _Fail(f"cannot read the {what} from {path}: {e}") from None
-    return arg
-
-
 def _read_ref(arg: str) -> SturdyRef:
-    text = _read_text(arg, "ref")
     try:
-        return SturdyRef.parse(text)
-    except SturdyError as e:
-        hint = ""
-        if not arg.startswith(("@", "-")) and not text.lstrip().startswith("<") and Path(arg).exists():
-            hint = f" (to read the ref from the file {arg}, write @{arg})"
-        raise _Fail(f"{e}{hint}") from None
+        return read_capability_arg(arg, stdin=True)
+    except ArgumentError as e:
+        raise _Fail(str(e)) from None
 
 
 def _parse_value(text: str, what: str) -> Value:
