@@ -47,6 +47,7 @@ from .values.model import _PLAIN
 
 __all__ = [
     "Dataspace",
+    "TurnTooLarge",
     "DataspaceEntity",
     "Entity",
     "Facet",
@@ -62,6 +63,20 @@ OBSERVE = Symbol("Observe")
 
 _ids = itertools.count(1)
 _MISSING = object()
+
+
+class TurnTooLarge(Exception):
+    """A turn would have delivered more events than :attr:`Dataspace.max_turn_events`.
+
+    The turn is undone before this is raised: nothing of it was applied or delivered.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"turn too large: it would deliver more than {limit} events to observers; "
+            "split it into smaller turns, or observe narrower patterns"
+        )
+        self.limit = limit
 
 
 class Entity:
@@ -168,12 +183,13 @@ class Subscription:
 class _EntityObserver:
     """Index target for an ``<Observe P #:entity>`` whose observer is an Entity."""
 
-    __slots__ = ("ds", "entity", "handles")
+    __slots__ = ("ds", "entity", "handles", "live")
 
     def __init__(self, ds: Dataspace, entity: Entity) -> None:
         self.ds = ds
         self.entity = entity
         self.handles: dict[Any, int] = {}
+        self.live = True
 
     def __hash__(self) -> int:
         return id(self)
@@ -194,12 +210,21 @@ class _EntityObserver:
         else:
             self.entity.on_message(value)
 
-    def retract_all(self) -> None:
-        handles = list(self.handles.values())
-        self.handles.clear()
-        on_retract = self.entity.on_retract
-        for h in handles:
-            self.ds._queue.append(("x", (on_retract,), (h,)))
+    @property
+    def dead(self) -> bool:
+        """Uninstalled, or its entity can no longer receive (a closed connection's)."""
+        return not self.live or getattr(self.entity, "alive", True) is False
+
+    def retract_all(self) -> dict[Any, int]:
+        """Queue a retraction of everything delivered; returns what was held."""
+        held = self.handles
+        self.handles = {}
+        if held and getattr(self.entity, "alive", True) is not False:
+            on_retract = self.entity.on_retract
+            q = self.ds._queue
+            for h in held.values():
+                q.append(("x", (on_retract,), (h,)))
+        return held
 
 
 class _DataspaceBase:
@@ -277,7 +302,11 @@ class _DataspaceBase:
             self._undo(actions)
             raise
         actions, self._turn = self._turn, None
-        self._commit(actions)
+        try:
+            self._commit(actions)
+        except TurnTooLarge:
+            self._undo(actions)
+            raise
         self._after_turn()
 
     def _commit(self, actions: list[tuple[str, Any, Any]]) -> None:
@@ -394,6 +423,11 @@ class Dataspace(_DataspaceBase):
         self._dispatching = False
         # Observe assertion (strict key) -> (pattern, index callback)
         self._observers: dict[Any, tuple[Pattern, Any]] = {}
+        self.max_turn_events: int | None = None
+        """When set, a turn (or an action outside a turn) that would deliver more events
+        than this to observers is undone and raises :class:`TurnTooLarge` (a server sets
+        it, so that one peer's turn cannot queue unbounded work; callbacks' own turns
+        are not metered)."""
 
     # -- the public API ------------------------------------------------------------------
 
@@ -405,6 +439,15 @@ class Dataspace(_DataspaceBase):
         turn = self._turn
         if turn is not None:
             turn.append(("a", h, value))
+            return h
+        if self.max_turn_events is not None:
+            try:
+                self._apply_metered({h: value}, (), ())
+            except TurnTooLarge:
+                self._drop_handle(h)
+                raise
+            if self._queue and not self._dispatching:
+                self._dispatch()
             return h
         if self.index.adjust_assertion(value, 1) and type(value) is Record:
             self._maybe_install(value)
@@ -427,7 +470,14 @@ class Dataspace(_DataspaceBase):
         if turn is not None:
             turn.append(("r", handle, value))
             return True
-        self._remove(value)
+        if self.max_turn_events is not None:
+            try:
+                self._apply_metered({}, ((handle, value),), ())
+            except TurnTooLarge:
+                self._values[handle] = value
+                raise
+        else:
+            self._remove(value)
         if self._queue and not self._dispatching:
             self._dispatch()
         return True
@@ -440,7 +490,10 @@ class Dataspace(_DataspaceBase):
         if turn is not None:
             turn.append(("m", None, value))
             return
-        self.index.send_message(value)
+        if self.max_turn_events is not None:
+            self._apply_metered({}, (), (value,))
+        else:
+            self.index.send_message(value)
         if self._queue and not self._dispatching:
             self._dispatch()
 
@@ -511,11 +564,14 @@ class Dataspace(_DataspaceBase):
         if self.index.adjust_assertion(value, 1) and type(value) is Record:
             self._maybe_install(value)
 
-    def _remove(self, value: Value) -> None:
+    def _remove(self, value: Value) -> Any:
+        """Remove one copy; when an observer goes with it, what :meth:`_uninstall_observer`
+        returns (for a rollback)."""
         if self.index.adjust_assertion(value, -1) and type(value) is Record:
             lab = value.label
             if type(lab) is Symbol and lab.name == "Observe":
-                self._uninstall_observer(value)
+                return self._uninstall_observer(value)
+        return None
 
     def _maybe_install(self, value: Record) -> None:
         lab = value.label
@@ -545,24 +601,109 @@ class Dataspace(_DataspaceBase):
         self._observers[value] = (pat, cb)
         self.index.add_handler(pat, cb)
 
-    def _uninstall_observer(self, value: Record) -> None:
+    def _uninstall_observer(self, value: Record) -> Any:
+        """Remove the observer an ``<Observe>`` assertion installed.  Returns
+        ``(value, entry, held)`` for :meth:`_reinstall`, or None if there was none."""
         entry = self._observers.pop(value, None)
         if entry is None:
-            return
+            return None
         pat, cb = entry
         self.index.remove_handler(pat, cb)
-        if isinstance(cb, _EntityObserver):
-            cb.retract_all()
+        held = None
+        if type(cb) is _EntityObserver:
+            cb.live = False
+            held = cb.retract_all()
+        return (value, entry, held)
+
+    def _reinstall(self, info: Any) -> None:
+        """Undo :meth:`_uninstall_observer` (the events it queued are discarded by the
+        caller): the same observer, holding what it held."""
+        value, entry, held = info
+        pat, cb = entry
+        self._observers[value] = entry
+        self.index.add_handler(pat, cb)
+        if type(cb) is _EntityObserver:
+            cb.live = True
+            cb.handles = held or {}
+
+    def _observers_going(self, removed: Any) -> list[Value]:
+        """The ``<Observe>`` assertions that ``removed`` (handle, value) pairs take away
+        entirely: their observers are uninstalled before anything else is removed, so a
+        peer dropping many observers of everything does not first hear every one of its
+        own retractions (quadratic work for nothing)."""
+        counts: dict[Any, list[Any]] = {}
+        for _h, v in removed:
+            if type(v) is Record and v.label == OBSERVE and v in self._observers:
+                e = counts.get(v)
+                if e is None:
+                    counts[v] = [v, 1]
+                else:
+                    e[1] += 1
+        return [v for v, n in counts.values() if self.index.count(v) <= n]
 
     def _apply(
         self, added: dict[Handle, Value], removed: list[tuple[Handle, Value]], messages: list[Value]
     ) -> None:
+        if self.max_turn_events is not None and not self._dispatching:
+            self._apply_metered(added, removed, messages)
+            return
         for v in added.values():
             self._add(v)
+        if len(removed) > 1:
+            for v in self._observers_going(removed):
+                self._uninstall_observer(v)
         for _h, v in removed:
             self._remove(v)
         for m in messages:
             self.index.send_message(m)
+
+    def _apply_metered(self, added: Any, removed: Any, messages: Any) -> None:
+        """:meth:`_apply` counting the deliveries that additions and messages queue; past
+        ``max_turn_events`` every change is undone, the queued events are dropped, and
+        TurnTooLarge is raised."""
+        limit = self.max_turn_events
+        assert limit is not None
+        q = self._queue
+        start = len(q)
+        used = 0
+        done: list[tuple[str, Any, Any]] = []
+        try:
+            for v in added.values():
+                n = len(q)
+                self._add(v)
+                done.append(("a", v, None))
+                if len(q) != n:
+                    used += _queued_cost(q, n)
+                    if used > limit:
+                        raise TurnTooLarge(limit)
+            # Retractions are never refused (a peer must always be able to take back
+            # what it asserted, and closing retracts everything): they are not counted.
+            if len(removed) > 1:
+                for v in self._observers_going(removed):
+                    done.append(("u", v, self._uninstall_observer(v)))
+            for _h, v in removed:
+                done.append(("r", v, self._remove(v)))
+            for m in messages:
+                n = len(q)
+                self.index.send_message(m)
+                if len(q) != n:
+                    used += _queued_cost(q, n)
+                    if used > limit:
+                        raise TurnTooLarge(limit)
+        except TurnTooLarge:
+            for kind, v, info in reversed(done):
+                if kind == "a":
+                    self._remove(v)
+                elif kind == "r":
+                    self.index.adjust_assertion(v, 1)
+                    if info is not None:
+                        self._reinstall(info)
+                elif info is not None:
+                    self._reinstall(info)
+            while len(q) > start:
+                q.pop()
+            log.info("%s: a turn was refused: more than %d deliveries", self.name, limit)
+            raise
 
     def _dispatch(self) -> None:
         queue = self._queue
@@ -585,12 +726,17 @@ class Dataspace(_DataspaceBase):
                         self._run_callback(fn, caps, target.facet)
                     elif event == "x":
                         self._run_callback(target, caps, None)
-                    else:
+                    elif not target.dead:
                         self._run_callback(target.deliver, (event, caps), None)
         finally:
             self._dispatching = False
 
 
+
+
+def _queued_cost(q: deque[Any], n: int) -> int:
+    """Deliveries in the entries queued after the first ``n``."""
+    return sum(len(e[1]) for e in itertools.islice(reversed(q), len(q) - n))
 
 
 def fresh_handle() -> Handle:
