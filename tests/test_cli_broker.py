@@ -350,3 +350,14 @@ async def test_every_command_taking_a_cap_accepts_at_file(tmp_path):
         assert r.returncode == 1 and f"write @{ref}" in r.stderr
     finally:
         await srv.stop()
+
+
+def test_send_from_stdin_reports_the_line_and_column_of_the_input(tmp_path):
+    # Parsing comes before connecting: no server is needed to see the error.
+    r = run_cli("send", "-", "--data-dir", str(tmp_path), stdin="<Tick 1>\n\n  <Tick 3 [1 2 }>\n<Tick 4>\n")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[0] == (
+        "dataspace send: cannot read standard input, line 3, column 16: unexpected '}'")
+    r = run_cli("send", "-", "--data-dir", str(tmp_path), stdin="<Tick 1>\n<Tick 2> <Tick 3>\n")
+    assert r.returncode == 2
+    assert "line 2, column 10: unexpected text after the value" in r.stderr

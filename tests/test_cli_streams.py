@@ -52,6 +52,12 @@ def test_append_from_stdin_multiline_values(data_dir):
         assert [e.value for e in s.read("nums")] == [parse("<n 1>"), parse("<n 2>"), parse("<n 3>")]
 
 
+def test_append_from_stdin_reports_the_line_of_the_input(data_dir):
+    r = cli("stream", "append", "nums", "-", stdin="<n 1>\n\n<n\n 2 }\n")
+    assert r.returncode == 1
+    assert r.stderr.strip() == "dataspace stream: stdin line 4, column 4: unexpected '}'"
+
+
 def test_named_tailer_resumes_between_runs(data_dir, capsys):
     main(["stream", "append", "q", "1", "2", "3"])
     capsys.readouterr()

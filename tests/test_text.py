@@ -654,6 +654,9 @@ def test_error_positions_and_messages():
     err = info.value
     assert err.position == 13
     assert "line 3, column 5" in str(err) and "position 13" in str(err)
+    # The location is also given apart, for callers reporting it in a larger input.
+    assert (err.line, err.column) == (3, 5)
+    assert "line" not in err.reason and err.reason in str(err)
     with pytest.raises(ParseError) as info:
         parse("#{1 2 1}")
     assert info.value.position == 6 and "duplicate" in str(info.value)

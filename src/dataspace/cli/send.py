@@ -7,6 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
+from ..values import ParseError, Value, parse
 from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, parse_value
 
 EXAMPLES = """\
@@ -36,16 +37,35 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    texts: list[str] = []
+    vals: list[Value] = []
     for t in args.values:
         if t == "-":
-            texts += [line for line in sys.stdin.read().splitlines() if line.strip()]
+            from_stdin = _read_stdin_values(sys.stdin.read())
+            if from_stdin is None:
+                return 2
+            vals += from_stdin
         else:
-            texts.append(t)
-    vals = [parse_value("dataspace send", t) for t in texts]
-    if any(v is None for v in vals):
-        return 2
+            v = parse_value("dataspace send", t)
+            if v is None:
+                return 2
+            vals.append(v)
     return asyncio.run(_send(args, vals))
+
+
+def _read_stdin_values(text: str) -> list[Value] | None:
+    """One value per (non-blank) line; an error names its line and column in the input."""
+    vals = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            vals.append(parse(line))
+        except ParseError as e:
+            where = f"line {lineno}" if e.column is None else f"line {lineno}, column {e.column}"
+            print(f"dataspace send: cannot read standard input, {where}: {e.reason}\n"
+                  f"  one value per line, e.g. <Says \"alice\" \"hi\">", file=sys.stderr)
+            return None
+    return vals
 
 
 async def _send(args: argparse.Namespace, vals: list[Any]) -> int:

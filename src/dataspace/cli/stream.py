@@ -194,11 +194,14 @@ def _read_stdin_batches(stream: Any) -> Any:
     except (OSError, AttributeError, ValueError):
         fd_ok = False
     lineno = 0
+    first = 1  # the line of stdin where `pending` starts
     while True:
         line = stream.readline()
         if not line:
             break
         lineno += 1
+        if not pending:
+            first = lineno
         pending += line
         if not pending.strip():
             pending = ""
@@ -209,7 +212,11 @@ def _read_stdin_batches(stream: Any) -> Any:
         except ParseError as e:
             if type(e).__name__ in ("ParseShort", "ParseEOF"):
                 continue  # a value spanning lines
-            raise ValueError(f"stdin line {lineno}: {e}") from e
+            if e.line is None:
+                raise ValueError(f"stdin line {lineno}: {e}") from e
+            raise ValueError(
+                f"stdin line {first + e.line - 1}, column {e.column}: {e.reason}"
+            ) from e
         more = False
         if fd_ok and len(batch) < 1000:
             try:

@@ -51,7 +51,26 @@ class DecodeEOF(DecodeShort):
 
 
 class ParseError(PreservesError):
-    """Malformed Preserves text."""
+    """Malformed Preserves text.
+
+    When the parser knows where, ``line`` and ``column`` (both from 1) locate the error
+    in the text that was parsed, and ``reason`` is the message without that location
+    (for callers that report positions in a larger input of their own).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        position: int | None = None,
+        *,
+        line: int | None = None,
+        column: int | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message, position)
+        self.line = line
+        self.column = column
+        self.reason = message if reason is None else reason
 
 
 class ParseShort(ParseError):

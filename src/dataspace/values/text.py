@@ -142,7 +142,7 @@ def _line_col(text: str, pos: int) -> tuple[int, int]:
 def _err(cls: type[ParseError], message: str, text: str, pos: int) -> ParseError:
     pos = max(0, min(pos, len(text)))
     line, col = _line_col(text, pos)
-    return cls(f"{message} (line {line}, column {col})", pos)
+    return cls(f"{message} (line {line}, column {col})", pos, line=line, column=col, reason=message)
 
 
 def _short(text: str, what: str) -> ParseError:
