@@ -92,6 +92,8 @@ def test_errors_say_what_to_do(tmp_path):
     assert r.returncode == 1 and "no server at 127.0.0.1:1: start one with `dataspace serve" in r.stderr
     r = run_cli("observe", "_", "--data-dir", str(tmp_path / "none"))
     assert r.returncode == 1 and "dataspace serve" in r.stderr and "root.sturdyref" in r.stderr
+    # The command line is told about its flags, not about connect()'s arguments.
+    assert "--cap" in r.stderr and "--data-dir" in r.stderr and "cap=" not in r.stderr
     r = run_cli("send", "<unclosed", "--data-dir", str(tmp_path))
     assert r.returncode == 2 and "cannot read" in r.stderr
     r = run_cli("observe", "<Present $who", "--data-dir", str(tmp_path))

@@ -17,7 +17,13 @@ from broker_support import (
     spawn,
     tcp_address,
 )
-from dataspace.client import CapabilityError, CapabilityRejected, connect, load_capability
+from dataspace.client import (
+    CapabilityError,
+    CapabilityMissing,
+    CapabilityRejected,
+    connect,
+    load_capability,
+)
 from dataspace.protocol.sturdy import mint
 from dataspace.values import parse
 
@@ -116,8 +122,14 @@ async def test_connect_errors_say_what_to_do(tmp_path):
         await connect("127.0.0.1:1", mint("root", b"k"))
     with pytest.raises(ConnectionError, match="dataspace serve --unix"):
         await connect(f"unix:{tmp_path}/nothing.sock", mint("root", b"k"))
-    with pytest.raises(CapabilityError, match="does not exist"):
+    with pytest.raises(CapabilityMissing, match="does not exist") as info:
         load_capability(data_dir=tmp_path / "empty")
+    # Python callers are told the Python way, not about the command line's --cap.
+    assert "cap=" in str(info.value) and "data_dir=" in str(info.value)
+    assert "--" not in str(info.value)
+    assert info.value.path == tmp_path / "empty" / "root.sturdyref"
+    with pytest.raises(CapabilityError, match="cap="):
+        await connect("127.0.0.1:1", data_dir=tmp_path / "empty")
     with pytest.raises(CapabilityError, match="not a usable sturdyref"):
         load_capability("<ref {}>")
     async with running_server(tmp_path) as server:

@@ -60,6 +60,7 @@ from .values import Embedded, Record, Sequence, Value, preserve
 
 __all__ = [
     "CapabilityError",
+    "CapabilityMissing",
     "CapabilityRejected",
     "RemoteDataspace",
     "RemoteSubscription",
@@ -88,6 +89,18 @@ class CapabilityError(ValueError):
     """No usable sturdyref (missing file, bad text)."""
 
 
+class CapabilityMissing(CapabilityError):
+    """No sturdyref was given and the data directory has none: ``path`` does not exist."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"no capability: {path} does not exist; start the server with `dataspace serve` "
+            "(it writes that file), pass the server's data directory (data_dir=...), or "
+            "pass a sturdyref (cap=...)"
+        )
+        self.path = path
+
+
 class CapabilityRejected(PermissionError):
     """The server's gatekeeper rejected the sturdyref."""
 
@@ -112,10 +125,7 @@ def load_capability(cap: SturdyRef | str | Value | None = None, *, data_dir: str
             try:
                 text = path.read_text(encoding="utf-8")
             except FileNotFoundError:
-                raise CapabilityError(
-                    f"no capability: {path} does not exist; start the server with `dataspace "
-                    "serve` (it writes that file), or pass a sturdyref with --cap"
-                ) from None
+                raise CapabilityMissing(path) from None
             except OSError as e:
                 raise CapabilityError(f"cannot read {path}: {e.strerror}") from None
             return SturdyRef.parse(text)
@@ -571,7 +581,8 @@ async def connect(
 
     Raises ``ConnectionError`` if the server cannot be reached (saying how to start one),
     :class:`CapabilityRejected` if the gatekeeper refuses the capability and
-    :class:`CapabilityError` if there is no usable capability.
+    :class:`CapabilityError` if there is no usable capability
+    (:class:`CapabilityMissing` when none was given and the data directory has none).
     """
     if address is None:
         address = default_address()

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..client import (
     CapabilityError,
+    CapabilityMissing,
     CapabilityRejected,
     RemoteDataspace,
     connect,
@@ -83,6 +84,10 @@ async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace
     except CapabilityRejected as e:
         print(f"{prog}: {e}; is this the capability of that server? (--cap, --data-dir)",
               file=sys.stderr)
+    except CapabilityMissing as e:
+        print(f"{prog}: no capability: {e.path} does not exist; start the server with "
+              "`dataspace serve` (it writes that file), or pass --data-dir DIR (the "
+              "server's) or --cap STURDYREF (or @FILE)", file=sys.stderr)
     except CapabilityError as e:
         print(f"{prog}: {e}", file=sys.stderr)
     except (ConnectionError, OSError) as e:
