@@ -144,6 +144,11 @@ class Gatekeeper(Entity):
             self.on_accepted(binding, ref)
         observer.on_assert(Record._make(ACCEPTED, (Embedded(target),)), h)
 
+    @property
+    def pending(self) -> int:
+        """Resolve requests currently asserted (each answered)."""
+        return len(self._answers)
+
     def on_retract(self, handle: int) -> None:
         answer = self._answers.pop(handle, None)
         if answer is not None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from operator import is_
 from typing import Any
 
-from ..dataspace import Entity, fresh_handle
+from ..dataspace import OBSERVE, Entity, TurnTooLarge, fresh_handle
 from ..values import (
     DecodeError,
     Decoder,
@@ -61,7 +61,7 @@ from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
-__all__ = ["Relay", "RelayLimits", "RemoteEntity"]
+__all__ = ["Quota", "Relay", "RelayLimits", "RemoteEntity"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,11 @@ class RelayLimits:
     * ``max_assertions`` -- assertions the peer may hold at once (default 100,000);
     * ``max_imports`` -- distinct references of the peer's objects held at once
       (default 10,000);
+    * ``max_observers`` -- ``<Observe ...>`` assertions the peer may hold at once (default
+      10,000);
+    * ``max_outbound_assertions`` -- assertions this side may hold at the peer at once
+      (what its observers currently match; default 500,000): past it the connection is
+      closed with a ``too-many-matches`` error rather than grow without bound;
     * ``max_outbound_packet`` -- outbound Turn packets are cut at about this size (default
       256 KiB), so they stay below the peer's own packet limit;
     * ``strict`` -- treat events addressed to unknown OIDs and retractions of unknown
@@ -104,14 +109,35 @@ class RelayLimits:
     max_packet_size: int = 1 << 20
     max_assertions: int = 100_000
     max_imports: int = 10_000
+    max_observers: int = 10_000
+    max_outbound_assertions: int = 500_000
     max_outbound_packet: int = 256 * 1024
     strict: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_packet_size", "max_assertions", "max_imports", "max_outbound_packet"):
+        for name in ("max_packet_size", "max_assertions", "max_imports", "max_observers",
+                     "max_outbound_assertions", "max_outbound_packet"):
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name} must be a positive integer, not {v!r}")
+
+
+class Quota:
+    """A limit shared by many relays: the assertions all peers of a server hold at once.
+
+    A peer whose assertion would go beyond ``max_assertions`` is refused with a
+    ``server-full`` protocol error (its connection closes, its assertions go), so the
+    server refuses work before its memory runs out.
+    """
+
+    __slots__ = ("assertions", "max_assertions")
+
+    def __init__(self, max_assertions: int) -> None:
+        self.max_assertions = max_assertions
+        self.assertions = 0
+
+    def __repr__(self) -> str:
+        return f"<Quota {self.assertions}/{self.max_assertions} assertions>"
 
 
 class RemoteEntity(Entity):
@@ -169,7 +195,12 @@ class Relay:
     * ``turn`` -- a context-manager factory wrapped around the events of each multi-event
       inbound packet so that they apply atomically (e.g. ``Dataspace.turn``);
     * ``on_dirty(relay)`` -- called when output becomes pending (once, until
-      :meth:`take_packets` is next called), so a host can schedule a flush.
+      :meth:`take_packets` is next called), so a host can schedule a flush;
+    * ``quota`` -- a :class:`Quota` shared with other relays (a server-wide limit);
+    * ``should_yield()`` -- asked after each inbound packet; when it answers True the
+      relay stops reading, keeps the rest of the input, sets :attr:`input_paused`, and
+      goes on when the host calls :meth:`resume_input` (so a host can share its time
+      fairly between peers).
     """
 
     def __init__(
@@ -179,8 +210,17 @@ class Relay:
         name: str = "peer",
         turn: Callable[[], AbstractContextManager[Any]] | None = None,
         on_dirty: Callable[[Relay], None] | None = None,
+        quota: Quota | None = None,
+        should_yield: Callable[[], bool] | None = None,
     ) -> None:
         self.limits = limits = limits or RelayLimits()
+        self.quota = quota
+        self.should_yield = should_yield
+        self.input_paused = False
+        """True when :attr:`should_yield` stopped the reading of buffered input."""
+        self._pending_input = b""
+        # Peer handles of the live <Observe ...> assertions it made.
+        self._observing: set[int] = set()
         self.name = name
         self._turn = turn
         self.on_dirty = on_dirty
@@ -217,6 +257,15 @@ class Relay:
         """``(message, detail)`` of an ``<error>`` packet the peer sent, if any."""
         self.packets_in = 0
         self.packets_out = 0
+        self.events_out = 0
+        """Events queued for the peer so far (the work its observers and objects cost)."""
+        self.retract_chunk: int | None = None
+        """When set, a closing relay retracts the peer's assertions this many per turn:
+        the first chunk at once, the rest each time the host calls :meth:`retract_more`
+        (so that a peer holding very many assertions does not stall the others)."""
+        self._retracting: list[tuple[Entity, int]] = []
+        # The last assertion body encoded: (captures, body, exports it pinned).
+        self._acache: tuple[Any, bytes, list[_Export]] | None = None
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -245,6 +294,13 @@ class Relay:
         if self.closed:
             return
         buf = data if type(data) is bytes else bytes(data)
+        if self.input_paused:
+            # Not expected (the host stops reading meanwhile): keep it, in order.
+            if self._pending_input or not self._decoder.buffered:
+                self._pending_input += buf
+            else:
+                self._decoder.feed(buf)
+            return
         dec = self._decoder
         if dec.buffered:
             # A packet begun in an earlier chunk: the streaming decoder (whose scan is
@@ -268,6 +324,9 @@ class Relay:
             if not rest:
                 return
             buf = buf[len(buf) - rest :]
+            if self._yield_now():
+                self._pending_input = buf
+                return
         # Fast path: complete, canonical Turn packets are framed and read here.  The
         # first packet that is not (incomplete, another kind, malformed) and all that
         # follows it in this chunk go to the streaming decoder.
@@ -282,6 +341,32 @@ class Relay:
                 self._decode_loop()
                 return
             p = q
+            if p < n and self._yield_now():
+                self._pending_input = buf[p:]
+                return
+
+    def _yield_now(self) -> bool:
+        sy = self.should_yield
+        if sy is not None and not self.closed and sy():
+            self.input_paused = True
+            return True
+        return False
+
+    def resume_input(self) -> None:
+        """Go on reading the input kept when :attr:`should_yield` paused it (it may
+        pause again)."""
+        if not self.input_paused:
+            return
+        self.input_paused = False
+        if self.closed:
+            self._pending_input = b""
+            return
+        data = self._pending_input
+        self._pending_input = b""
+        if data:
+            self.receive_data(data)
+        else:
+            self._decode_loop()
 
     def _new_decoder(self) -> Decoder:
         return Decoder(embedded=self._wireref_in, max_value_size=self.limits.max_packet_size)
@@ -298,6 +383,8 @@ class Relay:
             if v is None:
                 return
             self._packet(v)
+            if dec.buffered and self._yield_now():
+                return
 
     def receive_packet(self, data: bytes | bytearray | memoryview) -> None:
         """Exactly one packet (a WebSocket message)."""
@@ -447,6 +534,8 @@ class Relay:
                         return
             except ProtocolError as e:
                 self.fail(e.message, e.detail)
+            except TurnTooLarge as e:
+                self.fail(str(e), Symbol("turn-too-large"))
             except Exception as e:
                 self._internal_error(e)
             return
@@ -460,11 +549,16 @@ class Relay:
                     except ProtocolError as e:
                         err = e
                         break
+                    except TurnTooLarge as e:
+                        err = ProtocolError(str(e), Symbol("turn-too-large"))
+                        break
                     except Exception as e:
                         err = self._internal_error(e, fail=False)
                         break
                     if self.closed:
                         break
+        except TurnTooLarge as e:  # the turn was undone when it was applied
+            err = ProtocolError(str(e), Symbol("turn-too-large"))
         except Exception as e:  # committing the turn failed: a bug on this side
             err = self._internal_error(e, fail=False)
         finally:
@@ -520,6 +614,21 @@ class Relay:
                     "connection",
                     Symbol("too-many-assertions"),
                 )
+            quota = self.quota
+            if quota is not None and quota.assertions >= quota.max_assertions:
+                raise ProtocolError(
+                    f"the server is full: it holds its limit of {quota.max_assertions} "
+                    "assertions; try again later",
+                    Symbol("server-full"),
+                )
+            if type(a) is Record and a.label == OBSERVE:
+                if len(self._observing) >= self.limits.max_observers:
+                    raise ProtocolError(
+                        f"too many observers: the limit is {self.limits.max_observers} per "
+                        "connection",
+                        Symbol("too-many-observers"),
+                    )
+                self._observing.add(h)
             p = None
             if emb:
                 p = []
@@ -528,6 +637,8 @@ class Relay:
                 ex.count += 1
             lh = fresh_handle()
             inbound[h] = (target, lh, p, ex)
+            if quota is not None:
+                quota.assertions += 1
             if target is not None:
                 target.on_assert(a, lh)
         elif k == 0x52:  # R
@@ -537,6 +648,10 @@ class Relay:
                     raise ProtocolError(f"retraction of unknown handle {short(a)}", a)
                 return
             target, lh, p, ex2 = rec
+            if self.quota is not None:
+                self.quota.assertions -= 1
+            if self._observing:
+                self._observing.discard(a)
             if ex2 is not None:
                 self._unpin_export(ex2)
             if p:
@@ -565,6 +680,10 @@ class Relay:
     def _wireref_in(self, v: Value) -> WireRef:
         """Decoder hook: the content of each ``#:`` in a packet."""
         self._saw_embedded = True
+        if type(v) is Embedded and type(v.value) is WireRef:
+            # ``#:#:[0 1]``: syndicate-py 0.19 writes the peer of a Sync this way
+            # (protocol.prs: ``<S @peer #:#t>``); read it as the reference it wraps.
+            return v.value
         return WireRef.from_value(v)
 
     def _rewrite_in(self, v: Value, pins: list[Any]) -> Value:
@@ -690,6 +809,7 @@ class Relay:
                 if self.on_dirty is not None:
                     self.on_dirty(self)
         frags += (_B_SEQ, oid_bytes, hdr, body, _B_END2)
+        self.events_out += 1
         self._frag_size += len(oid_bytes) + len(body) + 7
         if self._frag_size >= self._max_out:
             self._seal()
@@ -705,19 +825,45 @@ class Relay:
     def _send_assert(self, proxy: RemoteEntity, value: Value, handle: int) -> None:
         if self.closed or handle in self._out:
             return
+        if len(self._out) >= self.limits.max_outbound_assertions:
+            self.fail(
+                f"too many matches: this connection's observers hold "
+                f"{self.limits.max_outbound_assertions} assertions, the limit; observe "
+                "narrower patterns",
+                Symbol("too-many-matches"),
+            )
+            return
         pins: list[Any] = [proxy]
         proxy.count += 1
+        # One assertion reaching many observers of this peer (the captures are the same
+        # objects each time) is encoded once; only the references it exports are pinned
+        # again, if they are all still exported.
+        c = self._acache
+        if (
+            c is not None
+            and type(value) is Sequence
+            and len(value) == len(c[0])
+            and all(map(is_, value, c[0]))
+            and all(self._exports.get(ex.oid) is ex for ex in c[2])
+        ):
+            for ex in c[2]:
+                ex.count += 1
+                pins.append(ex)
+            self._out[handle] = pins
+            self._emit(proxy.oid_bytes, _HDR_A, c[1] + self._encode_int(handle))
+            return
         self._pins = pins
         try:
-            body = self._body(value, handle)
+            vbody = self._body(value)
         except (TypeError, ValueError) as e:
             self._drop_pins(pins)
             log.warning("%s: cannot send assertion %s: %s", self.name, short(value), e)
             return
         finally:
             self._pins = None
+        self._acache = (value, vbody, pins[1:]) if type(value) is Sequence else None
         self._out[handle] = pins
-        self._emit(proxy.oid_bytes, _HDR_A, body)
+        self._emit(proxy.oid_bytes, _HDR_A, vbody + self._encode_int(handle))
 
     def _send_retract(self, proxy: RemoteEntity, handle: int) -> None:
         if self.closed:
@@ -816,20 +962,48 @@ class Relay:
         if self.closed:
             return
         self.closed = True
+        self.input_paused = False
+        self._pending_input = b""
         inbound = self._in
         self._in = {}
-        if inbound:
-            targets = [(t, lh) for t, lh, _p, _e in inbound.values() if t is not None]
-            if self._turn is not None and len(targets) > 1:
-                with self._turn():
-                    self._retract_all(targets)
-            else:
-                self._retract_all(targets)
+        if self.quota is not None:
+            self.quota.assertions -= len(inbound)
         self._imports.clear()
         self._exports.clear()
         self._export_by_obj.clear()
         self._transient.clear()
         self._out.clear()
+        if inbound:
+            # The peer's observers go first: retracting its other assertions then
+            # costs nothing at them.  Kept in reverse, so each step pops from the end.
+            first = [inbound.pop(h) for h in self._observing if h in inbound]
+            targets = [(t, lh) for t, lh, _p, _e in (*inbound.values(), *first) if t is not None]
+            self._observing = set()
+            self._retracting = targets
+            self._retract_step()
+
+    def _retract_step(self) -> None:
+        targets = self._retracting
+        n = self.retract_chunk or len(targets)
+        part = targets[:-n - 1:-1] if n < len(targets) else targets[::-1]
+        del targets[len(targets) - len(part):]
+        if self._turn is not None and len(part) > 1:
+            with self._turn():
+                self._retract_all(part)
+        else:
+            self._retract_all(part)
+
+    @property
+    def retracting(self) -> bool:
+        """True while a closed relay still has assertions of the peer to retract (see
+        :attr:`retract_chunk`)."""
+        return bool(self._retracting)
+
+    def retract_more(self) -> bool:
+        """Retract the next chunk of a closed peer's assertions; True while more remain."""
+        if self._retracting:
+            self._retract_step()
+        return bool(self._retracting)
 
     def _retract_all(self, targets: list[tuple[Entity, int]]) -> None:
         for t, lh in targets:
