@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import stat
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,10 @@ SessionFactory = Callable[["Connection"], Relay]
 CLOSE_GRACE = 2.0
 """Seconds a closing connection has to take its last bytes before it is aborted."""
 
+THROTTLE_WINDOW = 60.0
+"""Seconds over which the time a connection spent slowed is added up (see
+``FlowLimits.throttle_limit``)."""
+
 
 class Connection:
     """One peer: its relay, send queue, account and lifecycle (transport-independent)."""
@@ -40,7 +45,24 @@ class Connection:
         self.hub = hub
         self.flow = flow
         self.name = name
-        self.account = Account(name, flow.max_debt, self._pause_reading, self._resume_reading)
+        self.account = Account(
+            name, flow.max_debt, lambda: self._hold("debt"), lambda: self._release("debt")
+        )
+        # Why reading is paused: "debt" (flow control), "input" (fair scheduling: input
+        # waits for its next slice), "work" (over the work budget).
+        self._holds: set[str] = set()
+        self._slice_end = 0.0
+        self._work_tokens = float(flow.work_burst)
+        self._work_time = time.monotonic()
+        self._throttled_at: float | None = None
+        self._throttled: deque[tuple[float, float]] = deque()  # (end, seconds)
+        self._work_timer: asyncio.TimerHandle | None = None
+        self.throttled_seconds = 0.0
+        """Seconds this connection spent slowed for exceeding its work budget."""
+        self.peer_host: str | None = None
+        """The peer's network address (no port), when it has one."""
+        self.last_input = time.monotonic()
+        """When input from the peer was last processed (``time.monotonic()``)."""
         self.relay: Relay | None = None
         self._queue: deque[tuple[bytes, Account | None]] = deque()
         self.queued = 0
@@ -53,12 +75,19 @@ class Connection:
         self.bytes_out = 0
         self._closed_waiters: list[asyncio.Future[None]] = []
         self.on_close: list[Callable[[Connection], Any]] = []
+        self.on_released: list[Callable[[Connection], Any]] = []
+        """Called once everything the peer asserted has been retracted after a close."""
+        self.held_at_close = 0
+        """Assertions held in both directions when the connection closed."""
 
     # -- relay plumbing ------------------------------------------------------------------
 
     def attach(self, relay: Relay) -> None:
         self.relay = relay
         relay.on_dirty = self._relay_dirty
+        relay.should_yield = self._should_yield
+        relay.retract_chunk = self.flow.retract_chunk
+        self.hub.connections.add(self)
         # Whatever the session set-up already produced (an error refusing the connection,
         # say) was queued before this hook existed: flush it now.
         self._relay_dirty(relay)
@@ -117,6 +146,12 @@ class Connection:
             acc.charge(n)
         self._queue.append((data, acc))
         self.queued += n
+        hub = self.hub
+        hub.buffered += n
+        if hub.max_buffered is not None and hub.buffered > hub.max_buffered:
+            hub.over_buffered()
+            if self.closed:
+                return
         if self.queued > self.flow.max_send_queue:
             self.fail(
                 f"slow consumer: more than {self.flow.max_send_queue} bytes waiting to be sent",
@@ -132,6 +167,7 @@ class Connection:
         data, acc = self._queue.popleft()
         n = len(data)
         self.queued -= n
+        self.hub.buffered -= n
         self._drained = True
         if acc is not None:
             acc.repay(n)
@@ -143,6 +179,7 @@ class Connection:
             data, acc = q.popleft()
             if acc is not None:
                 acc.repay(len(data))
+        self.hub.buffered -= self.queued
         self.queued = 0
 
     def _check_stall(self) -> None:
@@ -163,10 +200,96 @@ class Connection:
     # -- reading -------------------------------------------------------------------------
 
     def _pause_reading(self) -> None:
-        """Our account is over its debt limit: stop reading this peer."""
+        """Stop reading this peer (the transport's part of :meth:`_hold`)."""
 
     def _resume_reading(self) -> None:
-        """Our debt is repaid: read again."""
+        """Read this peer again (the transport's part of :meth:`_release`)."""
+
+    def _hold(self, reason: str) -> None:
+        if not self._holds:
+            self._pause_reading()
+        self._holds.add(reason)
+
+    def _release(self, reason: str) -> None:
+        holds = self._holds
+        if reason in holds:
+            holds.discard(reason)
+            if not holds and not self.closed:
+                self._resume_reading()
+
+    def _should_yield(self) -> bool:
+        return time.monotonic() >= self._slice_end
+
+    def receive(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Process the peer's input (``fn(*args)``, e.g. ``relay.receive_data(chunk)``) in
+        a time slice, charging what it costs; input left over when the slice ends is
+        read in later slices, after every other connection has had its turn."""
+        relay = self.relay
+        assert relay is not None
+        before = relay.events_out
+        now = self.last_input = time.monotonic()
+        self._slice_end = now + self.flow.quantum
+        self.hub.run(self.account, fn, *args)
+        self._charge_work(relay.events_out - before)
+        if relay.input_paused and not self.closed:
+            self._hold("input")
+            asyncio.get_running_loop().call_soon(self._continue_input)
+
+    def _continue_input(self) -> None:
+        relay = self.relay
+        if self.closed or relay is None:
+            return
+        if "work" in self._holds:
+            return  # over budget: _work_refilled goes on
+        self.receive(relay.resume_input)
+        if not relay.input_paused:
+            self._release("input")
+
+    def _charge_work(self, events: int) -> None:
+        """Charge the events this peer's own input made the server deliver back to it."""
+        if not events or self.closed:
+            return
+        flow = self.flow
+        now = time.monotonic()
+        tokens = min(
+            float(flow.work_burst), self._work_tokens + (now - self._work_time) * flow.work_rate
+        )
+        self._work_time = now
+        tokens -= events
+        self._work_tokens = tokens
+        if tokens >= 0 or "work" in self._holds:
+            return
+        self._hold("work")
+        self._throttled_at = now
+        delay = -tokens / flow.work_rate
+        self._work_timer = asyncio.get_running_loop().call_later(delay, self._work_refilled)
+
+    def _work_refilled(self) -> None:
+        self._work_timer = None
+        now = time.monotonic()
+        if self._throttled_at is not None:
+            spent = now - self._throttled_at
+            self._throttled_at = None
+            self.throttled_seconds += spent
+            window = self._throttled
+            window.append((now, spent))
+            while window and window[0][0] < now - THROTTLE_WINDOW:
+                window.popleft()
+            limit = self.flow.throttle_limit
+            if limit and sum(w[1] for w in window) > limit:
+                flow = self.flow
+                self.fail(
+                    f"too much work: this connection's own requests made the server deliver "
+                    f"more than {flow.work_rate} events per second back to it, and it was "
+                    f"slowed for over {limit:g} s of the last {THROTTLE_WINDOW:g} s; observe "
+                    "narrower patterns, or use fewer observers of everything",
+                    Symbol("work-limit"),
+                )
+                return
+        self._release("work")
+        relay = self.relay
+        if relay is not None and relay.input_paused and not self.closed:
+            self._continue_input()
 
     # -- closing -------------------------------------------------------------------------
 
@@ -182,11 +305,22 @@ class Connection:
         if self._stall is not None:
             self._stall.cancel()
             self._stall = None
+        if self._work_timer is not None:
+            self._work_timer.cancel()
+            self._work_timer = None
         self._drop_queue()
+        self.hub.connections.discard(self)
         relay = self.relay
+        retracting = False
         if relay is not None:
-            # Retract everything the peer asserted, and tell the other connections now.
+            st = relay.stats()
+            self.held_at_close = st["assertions_in"] + st["assertions_out"]
+            # Retract everything the peer asserted, and tell the other connections now
+            # (a peer holding very many assertions: a chunk per loop iteration).
             self.hub.run(None, relay.close)
+            if relay.retracting:
+                retracting = True
+                asyncio.get_running_loop().call_soon(self._retract_more)
         with contextlib.suppress(Exception):
             self._close_transport()
         for fut in self._closed_waiters:
@@ -198,6 +332,25 @@ class Connection:
                 cb(self)
             except Exception:
                 log.exception("%s: close callback failed", self.name)
+        if not retracting:
+            self._released()
+
+    def _released(self) -> None:
+        for cb in self.on_released:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("%s: release callback failed", self.name)
+
+    def _retract_more(self) -> None:
+        relay = self.relay
+        if relay is None:
+            return
+        self.hub.run(None, relay.retract_more)
+        if relay.retracting:
+            asyncio.get_running_loop().call_soon(self._retract_more)
+        else:
+            self._released()
 
     def close(self, reason: str = "closed locally") -> None:
         """Close the connection (what the peer asserted is retracted)."""
@@ -241,6 +394,7 @@ class StreamConnection(Connection, asyncio.Protocol):
         self._can_write = True
         self.transport: asyncio.Transport | None = None
         self._writable_waiters: list[asyncio.Future[None]] = []
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     # asyncio.Protocol
 
@@ -248,6 +402,8 @@ class StreamConnection(Connection, asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.peer_host = str(peer[0])
         if peer and self.name in ("stream", "peer"):
             self.name = _peer_name(peer)
         self.account.name = self.name
@@ -269,12 +425,16 @@ class StreamConnection(Connection, asyncio.Protocol):
         self.bytes_in += len(data)
         relay = self.relay
         assert relay is not None
-        self.hub.run(self.account, relay.receive_data, data)
+        self.receive(relay.receive_data, data)
 
     def eof_received(self) -> bool | None:
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
+            self._abort_timer = None
+        self.transport = None
         self._close(f"connection lost: {exc}" if exc else "connection closed by the peer")
 
     def pause_writing(self) -> None:
@@ -377,7 +537,9 @@ class StreamConnection(Connection, asyncio.Protocol):
         pending = t.get_write_buffer_size()
         t.close()
         if pending:
-            asyncio.get_running_loop().call_later(CLOSE_GRACE, t.abort)
+            # Aborted unless it finishes first (connection_lost cancels this: aborting a
+            # transport that has already gone fails inside asyncio).
+            self._abort_timer = asyncio.get_running_loop().call_later(CLOSE_GRACE, t.abort)
 
 
 def _peer_name(peer: Any) -> str:

@@ -15,6 +15,21 @@ releases the publishers it was holding back:
 * when its send queue has been non-empty for ``send_timeout`` seconds without draining.
 
 Defaults (see :class:`FlowLimits`): 1 MiB of debt, 16 MiB of send queue, 30 s.
+
+Work, not only bytes, is bounded too:
+
+* **fair scheduling** -- a connection's input is processed for at most ``quantum``
+  seconds at a time; the rest waits (the connection is not read meanwhile) until every
+  other connection has had its turn;
+* **work budget** -- the events a connection's own requests make the server deliver back
+  to that same connection (its observers hearing its own assertions: a peer with many
+  catch-all observers adding more of them costs the square of their number) are charged
+  to a token bucket (``work_rate`` per second, ``work_burst`` at once); a connection over
+  it is not read until the bucket refills, and one slowed for more than
+  ``throttle_limit`` seconds within a minute is closed with a ``work-limit`` error;
+* **server-wide buffers** -- the :class:`Hub` caps the bytes queued to all connections
+  together (``max_buffered``): past it, the connection with the longest queue is
+  disconnected as a slow consumer.
 """
 
 from __future__ import annotations
@@ -23,6 +38,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from ..values import Symbol
 
 if TYPE_CHECKING:  # pragma: no cover
     from .connection import Connection
@@ -47,7 +64,16 @@ class FlowLimits:
     * ``keepalive`` -- seconds of TCP idleness before keepalive probes start (default
       60; dead peers are detected about 30 s later; 0 disables);
     * ``ws_ping_interval`` -- seconds between WebSocket pings (default 20; a peer that
-      does not answer within the same time is disconnected; 0 disables).
+      does not answer within the same time is disconnected; 0 disables);
+    * ``quantum`` -- seconds of a connection's input processed before the others get a
+      turn (default 0.01);
+    * ``work_rate``, ``work_burst`` -- events per second (sustained, and at once) that a
+      connection's own requests may make the server deliver back to it (defaults
+      100,000 and 1,000,000);
+    * ``throttle_limit`` -- seconds a connection may be slowed for exceeding its work
+      budget within a minute before it is closed (default 10; 0 never closes);
+    * ``retract_chunk`` -- a closing connection's assertions are retracted this many per
+      turn, so that one holding very many does not stall the others (default 5,000).
     """
 
     max_debt: int = 1 << 20
@@ -57,13 +83,20 @@ class FlowLimits:
     handshake_timeout: float = 30.0
     keepalive: float = 60.0
     ws_ping_interval: float = 20.0
+    quantum: float = 0.01
+    work_rate: int = 100_000
+    work_burst: int = 1_000_000
+    throttle_limit: float = 10.0
+    retract_chunk: int = 5_000
 
     def __post_init__(self) -> None:
-        for name in ("max_debt", "max_send_queue", "write_buffer"):
+        for name in ("max_debt", "max_send_queue", "write_buffer", "work_rate", "work_burst",
+                     "retract_chunk"):
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name} must be a positive integer, not {v!r}")
-        for name in ("send_timeout", "handshake_timeout", "keepalive", "ws_ping_interval"):
+        for name in ("send_timeout", "handshake_timeout", "keepalive", "ws_ping_interval",
+                     "quantum", "throttle_limit"):
             v = getattr(self, name)
             if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name} must be a non-negative number of seconds, not {v!r}")
@@ -115,13 +148,35 @@ class Hub:
     connection that work made dirty, charging the sender's account.  Output that becomes
     pending outside :meth:`run` (timers, client API calls) is flushed on the next
     iteration of the event loop.
+
+    ``max_buffered`` caps the bytes queued to all its connections together (None: no
+    cap); :attr:`buffered` is that total.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop | None = None, *, max_buffered: int | None = None
+    ) -> None:
         self._loop = loop
         self._dirty: list[Connection] = []
         self._depth = 0
         self._scheduled = False
+        self.max_buffered = max_buffered
+        self.buffered = 0
+        """Bytes queued to all connections, beyond what their transports hold."""
+        self.connections: set[Connection] = set()
+        """Open connections (each adds itself, and goes when it closes)."""
+
+    def over_buffered(self) -> None:
+        """The server-wide buffer cap is passed: disconnect the longest queue."""
+        if not self.connections:
+            return
+        worst = max(self.connections, key=lambda c: c.queued)
+        if worst.queued:
+            worst.fail(
+                f"slow consumer: the server's buffers are full ({self.max_buffered} bytes) "
+                f"and this connection had the most waiting ({worst.queued} bytes)",
+                Symbol("slow-consumer"),
+            )
 
     @property
     def active(self) -> bool:

@@ -60,7 +60,9 @@ class WebSocketConnection(Connection):
                     self.fail("text WebSocket message: send each packet as one binary message",
                               Symbol("text-message"))
                     break
-                self.hub.run(self.account, relay.receive_packet, msg)
+                self.receive(relay.receive_packet, msg)
+                if self._should_yield():
+                    await asyncio.sleep(0)  # let the other connections have their turn
         except ConnectionClosed as e:
             self._close(f"connection closed ({e.rcvd.code if e.rcvd else 'no close frame'})")
         except asyncio.CancelledError:
@@ -159,6 +161,8 @@ async def listen_ws(
         peer = ws.remote_address
         name = f"ws:{peer[0]}:{peer[1]}" if peer else "ws"
         conn = WebSocketConnection(hub, flow, ws, name)
+        if peer:
+            conn.peer_host = str(peer[0])
         try:
             conn.start(session)
         except Exception:
