@@ -558,6 +558,16 @@ class Dataspace(_DataspaceBase):
         """The distinct values currently asserted."""
         return self.index.assertions()
 
+    def compact(self) -> None:
+        """Shrink tables that were once large (after a big release; see
+        :meth:`Index.compact`).  Not while a turn or dispatch is under way."""
+        if self._turn is not None or self._dispatching:
+            return
+        self.index.compact()
+        self._values = dict(self._values)
+        self._owner = dict(self._owner)
+        self._observers = dict(self._observers)
+
     # -- internals -----------------------------------------------------------------------
 
     def _add(self, value: Value) -> None:
@@ -756,17 +766,37 @@ class DataspaceEntity(Entity):
     def __init__(self, dataspace: Dataspace) -> None:
         self.dataspace = dataspace
         self._handles: dict[int, Handle] = {}
+        # Handles being asserted -> retracted meanwhile?  (Asserting dispatches events,
+        # and what they cause may retract the very assertion being made: a peer whose
+        # connection fails while it is told of its own assertion.)
+        self._pending: dict[int, bool] = {}
 
     def on_assert(self, value: Value, handle: int) -> None:
-        self._handles[handle] = self.dataspace.assert_(value)
+        pending = self._pending
+        pending[handle] = False
+        try:
+            h = self.dataspace.assert_(value)
+        finally:
+            early = pending.pop(handle)
+        if early:
+            self.dataspace.retract(h)
+        else:
+            self._handles[handle] = h
 
     def on_retract(self, handle: int) -> None:
         h = self._handles.pop(handle, None)
         if h is not None:
             self.dataspace.retract(h)
+        elif handle in self._pending:
+            self._pending[handle] = True
 
     def on_message(self, value: Value) -> None:
         self.dataspace.send(value)
+
+    def compact(self) -> None:
+        """Shrink this facade's tables and its dataspace's (see :meth:`Dataspace.compact`)."""
+        self._handles = dict(self._handles)
+        self.dataspace.compact()
 
     def __repr__(self) -> str:
         return f"<DataspaceEntity {self.dataspace.name}>"

@@ -627,6 +627,26 @@ class Index:
         """The distinct assertions present."""
         return list(self.values.values())
 
+    def compact(self) -> None:
+        """Give back the memory of tables that were once large (a Python dict never
+        shrinks by itself when entries are deleted); O(size), for after a big release."""
+        self.bag = dict(self.bag)
+        self.extra = dict(self.extra)
+        self.values = dict(self.values)
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            n.cont.cache = dict(n.cont.cache)
+            for grp in n.cont.table.values():
+                grp.leaves = dict(grp.leaves)
+                for leaf in grp.leaves.values():
+                    leaf.cache = dict(leaf.cache)
+                    for h in leaf.handlers.values():
+                        h.bag = dict(h.bag)
+                        h.extra = dict(h.extra)
+            for _get, _up, table in n.moves.values():
+                stack.extend(table.values())
+
     def stats(self) -> dict[str, int]:
         """Sizes of every part of the index (for memory tests and diagnostics)."""
         s = {"assertions": len(self.bag), "nodes": 0, "groups": 0, "leaves": 0,
