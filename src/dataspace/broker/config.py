@@ -15,10 +15,21 @@ followed by a space starts a comment)::
       max-packet-size: 1048576                # bytes
       max-assertions: 100000                  # per connection
       max-references: 10000                   # per connection
+      max-observers: 10000                    # per connection
+      max-matches: 500000                     # assertions delivered to one connection
+      max-turn-events: 100000                 # deliveries one turn may cause
+      max-total-assertions: 1000000           # the whole server
+      max-buffered: 268435456                 # bytes queued to all connections together
       max-debt: 1048576                       # bytes (flow control)
       max-send-queue: 16777216                # bytes (slow consumers)
+      work-rate: 100000                       # events/s a peer may cause back to itself
+      throttle-limit: 10.0                    # seconds slowed per minute before closing
+      max-connections: 10000
+      max-connections-per-address: 2500       # default: a quarter of max-connections
+      connect-rate: 100                       # new connections per second per address
       send-timeout: 30.0                      # seconds
       handshake-timeout: 30.0                 # seconds
+      idle-timeout: 300.0                     # seconds, for connections holding nothing
       keepalive: 60.0                         # seconds
       ws-ping-interval: 20.0                  # seconds
       bind: [
@@ -75,9 +86,19 @@ class ServerConfig:
     max_packet_size: int = RelayLimits.max_packet_size
     max_assertions: int = RelayLimits.max_assertions
     max_references: int = RelayLimits.max_imports
+    max_observers: int = RelayLimits.max_observers
+    max_matches: int = RelayLimits.max_outbound_assertions
+    max_turn_events: int = 100_000
+    max_total_assertions: int = 1_000_000
+    max_buffered: int = 256 << 20
     max_debt: int = FlowLimits.max_debt
     max_send_queue: int = FlowLimits.max_send_queue
+    work_rate: int = FlowLimits.work_rate
+    throttle_limit: float = FlowLimits.throttle_limit
     max_connections: int = 10_000
+    max_connections_per_address: int | None = None
+    connect_rate: float = 100.0
+    idle_timeout: float = 300.0
     send_timeout: float = FlowLimits.send_timeout
     handshake_timeout: float = FlowLimits.handshake_timeout
     keepalive: float = FlowLimits.keepalive
@@ -107,6 +128,8 @@ class ServerConfig:
                 max_packet_size=self.max_packet_size,
                 max_assertions=self.max_assertions,
                 max_imports=self.max_references,
+                max_observers=self.max_observers,
+                max_outbound_assertions=self.max_matches,
                 max_outbound_packet=max(1024, min(256 * 1024, self.max_packet_size // 4)),
             )
         except ValueError as e:
@@ -117,6 +140,9 @@ class ServerConfig:
             return FlowLimits(
                 max_debt=self.max_debt,
                 max_send_queue=self.max_send_queue,
+                work_rate=self.work_rate,
+                work_burst=max(self.work_rate, 10 * self.work_rate),
+                throttle_limit=float(self.throttle_limit),
                 send_timeout=float(self.send_timeout),
                 handshake_timeout=float(self.handshake_timeout),
                 keepalive=float(self.keepalive),
@@ -124,6 +150,32 @@ class ServerConfig:
             )
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+    def per_address_limit(self) -> int:
+        """Connections one source address may hold (default: a quarter of the total)."""
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        return max(1, self.max_connections // 4)
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` for settings that cannot work together."""
+        self.relay_limits()
+        self.flow_limits()
+        self.listeners()
+        for name in ("max_turn_events", "max_total_assertions", "max_buffered",
+                     "max_connections"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be a positive integer, not {v!r}"
+                )
+        m = self.max_connections_per_address
+        if m is not None and (type(m) is not int or m < 1):
+            raise ConfigError(f"max-connections-per-address must be a positive integer, not {m!r}")
+        for name in ("connect_rate", "idle_timeout"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be a non-negative number, not {v!r}")
 
     def override(self, **settings: Any) -> ServerConfig:
         """A copy with the given settings replaced (``None`` values are ignored)."""
@@ -142,8 +194,18 @@ _INT_KEYS = {
     "max-debt": "max_debt",
     "max-send-queue": "max_send_queue",
     "max-connections": "max_connections",
+    "max-observers": "max_observers",
+    "max-matches": "max_matches",
+    "max-turn-events": "max_turn_events",
+    "max-total-assertions": "max_total_assertions",
+    "max-buffered": "max_buffered",
+    "work-rate": "work_rate",
+    "max-connections-per-address": "max_connections_per_address",
 }
 _SECONDS_KEYS = {
+    "throttle-limit": "throttle_limit",
+    "connect-rate": "connect_rate",
+    "idle-timeout": "idle_timeout",
     "send-timeout": "send_timeout",
     "handshake-timeout": "handshake_timeout",
     "keepalive": "keepalive",
@@ -203,7 +265,7 @@ def parse_config(text: str) -> ServerConfig:
             changes[_INT_KEYS[name]] = x
         elif name in _SECONDS_KEYS:
             if type(x) not in (int, float) or x < 0:
-                raise ConfigError(f"{name} must be a number of seconds, not {_short(x)}")
+                raise ConfigError(f"{name} must be a non-negative number, not {_short(x)}")
             changes[_SECONDS_KEYS[name]] = float(x)
         elif name in _LIST_KEYS:
             if type(x) is not Sequence or not all(type(a) is str for a in x):
@@ -230,9 +292,7 @@ def parse_config(text: str) -> ServerConfig:
                 )
             changes["record"] = list(x)
     cfg = dataclasses.replace(cfg, **changes)
-    cfg.relay_limits()
-    cfg.flow_limits()
-    cfg.listeners()
+    cfg.check()
     return cfg
 
 

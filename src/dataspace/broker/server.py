@@ -19,8 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
+import errno
+import gc
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
@@ -33,14 +38,69 @@ from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
 from ..net.websocket import listen_ws
 from ..protocol.gatekeeper import Bindings, Gatekeeper
-from ..protocol.relay import Relay
+from ..protocol.relay import Quota, Relay
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
 from .config import ConfigError, ServerConfig
 
-__all__ = ["Server"]
+__all__ = ["ListenError", "Server"]
 
 log = logging.getLogger(__name__)
+
+
+class ListenError(OSError):
+    """A listener could not start; the message says why and what to do."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+_LISTEN_HINTS = {
+    errno.EADDRINUSE: "the address is already in use: is another `dataspace serve` running? "
+    "Stop it, or choose another address with --tcp/--ws HOST:PORT",
+    errno.EACCES: "permission denied: use a port above 1023, or another path",
+    errno.EADDRNOTAVAIL: "that address is not one of this machine's; use 127.0.0.1, 0.0.0.0 "
+    "or an address of one of its interfaces",
+}
+
+
+RECLAIM_AFTER = 10_000
+"""A connection that held more assertions than this makes the server give memory back to
+the operating system once they are gone (a full garbage collection, then ``malloc_trim``)."""
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+class _Arrivals:
+    """New connections per source address, as token buckets (bounded in size)."""
+
+    MAX_ADDRESSES = 10_000
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.burst = max(1.0, 10 * rate)
+        self._buckets: dict[str, tuple[float, float]] = {}  # address -> (tokens, time)
+
+    def admit(self, address: str, now: float) -> bool:
+        if not self.rate:
+            return True
+        b = self._buckets
+        tokens, then = b.pop(address, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        ok = tokens >= 1.0
+        if ok:
+            tokens -= 1.0
+        b[address] = (tokens, now)  # most recent last: the oldest go first below
+        if len(b) > self.MAX_ADDRESSES:
+            for stale in list(b)[: len(b) // 10]:
+                del b[stale]
+        return ok
 
 
 class Server:
@@ -65,6 +125,16 @@ class Server:
         self.sturdyref: SturdyRef | None = None
         self.addresses: list[Address] = []
         self.connections: set[Connection] = set()
+        self.quota = Quota(self.config.max_total_assertions)
+        self._per_address: dict[str, int] = {}
+        self._arrivals = _Arrivals(self.config.connect_rate)
+        self._gatekeepers: dict[Connection, Gatekeeper] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._reclaim_timer: asyncio.TimerHandle | None = None
+        self.reclaimed = 0
+        """Times the server gave memory back after a large connection went."""
+        self.refused = 0
+        """Connections refused (limits, connect rate, shutting down)."""
         self.hub: Hub | None = None
         self._listeners: list[Any] = []
         self._unix_paths: list[str] = []
@@ -77,6 +147,7 @@ class Server:
         ent = self._entities.get(name)
         if ent is None:
             ds = self.dataspaces[name] = Dataspace(name)
+            ds.max_turn_events = self.config.max_turn_events
             ent = self._entities[name] = DataspaceEntity(ds)
         return ent
 
@@ -106,8 +177,10 @@ class Server:
         Raises ``OSError`` (with a message saying what to do) when a listener cannot
         start, and :class:`~dataspace.broker.config.ConfigError` for bad settings.
         """
+        self.config.check()
         self._setup()
-        self.hub = Hub(asyncio.get_running_loop())
+        self.hub = Hub(asyncio.get_running_loop(), max_buffered=self.config.max_buffered)
+        self._schedule_sweep()
         try:
             for addr in self.config.listeners():
                 await self._listen(addr)
@@ -138,41 +211,119 @@ class Server:
             else:  # pragma: no cover - parse_address only makes these kinds
                 raise ConfigError(f"unknown listener kind {addr.kind}")
         except OSError as e:
-            what = f"{addr.kind} {addr}"
-            hint = ""
-            if e.errno == 98:
-                hint = ("; is another `dataspace serve` running? stop it, or choose another "
-                        "address with --tcp/--ws HOST:PORT")
-            elif e.errno == 13:
-                hint = "; permission denied: use a port above 1023 or another path"
-            raise OSError(e.errno, f"cannot listen on {what}: {e.strerror or e}{hint}") from None
+            why = _LISTEN_HINTS.get(e.errno) if e.errno is not None else None
+            if why is None:
+                why = (e.strerror or str(e)).lower() if e.errno is not None else str(e)
+            raise ListenError(
+                e.errno or 0, f"cannot listen on {addr.kind} {addr}: {why}"
+            ) from None
         self._listeners.append(srv)
         log.info("listening on %s", self.addresses[-1])
 
     # -- connections ---------------------------------------------------------------------
 
     def _session(self, conn: Connection) -> Relay:
-        relay = Relay(limits=self.relay_limits, name=conn.name, turn=self._turn)
+        relay = Relay(limits=self.relay_limits, name=conn.name, turn=self._turn, quota=self.quota)
         gk = Gatekeeper(self.bindings, on_rejected=relay.fail)
         relay.export_at(0, gk)
-        if self._stopping:
-            relay.fail("the server is shutting down", Symbol("shutdown"))
-        elif len(self.connections) >= self.config.max_connections:
-            log.warning("%s: refused: %d connections already", conn.name, len(self.connections))
-            relay.fail(
-                f"too many connections ({self.config.max_connections}); try again later",
-                Symbol("too-many-connections"),
-            )
+        refusal = self._refusal(conn)
+        if refusal is not None:
+            self.refused += 1
+            relay.fail(*refusal)
             return relay
         self.connections.add(conn)
-        conn.on_close.append(self.connections.discard)
+        host = conn.peer_host
+        if host is not None:
+            self._per_address[host] = self._per_address.get(host, 0) + 1
+        self._gatekeepers[conn] = gk
+        conn.on_close.append(self._closed)
+        conn.on_released.append(self._released)
         t = self.flow.handshake_timeout
         if t:
             timer = asyncio.get_running_loop().call_later(t, self._handshake_check, conn, gk)
             conn.on_close.append(lambda _c: timer.cancel())
         log.info("%s: connected", conn.name)
-        conn.on_close.append(lambda c: log.info("%s: disconnected (%s)", c.name, c.close_reason))
         return relay
+
+    def _refusal(self, conn: Connection) -> tuple[str, Symbol] | None:
+        """Why a new connection is refused, or None (checked before it costs anything)."""
+        cfg = self.config
+        if self._stopping:
+            return ("the server is shutting down", Symbol("shutdown"))
+        host = conn.peer_host
+        if host is not None and not self._arrivals.admit(host, time.monotonic()):
+            log.debug("%s: refused: connecting too often", conn.name)
+            return (f"too many new connections from {host} (more than {cfg.connect_rate:g} "
+                    "per second); wait before reconnecting", Symbol("connect-rate"))
+        if len(self.connections) >= cfg.max_connections:
+            log.warning("%s: refused: %d connections already", conn.name, len(self.connections))
+            return (f"too many connections ({cfg.max_connections}); try again later",
+                    Symbol("too-many-connections"))
+        limit = cfg.per_address_limit()
+        if host is not None and self._per_address.get(host, 0) >= limit:
+            log.warning("%s: refused: %d connections from %s already", conn.name, limit, host)
+            return (f"too many connections from {host} (the limit is {limit} per address); "
+                    "close some, or raise --max-connections-per-address",
+                    Symbol("too-many-connections"))
+        return None
+
+    def _closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        self._gatekeepers.pop(conn, None)
+        host = conn.peer_host
+        if host is not None:
+            n = self._per_address.get(host, 0) - 1
+            if n > 0:
+                self._per_address[host] = n
+            else:
+                self._per_address.pop(host, None)
+        log.info("%s: disconnected (%s)", conn.name, conn.close_reason)
+
+    def _released(self, conn: Connection) -> None:
+        if conn.held_at_close > RECLAIM_AFTER and self._reclaim_timer is None:
+            self._reclaim_timer = asyncio.get_running_loop().call_later(0.5, self._reclaim)
+
+    def _reclaim(self) -> None:
+        """Give memory back: what a large peer held is retracted by now."""
+        self._reclaim_timer = None
+        t0 = time.perf_counter()
+        for ent in self._entities.values():
+            ent.compact()
+        gc.collect()
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
+        self.reclaimed += 1
+        log.info("gave memory back to the system in %.0f ms", 1000 * (time.perf_counter() - t0))
+
+    # -- idle connections ----------------------------------------------------------------
+
+    def _schedule_sweep(self) -> None:
+        t = self.config.idle_timeout
+        if t:
+            self._sweeper = asyncio.get_running_loop().call_later(
+                min(5.0, max(0.05, t / 4)), self._sweep
+            )
+
+    def _sweep(self) -> None:
+        """Close resolved connections that hold nothing and sent nothing for
+        ``idle_timeout`` seconds."""
+        t = self.config.idle_timeout
+        now = time.monotonic()
+        for conn, gk in list(self._gatekeepers.items()):
+            relay = conn.relay
+            if conn.closed or relay is None or not gk.accepted:
+                continue
+            if now - conn.last_input < t:
+                continue
+            if relay.stats()["assertions_in"] > gk.pending:
+                continue  # it holds assertions (or observers): not idle
+            conn.fail(
+                f"idle: the connection held nothing and sent nothing for {t:g} s",
+                Symbol("idle-timeout"),
+            )
+        if not self._stopping:
+            self._schedule_sweep()
 
     def _handshake_check(self, conn: Connection, gk: Gatekeeper) -> None:
         if not conn.closed and gk.accepted == 0:
@@ -186,6 +337,10 @@ class Server:
     async def close(self) -> None:
         """Stop listening and close every connection (their assertions are retracted)."""
         self._stopping = True
+        for timer in (self._sweeper, self._reclaim_timer):
+            if timer is not None:
+                timer.cancel()
+        self._sweeper = self._reclaim_timer = None
         for srv in self._listeners:
             srv.close()
         for conn in list(self.connections):
@@ -200,9 +355,13 @@ class Server:
         self._unix_paths.clear()
 
     def stats(self) -> dict[str, Any]:
-        """Connections, and per dataspace the number of distinct assertions."""
+        """Connections, assertions held by peers, buffered bytes, refusals, and per
+        dataspace the number of distinct assertions."""
         return {
             "connections": len(self.connections),
+            "assertions": self.quota.assertions,
+            "buffered": self.hub.buffered if self.hub is not None else 0,
+            "refused": self.refused,
             "dataspaces": {n: len(ds.assertions()) for n, ds in self.dataspaces.items()},
         }
 
