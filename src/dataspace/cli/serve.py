@@ -73,6 +73,25 @@ def register(sub: Any) -> None:
                    help="assertions one connection may hold (default 100000)")
     g.add_argument("--max-references", type=int, metavar="N",
                    help="references one connection may hold (default 10000)")
+    g.add_argument("--max-observers", type=int, metavar="N",
+                   help="<Observe ...> assertions one connection may hold (default 10000)")
+    g.add_argument("--max-matches", type=int, metavar="N",
+                   help="assertions one connection's observers may be told of at once "
+                   "(default 500000)")
+    g.add_argument("--max-turn-events", type=int, metavar="N",
+                   help="deliveries one turn (packet) may cause; a larger one is refused "
+                   "and its connection closed (default 100000)")
+    g.add_argument("--max-total-assertions", type=int, metavar="N",
+                   help="assertions all connections together may hold (default 1000000)")
+    g.add_argument("--max-buffered", type=int, metavar="BYTES",
+                   help="bytes queued to all connections together; past it the longest "
+                   "queue is disconnected (default 268435456)")
+    g.add_argument("--work-rate", type=int, metavar="EVENTS",
+                   help="events per second a connection's own requests may deliver back to "
+                   "it before it is slowed (default 100000)")
+    g.add_argument("--throttle-limit", type=float, metavar="SECONDS",
+                   help="close a connection slowed this long within a minute (default 10; "
+                   "0 = never)")
     g.add_argument("--max-debt", type=int, metavar="BYTES",
                    help="undelivered bytes a connection may cause before it is no longer "
                    "read (default 1048576)")
@@ -82,6 +101,15 @@ def register(sub: Any) -> None:
     g.add_argument("--max-connections", type=int, metavar="N",
                    help="connections served at once; more are refused with an error "
                    "(default 10000)")
+    g.add_argument("--max-connections-per-address", type=int, metavar="N",
+                   help="connections one source address may hold (default: a quarter of "
+                   "--max-connections)")
+    g.add_argument("--connect-rate", type=float, metavar="PER_SECOND",
+                   help="new connections per second from one address, after a burst of ten "
+                   "times as many (default 100; 0 = unlimited)")
+    g.add_argument("--idle-timeout", type=float, metavar="SECONDS",
+                   help="close a connection that holds nothing and sends nothing for this "
+                   "long (default 300; 0 = never)")
     g.add_argument("--send-timeout", type=float, metavar="SECONDS",
                    help="disconnect a consumer whose queue does not drain for this long "
                    "(default 30)")
@@ -102,15 +130,19 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_packet_size=args.max_packet_size, max_assertions=args.max_assertions,
         max_references=args.max_references, max_debt=args.max_debt,
         max_send_queue=args.max_send_queue, max_connections=args.max_connections,
+        max_observers=args.max_observers, max_matches=args.max_matches,
+        max_turn_events=args.max_turn_events, max_total_assertions=args.max_total_assertions,
+        max_buffered=args.max_buffered, work_rate=args.work_rate,
+        throttle_limit=args.throttle_limit,
+        max_connections_per_address=args.max_connections_per_address,
+        connect_rate=args.connect_rate, idle_timeout=args.idle_timeout,
         send_timeout=args.send_timeout,
         handshake_timeout=args.handshake_timeout, keepalive=args.keepalive,
         ws_ping_interval=args.ws_ping_interval,
     )
     if args.record:
         cfg = cfg.override(record=[*cfg.record, *args.record])
-    cfg.relay_limits()
-    cfg.flow_limits()
-    cfg.listeners()
+    cfg.check()
     _recorder_specs(cfg)
     return cfg
 
