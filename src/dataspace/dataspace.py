@@ -423,6 +423,8 @@ class Dataspace(_DataspaceBase):
         self._dispatching = False
         # Observe assertion (strict key) -> (pattern, index callback)
         self._observers: dict[Any, tuple[Pattern, Any]] = {}
+        # id() of each object observing through an installed <Observe> -> how many
+        self._observing: dict[int, int] = {}
         self.max_turn_events: int | None = None
         """When set, a turn (or an action outside a turn) that would deliver more events
         than this to observers is undone and raises :class:`TurnTooLarge` (a server sets
@@ -567,6 +569,7 @@ class Dataspace(_DataspaceBase):
         self._values = dict(self._values)
         self._owner = dict(self._owner)
         self._observers = dict(self._observers)
+        self._observing = dict(self._observing)
 
     # -- internals -----------------------------------------------------------------------
 
@@ -610,6 +613,8 @@ class Dataspace(_DataspaceBase):
                 return
         self._observers[value] = (pat, cb)
         self.index.add_handler(pat, cb)
+        k = id(target)
+        self._observing[k] = self._observing.get(k, 0) + 1
 
     def _uninstall_observer(self, value: Record) -> Any:
         """Remove the observer an ``<Observe>`` assertion installed.  Returns
@@ -619,11 +624,24 @@ class Dataspace(_DataspaceBase):
             return None
         pat, cb = entry
         self.index.remove_handler(pat, cb)
+        self._unobserving(cb)
         held = None
         if type(cb) is _EntityObserver:
             cb.live = False
             held = cb.retract_all()
         return (value, entry, held)
+
+    def _unobserving(self, cb: Any) -> None:
+        k = id(cb.entity if type(cb) is _EntityObserver else cb)
+        n = self._observing.get(k, 0) - 1
+        if n > 0:
+            self._observing[k] = n
+        else:
+            self._observing.pop(k, None)
+
+    def is_observer(self, obj: Any) -> bool:
+        """Whether ``obj`` is the observer of an ``<Observe ...>`` installed here."""
+        return id(obj) in self._observing
 
     def _reinstall(self, info: Any) -> None:
         """Undo :meth:`_uninstall_observer` (the events it queued are discarded by the
@@ -632,6 +650,8 @@ class Dataspace(_DataspaceBase):
         pat, cb = entry
         self._observers[value] = entry
         self.index.add_handler(pat, cb)
+        k = id(cb.entity if type(cb) is _EntityObserver else cb)
+        self._observing[k] = self._observing.get(k, 0) + 1
         if type(cb) is _EntityObserver:
             cb.live = True
             cb.handles = held or {}
@@ -792,6 +812,10 @@ class DataspaceEntity(Entity):
 
     def on_message(self, value: Value) -> None:
         self.dataspace.send(value)
+
+    def is_observer(self, obj: Any) -> bool:
+        """Whether ``obj`` observes in this dataspace (see :meth:`Dataspace.is_observer`)."""
+        return self.dataspace.is_observer(obj)
 
     def compact(self) -> None:
         """Shrink this facade's tables and its dataspace's (see :meth:`Dataspace.compact`)."""

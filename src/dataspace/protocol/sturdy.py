@@ -102,7 +102,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from ..dataspace import Entity
+from ..dataspace import OBSERVE, Entity
 from ..values import (
     Dictionary,
     Embedded,
@@ -128,6 +128,7 @@ __all__ = [
     "AttenuatedEntity",
     "AttenuatedRef",
     "Attenuation",
+    "Opaque",
     "SturdyError",
     "SturdyRef",
     "attenuate",
@@ -953,6 +954,13 @@ class AttenuatedEntity(Entity):
     Rejected assertions are dropped; their retractions are dropped too.  Only the handles
     actually forwarded are remembered, and each is forgotten when it is retracted, so the
     memory used is proportional to the assertions currently forwarded.
+
+    What the holder learns through its subscriptions is attenuated too: the observer of
+    an ``<Observe P #:observer>`` that passes the caveats is wrapped (see
+    :class:`_Revealing`), so that every reference the dataspace shows it carries the same
+    caveats (it cannot deliver through them what it could not assert or send here), and
+    the observer references of other subscriptions are :class:`Opaque` (it can see and
+    count them, never make their callbacks fire).
     """
 
     def __init__(self, target: Entity, attenuation: Attenuation | Iterable[Value]) -> None:
@@ -962,13 +970,39 @@ class AttenuatedEntity(Entity):
         )
         self._forwarded: set[int] = set()
 
+    @property
+    def alive(self) -> bool:
+        """False once the entity behind it can no longer receive anything."""
+        return getattr(self.target, "alive", True) is not False
+
+    def is_observer(self, obj: Any) -> bool:
+        """Whether ``obj`` observes in the dataspace behind this entity (if it knows)."""
+        f = getattr(self.target, "is_observer", None)
+        return bool(f(obj)) if f is not None else False
+
     def on_assert(self, value: Value, handle: int) -> None:
         r = self.attenuation.apply(value)
         if r is None:
             log.debug("attenuated entity: assertion dropped by its caveats")
             return
+        if type(r) is Record and r.label == OBSERVE and not self.attenuation.is_identity:
+            r = self._reveal_through(r)
         self._forwarded.add(handle)
         self.target.on_assert(r, handle)
+
+    def _reveal_through(self, observe: Record) -> Record:
+        """``<Observe P #:observer>`` with its observer wrapped in :class:`_Revealing`."""
+        if len(observe.fields) != 2 or type(observe.fields[1]) is not Embedded:
+            return observe
+        obs = observe.fields[1].value
+        if type(obs) is AttenuatedRef and isinstance(obs.target, Entity):
+            # A caveat's <attenuate> template restricts what the holder is told.
+            obs = AttenuatedEntity(obs.target, obs.attenuation)
+        if not isinstance(obs, Entity):
+            return observe
+        return Record._make(
+            observe.label, (observe.fields[0], Embedded(_Revealing(obs, self)))
+        )
 
     def on_retract(self, handle: int) -> None:
         try:
@@ -988,6 +1022,121 @@ class AttenuatedEntity(Entity):
     def forwarded(self) -> int:
         """How many assertions are currently forwarded (and remembered)."""
         return len(self._forwarded)
+
+
+class Opaque:
+    """A reference its holder may see but not use: what a holder of an attenuated
+    capability is shown in place of another subscription's observer.
+
+    Two opaque references to the same object are equal (a ``during`` over
+    ``<Observe $p $o>`` sees each observer come and go); nothing sent to one is delivered.
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self._ref = ref
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Opaque and other._ref is self._ref
+
+    def __hash__(self) -> int:
+        return id(self._ref) ^ 0x0BAC0E5
+
+    def __repr__(self) -> str:
+        return "<opaque reference>"
+
+
+class _Revealing(Entity):
+    """The observer of a subscription made through caveats: what the dataspace tells it
+    is passed on with every embedded reference attenuated by those caveats, and with the
+    observers of other subscriptions made :class:`Opaque`.  References that belong to
+    the holder's own connection pass unchanged."""
+
+    def __init__(self, target: Entity, gate: AttenuatedEntity) -> None:
+        self.target = target
+        self.gate = gate
+
+    @property
+    def alive(self) -> bool:
+        return getattr(self.target, "alive", True) is not False
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is _Revealing
+            and other.target is self.target  # type: ignore[attr-defined]
+            and other.gate.attenuation == self.gate.attenuation  # type: ignore[attr-defined]
+        )
+
+    def __hash__(self) -> int:
+        return id(self.target) ^ hash(self.gate.attenuation)
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        self.target.on_assert(self._reveal(value), handle)
+
+    def on_retract(self, handle: int) -> None:
+        self.target.on_retract(handle)
+
+    def on_message(self, value: Value) -> None:
+        self.target.on_message(self._reveal(value))
+
+    def _reveal(self, v: Value) -> Value:
+        t = type(v)
+        if t is Embedded:
+            return Embedded(self._ref(v.value))
+        if t is Record:
+            fields = v.fields
+            new = [self._reveal(x) for x in fields]
+            if all(map(_same, new, fields)):
+                return v
+            return Record._make(v.label, tuple(new))
+        if t is Sequence:
+            new = [self._reveal(x) for x in v]
+            return v if all(map(_same, new, v)) else tuple.__new__(Sequence, new)
+        if t is Set or t is Dictionary:
+            items = list(v.items()) if t is Dictionary else list(v)
+            if not any(_has_embedded(x) for x in items):
+                return v
+            if t is Set:
+                return Set([self._reveal(x) for x in items])
+            return Dictionary([(self._reveal(k), self._reveal(x)) for k, x in items])
+        return v
+
+    def _ref(self, obj: Any) -> Any:
+        holder = self.target
+        while type(holder) is AttenuatedEntity:
+            holder = holder.target
+        own = getattr(holder, "relay", None)
+        if own is not None and getattr(obj, "relay", None) is own:
+            return obj  # the holder's own object, back to it
+        if type(obj) is Opaque:
+            return obj
+        if self.gate.is_observer(obj):
+            return Opaque(obj)
+        if isinstance(obj, Entity):
+            return AttenuatedRef(obj, self.gate.attenuation)
+        if type(obj) is AttenuatedRef:
+            return AttenuatedRef(obj.target, obj.attenuation.then(self.gate.attenuation))
+        return obj  # not something that can be sent to
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b
+
+
+def _has_embedded(v: Any) -> bool:
+    if type(v) is tuple:  # a dictionary item
+        return any(map(_has_embedded, v))
+    t = type(v)
+    if t is Embedded:
+        return True
+    if t is Record:
+        return any(map(_has_embedded, v.fields))
+    if t is Sequence or t is Set:
+        return any(map(_has_embedded, v))
+    if t is Dictionary:
+        return any(_has_embedded(k) or _has_embedded(x) for k, x in v.items())
+    return False
 
 
 def attenuation_pattern(pattern: Any) -> Value:
