@@ -21,15 +21,17 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import threading
 import errno
 import gc
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..datadir import ROOT_KEY, ROOT_STURDYREF, load_or_create_key, resolve_data_dir
 from ..dataspace import Dataspace, DataspaceEntity
@@ -43,7 +45,7 @@ from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
 from .config import ConfigError, ServerConfig
 
-__all__ = ["ListenError", "Server"]
+__all__ = ["DurableSource", "ListenError", "Server", "SyncGate"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,85 @@ _LISTEN_HINTS = {
     errno.EADDRNOTAVAIL: "that address is not one of this machine's; use 127.0.0.1, 0.0.0.0 "
     "or an address of one of its interfaces",
 }
+
+
+class DurableSource(Protocol):
+    """Something that makes what a server is told durable (a stream recorder)."""
+
+    def mark(self) -> Any:
+        """A token for everything received so far."""
+
+    def reached(self, mark: Any) -> bool:
+        """Whether everything up to ``mark`` is durable (or cannot become so: failed)."""
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why it stopped making things durable, if it did."""
+
+
+class SyncGate:
+    """Holds a peer's sync answer until what it sent before is durable in every source.
+
+    With no source every sync is answered at once.  Held answers are released in the
+    order they were held (each mark is at or past the one before it), when
+    :meth:`progress` (thread-safe) reports that a source moved.  If a source fails, the
+    held syncs' connections are closed with a ``store-failed`` error instead: their
+    peers must not believe that what they sent is durable.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.sources: list[DurableSource] = []
+        self._held: deque[tuple[tuple[Any, ...], Callable[[], None], Relay]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+        self.held_total = 0
+        """Syncs whose answer had to wait for durability (a counter)."""
+
+    def hold(self, answer: Callable[[], None], relay: Relay) -> bool:
+        sources = self.sources
+        if not sources:
+            return False
+        marks = tuple(s.mark() for s in sources)
+        if not self._held and all(s.reached(m) for s, m in zip(sources, marks)):
+            return False
+        self._held.append((marks, answer, relay))
+        self.held_total += 1
+        return True
+
+    def progress(self) -> None:
+        """A source made more durable (call from any thread)."""
+        with self._lock:
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self.release)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass
+
+    def release(self) -> None:
+        """Answer every held sync whose marks are reached, in order."""
+        with self._lock:
+            self._scheduled = False
+        held = self._held
+        sources = self.sources
+        while held:
+            marks, answer, relay = held[0]
+            failed = next((s.failed for s in sources if s.failed is not None), None)
+            if failed is not None:
+                held.popleft()
+                relay.fail(
+                    f"the stream store failed ({failed}); what this connection sent may not "
+                    "be recorded", Symbol("store-failed"))
+                continue
+            if not all(s.reached(m) for s, m in zip(sources, marks)):
+                return
+            held.popleft()
+            answer()
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 RECLAIM_AFTER = 10_000
@@ -136,6 +217,9 @@ class Server:
         self.refused = 0
         """Connections refused (limits, connect rate, shutting down)."""
         self.hub: Hub | None = None
+        self.sync_gate: SyncGate | None = None
+        """Holds sync answers until recorded messages are durable (see
+        :meth:`add_durable_source`); made by :meth:`start`."""
         self._listeners: list[Any] = []
         self._unix_paths: list[str] = []
         self._turn: Callable[[], AbstractContextManager[Any]] | None = None
@@ -179,7 +263,9 @@ class Server:
         """
         self.config.check()
         self._setup()
-        self.hub = Hub(asyncio.get_running_loop(), max_buffered=self.config.max_buffered)
+        loop = asyncio.get_running_loop()
+        self.hub = Hub(loop, max_buffered=self.config.max_buffered)
+        self.sync_gate = SyncGate(loop)
         self._schedule_sweep()
         try:
             for addr in self.config.listeners():
@@ -220,10 +306,20 @@ class Server:
         self._listeners.append(srv)
         log.info("listening on %s", self.addresses[-1])
 
+    def add_durable_source(self, source: DurableSource) -> None:
+        """From now on a peer's sync is answered only once everything it sent before is
+        durable in ``source`` too (a stream recorder: call :meth:`SyncGate.progress`
+        when it commits).  Call after :meth:`start`."""
+        assert self.sync_gate is not None, "start() the server first"
+        self.sync_gate.sources.append(source)
+
     # -- connections ---------------------------------------------------------------------
 
     def _session(self, conn: Connection) -> Relay:
         relay = Relay(limits=self.relay_limits, name=conn.name, turn=self._turn, quota=self.quota)
+        gate = self.sync_gate
+        if gate is not None:
+            relay.sync_gate = lambda answer: gate.hold(answer, relay)
         gk = Gatekeeper(self.bindings, on_rejected=relay.fail)
         relay.export_at(0, gk)
         refusal = self._refusal(conn)

@@ -203,6 +203,11 @@ async def _serve(cfg: ServerConfig) -> int:
             for spec in specs:
                 ds = server.dataspaces[spec.dataspace or "root"]
                 recorders += start_recorders(ds, [spec], store)
+            # A client's sync() is answered once what it sent before is in the store.
+            assert server.sync_gate is not None
+            for r in recorders:
+                r.on_progress = server.sync_gate.progress
+                server.add_durable_source(r)
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)

@@ -259,6 +259,10 @@ class Relay:
         self.packets_out = 0
         self.events_out = 0
         """Events queued for the peer so far (the work its observers and objects cost)."""
+        self.sync_gate: Callable[[Callable[[], None]], bool] | None = None
+        """When set, the answer to each of the peer's syncs is passed to it first:
+        ``sync_gate(answer)`` returns True to hold the answer (and calls ``answer()``
+        later, e.g. once what the peer sent before is durable), False to answer now."""
         self.retract_chunk: int | None = None
         """When set, a closing relay retracts the peer's assertions this many per turn:
         the first chunk at once, the rest each time the host calls :meth:`retract_more`
@@ -567,7 +571,7 @@ class Relay:
             self.fail(err.message, err.detail)
             return
         for oid_bytes in syncs:
-            self._emit_message_bytes(oid_bytes, _B_TRUE)
+            self._answer_sync(oid_bytes)
 
     def _internal_error(self, e: Exception, fail: bool = True) -> ProtocolError:
         """A local entity raised while applying the peer's event: a bug on this side,
@@ -669,7 +673,7 @@ class Relay:
                 if self._syncs is not None:
                     self._syncs.append(ob)
                 else:
-                    self._emit_message_bytes(ob, _B_TRUE)
+                    self._answer_sync(ob)
             else:
                 local = self._import_wireref(wr, None)
                 if isinstance(local, Entity):
@@ -902,6 +906,12 @@ class Relay:
     def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
         if not self.closed:
             self._emit(oid_bytes, _HDR_M, body)
+
+    def _answer_sync(self, oid_bytes: bytes) -> None:
+        gate = self.sync_gate
+        if gate is not None and gate(lambda: self._emit_message_bytes(oid_bytes, _B_TRUE)):
+            return
+        self._emit_message_bytes(oid_bytes, _B_TRUE)
 
     def send_sync(self, proxy: RemoteEntity, peer: Entity) -> None:
         """Queue ``<S #:peer>`` to ``proxy``: the peer answers by sending ``#t`` to ``peer``

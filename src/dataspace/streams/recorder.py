@@ -116,6 +116,9 @@ class Recorder:
         self._enqueued = 0
         self._cond = threading.Condition()
         self._closing = False
+        self.on_progress: Any = None
+        """Called (from the writer thread) after each batch is committed or fails, e.g.
+        a server's ``SyncGate.progress``."""
         if not store.has_stream(stream):
             store.create_stream(stream)
         self._thread = start_daemon(self._writer, f"recorder:{stream}")
@@ -191,10 +194,34 @@ class Recorder:
                     self.dropped += len(batch) + len(self._queue)
                     self._queue.clear()
                     self._cond.notify_all()
+                self._progress()
                 return
             with self._cond:
                 self.recorded += len(batch)
                 self._cond.notify_all()
+            self._progress()
+
+    def _progress(self) -> None:
+        cb = self.on_progress
+        if cb is not None:
+            try:
+                cb()
+            except Exception:  # pragma: no cover - a bad hook must not stop recording
+                log.exception("recorder %s: progress callback failed", self.stream)
+    # -- durability marks (a server's SyncGate) -------------------------------------------
+
+    def mark(self) -> int:
+        """A mark for everything this recorder has been given so far."""
+        return self._enqueued
+
+    def reached(self, mark: int) -> bool:
+        """Whether everything up to ``mark`` is committed (or dropped, or failed)."""
+        return self.recorded + self.dropped >= mark or self.error is not None
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The store error that stopped this recorder, if any."""
+        return self.error
 
     # -- control -------------------------------------------------------------------------
 

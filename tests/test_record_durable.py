@@ -1,0 +1,86 @@
+"""A client's sync() on a recording server means "durable" (issue 9, item 3)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from broker_support import async_test, running_server, tcp_address
+from dataspace.broker.server import SyncGate
+from dataspace.client import connect
+from dataspace.streams.crashtest import run
+from dataspace.values import parse
+
+
+class FakeSource:
+    def __init__(self) -> None:
+        self.given = 0
+        self.done = 0
+        self.failed = None
+
+    def mark(self):
+        return self.given
+
+    def reached(self, mark):
+        return self.done >= mark
+
+
+class FakeRelay:
+    def __init__(self) -> None:
+        self.failures = []
+
+    def fail(self, message, detail=False):
+        self.failures.append(message)
+
+
+@async_test
+async def test_sync_gate_answers_in_order_once_durable():
+    gate = SyncGate(asyncio.get_running_loop())
+    answers = []
+    relay = FakeRelay()
+    assert gate.hold(lambda: answers.append("free"), relay) is False  # no source: at once
+    src = FakeSource()
+    gate.sources.append(src)
+    assert gate.hold(lambda: answers.append("idle"), relay) is False  # nothing pending
+    src.given = 3
+    assert gate.hold(lambda: answers.append("a"), relay) is True
+    src.given = 5
+    assert gate.hold(lambda: answers.append("b"), relay) is True
+    src.done = 5  # both reached now: a later sync must still not overtake them
+    assert gate.hold(lambda: answers.append("c"), relay) is True
+    gate.release()
+    assert answers == ["a", "b", "c"]
+    src.given = 9
+    assert gate.hold(lambda: answers.append("d"), relay) is True
+    src.failed = OSError("disk gone")
+    gate.release()
+    assert answers == ["a", "b", "c"]  # not answered: the store failed
+    assert relay.failures and "stream store failed" in relay.failures[0]
+
+
+@async_test
+async def test_sync_waits_for_the_recorder(tmp_path):
+    """In process: the sync answer is held until the recorder's writer has committed."""
+    from dataspace.streams import open_store, start_recorders
+
+    async with running_server(tmp_path) as server:
+        store = open_store(tmp_path / "store")
+        (rec,) = start_recorders(server.dataspaces["root"], ["chat:<Says $who $text>"], store)
+        rec.on_progress = server.sync_gate.progress
+        server.add_durable_source(rec)
+        ds = await connect(tcp_address(server), server.sturdyref)
+        for i in range(50):
+            ds.send(parse(f'<Says "a" {i}>'))
+            await ds.sync()
+            # Acknowledged: already committed, visible in the store right now.
+            assert rec.recorded == i + 1
+        assert server.sync_gate.held_total > 0
+        await ds.close()
+        rec.close()
+        store.close()
+
+
+def test_acknowledged_messages_survive_kill_9_of_a_recording_server(tmp_path):
+    result = asyncio.run(run(20, seed=20261124, base=tmp_path))
+    assert result.kills == 20
+    assert result.acknowledged > 0
+    assert result.problems == []
