@@ -21,11 +21,11 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
-import threading
 import errno
 import gc
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator

@@ -218,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dataspace-reccrash-"))
     base.mkdir(parents=True, exist_ok=True)
 
-    def say(s: str) -> None:
-        print(s, flush=True)
+    def say(s: str) -> None:  # the command's own output, not logging
+        sys.stdout.write(s + "\n")
+        sys.stdout.flush()
 
     say(f"recording crash test: {args.kills} kills, seed {seed}, data in {base}")
     result = asyncio.run(run(args.kills, seed=seed, base=base, say=say))
