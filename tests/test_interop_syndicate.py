@@ -136,3 +136,30 @@ async def test_the_syndicate_py_example_in_the_docs_runs_from_any_directory(tmp_
             assert parse('<Present "bob">') in server.dataspaces["root"]
         finally:
             await kill(proc)
+
+
+SYNC_SCRIPT = os.path.join(os.path.dirname(__file__), "interop_syndicate_sync.py")
+
+
+@async_test
+async def test_syndicate_py_turn_sync_is_answered(tmp_path):
+    """syndicate-py's turn.sync sends <S #:#:[0 1]>: it must be answered, the rest of the
+    turn applied, and the connection kept (it used to be closed as a malformed reference,
+    and syndicate-py reconnected in a tight loop)."""
+    async with running_server(tmp_path) as server:
+        ours = await connect(tcp_address(server), server.sturdyref)
+        seen = Changes()
+        ours.observe("<Synced $i>", **seen.kw())
+        ours.observe("<After $i>", **seen.kw())
+        await ours.sync()
+        out: list[str] = []
+        proc = await spawn(SYNC_SCRIPT, tcp_transport(server), str(server.sturdyref), "5")
+        try:
+            await read_line_matching(proc, r"^done$", out)
+            assert [line for line in out if line.startswith("synced")] == [
+                f"synced {i}" for i in range(5)]
+            await seen.until(lambda s: len(s.present) == 5 and len(s.messages()) == 5)
+            assert server.refused == 0 and len(server.connections) == 2  # no reconnection
+        finally:
+            await kill(proc)
+        await ours.close()
