@@ -37,14 +37,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..values import Symbol
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .connection import Connection
-
-__all__ = ["Account", "FlowLimits", "Hub"]
+__all__ = ["Account", "FlowLimits", "Hub", "Peer"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +138,16 @@ class Account:
         return f"<Account {self.name} debt={self.debt} paused={self.paused}>"
 
 
+class Peer(Protocol):
+    """What the hub needs of a connection (net.connection.Connection is one)."""
+
+    queued: int
+
+    def flush_output(self, account: Account | None) -> None: ...
+
+    def fail(self, message: str, detail: Any = False) -> None: ...
+
+
 class Hub:
     """Collects connections with pending output and flushes them.
 
@@ -157,13 +164,13 @@ class Hub:
         self, loop: asyncio.AbstractEventLoop | None = None, *, max_buffered: int | None = None
     ) -> None:
         self._loop = loop
-        self._dirty: list[Connection] = []
+        self._dirty: list[Peer] = []
         self._depth = 0
         self._scheduled = False
         self.max_buffered = max_buffered
         self.buffered = 0
         """Bytes queued to all connections, beyond what their transports hold."""
-        self.connections: set[Connection] = set()
+        self.connections: set[Peer] = set()
         """Open connections (each adds itself, and goes when it closes)."""
 
     def over_buffered(self) -> None:
@@ -183,7 +190,7 @@ class Hub:
         """True while inside :meth:`run` (output is flushed when it returns)."""
         return self._depth > 0
 
-    def mark_dirty(self, conn: Connection) -> None:
+    def mark_dirty(self, conn: Peer) -> None:
         self._dirty.append(conn)
         if self._depth == 0 and not self._scheduled:
             self._scheduled = True
