@@ -5,6 +5,9 @@
 (b) assertions + retractions/s, seen by an observer;
 (c) round-trip latency (p50/p99) of a request/response through the server;
 (d) server memory with 1,000 connected clients holding 10 assertions each;
+(e) what durable acknowledgement costs: send + sync() round trips against a plain server
+    and against one recording every message into a stream (sync answered only once the
+    message is committed and fsynced), with 1 and 10 clients (group commit);
 and, in the same run, (a) and (c) against Redis pub/sub (Debian's redis-server on a free
 loopback port, driven by redis-py's asyncio client, one PUBLISH at a time and pipelined),
 printing the ratios.
@@ -49,7 +52,8 @@ REDIS = "/usr/bin/redis-server"
 
 
 class OurServer:
-    def __init__(self) -> None:
+    def __init__(self, *extra: str) -> None:
+        self.extra = extra
         self.dir = tempfile.mkdtemp(prefix="bench-broker-")
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
@@ -58,7 +62,7 @@ class OurServer:
     def start(self) -> OurServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dataspace.cli", "serve", "--tcp", "127.0.0.1:0",
-             "--data-dir", self.dir, "--max-assertions", "1000000"],
+             "--data-dir", self.dir, "--max-assertions", "1000000", *self.extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout and self.proc.stderr
@@ -70,6 +74,7 @@ class OurServer:
             m = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
             if m:
                 self.address = m.group(1)
+            if "Ctrl-C stops" in line:
                 break
         return self
 
@@ -97,6 +102,11 @@ class RedisServer:
         self.port = 0
 
     def start(self) -> RedisServer:
+        if not os.path.exists(REDIS):
+            raise SystemExit(
+                f"{REDIS} not found: the benchmark runs Redis beside us as the reference; "
+                "install it (Debian: apt-get install redis-server)"
+            )
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         self.port = s.getsockname()[1]
@@ -229,6 +239,28 @@ async def ours_latency(srv: OurServer, n: int) -> list[float]:
     await responder.close()
     await requester.close()
     return out
+
+
+async def ours_acked(srv: OurServer, n: int, clients: int) -> tuple[float, list[float]]:
+    """``clients`` clients each send ``n`` messages, awaiting sync() after each: messages
+    acknowledged per second (all clients), and the round-trip times (seconds)."""
+    says = Symbol("Says")
+    conns = [await connect(srv.address, srv.cap) for _ in range(clients)]
+    rtts: list[float] = []
+
+    async def one(ds: RemoteDataspace, c: int) -> None:
+        for i in range(n):
+            t = time.perf_counter()
+            ds.send(Record._make(says, (f"client-{c}", i)))
+            await ds.sync()
+            rtts.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(ds, c) for c, ds in enumerate(conns)))
+    dt = time.perf_counter() - t0
+    for ds in conns:
+        await ds.close()
+    return clients * n / dt, rtts
 
 
 async def ours_memory(srv: OurServer, clients: int, each: int) -> tuple[int, int]:
@@ -415,6 +447,25 @@ async def main(args: argparse.Namespace) -> None:
               f"{(after - before) / clients:.1f} KiB per client")
     finally:
         fresh.stop()
+    print()
+    n_ack = 300 if args.quick else 2_000
+    print(f"(e) durable acknowledgement: send + sync() per message ({n_ack:,} per client)")
+    plain = OurServer().start()
+    recording = OurServer("--record", "chat:<Says $who $text>").start()
+    try:
+        for clients_n in (1, 10):
+            (p_rate, p_rtt), (r_rate, r_rtt) = [
+                await ours_acked(s, n_ack // clients_n if clients_n > 1 else n_ack, clients_n)
+                for s in (plain, recording)
+            ]
+            print(f"  {clients_n:2d} client(s)  plain    {p_rate:>8,.0f} acked msgs/s   "
+                  f"p50 {pct(p_rtt, 50) * 1e6:6.0f} µs  p99 {pct(p_rtt, 99) * 1e6:6.0f} µs")
+            print(f"               recorded {r_rate:>8,.0f} acked msgs/s   "
+                  f"p50 {pct(r_rtt, 50) * 1e6:6.0f} µs  p99 {pct(r_rtt, 99) * 1e6:6.0f} µs"
+                  f"   ({r_rate / p_rate:.0%} of plain)")
+    finally:
+        plain.stop()
+        recording.stop()
     print()
     print("command: .venv/bin/python benchmarks/bench_broker.py" + (" --quick" if args.quick else ""))
 
