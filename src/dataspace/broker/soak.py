@@ -1,0 +1,1857 @@
+"""A soak of the broker: a real ``dataspace serve`` under a mix of good and bad peers.
+
+``python -m dataspace.broker.soak --seconds 600`` (``make soak-broker``) starts a server in a
+subprocess (on a free loopback port, in a temporary data directory) and, for the set
+time, runs at once, each on its own schedule:
+
+* **well-behaved clients** (:func:`dataspace.client.connect`): each holds
+  ``<Present NAME>`` and a ``<Status NAME K>`` it replaces now and then, and sends
+  ``<Says NAME SEQ>`` messages; every client checks that it sees every other client's
+  presence, the latest status, and every message in order, within a bound;
+* a **round-trip probe** on its own thread and event loop: ``await ds.sync()`` every
+  50 ms with a 5 s timeout (latencies and failures are recorded);
+* the **attacks** the server defends against, each from its own loopback source address:
+  thousands of catch-all observers one per packet (``catch-all-observers``), the same
+  batched in one turn (``big-turn``), a connection making work for its own catch-all
+  observers (``work-loop``), connections from one address up to the per-address limit,
+  then idling (``per-address``), a tight reconnect loop (``reconnect-loop``), and a client
+  with an observe-only capability sending and asserting to the observer references it
+  learns (``observe-only-cap``);
+* **malformed input** on fresh connections: random bytes, mutated packets, truncated
+  packets, oversized declared lengths, deep nesting, valid packets with wrong events;
+* **kill -9 of clients**: ``dataspace assert '<Victim NAME>'`` subprocesses killed with
+  SIGKILL at random; an observer checks that their assertions are retracted in time.
+
+At the end it prints the probe's count, p50/p99 and failures, the checks that failed,
+the server's peak RSS, the attacks' outcomes by kind (the detail of the server's
+``<error ...>`` packet), the fuzz cases, the kills, and every line of the server's log at
+level ERROR or CRITICAL or holding a traceback.  The exit status is 0 only when no probe
+failed, no check failed, the server still answered at the end, logged no error and
+exited with status 0 on SIGTERM.
+
+Everything is bounded in count and time; checks wait on events with timeouts (delays are
+used only to pace actions).  Randomness is seeded (``--seed``; the seed is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..client import RemoteDataspace, connect
+from ..dataspace import Entity
+from ..pattern import parse_pattern, to_preserves
+from ..protocol.relay import Relay, RelayLimits, RemoteEntity
+from ..protocol.sturdy import SturdyRef, attenuate
+from ..protocol.wire import WireRef
+from ..values import (
+    DecodeError,
+    Embedded,
+    Record,
+    Sequence,
+    Symbol,
+    Value,
+    decode_prefix,
+    encode,
+    parse,
+    stringify,
+)
+
+__all__ = [
+    "ATTACKS",
+    "SERVER_LIMITS",
+    "RawConnection",
+    "SoakConfig",
+    "SoakResult",
+    "ServerUnderTest",
+    "main",
+    "run",
+]
+
+log = logging.getLogger(__name__)
+
+PY = sys.executable
+
+# Limits the soak's server runs with (on top of the defaults): tighter than the defaults
+# where an attack would otherwise take minutes to reach the limit, so that each attack
+# is stopped within seconds and repeats many times in a run.
+SERVER_LIMITS: dict[str, float] = {
+    "max-matches": 50_000,
+    "max-turn-events": 20_000,
+    "work-rate": 5_000,
+    "throttle-limit": 1.0,
+    "max-connections-per-address": 64,
+    "connect-rate": 20.0,
+    "idle-timeout": 5.0,
+    "handshake-timeout": 5.0,
+}
+
+ATTACKS = (
+    "catch-all-observers",
+    "big-turn",
+    "work-loop",
+    "per-address",
+    "reconnect-loop",
+    "observe-only-cap",
+)
+
+# Loopback source addresses: the well-behaved clients, the probe and the victims use
+# 127.0.0.1; each attack has its own, and the fuzzers share a few, so that the
+# per-address limits an attack reaches never refuse a well-behaved client.
+_ATTACK_SOURCE = {
+    "per-address": "127.0.0.2",
+    "reconnect-loop": "127.0.0.3",
+    "catch-all-observers": "127.0.0.4",
+    "big-turn": "127.0.0.5",
+    "work-loop": "127.0.0.6",
+    "observe-only-cap": "127.0.0.7",
+}
+_FUZZ_SOURCES = tuple(f"127.0.1.{i}" for i in range(1, 9))
+
+OBSERVE = Symbol("Observe")
+PRESENT = Symbol("Present")
+STATUS = Symbol("Status")
+SAYS = Symbol("Says")
+VICTIM = Symbol("Victim")
+RESOLVE = Symbol("resolve")
+ACCEPTED = Symbol("accepted")
+ERROR = Symbol("error")
+POISON = "mallory"
+
+_CATCH_ALL = to_preserves(parse_pattern("$x"))
+_OBSERVE_ANY = to_preserves(parse_pattern("<Observe $p $o>"))
+_OBSERVE_ONLY = parse("<rewrite <bind <rec Observe [<_> <_>]>> <ref 0>>")
+_ERROR_MARK = b"\xb4\xb3\x05error"
+_LOG_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+_LOG_ERROR = re.compile(r"^\S+ \S+ (ERROR|CRITICAL) ")
+
+
+# ---------------------------------------------------------------------------------------
+# Configuration and results
+
+
+@dataclass
+class SoakConfig:
+    """What to run, and for how long."""
+
+    seconds: float = 600.0
+    clients: int = 4
+    seed: int | None = None
+    quiet: bool = False
+    probe_interval: float = 0.05
+    probe_timeout: float = 5.0
+    check_timeout: float = 10.0
+    progress_every: float = 10.0
+    fuzz_workers: int = 4
+    victims: int = 2
+    server_args: list[str] = field(default_factory=list)
+    limits: dict[str, float] = field(default_factory=lambda: dict(SERVER_LIMITS))
+    log_path: str | None = None
+    json_path: str | None = None
+
+
+@dataclass
+class AttackStats:
+    runs: int = 0
+    stopped: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+class Tally:
+    """Everything the soak counts (the probe thread appends to its own lists)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.failures: list[str] = []
+        self.checks = 0
+        self.poison_seen = 0
+        self.chat_sent = 0
+        self.chat_received = 0
+        self.status_changes = 0
+        self.attacks: dict[str, AttackStats] = {name: AttackStats() for name in ATTACKS}
+        self.fuzz_cases = 0
+        self.fuzz_generators: Counter[str] = Counter()
+        self.fuzz_outcomes: Counter[str] = Counter()
+        self.kills = 0
+        self.early_kills = 0
+        self.kill_latencies: list[float] = []
+        self.rss_kib: list[int] = []
+        self.hwm_kib = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def fail(self, message: str) -> None:
+        text = f"[{self.elapsed():6.1f}s] {message}"
+        self.failures.append(text)
+        log.warning("check failed: %s", message)
+
+    def check(self, ok: bool, message: str) -> bool:
+        if ok:
+            self.checks += 1
+        else:
+            self.fail(message)
+        return ok
+
+
+@dataclass
+class SoakResult:
+    """The figures of a run (``summary()`` is what the JSON file holds)."""
+
+    ok: bool
+    reason: str
+    summary: dict[str, Any]
+
+
+# ---------------------------------------------------------------------------------------
+# Waiting without sleeping
+
+
+class Notifier:
+    """Wakes every waiter when something changed; waiters re-check their condition."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def until(self, pred: Callable[[], bool], timeout: float) -> bool:
+        """True once ``pred()`` holds; False if it does not within ``timeout`` seconds."""
+
+        async def loop() -> None:
+            while not pred():
+                await self._event.wait()
+
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except TimeoutError:
+            return pred()
+        return True
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """A pacing delay between actions that ends early when ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), max(0.0, seconds))
+
+
+# ---------------------------------------------------------------------------------------
+# The server in a subprocess
+
+
+class ServerUnderTest:
+    """``dataspace serve`` in a subprocess; its log is read continuously by a thread."""
+
+    def __init__(self, data_dir: Path, extra_args: Iterable[str] = ()) -> None:
+        self.data_dir = data_dir
+        self.args = [PY, "-m", "dataspace.cli", "serve", "--tcp", "127.0.0.1:0",
+                     "--data-dir", str(data_dir), "-v", *extra_args]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.sturdyref = ""
+        self.port = 0
+        self.log: list[str] = []
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._readers: list[threading.Thread] = []
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server; returns once it prints its sturdyref and port."""
+        self.proc = subprocess.Popen(
+            self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        for stream, name in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
+            t = threading.Thread(target=self._read, args=(stream, name),
+                                 name=f"soak-server-{name}", daemon=True)
+            t.start()
+            self._readers.append(t)
+        if not self._ready.wait(timeout) or not self.sturdyref or not self.port:
+            tail = "\n".join(self.lines()[-20:])
+            self.kill()
+            raise RuntimeError(f"the server did not start within {timeout:g} s; its log:\n{tail}")
+
+    def _read(self, stream: Any, name: str) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                if name == "stdout" and line.startswith("sturdyref: "):
+                    self.sturdyref = line[len("sturdyref: "):].strip()
+                else:
+                    self.log.append(line)
+                m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+                if m and not self.port:
+                    self.port = int(m.group(1))
+                if self.sturdyref and self.port:
+                    self._ready.set()
+        stream.close()
+        if name == "stderr":
+            self._ready.set()  # the server ended: start() stops waiting
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            return list(self.log)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def memory_kib(self) -> tuple[int, int] | None:
+        """``(VmRSS, VmHWM)`` of the server in KiB, or None once it is gone."""
+        try:
+            with open(f"/proc/{self.pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM, then wait; None if it had to be killed (it did not stop in time)."""
+        p = self.proc
+        if p is None:
+            return None
+        if p.poll() is not None:
+            code: int | None = p.returncode
+        else:
+            p.send_signal(signal.SIGTERM)
+            try:
+                code = p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                code = None
+        for t in self._readers:
+            t.join(5.0)
+        return code
+
+    def kill(self) -> None:
+        p = self.proc
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait(10.0)
+
+    def error_lines(self) -> list[str]:
+        """Log lines at level ERROR or CRITICAL, or holding a traceback, each with the
+        lines that continue it (a traceback's frames)."""
+        out: list[str] = []
+        lines = self.lines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if _LOG_ERROR.match(line) or "Traceback" in line or "Exception in callback" in line:
+                out.append(line)
+                j = i + 1
+                while j < len(lines) and j - i <= 60 and not _LOG_START.match(lines[j]):
+                    out.append("    " + lines[j])
+                    j += 1
+                i = j
+            else:
+                i += 1
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# A raw protocol client
+
+
+@dataclass
+class Outcome:
+    """How a connection ended: ``kind`` is the detail of the server's ``<error ...>``
+    (``connect-rate``, ``turn-too-large`` ...), or ``closed`` (no error packet),
+    ``reset``, or ``open`` (still open when we stopped waiting)."""
+
+    kind: str
+    message: str = ""
+
+    @property
+    def by_server(self) -> bool:
+        """The server ended the connection."""
+        return self.kind != "open"
+
+    @property
+    def error(self) -> bool:
+        return self.kind not in ("open", "closed", "reset")
+
+
+class Refused(Exception):
+    """The server refused or closed a connection while it resolved its capability."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(f"{outcome.kind}: {outcome.message}")
+        self.outcome = outcome
+
+
+def error_kind(message: str, detail: Value) -> str:
+    """A short name for an ``<error message detail>``: the detail when it is a symbol
+    (``too-many-matches``) or a short string, else the message's first words."""
+    if type(detail) is Symbol:
+        return detail.name
+    if type(detail) is str and 0 < len(detail) <= 40:
+        return detail.replace(" ", "-")
+    head = message.split(":", 1)[0]
+    head = re.sub(r"-?\d+", "N", head)
+    return "-".join(head.split()[:4])[:40] or "error"
+
+
+class _Answer(Entity):
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self.value: Value = None
+        self._notify = notify
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        self.value = value
+        self._notify()
+
+
+class _SyncPeer(Entity):
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def on_message(self, value: Value) -> None:
+        if not self.fut.done():
+            self.fut.set_result(None)
+
+
+class RawConnection:
+    """A TCP connection driven by hand: a sans-IO :class:`Relay` for resolving a
+    capability (and, for some attacks, for talking through references), raw bytes for
+    everything else.  Reading raw keeps only the tail of the input, to find the server's
+    final ``<error ...>`` packet."""
+
+    TAIL = 2 << 20
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 name: str = "raw") -> None:
+        self.reader = reader
+        self.writer = writer
+        self.notifier = Notifier()
+        self.relay = Relay(limits=RelayLimits(strict=False, max_packet_size=64 << 20),
+                           name=name)
+        self._tail = bytearray()
+        self.bytes_in = 0
+        self.eof = False
+        self.reset = False
+
+    @classmethod
+    async def open(cls, address: str, source: str | None = None,
+                   timeout: float = 10.0) -> RawConnection:
+        """Connect to ``HOST:PORT`` (from the loopback ``source`` address if given)."""
+        host, port = address.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            if source is not None:
+                sock.bind((source, 0))
+            sock.setblocking(False)
+            await asyncio.wait_for(
+                asyncio.get_running_loop().sock_connect(sock, (host, int(port))), timeout)
+            reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(reader, writer, name=f"{source or 'raw'}->{address}")
+
+    def write(self, data: bytes) -> None:
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def send(self, data: bytes) -> bool:
+        """Write and wait for the socket to take it; False once the connection is gone."""
+        try:
+            self.write(data)
+            await self.writer.drain()
+            return True
+        except (ConnectionError, OSError):
+            return False
+
+    def flush_relay(self) -> None:
+        self.write(self.relay.data_to_send())
+
+    async def _read_chunk(self) -> bytes:
+        try:
+            data = await self.reader.read(1 << 16)
+        except (ConnectionResetError, BrokenPipeError):
+            self.reset = True
+            data = b""
+        if not data:
+            self.eof = True
+        return data
+
+    async def resolve(self, cap: SturdyRef, timeout: float = 10.0) -> RemoteEntity:
+        """Resolve ``cap`` at the server's gatekeeper; the dataspace reference.  Raises
+        :class:`Refused` when the server refuses the connection or the capability."""
+        answer = _Answer(self.notifier.notify)
+        gk = self.relay.import_ref(0)
+        # Handle 1 is the resolve's; raw events use handles from 2 up.
+        gk.on_assert(Record(RESOLVE, [cap.to_value(), Embedded(answer)]), 1)
+        self.flush_relay()
+
+        async def loop() -> None:
+            while answer.value is None and self.relay.peer_error is None:
+                data = await self._read_chunk()
+                if not data:
+                    return
+                self.relay.receive_data(data)
+                self.flush_relay()
+
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except TimeoutError:
+            raise Refused(Outcome("open", "no answer to resolve")) from None
+        v = answer.value
+        if isinstance(v, Record) and v.label == ACCEPTED and v.fields:
+            ref = v.fields[0].value
+            assert isinstance(ref, RemoteEntity)
+            return ref
+        if self.relay.peer_error is None and not self.eof:
+            await self._relay_until_closed(timeout)
+        raise Refused(self._relay_outcome())
+
+    def _relay_outcome(self) -> Outcome:
+        err = self.relay.peer_error
+        if err is not None:
+            return Outcome(error_kind(*err), err[0])
+        if self.reset:
+            return Outcome("reset")
+        return Outcome("closed" if self.eof else "open")
+
+    async def _relay_until_closed(self, timeout: float) -> None:
+        async def loop() -> None:
+            while not self.eof:
+                data = await self._read_chunk()
+                if data:
+                    self.relay.receive_data(data)
+                    self.flush_relay()
+                    self.notifier.notify()
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(loop(), timeout)
+
+    async def pump(self) -> Outcome:
+        """Feed the relay until the connection closes (run as a task)."""
+        while not self.eof:
+            data = await self._read_chunk()
+            if data:
+                self.relay.receive_data(data)
+                self.flush_relay()
+            self.notifier.notify()
+        return self._relay_outcome()
+
+    async def read_until_closed(self, timeout: float) -> Outcome:
+        """Read raw (keeping up, so the server never sees a slow consumer) until the
+        server closes the connection or ``timeout`` passes."""
+
+        async def loop() -> None:
+            while True:
+                data = await self._read_chunk()
+                if not data:
+                    return
+                self.bytes_in += len(data)
+                tail = self._tail
+                tail += data
+                if len(tail) > 2 * self.TAIL:
+                    del tail[: len(tail) - self.TAIL]
+
+        try:
+            await asyncio.wait_for(loop(), timeout)
+        except TimeoutError:
+            return Outcome("open")
+        found = _last_error(bytes(self._tail))
+        if found is not None:
+            return Outcome(error_kind(*found), found[0])
+        return Outcome("reset" if self.reset else "closed")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+def _last_error(data: bytes) -> tuple[str, Value] | None:
+    """The ``<error message detail>`` packet that ends ``data``, if it does."""
+    end = len(data)
+    tries = 0
+    while tries < 32:
+        i = data.rfind(_ERROR_MARK, 0, end)
+        if i < 0:
+            return None
+        try:
+            v, stop = decode_prefix(data, i)
+        except (DecodeError, ValueError, RecursionError):
+            v, stop = None, -1
+        if (stop == len(data) and isinstance(v, Record) and v.label == ERROR
+                and len(v.fields) == 2 and type(v.fields[0]) is str):
+            return v.fields[0], v.fields[1]
+        end = i
+        tries += 1
+    return None
+
+
+def _refs_out(w: Any) -> Value:
+    return w.to_value()
+
+
+def _turn(events: list[Value]) -> bytes:
+    return encode(Sequence(events), embedded=_refs_out)
+
+
+def _assert_event(oid: int, value: Value, handle: int) -> Value:
+    return Sequence([oid, Record(Symbol("A"), [value, handle])])
+
+
+def _observe_event(oid: int, handle: int, observer_oid: int, pattern: Value = _CATCH_ALL) -> Value:
+    return _assert_event(oid, Record(OBSERVE, [pattern, Embedded(WireRef(True, observer_oid))]),
+                         handle)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _poisoned(v: Any) -> bool:
+    """True when ``v`` holds a value an attacker planted (a string starting with
+    ``mallory``)."""
+    if type(v) is str:
+        return v.startswith(POISON)
+    if isinstance(v, tuple | list):
+        return any(_poisoned(x) for x in v)
+    if isinstance(v, Record):
+        return _poisoned(v.fields)
+    return False
+
+
+# ---------------------------------------------------------------------------------------
+# Well-behaved clients
+
+
+class GoodClient:
+    """A client that holds ``<Present NAME>`` and ``<Status NAME K>``, chats, and checks
+    what every other client does."""
+
+    def __init__(self, name: str, tally: Tally, notifier: Notifier) -> None:
+        self.name = name
+        self.tally = tally
+        self.notifier = notifier
+        self.ds: RemoteDataspace | None = None
+        self.present: Counter[str] = Counter()
+        self.status: dict[str, set[int]] = {}
+        self.last_seq: dict[str, int] = {}
+        self.seq = 0
+        self.k = 0
+        self._status_handle: int | None = None
+        self.lost = 0
+
+    async def start(self, address: str, cap: str) -> None:
+        ds = self.ds = await connect(address, cap)
+        ds.on_disconnect.append(self._on_lost)
+        ds.observe("<Present $who>", on_assert=self._present_add, on_retract=self._present_del)
+        ds.observe("<Says $who $n>", on_message=self._says)
+        ds.observe("<Status $who $k>", on_assert=self._status_add, on_retract=self._status_del)
+        ds.assert_(Record(PRESENT, [self.name]))
+        self._status_handle = ds.assert_(Record(STATUS, [self.name, 0]))
+        await ds.sync()
+
+    # -- callbacks: what this client sees ----------------------------------------------
+
+    def _on_lost(self) -> None:
+        self.lost += 1
+        self.tally.fail(f"{self.name}: a well-behaved client lost its connection")
+
+    def _odd(self, what: str, caps: tuple[Any, ...], arity: int) -> bool:
+        if _poisoned(caps):
+            self.tally.poison_seen += 1
+            self.tally.fail(f"{self.name}: {what} observer received an injected value "
+                            f"{_show(caps)}")
+            return True
+        if len(caps) != arity:
+            self.tally.fail(f"{self.name}: {what} observer received {_show(caps)}")
+            return True
+        return False
+
+    def _present_add(self, *caps: Any) -> None:
+        if not self._odd("presence", caps, 1) and type(caps[0]) is str:
+            self.present[caps[0]] += 1
+        self.notifier.notify()
+
+    def _present_del(self, *caps: Any) -> None:
+        if not self._odd("presence", caps, 1) and type(caps[0]) is str:
+            who = caps[0]
+            self.present[who] -= 1
+            if self.present[who] <= 0:
+                del self.present[who]
+        self.notifier.notify()
+
+    def _status_add(self, *caps: Any) -> None:
+        if not self._odd("status", caps, 2) and type(caps[0]) is str:
+            self.status.setdefault(caps[0], set()).add(caps[1])
+        self.notifier.notify()
+
+    def _status_del(self, *caps: Any) -> None:
+        if not self._odd("status", caps, 2) and type(caps[0]) is str:
+            self.status.get(caps[0], set()).discard(caps[1])
+        self.notifier.notify()
+
+    def _says(self, *caps: Any) -> None:
+        if not self._odd("chat", caps, 2):
+            who, n = caps
+            self.tally.chat_received += 1
+            if type(who) is str and who.startswith("good-"):
+                last = self.last_seq.get(who, 0)
+                if n != last + 1:
+                    self.tally.fail(f"{self.name}: message {n!r} from {who} after {last} "
+                                    "(lost or out of order)")
+                self.last_seq[who] = n if type(n) is int else last
+        self.notifier.notify()
+
+    # -- actions -----------------------------------------------------------------------
+
+    async def chat_round(self, peers: list[GoodClient], timeout: float) -> None:
+        """Send one message; every client (this one too) must receive it in time."""
+        ds = self.ds
+        assert ds is not None
+        self.seq += 1
+        seq = self.seq
+        ds.send(Record(SAYS, [self.name, seq]))
+        self.tally.chat_sent += 1
+        try:
+            await ds.sync(timeout=timeout)
+        except (TimeoutError, ConnectionError) as e:
+            self.tally.fail(f"{self.name}: sync after message {seq} failed: {e}")
+            return
+        ok = await self.notifier.until(
+            lambda: all(p.last_seq.get(self.name, 0) >= seq for p in peers), timeout)
+        late = [p.name for p in peers if p.last_seq.get(self.name, 0) < seq]
+        self.tally.check(ok, f"{self.name}: message {seq} not received within {timeout:g} s "
+                         f"by {', '.join(late)}")
+
+    async def status_round(self, peers: list[GoodClient], timeout: float) -> None:
+        """Replace the status assertion in one turn; every client must see just the new one."""
+        ds = self.ds
+        assert ds is not None
+        self.k += 1
+        k = self.k
+        with ds.turn():
+            if self._status_handle is not None:
+                ds.retract(self._status_handle)
+            self._status_handle = ds.assert_(Record(STATUS, [self.name, k]))
+        self.tally.status_changes += 1
+        ok = await self.notifier.until(
+            lambda: all(p.status.get(self.name) == {k} for p in peers), timeout)
+        wrong = [f"{p.name} sees {sorted(p.status.get(self.name, set()))}" for p in peers
+                 if p.status.get(self.name) != {k}]
+        self.tally.check(ok, f"{self.name}: status {k} not seen alone within {timeout:g} s: "
+                         + "; ".join(wrong))
+
+    async def close(self) -> None:
+        if self.ds is not None:
+            self.ds.on_disconnect.clear()
+            await self.ds.close()
+
+
+def _show(v: Any, width: int = 120) -> str:
+    try:
+        s = stringify(Sequence(v) if isinstance(v, tuple) else v, embedded=lambda o: repr(o))
+    except Exception:
+        s = repr(v)
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# The probe, on a thread of its own
+
+
+class Probe:
+    """``sync()`` round trips every ``interval`` seconds on a connection of its own, in a
+    process of its own (so that the soak's own work never delays it: its latencies are
+    the server's).  The process sends its figures back through a pipe; :meth:`drain`
+    reads them."""
+
+    def __init__(self, address: str, cap: str, interval: float, timeout: float) -> None:
+        self.latencies: list[float] = []
+        self.failures = 0
+        self.failure_messages: list[str] = []
+        self.ready = False
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe(duplex=False)
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=_probe_process, name="soak-probe", daemon=True,
+                                 args=(address, cap, interval, timeout, child, self._stop))
+        self._child = child
+        self._started = time.monotonic()
+
+    def start(self, timeout: float = 30.0) -> bool:
+        """Start the process; True once its connection is up."""
+        self._proc.start()
+        self._child.close()
+        deadline = time.monotonic() + timeout
+        while not self.ready and time.monotonic() < deadline and self._proc.is_alive():
+            self.drain(0.1)
+        self.drain()
+        return self.ready
+
+    def drain(self, timeout: float = 0.0) -> None:
+        """Take in what the probe process has sent (waiting up to ``timeout`` for it)."""
+        try:
+            while self._conn.poll(timeout):
+                timeout = 0.0
+                kind, data = self._conn.recv()
+                if kind == "ready":
+                    self.ready = True
+                elif kind == "lat":
+                    self.latencies.extend(data)
+                elif kind == "fail":
+                    self.failures += 1
+                    if len(self.failure_messages) < 20:
+                        self.failure_messages.append(
+                            f"[{time.monotonic() - self._started:6.1f}s] {data}")
+        except (EOFError, OSError):
+            pass
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self._proc.is_alive() and time.monotonic() < deadline:
+            self.drain(0.1)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self.failures += 1
+            self.failure_messages.append("the probe process did not stop")
+        self._proc.join(5.0)
+        self.drain()
+        self._conn.close()
+
+
+def _probe_process(address: str, cap: str, interval: float, timeout: float, out: Any,
+                   stop: Any) -> None:
+    asyncio.run(_probe_main(address, cap, interval, timeout, out, stop))
+
+
+async def _probe_main(address: str, cap: str, interval: float, timeout: float, out: Any,
+                      stop: Any) -> None:
+    try:
+        ds = await connect(address, cap)
+    except Exception as e:
+        out.send(("fail", f"cannot connect: {e}"))
+        return
+    out.send(("ready", None))
+    batch: list[float] = []
+    sent = time.monotonic()
+    try:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                await ds.sync(timeout=timeout)
+                batch.append(time.perf_counter() - t0)
+            except Exception as e:
+                out.send(("fail", f"{type(e).__name__}: {e}"))
+            if time.monotonic() - sent >= 0.5:
+                out.send(("lat", batch))
+                batch, sent = [], time.monotonic()
+            await asyncio.sleep(interval)  # pacing
+        out.send(("lat", batch))
+    finally:
+        await ds.close()
+        out.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Malformed input
+
+
+def fuzz_corpus(cap: str) -> list[bytes]:
+    """Valid packets (the first resolves ``cap``); mutated into bad ones."""
+    texts = [
+        f"[[0 <A <resolve {cap} #:[0 1]> 1>]]",
+        '[[1 <A <Fuzz 1 "x"> 2>]]',
+        "[[1 <R 2>]]",
+        '[[1 <M <Fuzz "m">>]]',
+        "[[1 <A <Observe <group <rec Fuzz> {0: <bind <_>>}> #:[0 3]> 4>]]",
+        "[[1 <A <Observe <bind <_>> #:[0 6]> 7>]]",
+        "[[1 <S #:[0 5]>]]",
+        "[[1 <M #:[1 1]>]]",
+        "[[1 <A [#:[1 0] #:[0 9] {a: 1.5 b: #t}] 8>]]",
+        "[[1 <A <Observe <group <arr> {0: <lit 1>}> #:[0 10]> 11>] [1 <R 11>]]",
+        "[[1 <A <Fuzz #[AAEC] [1 2 3] #{1 2}> 12>] [1 <M <Fuzz 2>>] [1 <R 12>]]",
+        "#f",
+        '<error "fuzz" 1>',
+        "<extension 1 2>",
+        "[]",
+    ]
+    return [encode(parse(t)) for t in texts]
+
+
+# Events that are well-formed packets but wrong: each must get an <error> and a close.
+_WRONG_EVENTS = [
+    "[[99 <A 1 1>]]",                        # unknown OID
+    "[[1 <R 12345>]]",                       # retraction of an unknown handle
+    "[[1 <A 1 5>] [1 <A 2 5>]]",             # a handle used twice
+    '[[1 <A 1 "h">]]',                       # a handle that is not an integer
+    "[[1 <S 5>]]",                           # a sync without a reference
+    "[[1 <M #:[2 1]>]]",                     # a malformed wire reference
+    "[[1 <M #:[1 999]>]]",                   # a reference to an unknown object
+    "[[1 <X 1>]]",                           # no such event
+    "[[1]]",                                 # not [oid event]
+    "[[-1 <M 1>]]",                          # a negative OID
+    '"a string is not a packet"',
+    '[[0 <A <resolve <ref {oid: "root" sig: #x"00000000000000000000000000000000"}> '
+    "#:[0 1]> 1>]]",                         # a forged capability
+]
+
+
+@dataclass
+class FuzzCase:
+    generator: str
+    chunks: list[bytes]
+    expect_close: bool = False  # the server must end the connection
+    wait: float = 0.3
+
+
+def _mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(7)
+        if op == 0 and b:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        elif op == 1:
+            b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
+        elif op == 2 and b:
+            del b[rng.randrange(len(b))]
+        elif op == 3 and b:
+            del b[rng.randrange(len(b)):]
+        elif op == 4 and b:
+            i = rng.randrange(len(b))
+            j = min(len(b), i + rng.randint(1, 16))
+            b[i:i] = b[i:j] * rng.randint(1, 8)
+        elif op == 5:
+            b += rng.choice(pool)
+        else:
+            b[rng.randrange(len(b) + 1):rng.randrange(len(b) + 1)] = bytes(
+                rng.randrange(256) for _ in range(rng.randint(1, 8)))
+    return bytes(b)
+
+
+def fuzz_case(rng: random.Random, pool: list[bytes], handshake_timeout: float) -> FuzzCase:
+    """One malformed-input case: what to send on a fresh connection, and what to expect."""
+    resolve = pool[0]
+    g = rng.choice(["garbage", "mutated", "mixed", "truncated", "oversized", "deep",
+                    "wrong-event", "wrong-event", "mutated"])
+    expect, wait = False, 0.3
+    if g == "garbage":
+        data = rng.randbytes(rng.randint(1, 300))
+    elif g == "mutated":
+        data = _mutate(rng, rng.choice(pool), pool)
+    elif g == "mixed":  # resolve for real, then valid and mutated packets
+        data = resolve + b"".join(
+            rng.choice(pool[1:11]) if rng.random() < 0.6 else _mutate(rng, rng.choice(pool), pool)
+            for _ in range(rng.randint(1, 6)))
+    elif g == "truncated":
+        whole = rng.choice(pool[:11])
+        data = whole[: rng.randint(1, len(whole) - 1)]
+        if rng.random() < 0.3:  # wait for the handshake timeout to close it
+            expect, wait = True, handshake_timeout + 5.0
+    elif g == "oversized":
+        big = rng.choice([(1 << 20) + 1, 1 << 31, 1 << 62])
+        data = rng.choice([
+            b"\xb1" + _varint(big) + b"abc",                              # a string
+            b"\xb5\xb5\xb0\x01\x01\xb4\xb3\x01M\xb2" + _varint(big) + b"x",  # in a turn
+            b"\xb0" + _varint(big) + b"\x01",                             # an integer
+        ])
+        if rng.random() < 0.1:  # a packet of many small items, over 1 MiB
+            data = b"\xb5" + b"\xb0\x01\x01" * 360_000
+        expect, wait = True, 5.0
+    elif g == "deep":
+        n = rng.choice([201, 300, 1000, 20_000])
+        if rng.random() < 0.5:
+            data = b"\xb5" * n + b"\x84" * n
+        else:
+            data = (resolve + b"\xb5\xb5\xb0\x01\x01\xb4\xb3\x01M" + b"\xb5" * n + b"\x84" * n
+                    + b"\x84\x84\x84")
+        expect, wait = True, 5.0
+    else:  # wrong-event, after resolving or before
+        bad = encode(parse(rng.choice(_WRONG_EVENTS)))
+        data = (resolve if rng.random() < 0.8 else b"") + bad
+        expect, wait = True, 5.0
+    chunks = [data]
+    if len(data) > 1 and rng.random() < 0.3:  # cut into pieces at random points
+        cuts = sorted(rng.sample(range(1, len(data)), min(len(data) - 1, rng.randint(1, 3))))
+        chunks = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+    return FuzzCase(g, chunks, expect, wait)
+
+
+# ---------------------------------------------------------------------------------------
+# The soak
+
+
+class Soak:
+    """One run against one server (see the module docstring)."""
+
+    def __init__(self, config: SoakConfig, server: ServerUnderTest, rng_seed: int) -> None:
+        self.cfg = config
+        self.server = server
+        self.address = server.address
+        self.cap_text = server.sturdyref
+        self.cap = SturdyRef.parse(server.sturdyref)
+        self.seed = rng_seed
+        self.tally = Tally()
+        self.notifier = Notifier()
+        self.stop = asyncio.Event()
+        self.abort: str | None = None
+        self.goods: list[GoodClient] = []
+        self.probe: Probe | None = None
+        self.watcher: RemoteDataspace | None = None
+        self.victims: Counter[str] = Counter()
+        self.victim_procs: set[asyncio.subprocess.Process] = set()
+        self.cap_file = server.data_dir.parent / "soak.sturdyref"
+        self.progress_tty = sys.stderr.isatty()
+        self.answered_at_end = False
+        self._pool: list[bytes] | None = None
+        self._victim_count = 0
+
+    def rng(self, name: str) -> random.Random:
+        return random.Random(f"{self.seed}:{name}")
+
+    @property
+    def limit(self) -> dict[str, float]:
+        return self.cfg.limits
+
+    # -- the whole run -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Set up, run the mix for the set time, check the end state, tear down."""
+        try:
+            await self._setup()
+        except Exception as e:
+            self.abort = f"setting up failed: {type(e).__name__}: {e}"
+            self.tally.fail(self.abort)
+            await self._teardown()
+            return
+        try:
+            await self._mix()
+            if self.abort is None:
+                await self._final_checks()
+        finally:
+            await self._teardown()
+
+    async def _setup(self) -> None:
+        cfg = self.cfg
+        self.cap_file.write_text(self.cap_text + "\n")
+        self.goods = [GoodClient(f"good-{i}", self.tally, self.notifier)
+                      for i in range(cfg.clients)]
+        for g in self.goods:
+            await g.start(self.address, self.cap_text)
+        names = {g.name for g in self.goods}
+        ok = await self.notifier.until(
+            lambda: all(set(g.present) == names for g in self.goods), cfg.check_timeout)
+        self.tally.check(ok, "the well-behaved clients did not all see each other at start")
+        self.watcher = await connect(self.address, self.cap_text)
+        self.watcher.on_disconnect.append(
+            lambda: self.tally.fail("the victims' watcher lost its connection"))
+        self.watcher.observe("<Victim $name>", on_assert=self._victim_add,
+                             on_retract=self._victim_del)
+        await self.watcher.sync()
+        self.probe = Probe(self.address, self.cap_text, cfg.probe_interval, cfg.probe_timeout)
+        if not await asyncio.to_thread(self.probe.start):
+            raise ConnectionError("the probe did not connect within 30 s")
+
+    async def _mix(self) -> None:
+        cfg = self.cfg
+        loops: list[Callable[[], Awaitable[None]]] = [self._monitor, self._progress]
+        for g in self.goods:
+            loops.append(lambda g=g: self._cycles(g.name, self._good_round, g, (0.05, 0.3)))
+        attacks = {
+            "catch-all-observers": (self._attack_catch_all, (2.0, 6.0)),
+            "big-turn": (self._attack_big_turn, (1.0, 4.0)),
+            "work-loop": (self._attack_work_loop, (2.0, 6.0)),
+            "per-address": (self._attack_per_address, (1.0, 3.0)),
+            "reconnect-loop": (self._attack_reconnect_loop, (3.0, 8.0)),
+            "observe-only-cap": (self._attack_observe_only, (1.0, 4.0)),
+        }
+        for name, (fn, pause) in attacks.items():
+            loops.append(lambda name=name, fn=fn, pause=pause:
+                         self._cycles(name, self._attack, (name, fn), pause, 2.0))
+        for w in range(cfg.fuzz_workers):
+            loops.append(lambda w=w: self._cycles(f"fuzz-{w}", self._fuzz_round, w,
+                                                  (0.01, 0.05)))
+        for v in range(cfg.victims):
+            loops.append(lambda v=v: self._cycles(f"kill-{v}", self._victim, v, (0.3, 1.5),
+                                                  2.0))
+        tasks = [asyncio.ensure_future(fn()) for fn in loops]
+        deadline = time.monotonic() + cfg.seconds
+        while time.monotonic() < deadline and self.abort is None:
+            await _pause(self.stop, min(1.0, deadline - time.monotonic()))
+        self.stop.set()
+        # Cycles under way finish (each is bounded); any still running after this are
+        # cancelled, and not counted.
+        _, pending = await asyncio.wait(tasks, timeout=25.0)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _cycles(self, name: str, fn: Callable[[random.Random, Any], Awaitable[None]],
+                      arg: Any, pause: tuple[float, float], first: float = 0.0) -> None:
+        """Run ``fn(rng, arg)`` again and again until the end, with a random pause
+        between runs; an unexpected exception is a failed check, and the runs go on."""
+        rng = self.rng(name)
+        await _pause(self.stop, rng.uniform(0.0, first))
+        while not self.stop.is_set():
+            try:
+                await fn(rng, arg)
+            except Exception as e:
+                log.debug("%s failed", name, exc_info=True)
+                self.tally.fail(f"{name}: {type(e).__name__}: {e}")
+            await _pause(self.stop, rng.uniform(*pause))
+
+    async def _teardown(self) -> None:
+        for p in list(self.victim_procs):
+            await self._kill(p)
+        if self.probe is not None:
+            await asyncio.to_thread(self.probe.stop)
+        with contextlib.suppress(Exception):
+            if self.watcher is not None:
+                self.watcher.on_disconnect.clear()
+                await self.watcher.close()
+        for g in self.goods:
+            with contextlib.suppress(Exception):
+                await g.close()
+
+    def _victim_add(self, *caps: Any) -> None:
+        if _poisoned(caps):
+            self.tally.poison_seen += 1
+            self.tally.fail(f"the victims' watcher received an injected value {_show(caps)}")
+        elif len(caps) == 1 and type(caps[0]) is str:
+            self.victims[caps[0]] += 1
+        self.notifier.notify()
+
+    def _victim_del(self, *caps: Any) -> None:
+        if len(caps) == 1 and type(caps[0]) is str:
+            self.victims[caps[0]] -= 1
+            if self.victims[caps[0]] <= 0:
+                del self.victims[caps[0]]
+        self.notifier.notify()
+
+    async def _final_checks(self) -> None:
+        t = self.cfg.check_timeout
+        names = {g.name for g in self.goods}
+        for g in self.goods:
+            assert g.ds is not None
+            try:
+                await g.ds.sync(timeout=t)
+            except (TimeoutError, ConnectionError) as e:
+                self.tally.fail(f"{g.name}: final sync failed: {e}")
+        ok = await self.notifier.until(
+            lambda: all(set(g.present) == names
+                        and all(g.status.get(o.name) == {o.k} for o in self.goods)
+                        for g in self.goods), t)
+        self.tally.check(ok, "at the end, the well-behaved clients do not see exactly each "
+                         "other's presence and latest status: " + "; ".join(
+                             f"{g.name} sees {sorted(g.present)}" for g in self.goods))
+        ok = await self.notifier.until(lambda: not self.victims, t)
+        self.tally.check(ok, "assertions of killed clients still present at the end: "
+                         + ", ".join(sorted(self.victims)))
+        # A new client is served, and the dataspace holds exactly what the well-behaved
+        # clients hold: nothing of any attacker, fuzzer or killed client is left.
+        try:
+            final = await connect(self.address, self.cap_text, reconnect=False)
+        except Exception as e:
+            self.tally.fail(f"the server does not accept a new client at the end: {e}")
+            return
+        try:
+            await final.sync(timeout=t)
+            self.answered_at_end = True
+            self.tally.checks += 1
+            seen: Counter[Any] = Counter()
+
+            def add(v: Any) -> None:
+                seen[v] += 1
+                self.notifier.notify()
+
+            def drop(v: Any) -> None:
+                seen[v] -= 1
+                if seen[v] <= 0:
+                    del seen[v]
+                self.notifier.notify()
+
+            final.observe("$v", on_assert=add, on_retract=drop)
+            expected_observers = 3 * len(self.goods) + 2  # the watcher's, and this one
+            expected = {Record(PRESENT, [g.name]) for g in self.goods}
+            expected |= {Record(STATUS, [g.name, g.k]) for g in self.goods}
+
+            def unexpected() -> list[Any]:
+                return [v for v in seen if not (v in expected or (
+                    isinstance(v, Record) and v.label == OBSERVE))]
+
+            def clean() -> bool:
+                observers = sum(1 for v in seen if isinstance(v, Record) and v.label == OBSERVE)
+                return (not unexpected() and observers == expected_observers
+                        and all(v in seen for v in expected))
+
+            ok = await self.notifier.until(clean, t)
+            observers = sum(1 for v in seen if isinstance(v, Record) and v.label == OBSERVE)
+            self.tally.check(ok, f"at the end the dataspace holds {len(seen)} assertions, "
+                             f"{observers} observers (expected {expected_observers}); "
+                             f"unexpected: {', '.join(_show(v, 80) for v in unexpected()[:10])}")
+        except (TimeoutError, ConnectionError) as e:
+            self.tally.fail(f"the server does not answer a new client at the end: {e}")
+        finally:
+            await final.close()
+
+    # -- watching the server ------------------------------------------------------------
+
+    async def _monitor(self) -> None:
+        while not self.stop.is_set():
+            if self.probe is not None:
+                self.probe.drain()
+            mem = self.server.memory_kib()
+            if mem is not None:
+                self.tally.rss_kib.append(mem[0])
+                self.tally.hwm_kib = max(self.tally.hwm_kib, mem[1])
+            if not self.server.alive():
+                code = self.server.proc.returncode if self.server.proc else None
+                self.abort = f"the server exited during the soak (status {code})"
+                self.tally.fail(self.abort)
+                self.stop.set()
+                return
+            await _pause(self.stop, 1.0)
+
+    def progress_line(self) -> str:
+        t = self.tally
+        p = self.probe
+        lat = sorted(p.latencies) if p else []
+        p99 = _pct(lat, 0.99) * 1000 if lat else 0.0
+        attacks = sum(a.runs for a in t.attacks.values())
+        rss = t.rss_kib[-1] / 1024 if t.rss_kib else 0.0
+        errors = len(self.server.error_lines())
+        return (f"soak [{t.elapsed():5.0f}s/{self.cfg.seconds:g}s] probes {len(lat)} "
+                f"(p99 {p99:.1f} ms, {p.failures if p else 0} failed)  checks "
+                f"{t.checks} ok {len(t.failures)} failed  attacks {attacks}  fuzz "
+                f"{t.fuzz_cases}  kills {t.kills}  rss {rss:.0f} MiB  log errors {errors}")
+
+    async def _progress(self) -> None:
+        if self.cfg.quiet:
+            return
+        while not self.stop.is_set():
+            await _pause(self.stop, self.cfg.progress_every)
+            line = self.progress_line()
+            _say(f"\r{line}\x1b[K" if self.progress_tty else line + "\n")
+        if self.progress_tty:
+            _say("\n")
+
+    # -- well-behaved clients ----------------------------------------------------------
+
+    async def _good_round(self, rng: random.Random, g: GoodClient) -> None:
+        await g.chat_round(self.goods, self.cfg.check_timeout)
+        if g.seq % 5 == 0:
+            await g.status_round(self.goods, self.cfg.check_timeout)
+
+    # -- attacks -------------------------------------------------------------------------
+
+    async def _attack(self, rng: random.Random,
+                      which: tuple[str, Callable[[random.Random], Awaitable[bool]]]) -> None:
+        name, fn = which
+        stats = self.tally.attacks[name]
+        stats.runs += 1
+        if await fn(rng):
+            stats.stopped += 1
+
+    async def _open(self, source: str) -> RawConnection:
+        return await RawConnection.open(self.address, source)
+
+    async def _flood(self, raw: RawConnection, packets: list[bytes], timeout: float) -> Outcome:
+        """Send ``packets`` while reading everything the server sends, until it closes
+        the connection (or ``timeout``)."""
+
+        async def send() -> None:
+            for i in range(0, len(packets), 200):
+                if not await raw.send(b"".join(packets[i:i + 200])):
+                    return
+
+        sender = asyncio.ensure_future(send())
+        try:
+            return await raw.read_until_closed(timeout)
+        finally:
+            sender.cancel()
+            with contextlib.suppress(BaseException):
+                await sender
+
+    def _record(self, name: str, outcome: Outcome, expect: str | None = None) -> bool:
+        """Count an attack connection's outcome; it must have been ended by the server."""
+        self.tally.attacks[name].outcomes[outcome.kind] += 1
+        return self.tally.check(
+            outcome.by_server,
+            f"attack {name}: the server did not stop it"
+            + (f" (expected {expect})" if expect else ""))
+
+    async def _attack_catch_all(self, rng: random.Random) -> bool:
+        """(a) thousands of catch-all observers, one per packet, from one connection."""
+        raw = await self._open(_ATTACK_SOURCE["catch-all-observers"])
+        try:
+            ref = await raw.resolve(self.cap)
+            n = rng.randint(2000, 4000)
+            packets = [_turn([_observe_event(ref.oid, 100 + i, 10 + i)]) for i in range(n)]
+            outcome = await self._flood(raw, packets, 60.0)
+            return self._record("catch-all-observers", outcome, "too-many-matches")
+        except Refused as e:
+            return self._record("catch-all-observers", e.outcome)
+        finally:
+            raw.close()
+
+    async def _attack_big_turn(self, rng: random.Random) -> bool:
+        """(b) the same batched in one turn: refused as a whole (turn-too-large); the
+        ``<Present "mallory-b">`` it also holds must never be seen."""
+        raw = await self._open(_ATTACK_SOURCE["big-turn"])
+        try:
+            ref = await raw.resolve(self.cap)
+            n = rng.randint(300, 600)
+            events = [_assert_event(ref.oid, Record(PRESENT, [f"{POISON}-b"]), 2)]
+            events += [_observe_event(ref.oid, 100 + i, 10 + i) for i in range(n)]
+            outcome = await self._flood(raw, [_turn(events)], 30.0)
+            return self._record("big-turn", outcome, "turn-too-large")
+        except Refused as e:
+            return self._record("big-turn", e.outcome)
+        finally:
+            raw.close()
+
+    async def _attack_work_loop(self, rng: random.Random) -> bool:
+        """(c) catch-all observers, then assertions and retractions: each costs events
+        back to the same connection (the work budget)."""
+        raw = await self._open(_ATTACK_SOURCE["work-loop"])
+        try:
+            ref = await raw.resolve(self.cap)
+            packets = [_turn([_observe_event(ref.oid, 10 + i, 10 + i)]) for i in range(10)]
+            for i in range(rng.randint(20_000, 30_000)):
+                h = 1000 + i
+                packets.append(_turn([_assert_event(ref.oid, Record(Symbol("n"), [i]), h)]))
+                packets.append(_turn([Sequence([ref.oid, Record(Symbol("R"), [h])])]))
+            outcome = await self._flood(raw, packets, 60.0)
+            return self._record("work-loop", outcome, "work-limit")
+        except Refused as e:
+            return self._record("work-loop", e.outcome)
+        finally:
+            raw.close()
+
+    async def _attack_per_address(self, rng: random.Random) -> bool:
+        """(d) connections from one address up to the per-address limit, then one more
+        (refused), then idling (closed by the idle timeout)."""
+        name = "per-address"
+        source = _ATTACK_SOURCE[name]
+        limit = int(self.limit["max-connections-per-address"])
+        held: list[RawConnection] = []
+        try:
+            refused: Outcome | None = None
+            for _ in range(limit + 1):
+                raw = await self._open(source)
+                held.append(raw)
+                try:
+                    await raw.resolve(self.cap)
+                except Refused as e:
+                    refused = e.outcome
+                    held.pop().close()
+                    break
+            ok = self.tally.check(
+                refused is not None,
+                f"attack {name}: {limit + 1} connections from {source} were all accepted "
+                f"(the limit is {limit})")
+            if refused is not None:
+                self.tally.attacks[name].outcomes[refused.kind] += 1
+                ok = self.tally.check(refused.error, f"attack {name}: refused without an "
+                                      f"error ({refused.kind})") and ok
+            if not self.limit["idle-timeout"]:
+                return ok  # no idle timeout configured: nothing closes them
+            # The ones that got in hold nothing: the idle timeout must close them.
+            wait = self.limit["idle-timeout"] + 10.0
+            outcomes = await asyncio.gather(*(raw.read_until_closed(wait) for raw in held))
+            for o in outcomes:
+                self.tally.attacks[name].outcomes[o.kind] += 1
+            still = sum(1 for o in outcomes if not o.by_server)
+            return self.tally.check(
+                still == 0, f"attack {name}: {still} idle connections still open "
+                f"{wait:g} s after connecting") and ok
+        finally:
+            for raw in held:
+                raw.close()
+
+    async def _attack_reconnect_loop(self, rng: random.Random) -> bool:
+        """(e) connect, resolve, close, again, as fast as possible: refused by the
+        connect rate."""
+        name = "reconnect-loop"
+        rate = self.limit["connect-rate"]
+        if not rate:  # no connect rate configured: nothing to reach
+            self.tally.attacks[name].outcomes["not-limited"] += 1
+            return True
+        bound = int(10 * rate) + 200
+        for _ in range(bound):
+            raw = await self._open(_ATTACK_SOURCE[name])
+            try:
+                await raw.resolve(self.cap)
+            except Refused as e:
+                return self._record(name, e.outcome, "connect-rate")
+            finally:
+                raw.close()
+        self.tally.attacks[name].outcomes["open"] += 1
+        self.tally.fail(f"attack {name}: {bound} connections in a row were all accepted "
+                        f"(connect rate {rate:g}/s)")
+        return False
+
+    async def _attack_observe_only(self, rng: random.Random) -> bool:
+        """(f) an observe-only capability: observe ``<Observe $p $o>``, then send and
+        assert to every observer reference learned, and through the capability itself.
+        No well-behaved client may receive any of it."""
+        name = "observe-only-cap"
+        cap = attenuate(self.cap, _OBSERVE_ONLY)
+        raw = await self._open(_ATTACK_SOURCE[name])
+        pump: asyncio.Future[Outcome] | None = None
+        try:
+            try:
+                ref = await raw.resolve(cap)
+            except Refused as e:
+                return self._record(name, e.outcome)
+            learned: list[RemoteEntity] = []
+
+            class Learner(Entity):
+                def on_assert(self, value: Value, handle: int) -> None:
+                    if isinstance(value, Sequence) and len(value) == 2:
+                        o = value[1]
+                        if isinstance(o, Embedded) and isinstance(o.value, RemoteEntity):
+                            learned.append(o.value)
+                    raw.notifier.notify()
+
+            handles = itertools.count(2)
+            ref.on_assert(Record(OBSERVE, [_OBSERVE_ANY, Embedded(Learner())]), next(handles))
+            raw.flush_relay()
+            pump = asyncio.ensure_future(raw.pump())
+            await raw.notifier.until(lambda: len(learned) >= 3 * len(self.goods) or raw.eof,
+                                     self.cfg.check_timeout)
+            if raw.eof:
+                return self._record(name, await pump)
+            before = self.tally.poison_seen
+            sends = 0
+            for r in learned:
+                for body in ([POISON], [f"{POISON}-f", 1], [f"{POISON}-f", "x", 2]):
+                    r.on_message(Sequence(body))
+                    r.on_assert(Sequence(body), next(handles))
+                    sends += 2
+            ref.on_message(Record(SAYS, [f"{POISON}-f", 1]))
+            ref.on_assert(Record(PRESENT, [f"{POISON}-f"]), next(handles))
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            raw.relay.send_sync(ref, _SyncPeer(fut))
+            raw.flush_relay()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(fut), self.cfg.check_timeout)
+            # Whatever the server forwarded to a well-behaved client is there by the time
+            # that client's own round trip returns.
+            for g in self.goods:
+                assert g.ds is not None
+                with contextlib.suppress(TimeoutError, ConnectionError):
+                    await g.ds.sync(timeout=self.cfg.check_timeout)
+            if raw.relay.peer_error is not None or raw.eof:
+                outcome = raw._relay_outcome()
+            else:
+                outcome = Outcome("dropped", f"{sends} events to {len(learned)} observer "
+                                  "references dropped")
+            self.tally.attacks[name].outcomes[outcome.kind] += 1
+            ok = self.tally.check(fut.done() or raw.eof,
+                                  f"attack {name}: no answer to sync from the server")
+            return self.tally.check(self.tally.poison_seen == before,
+                                    f"attack {name}: injected values reached well-behaved "
+                                    "clients") and ok
+        finally:
+            raw.close()
+            if pump is not None:
+                pump.cancel()
+                with contextlib.suppress(BaseException):
+                    await pump
+
+    # -- malformed input -----------------------------------------------------------------
+
+    async def _fuzz_round(self, rng: random.Random, worker: int) -> None:
+        if self._pool is None:
+            self._pool = fuzz_corpus(self.cap_text)
+        case = fuzz_case(rng, self._pool, self.limit["handshake-timeout"])
+        t = self.tally
+        source = _FUZZ_SOURCES[(worker + t.fuzz_cases) % len(_FUZZ_SOURCES)]
+        outcome = await self._fuzz_one(source, case)
+        t.fuzz_cases += 1
+        t.fuzz_generators[case.generator] += 1
+        t.fuzz_outcomes[outcome.kind] += 1
+        if case.expect_close:
+            t.check(outcome.by_server,
+                    f"fuzz {case.generator}: the server neither answered nor closed within "
+                    f"{case.wait:g} s; sent {b''.join(case.chunks)[:64].hex()}")
+
+    async def _fuzz_one(self, source: str, case: FuzzCase) -> Outcome:
+        try:
+            raw = await self._open(source)
+        except (OSError, TimeoutError) as e:
+            self.tally.fail(f"fuzz: cannot connect: {e}")
+            return Outcome("no-connection")
+        try:
+            for c in case.chunks:
+                if not await raw.send(c):
+                    break
+            return await raw.read_until_closed(case.wait)
+        finally:
+            raw.close()
+
+    # -- kill -9 -------------------------------------------------------------------------
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 10.0)
+        self.victim_procs.discard(proc)
+
+    async def _victim(self, rng: random.Random, slot: int) -> None:
+        """Start a client holding ``<Victim name>``, kill it with SIGKILL, and check that
+        its assertion goes."""
+        t = self.cfg.check_timeout
+        self._victim_count += 1
+        name = f"victim-{slot}-{self._victim_count}"
+        proc = await asyncio.create_subprocess_exec(
+            PY, "-m", "dataspace.cli", "assert", f'<Victim "{name}">',
+            "--server", self.address, "--cap", f"@{self.cap_file}",
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.victim_procs.add(proc)
+        try:
+            early = rng.random() < 0.2
+            if early:  # killed at a random moment, perhaps before it asserted
+                await _pause(self.stop, rng.uniform(0.0, 1.0))
+            else:
+                exited = asyncio.ensure_future(proc.wait())
+                exited.add_done_callback(lambda _f: self.notifier.notify())
+                await self.notifier.until(lambda: name in self.victims or exited.done(), 3 * t)
+                if name not in self.victims:
+                    if exited.done() and proc.stderr is not None:
+                        err = (await proc.stderr.read()).decode("utf-8", "replace")
+                        why = f"its client exited with status {proc.returncode}: {err[-300:].strip()!r}"
+                    else:
+                        why = f"not within {3 * t:g} s"
+                    self.tally.fail(f"kill: <Victim {name!r}> never appeared: {why}")
+                    return
+                await _pause(self.stop, rng.uniform(0.1, 2.0))
+            seen = name in self.victims
+            t0 = time.monotonic()
+            await self._kill(proc)
+            self.tally.kills += 1
+            if early:
+                self.tally.early_kills += 1
+            if seen:
+                gone = await self.notifier.until(lambda: name not in self.victims, t)
+                if self.tally.check(gone, f"kill: <Victim {name!r}> still present {t:g} s "
+                                    "after its client was killed with SIGKILL"):
+                    self.tally.kill_latencies.append(time.monotonic() - t0)
+        finally:
+            await self._kill(proc)
+
+    # -- the summary ---------------------------------------------------------------------
+
+    def summary(self, exit_status: int | None, error_lines: list[str],
+                log_lines: list[str]) -> dict[str, Any]:
+        t = self.tally
+        p = self.probe
+        lat = sorted(p.latencies) if p else []
+        kills = sorted(t.kill_latencies)
+        rss = sorted(t.rss_kib)
+        warnings = sum(1 for line in log_lines if re.match(r"^\S+ \S+ WARNING ", line))
+        return {
+            "seconds": self.cfg.seconds,
+            "elapsed": round(t.elapsed(), 1),
+            "seed": self.seed,
+            "clients": self.cfg.clients,
+            "server_limits": self.cfg.limits,
+            "probe": {
+                "count": len(lat),
+                "p50_ms": round(_pct(lat, 0.50) * 1000, 2),
+                "p99_ms": round(_pct(lat, 0.99) * 1000, 2),
+                "max_ms": round((lat[-1] if lat else 0.0) * 1000, 2),
+                "failures": p.failures if p else 0,
+                "failure_messages": p.failure_messages if p else [],
+            },
+            "checks": {"passed": t.checks, "failed": list(t.failures)},
+            "clients_traffic": {
+                "chat_sent": t.chat_sent, "chat_received": t.chat_received,
+                "status_changes": t.status_changes,
+            },
+            "attacks": {
+                name: {"runs": a.runs, "stopped": a.stopped, "outcomes": dict(a.outcomes)}
+                for name, a in t.attacks.items()
+            },
+            "fuzz": {
+                "cases": t.fuzz_cases,
+                "generators": dict(t.fuzz_generators),
+                "outcomes": dict(t.fuzz_outcomes),
+            },
+            "kills": {
+                "count": t.kills,
+                "early": t.early_kills,
+                "retraction_p50_ms": round(_pct(kills, 0.5) * 1000, 1),
+                "retraction_max_ms": round((kills[-1] if kills else 0.0) * 1000, 1),
+            },
+            "server": {
+                "pid": self.server.pid,
+                "peak_rss_mib": round(t.hwm_kib / 1024, 1),
+                "rss_mib": {
+                    "first": round(t.rss_kib[0] / 1024, 1) if rss else 0.0,
+                    "median": round(_pct(rss, 0.5) / 1024, 1) if rss else 0.0,
+                    "max": round(rss[-1] / 1024, 1) if rss else 0.0,
+                    "last": round(t.rss_kib[-1] / 1024, 1) if rss else 0.0,
+                    "samples": len(rss),
+                },
+                "answered_at_end": self.answered_at_end,
+                "log_lines": len(log_lines),
+                "warnings": warnings,
+                "error_lines": error_lines,
+                "exit_status": exit_status,
+            },
+        }
+
+
+def _say(text: str) -> None:
+    """Progress output (standard error, flushed)."""
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+def _pct(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(len(sorted_values) - 1, int(q * (len(sorted_values) - 1) + 0.5))]
+
+
+def verdict(summary: dict[str, Any], abort: str | None) -> tuple[bool, str]:
+    """``(ok, reason)``: the one-line reason of a failure, or ``"pass"``."""
+    server = summary["server"]
+    probe = summary["probe"]
+    failed = summary["checks"]["failed"]
+    if abort:
+        return False, abort
+    if probe["failures"]:
+        return False, f"{probe['failures']} probe failure(s): {probe['failure_messages'][0]}"
+    if probe["count"] == 0:
+        return False, "the probe made no round trip"
+    if server["error_lines"]:
+        return False, f"the server logged an error: {server['error_lines'][0]}"
+    if failed:
+        return False, f"{len(failed)} failed check(s): {failed[0]}"
+    if not server["answered_at_end"]:
+        return False, "the server did not answer a new client at the end"
+    if server["exit_status"] is None:
+        return False, "the server did not stop within 20 s of SIGTERM (killed)"
+    if server["exit_status"] != 0:
+        return False, f"the server exited with status {server['exit_status']} on SIGTERM"
+    return True, "pass"
+
+
+# ---------------------------------------------------------------------------------------
+# Running it
+
+
+def run(config: SoakConfig) -> SoakResult:
+    """Run a soak; the server is started and stopped here."""
+    seed = config.seed if config.seed is not None else random.SystemRandom().randrange(1 << 32)
+    tmp = Path(tempfile.mkdtemp(prefix="dataspace-soak-"))
+    args = [*_limit_args(config.limits), *config.server_args]
+    server = ServerUnderTest(tmp / "data", args)
+    soak: Soak | None = None
+    try:
+        server.start()
+        soak = Soak(config, server, seed)
+        log.info("server pid %d on %s", server.pid, server.address)
+        if not config.quiet:
+            _say(f"soak: seed {seed} (repeat with --seed {seed}); {config.seconds:g} s, "
+                 f"{config.clients} well-behaved clients; server pid {server.pid} on "
+                 f"{server.address}: dataspace serve {' '.join(args)}\n")
+        asyncio.run(soak.run())
+        mem = server.memory_kib()
+        if mem is not None:
+            soak.tally.rss_kib.append(mem[0])
+            soak.tally.hwm_kib = max(soak.tally.hwm_kib, mem[1])
+    finally:
+        exit_status = server.stop()
+        log_lines = server.lines()
+        if config.log_path:
+            Path(config.log_path).write_text("\n".join(log_lines) + "\n")
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = soak.summary(exit_status, server.error_lines(), log_lines)
+    ok, reason = verdict(summary, soak.abort)
+    summary["result"] = "pass" if ok else "fail"
+    summary["reason"] = reason
+    return SoakResult(ok, reason, summary)
+
+
+def _limit_args(limits: dict[str, float]) -> list[str]:
+    out = []
+    for k, v in limits.items():
+        out += [f"--{k}", f"{v:g}"]
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    """The summary as the lines printed at the end."""
+    p, k, srv, ch = s["probe"], s["kills"], s["server"], s["checks"]
+    lines = [
+        f"soak: {s['elapsed']:g} s (asked {s['seconds']:g} s), seed {s['seed']}, "
+        f"{s['clients']} well-behaved clients",
+        f"probe: {p['count']} round trips, p50 {p['p50_ms']:.2f} ms, p99 {p['p99_ms']:.2f} ms, "
+        f"max {p['max_ms']:.1f} ms, failures {p['failures']}",
+    ]
+    lines += [f"  probe failure: {m}" for m in p["failure_messages"]]
+    tr = s["clients_traffic"]
+    lines.append(f"checks: {ch['passed']} passed, {len(ch['failed'])} failed "
+                 f"(chat {tr['chat_sent']} sent / {tr['chat_received']} received, "
+                 f"{tr['status_changes']} status changes)")
+    lines += [f"  FAILED {m}" for m in ch["failed"][:50]]
+    if len(ch["failed"]) > 50:
+        lines.append(f"  ... and {len(ch['failed']) - 50} more")
+    rss = srv["rss_mib"]
+    lines.append(f"server memory: peak RSS (VmHWM) {srv['peak_rss_mib']:.1f} MiB; VmRSS first "
+                 f"{rss['first']:.1f}, median {rss['median']:.1f}, max {rss['max']:.1f}, last "
+                 f"{rss['last']:.1f} MiB ({rss['samples']} samples)")
+    lines.append("attacks (runs, stopped by the server, outcomes by error kind):")
+    for name, a in s["attacks"].items():
+        outcomes = ", ".join(f"{kind} {n}" for kind, n in sorted(a["outcomes"].items()))
+        lines.append(f"  {name:20} {a['runs']:4} runs, {a['stopped']:4} stopped: {outcomes}")
+    f = s["fuzz"]
+    lines.append(f"fuzz: {f['cases']} cases ("
+                 + ", ".join(f"{g} {n}" for g, n in sorted(f["generators"].items())) + ")")
+    lines.append("  outcomes: " + ", ".join(
+        f"{kind} {n}" for kind, n in sorted(f["outcomes"].items(), key=lambda kv: -kv[1])))
+    lines.append(f"kills: {k['count']} clients killed with SIGKILL ({k['early']} at a random "
+                 f"moment); retraction seen after p50 {k['retraction_p50_ms']:.0f} ms, max "
+                 f"{k['retraction_max_ms']:.0f} ms")
+    lines.append(f"server log: {srv['log_lines']} lines, {srv['warnings']} warnings, "
+                 f"{len(srv['error_lines'])} error lines")
+    lines += [f"  {line}" for line in srv["error_lines"][:200]]
+    if len(srv["error_lines"]) > 200:
+        lines.append(f"  ... and {len(srv['error_lines']) - 200} more")
+    lines.append(f"server exit status after SIGTERM: {srv['exit_status']}")
+    lines.append(f"result: {'PASS' if s['result'] == 'pass' else 'FAIL: ' + s['reason']}")
+    return "\n".join(lines)
+
+
+EXAMPLES = """\
+examples:
+  python -m dataspace.broker.soak                      the long soak: 600 s (make soak-broker)
+  python -m dataspace.broker.soak --seconds 45         the short one CI runs
+  python -m dataspace.broker.soak --seconds 300 --clients 8 --seed 42
+  python -m dataspace.broker.soak --seconds 60 --json summary.json --log server.log
+
+The server runs with these limits (besides its defaults), so that each attack reaches its
+limit within seconds:
+  """ + " ".join(_limit_args(SERVER_LIMITS)) + """
+Pass more `dataspace serve` options with --serve-arg (repeatable).
+
+Exit status: 0 when no probe failed, no check failed, the server answered a new client at
+the end, logged nothing at ERROR or CRITICAL (nor a traceback) and exited with status 0 on
+SIGTERM; 1 otherwise (the last line says why); 2 for bad arguments.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m dataspace.broker.soak",
+        description="Run a real `dataspace serve` for a set time under well-behaved "
+        "clients (with a round-trip probe), attacks, malformed input and kill -9 of "
+        "clients; print the probe's latencies and failures, the server's peak memory, the "
+        "attacks' outcomes and any error in the server's log.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--seconds", type=float, default=600.0, metavar="N",
+                   help="how long to run the mix (default 600)")
+    p.add_argument("--clients", type=int, default=4, metavar="N",
+                   help="well-behaved clients (default 4)")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="random seed (default: a new one, printed)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines; just the summary at the end")
+    p.add_argument("--json", dest="json_path", metavar="FILE",
+                   help="also write the summary to FILE as JSON")
+    p.add_argument("--log", dest="log_path", metavar="FILE",
+                   help="write the server's whole log to FILE")
+    p.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                   help="an extra option for `dataspace serve` (repeatable; e.g. "
+                   "--serve-arg=--max-observers=500; the limits above are changed with "
+                   "--serve-arg=--NAME=VALUE)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log the soak's own steps (-v info, -vv debug)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m dataspace.broker.soak``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.clients < 2:
+        parser.error("--seconds must be positive and --clients at least 2")
+    level = logging.ERROR if args.verbose == 0 else logging.INFO if args.verbose == 1 \
+        else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    limits = dict(SERVER_LIMITS)
+    extra: list[str] = []
+    for a in args.serve_arg:
+        k, eq, v = a.partition("=")
+        if eq and k.startswith("--") and k[2:] in limits:
+            try:  # a limit the soak itself relies on: the attacks must know it too
+                limits[k[2:]] = float(v)
+                continue
+            except ValueError:
+                parser.error(f"--serve-arg {a}: {v!r} is not a number")
+        extra.append(a)
+    cfg = SoakConfig(seconds=args.seconds, clients=args.clients, seed=args.seed,
+                     quiet=args.quiet, server_args=extra, limits=limits,
+                     log_path=args.log_path, json_path=args.json_path)
+    try:
+        result = run(cfg)
+    except KeyboardInterrupt:
+        _say("soak: interrupted\n")
+        return 130
+    except RuntimeError as e:
+        _say(f"soak: {e}\n")
+        return 1
+    sys.stdout.write(format_summary(result.summary) + "\n")
+    sys.stdout.flush()
+    if cfg.json_path:
+        Path(cfg.json_path).write_text(json.dumps(result.summary, indent=2) + "\n")
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
