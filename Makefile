@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run demo test lint bench bench-spark soak soak-spark clean
+.PHONY: setup run demo test lint bench bench-spark soak soak-spark soak-broker clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ soak: setup
 ## The long crash test of the Spark engine: 200 SIGKILLs of the whole driver (about an hour).
 soak-spark: setup
 	$(BIN)/python -m dataspace.pipeline.spark.crashtest --kills 200
+
+## The broker soak: a real server for 10 minutes under clients, attacks, fuzzing and kill -9.
+soak-broker: setup
+	$(BIN)/python -m dataspace.broker.soak --seconds 600
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
