@@ -80,6 +80,7 @@ from ..values import (
 
 __all__ = [
     "ATTACKS",
+    "PARTS",
     "SERVER_LIMITS",
     "RawConnection",
     "SoakConfig",
@@ -115,6 +116,8 @@ ATTACKS = (
     "reconnect-loop",
     "observe-only-cap",
 )
+PARTS = (*ATTACKS, "fuzz", "kills")
+"""What runs besides the well-behaved clients and the probe (``--only`` picks some)."""
 
 # Loopback source addresses: the well-behaved clients, the probe and the victims use
 # 127.0.0.1; each attack has its own, and the fuzzers share a few, so that the
@@ -169,6 +172,7 @@ class SoakConfig:
     limits: dict[str, float] = field(default_factory=lambda: dict(SERVER_LIMITS))
     log_path: str | None = None
     json_path: str | None = None
+    only: list[str] = field(default_factory=list)  # parts to run (default: all of PARTS)
 
 
 @dataclass
@@ -179,7 +183,7 @@ class AttackStats:
 
 
 class Tally:
-    """Everything the soak counts (the probe thread appends to its own lists)."""
+    """Everything the soak counts and the checks that failed."""
 
     def __init__(self) -> None:
         self.started = time.monotonic()
@@ -857,6 +861,7 @@ class Probe:
 
 def _probe_process(address: str, cap: str, interval: float, timeout: float, out: Any,
                    stop: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the soak's to handle
     asyncio.run(_probe_main(address, cap, interval, timeout, out, stop))
 
 
@@ -1100,13 +1105,15 @@ class Soak:
             "reconnect-loop": (self._attack_reconnect_loop, (3.0, 8.0)),
             "observe-only-cap": (self._attack_observe_only, (1.0, 4.0)),
         }
+        parts = set(cfg.only or PARTS)
         for name, (fn, pause) in attacks.items():
-            loops.append(lambda name=name, fn=fn, pause=pause:
-                         self._cycles(name, self._attack, (name, fn), pause, 2.0))
-        for w in range(cfg.fuzz_workers):
+            if name in parts:
+                loops.append(lambda name=name, fn=fn, pause=pause:
+                             self._cycles(name, self._attack, (name, fn), pause, 2.0))
+        for w in range(cfg.fuzz_workers if "fuzz" in parts else 0):
             loops.append(lambda w=w: self._cycles(f"fuzz-{w}", self._fuzz_round, w,
                                                   (0.01, 0.05)))
-        for v in range(cfg.victims):
+        for v in range(cfg.victims if "kills" in parts else 0):
             loops.append(lambda v=v: self._cycles(f"kill-{v}", self._victim, v, (0.3, 1.5),
                                                   2.0))
         tasks = [asyncio.ensure_future(fn()) for fn in loops]
@@ -1131,6 +1138,8 @@ class Soak:
             try:
                 await fn(rng, arg)
             except Exception as e:
+                if self._server_gone():
+                    return
                 log.debug("%s failed", name, exc_info=True)
                 self.tally.fail(f"{name}: {type(e).__name__}: {e}")
             await _pause(self.stop, rng.uniform(*pause))
@@ -1239,13 +1248,21 @@ class Soak:
             if mem is not None:
                 self.tally.rss_kib.append(mem[0])
                 self.tally.hwm_kib = max(self.tally.hwm_kib, mem[1])
-            if not self.server.alive():
-                code = self.server.proc.returncode if self.server.proc else None
-                self.abort = f"the server exited during the soak (status {code})"
-                self.tally.fail(self.abort)
-                self.stop.set()
+            if self._server_gone():
                 return
             await _pause(self.stop, 1.0)
+
+    def _server_gone(self) -> bool:
+        """True (and the run stops) once the server process has ended."""
+        if self.abort is not None:
+            return True
+        if self.server.alive():
+            return False
+        code = self.server.proc.returncode if self.server.proc else None
+        self.abort = f"the server exited during the soak (status {code})"
+        self.tally.fail(self.abort)
+        self.stop.set()
+        return True
 
     def progress_line(self) -> str:
         t = self.tally
@@ -1516,7 +1533,8 @@ class Soak:
         try:
             raw = await self._open(source)
         except (OSError, TimeoutError) as e:
-            self.tally.fail(f"fuzz: cannot connect: {e}")
+            if not self._server_gone():
+                self.tally.fail(f"fuzz: cannot connect: {e}")
             return Outcome("no-connection")
         try:
             for c in case.chunks:
@@ -1558,6 +1576,8 @@ class Soak:
                 exited.add_done_callback(lambda _f: self.notifier.notify())
                 await self.notifier.until(lambda: name in self.victims or exited.done(), 3 * t)
                 if name not in self.victims:
+                    if self._server_gone():
+                        return
                     if exited.done() and proc.stderr is not None:
                         err = (await proc.stderr.read()).decode("utf-8", "replace")
                         why = f"its client exited with status {proc.returncode}: {err[-300:].strip()!r}"
@@ -1772,6 +1792,8 @@ examples:
   python -m dataspace.broker.soak --seconds 45         the short one CI runs
   python -m dataspace.broker.soak --seconds 300 --clients 8 --seed 42
   python -m dataspace.broker.soak --seconds 60 --json summary.json --log server.log
+  python -m dataspace.broker.soak --seconds 30 --only work-loop --only fuzz
+                                                       some parts only, to find a culprit
 
 The server runs with these limits (besides its defaults), so that each attack reaches its
 limit within seconds:
@@ -1800,6 +1822,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="well-behaved clients (default 4)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="random seed (default: a new one, printed)")
+    p.add_argument("--only", action="append", choices=PARTS, default=[], metavar="PART",
+                   help="run only this part besides the well-behaved clients and the probe "
+                   f"(repeatable; one of: {', '.join(PARTS)}; default: all)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines; just the summary at the end")
     p.add_argument("--json", dest="json_path", metavar="FILE",
@@ -1836,7 +1861,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--serve-arg {a}: {v!r} is not a number")
         extra.append(a)
     cfg = SoakConfig(seconds=args.seconds, clients=args.clients, seed=args.seed,
-                     quiet=args.quiet, server_args=extra, limits=limits,
+                     quiet=args.quiet, server_args=extra, limits=limits, only=args.only,
                      log_path=args.log_path, json_path=args.json_path)
     try:
         result = run(cfg)
