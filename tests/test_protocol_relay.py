@@ -433,3 +433,31 @@ def test_a_failing_local_entity_closes_only_that_connection(caplog):
     relay.receive_data(turn((0, Assert("kept until the close", 1)), (1, Assert("x", 2))))
     assert_failed(relay, ds, "internal error")
     assert "a bug on this side" in caplog.text
+
+
+def test_events_to_a_withdrawn_oid_are_dropped_not_a_protocol_error():
+    """The server exports an object inside an assertion, withdraws it when the assertion
+    goes, and the peer's message to it crosses that retraction: the message is dropped
+    and the connection stays (a producer answering the observers it sees hits this)."""
+    relay, ds = server()
+
+    class Sink(Entity):
+        def __init__(self) -> None:
+            self.got: list[object] = []
+
+        def on_message(self, value: object) -> None:
+            self.got.append(value)
+
+    relay.receive_data(turn((0, Assert(observe(PRESENT_PAT, 5), 1))))
+    sink = Sink()
+    h = ds.assert_(Record(Symbol("Present"), [Embedded(sink)]))
+    (_oid, ev), = [e for e in events_of(packets(relay)) if isinstance(e[1], Assert)]
+    exported = ev.assertion[0].value.oid  # the sink, exported under a fresh OID
+    ds.retract(h)
+    packets(relay)
+    relay.receive_data(turn((exported, Message("late"))))
+    relay.receive_data(turn((0, Message(Record(Symbol("ref"), [Embedded(WireRef(False, exported))])))))
+    assert not relay.closed and sink.got == []
+    # An OID this side never issued is still a protocol error.
+    relay.receive_data(turn((exported + 100, Message("forged"))))
+    assert relay.closed and "unknown OID" in relay.error[0]

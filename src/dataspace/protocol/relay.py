@@ -101,9 +101,11 @@ class RelayLimits:
       closed with a ``too-many-matches`` error rather than grow without bound;
     * ``max_outbound_packet`` -- outbound Turn packets are cut at about this size (default
       256 KiB), so they stay below the peer's own packet limit;
-    * ``strict`` -- treat events addressed to unknown OIDs and retractions of unknown
+    * ``strict`` -- treat events addressed to OIDs never issued and retractions of unknown
       handles as protocol errors (the server); when False they are ignored (a client,
-      where such events can race with its own retractions).
+      where such events can race with its own retractions).  Events to an OID this side
+      issued and has withdrawn since are always dropped quietly: they can cross the
+      retraction that withdrew it.
     """
 
     max_packet_size: int = 1 << 20
@@ -591,7 +593,10 @@ class Relay:
         oid, k, a, b = ev
         ex = self._exports.get(oid)
         if ex is None:
-            if self._strict:
+            # An OID this side issued and has since withdrawn (the peer's event crossed
+            # the retraction that dropped it) is not the peer's fault: the event is
+            # dropped.  One never issued is.
+            if self._strict and oid >= self._next_oid:
                 raise ProtocolError(f"unknown OID {oid}: no such object on this connection", oid)
             target = None
         else:
@@ -729,9 +734,9 @@ class Relay:
             return imp
         ex = self._exports.get(oid)
         if ex is None:
-            if self._strict:
+            if self._strict and oid >= self._next_oid:
                 raise ProtocolError(f"reference to unknown OID {oid}", wr.to_value())
-            return _Inert()
+            return _Inert()  # withdrawn since (see _apply)
         if pins is not None:
             ex.count += 1
             pins.append(ex)
