@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run demo test lint bench bench-spark soak soak-spark soak-broker clean
+.PHONY: setup run demo test lint bench bench-spark soak soak-spark soak-record soak-broker clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench-spark: setup
 ## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
 soak: setup
 	$(BIN)/python -m dataspace.pipeline.crashtest --kills 1000
+
+## The long crash test of recording: 500 SIGKILLs of a recording server (about 6 minutes).
+soak-record: setup
+	$(BIN)/python -m dataspace.streams.crashtest --kills 500
 
 ## The long crash test of the Spark engine: 200 SIGKILLs of the whole driver (about an hour).
 soak-spark: setup
