@@ -265,6 +265,7 @@ def _is_local_observe(a: object) -> bool:
         (encode(parse("[[0 <Z 1>]]")), "malformed event"),
         (encode(parse('[["x" <M 1>]]')), "OID must be an integer"),
         (encode(parse("[[7 <M 1>]]")), "unknown OID 7"),
+        (encode(parse("[[-1 <M 1>]]")), "unknown OID -1"),
         (encode(parse("[[0 <R 12>]]")), "unknown handle"),
         (encode(parse('[[0 <A 1 "h">]]')), "handle must be an integer"),
         (encode(parse("[[0 <S 1>]]")), "<S> needs an embedded"),

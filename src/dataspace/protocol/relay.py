@@ -596,7 +596,7 @@ class Relay:
             # An OID this side issued and has since withdrawn (the peer's event crossed
             # the retraction that dropped it) is not the peer's fault: the event is
             # dropped.  One never issued is.
-            if self._strict and oid >= self._next_oid:
+            if self._strict and not 0 <= oid < self._next_oid:
                 raise ProtocolError(f"unknown OID {oid}: no such object on this connection", oid)
             target = None
         else:
@@ -734,7 +734,7 @@ class Relay:
             return imp
         ex = self._exports.get(oid)
         if ex is None:
-            if self._strict and oid >= self._next_oid:
+            if self._strict and not 0 <= oid < self._next_oid:
                 raise ProtocolError(f"reference to unknown OID {oid}", wr.to_value())
             return _Inert()  # withdrawn since (see _apply)
         if pins is not None:
