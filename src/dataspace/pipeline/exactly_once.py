@@ -34,7 +34,7 @@ input positions of the message set that produced them and the step's delivery ha
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,6 +60,9 @@ __all__ = [
     "meta_hash",
     "parse_record",
     "recover",
+    "Resume",
+    "close_interrupted",
+    "resume",
     "snapshot_record",
 ]
 
@@ -297,6 +300,96 @@ class Recovery:
     order: tuple[str, ...] | None = None
     delivered_hash: bytes | None = None
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where an exactly-once run of a processor starts (see :func:`resume`)."""
+
+    positions: dict[str, int]
+    """Per input, the index its tailer starts at."""
+    retry: bool
+    """The interrupted step of the backing stream is retried (``positions`` are its
+    starts; it reads up to its ends, with the same delivery hash)."""
+    note: str | None = None
+    """Why the positions are not those of the backing stream's last step, if they are not."""
+
+
+def resume(
+    rec: Recovery,
+    saved: Mapping[str, int | None],
+    fresh: Callable[[str], int],
+    inputs: Sequence[str],
+    guarantee: str = "exactly-once",
+) -> Resume:
+    """Where a run of a processor starts, from the recovery component's outcome ``rec``
+    and the tailers' saved positions (``fresh(input)``: where a tailer never saved starts).
+
+    One rule for every engine and guarantee.  A run without exactly-once (at-most-once
+    keeps no backing records: it moves the tailers and nothing else) may have consumed
+    messages after the last step the backing stream knows of.  They were delivered at
+    most once already and must not be delivered again.  So an exactly-once run:
+
+    * after a delivered step (3a) goes on from the step's end, or from the saved position
+      where that is further on;
+    * retries an interrupted step (1b/1c/3b) while the tailers are at its start or its
+      end (step 4 of the seed moves them to the end before the function runs); if a run
+      moved them beyond its end, that run consumed those messages: the step is not
+      retried, and each input goes on from its saved position;
+    * starts a processor that never ran (1a) at its saved positions, else fresh.
+
+    An at-most-once run starts at the saved positions, but never inside an interrupted
+    exactly-once step (whose function may already have had its effects): it starts after
+    it, and closes it first (:func:`close_interrupted`), so no later exactly-once run
+    retries it either -- its messages are skipped, which at-most-once allows; they are
+    never delivered twice.  A saved position *behind* the backing stream's record is not
+    followed (going back would deliver twice).
+    """
+    sv = {s: saved.get(s) for s in inputs}
+    if guarantee != "exactly-once":
+        pos = {s: sv[s] if sv[s] is not None else fresh(s) for s in inputs}
+        if rec.retry and rec.ends is not None:
+            pos = {s: max(p, rec.ends.get(s, p)) for s, p in pos.items()}
+        return Resume(pos, False)
+    if rec.retry and rec.starts is not None and rec.ends is not None:
+        ends = rec.ends
+        moved = [s for s in inputs if sv[s] is not None and sv[s] > ends.get(s, sv[s])]  # type: ignore[operator]
+        if not moved:
+            return Resume({s: rec.starts[s] for s in inputs}, True)
+        pos = {s: max(sv[s] or 0, ends.get(s, 0)) for s in inputs}
+        return Resume(pos, False, (
+            "a run without exactly-once moved the tailers past the interrupted step "
+            f"({', '.join(moved)}), so it is not retried: going on from the tailers"))
+    if rec.ends is not None:
+        pos: dict[str, int] = {}
+        ahead = []
+        for s in inputs:
+            e = rec.ends.get(s)
+            p = sv[s]
+            if e is None:  # an input the step did not have
+                pos[s] = p if p is not None else fresh(s)
+            elif p is not None and p > e:
+                pos[s] = p
+                ahead.append(s)
+            else:
+                pos[s] = e
+        note = None
+        if ahead:
+            note = ("a run without exactly-once moved the tailers past the last delivered "
+                    f"step ({', '.join(ahead)}): going on from the tailers")
+        return Resume(pos, False, note)
+    return Resume({s: sv[s] if sv[s] is not None else fresh(s) for s in inputs}, False)
+
+
+def close_interrupted(tx: Any, proc_id: str, rec: Recovery) -> bool:
+    """Mark an interrupted step (``rec.retry``) as done, with an ``attempt-nil`` record of
+    its delivery hash, so that recovery reports it delivered (1f+3a) from now on.  For an
+    at-most-once run taking over a processor (see :func:`resume`).  True if written."""
+    if not rec.retry or rec.starts is None or rec.ends is None:
+        return False
+    h = delivery_hash(proc_id, rec.starts, rec.ends)
+    tx.append_encoded(backing_stream(proc_id), [encode(attempt_record(ATTEMPT_NIL, h))])
+    return True
 
 
 def recover(reader: Reader, proc_id: str, chunk: int = 64) -> Recovery:

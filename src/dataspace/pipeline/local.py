@@ -58,10 +58,12 @@ from .exactly_once import (
     alts_record,
     attempt_record,
     backing_stream,
+    close_interrupted,
     delivery_hash,
     enc_int,
     hash_of,
     recover,
+    resume,
     snapshot_record,
 )
 from .graph import Context, Delivery, Graph, Message, Processor
@@ -774,38 +776,31 @@ class LocalEngine(Engine):
             for q in self.procs:
                 tx.create_stream(q.backing)
                 tx.set_retention(q.backing, self.backing_keep, None)
-                if self.guarantee == "exactly-once":
-                    rec = recover(tx, q.id)
-                else:
-                    rec = Recovery("at-most-once")
-                q.recovery = rec.branch
-                saved = [tx.position(s, q.id) for s in q.inputs]
-                if rec.retry:
-                    assert rec.starts is not None
+                rec = recover(tx, q.id)
+                q.recovery = rec.branch if self.guarantee == "exactly-once" else "at-most-once"
+                saved = {s: tx.position(s, q.id) for s in q.inputs}
+
+                def fresh(s: str, tx: Transaction = tx) -> int:
+                    first = tx.first_index(s)
+                    return first if first is not None else tx.next_index(s)
+
+                r = resume(rec, saved, fresh, q.inputs, self.guarantee)
+                if self.guarantee != "exactly-once" and close_interrupted(tx, q.id, rec):
+                    log.warning("%s: an interrupted exactly-once step (%s to %s) is closed "
+                                "unretried: at-most-once skips its messages", q.id,
+                                rec.starts, rec.ends)
+                if r.note is not None:
+                    log.warning("%s: %s", q.id, r.note)
+                    q.recovery = f"{rec.branch} (superseded)"
+                if r.retry:
                     # 1b / 1c / 3b: reset the tailers to the snapshot; no new snapshot
                     # until this delivery succeeds.
                     q.retry = rec
                     q.skip_snapshot = True
                     q.have_alts = rec.order is not None
-                    q.positions = [rec.starts[s] for s in q.inputs]
+                q.positions = [r.positions[s] for s in q.inputs]
+                if [saved[s] for s in q.inputs] != q.positions:
                     tx.set_positions([(s, q.id, p) for s, p in zip(q.inputs, q.positions)])
-                elif rec.ends is not None:
-                    # 3a: delivered; carry on after the step.
-                    q.positions = [rec.ends[s] for s in q.inputs]
-                    if saved != q.positions:
-                        log.warning("%s: tailers %s disagree with the last delivered step %s; "
-                                    "using the step", q.id, saved, q.positions)
-                        tx.set_positions([(s, q.id, p) for s, p in zip(q.inputs, q.positions)])
-                else:
-                    # 1a (or at-most-once): the tailers' saved positions, else the start.
-                    pos = []
-                    for s, sv in zip(q.inputs, saved):
-                        if sv is None:
-                            first = tx.first_index(s)
-                            sv = first if first is not None else tx.next_index(s)
-                        pos.append(sv)
-                    q.positions = pos
-                    tx.set_positions([(s, q.id, p) for s, p in zip(q.inputs, pos)])
                 log.info("%s: recovery %s (%s); positions %s", q.id, rec.branch, rec.detail,
                          dict(zip(q.inputs, q.positions)))
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from ...streams.base import Store
 from ..engine import Engine, EngineError, ProcStats, claim_graph
-from ..exactly_once import Recovery, backing_stream, recover
+from ..exactly_once import backing_stream, recover, resume
 from ..graph import Graph, Processor
 from .session import SparkSetupError, get_session, is_local
 from .sink import ProcSpec, encode_spec
@@ -187,15 +187,7 @@ class SparkEngine(Engine):
             raise
         self.started = True
 
-    def _positions(self, q: _Query, rec: Recovery) -> dict[str, int]:
-        if rec.ends is not None and not rec.retry:
-            return {s: rec.ends.get(s, self._fresh(q, s)) for s in q.p.inputs}
-        return {s: self._fresh(q, s) for s in q.p.inputs}
-
-    def _fresh(self, q: _Query, s: str) -> int:
-        saved = self.store.position(s, q.id)
-        if saved is not None:
-            return saved
+    def _fresh(self, s: str) -> int:
         first = self.store.first_index(s)
         return first if first is not None else self.store.next_index(s)
 
@@ -203,7 +195,12 @@ class SparkEngine(Engine):
         rec = recover(self.store, q.id)
         ck = q.checkpoint
         q.recovery = rec.branch
-        if rec.retry:
+        saved = {s: self.store.position(s, q.id) for s in q.p.inputs}
+        r = resume(rec, saved, self._fresh, q.p.inputs)
+        if r.note is not None:
+            log.warning("%s: %s", q.id, r.note)
+            q.recovery = f"{rec.branch} (superseded)"
+        if r.retry:
             assert rec.starts is not None and rec.ends is not None
             q.start_pos = dict(rec.starts)
             q.first_batch = {"starts": dict(rec.starts), "ends": dict(rec.ends)}
@@ -211,7 +208,7 @@ class SparkEngine(Engine):
                 self._set_aside(q, "the store holds an interrupted step to retry")
             q.note = "retrying the interrupted step"
             return
-        pos = self._positions(q, rec)
+        pos = r.positions
         q.start_pos = pos
         if not ck.exists():
             return
@@ -220,7 +217,13 @@ class SparkEngine(Engine):
             return
         step = None if rec.starts is None else {s: (rec.starts[s], rec.ends[s]) for s in rec.starts}  # type: ignore[index]
         in_flight = c is None or c < n
-        if ranges == step or (in_flight and all(pos.get(s) == a for s, (a, _b) in ranges.items())):
+        # The checkpoint is trusted only if the store is exactly where its last batch
+        # leaves it: that batch delivered and the tailers at its end (nobody moved them
+        # since, e.g. an at-most-once run, which keeps no backing records), or that batch
+        # in flight and the tailers at its start.
+        at_end = all(pos.get(s) == b for s, (_a, b) in ranges.items())
+        at_start = all(pos.get(s) == a for s, (a, _b) in ranges.items())
+        if (ranges == step and at_end) or (in_flight and at_start):
             q.note = f"checkpoint at batch {n}" + (" (in flight)" if in_flight else "")
             return
         self._set_aside(q, f"its last batch {n} ({ranges}) is not the store's state "

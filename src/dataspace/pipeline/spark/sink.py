@@ -56,7 +56,7 @@ from pyspark.sql.types import StructType
 
 from ...streams.base import MAX_VALUE_SIZE, check_stream_name
 from ...values import Dictionary, Sequence, Symbol, decode, encode, parse
-from ..exactly_once import Recovery, commit_step, delivery_hash, recover
+from ..exactly_once import Recovery, Resume, commit_step, delivery_hash, recover, resume
 from ..graph import Graph, Processor
 from . import faults
 from ._store import db_path, store_for
@@ -372,8 +372,10 @@ def _delivered(rec: Recovery, starts: Mapping[str, int], ends: Mapping[str, int]
     return not rec.retry and rec.starts == dict(starts) and rec.ends == dict(ends)
 
 
-def _check_continuity(pid: str, rec: Recovery, starts: Mapping[str, int], ends: Mapping[str, int]) -> None:
-    if rec.retry:
+def _check_continuity(pid: str, rec: Recovery, r: Resume, starts: Mapping[str, int],
+                      ends: Mapping[str, int]) -> None:
+    """The batch must be the step the store expects next (see ``exactly_once.resume``)."""
+    if r.retry:
         if rec.starts != dict(starts) or rec.ends != dict(ends):
             raise CommitError(
                 f"{pid}: the store holds an interrupted step ({rec.starts} to {rec.ends}) and "
@@ -381,13 +383,14 @@ def _check_continuity(pid: str, rec: Recovery, starts: Mapping[str, int], ends: 
                 "with --engine local to finish that step, or remove the query's checkpoint"
             )
         return
-    if rec.ends is None:
+    if rec.ends is None and r.note is None:
         return
-    gap = {s: (rec.ends[s], a) for s, a in starts.items() if s in rec.ends and rec.ends[s] != a}
+    want = r.positions
+    gap = {s: (want[s], a) for s, a in starts.items() if s in want and want[s] != a}
     if gap:
         raise CommitError(
-            f"{pid}: this batch starts at {dict(starts)} but the store's last delivered step "
-            f"ended at {rec.ends}: the Spark checkpoint does not belong to this store's state "
+            f"{pid}: this batch starts at {dict(starts)} but the store expects the next step "
+            f"at {want}: the Spark checkpoint does not belong to this store's state "
             "(stale, copied or from another store); committing would lose or duplicate "
             "messages. Remove the checkpoint to start from the store's positions"
         )
@@ -459,7 +462,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
             log.info("%s: batch %s (%s to %s) is already in the store; nothing written",
                      pid, batchId, starts, ends)
             return
-        _check_continuity(pid, rec, starts, ends)
+        saved = {s: store.position(s, pid) for s in starts}
+        _check_continuity(pid, rec, resume(rec, saved, lambda s: starts[s], list(starts)),
+                          starts, ends)
         spec = self.spec
         outputs: dict[str, list[tuple[bytes, Any]]] = {}
         errors: list[tuple[bytes, Any]] = []
