@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..datadir import STREAMS_DB, resolve_data_dir
-from ..streams import SQLiteStore
+from ..datadir import resolve_data_dir
+from ..streams import SQLiteStore, open_store
 
 
 def open_data_store(
@@ -18,6 +18,4 @@ def open_data_store(
     every command reports it as ``dataspace COMMAND: MESSAGE``.
     """
     d = resolve_data_dir(data_dir, create=create)
-    # The file path, not the directory: open_store(DIR) would look inside a directory
-    # that sits where the file should be, and report the wrong path.
-    return SQLiteStore(d / STREAMS_DB, create=create, durability=durability)
+    return open_store(d, create=create, durability=durability)

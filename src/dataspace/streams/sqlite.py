@@ -105,13 +105,13 @@ def open_store(
 ) -> SQLiteStore:
     """Open (creating if asked) the SQLite store at ``path``.
 
-    ``path`` may be the database file or a data directory (then ``streams.sqlite3`` in it).
+    ``path`` is a data directory (the store is its ``streams.sqlite3``; a directory that
+    does not exist is created) or the store file itself: the rule of
+    :func:`dataspace.datadir.store_file`, which every command follows too.
     """
-    from ..datadir import STREAMS_DB
+    from ..datadir import store_file
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / STREAMS_DB
+    p = store_file(path, create=create)
     return SQLiteStore(p, create=create, durability=durability, busy_timeout=busy_timeout)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 from ...streams.sqlite import SQLiteStore
 
@@ -15,14 +14,12 @@ _stores: dict[str, tuple[int, SQLiteStore]] = {}
 
 
 def db_path(path: str | os.PathLike[str]) -> str:
-    """The store file for ``path``: a data directory (``streams.sqlite3`` in it) or the
-    file itself; absolute, so that workers in another directory find it."""
-    from ...datadir import STREAMS_DB
+    """The store file for ``path`` (a data directory, the file itself, a ``file:`` URL:
+    the rule of :func:`dataspace.datadir.store_file`); absolute, so that workers in
+    another directory find it.  Nothing is created here."""
+    from ...datadir import store_file
 
-    p = Path(str(path).removeprefix("file:")).expanduser()
-    if p.is_dir() or (not p.exists() and p.suffix != ".sqlite3"):
-        p = p / STREAMS_DB
-    return str(p.resolve())
+    return str(store_file(path, create=False).resolve())
 
 
 def store_for(path: str | os.PathLike[str], *, create: bool = False) -> SQLiteStore:
