@@ -147,3 +147,13 @@ def test_tail_follow_wakes_on_appends_from_other_processes(data_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+@pytest.mark.parametrize("command", [["stream", "ls"], ["pipeline", "run"], ["pipeline", "route"],
+                                     ["serve"], ["cap", "mint"], ["send"]])
+def test_data_dir_help_names_every_default(command, capsys):
+    """--data-dir's help lists the whole default chain, $XDG_DATA_HOME included."""
+    with pytest.raises(SystemExit):
+        main([*command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "$DATASPACE_DATA_DIR, else $XDG_DATA_HOME/dataspace, else ~/.local/share/dataspace" in out

@@ -37,7 +37,8 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
                    help="capability as Preserves text, or @FILE to read it from a file "
                    "(default: <data-dir>/root.sturdyref)")
     p.add_argument("--data-dir", metavar="DIR", default=None,
-                   help="data directory holding root.sturdyref")
+                   help="data directory holding root.sturdyref (default: $DATASPACE_DATA_DIR, else "
+                   "$XDG_DATA_HOME/dataspace, else ~/.local/share/dataspace)")
 
 
 class ArgumentError(ValueError):

@@ -106,7 +106,8 @@ def _add_key_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--key-file", metavar="PATH", help="read the secret key (raw bytes) from PATH")
     g.add_argument("--data-dir", metavar="DIR",
                    help=f"use DIR/{ROOT_KEY}, the key of the server run with that data "
-                   "directory (default: DATASPACE_DATA_DIR or ~/.local/share/dataspace)")
+                   "directory (default: $DATASPACE_DATA_DIR, else $XDG_DATA_HOME/dataspace, else "
+                   "~/.local/share/dataspace)")
 
 
 def register(sub: Any) -> None:

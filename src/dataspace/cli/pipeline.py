@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from ..datadir import resolve_data_dir
+from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..pipeline.engine import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -58,8 +58,7 @@ def register(sub: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("graph", metavar="GRAPH.py", help="Python file defining `graph`")
     common.add_argument("--data-dir", metavar="DIR",
-                        help="data directory holding the stream store (default: "
-                        "$DATASPACE_DATA_DIR or ~/.local/share/dataspace)")
+                        help=DATA_DIR_HELP)
     ss = p.add_subparsers(dest="pipeline_command", metavar="SUBCOMMAND")
 
     run = ss.add_parser("run", parents=[common], help="run a graph",
@@ -124,7 +123,7 @@ def register(sub: Any) -> None:
     rt.add_argument("--out", required=True, metavar="PATH", help="where to write the matches")
     rt.add_argument("--format", choices=("parquet", "json"), default=None,
                     help="output format (default: from --out's extension, else parquet)")
-    rt.add_argument("--data-dir", metavar="DIR", help="data directory holding the stream store")
+    rt.add_argument("--data-dir", metavar="DIR", help=DATA_DIR_HELP)
     rt.add_argument("--master", default="local[*]", metavar="URL", help="Spark master")
     rt.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting (repeatable)")

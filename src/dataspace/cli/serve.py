@@ -10,7 +10,7 @@ from typing import Any
 
 from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server
-from ..datadir import resolve_data_dir
+from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
 from ..streams import SQLiteStore, StoreError, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
@@ -57,8 +57,7 @@ def register(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="read settings from a Preserves text file (options given here win)")
     p.add_argument("--data-dir", metavar="DIR",
-                   help="data directory (default $DATASPACE_DATA_DIR or "
-                   "~/.local/share/dataspace)")
+                   help=DATA_DIR_HELP)
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                    help="more logging (-v info, -vv debug)")
     p.add_argument("--record", action="append", metavar="SPEC",

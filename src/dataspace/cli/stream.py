@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..datadir import STREAMS_DB, resolve_data_dir
+from ..datadir import DATA_DIR_HELP, STREAMS_DB, resolve_data_dir
 from ..streams import StoreError
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..values import ParseError, stringify
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", metavar="DIR",
-                        help="data directory (default: $DATASPACE_DATA_DIR or ~/.local/share/dataspace)")
+                        help=DATA_DIR_HELP)
     ss = p.add_subparsers(dest="stream_command", metavar="SUBCOMMAND")
 
     ls = ss.add_parser("ls", parents=[common], help="list streams",
