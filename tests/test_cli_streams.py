@@ -157,3 +157,40 @@ def test_data_dir_help_names_every_default(command, capsys):
         main([*command, "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "$DATASPACE_DATA_DIR, else $XDG_DATA_HOME/dataspace, else ~/.local/share/dataspace" in out
+
+
+def test_append_reports_on_stdout_whatever_the_values_come_from(data_dir):
+    r = cli("stream", "append", "nums", "-", stdin="<n 1>\n<n 2>\n")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "appended 2 to nums (indices 0..1)\n", "")
+    r = cli("stream", "append", "nums", "3")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "appended 1 to nums (indices 2..2)\n", "")
+
+
+def test_tail_follow_of_an_unknown_stream_says_so_and_waits_for_it(data_dir):
+    """A typo (`tail chta -f`) once waited in silence; without -f it is an error."""
+    main(["stream", "append", "chat", "0"])
+    assert cli("stream", "tail", "chta").stderr.startswith("dataspace stream: no stream named 'chta'")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "stream", "tail", "chta", "-f"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        got: list[str] = []
+        t = threading.Thread(target=lambda: got.append(proc.stderr.readline()), daemon=True)
+        t.start()
+        t.join(LONG)
+        assert got and got[0].startswith("dataspace stream: no stream named 'chta' yet; "
+                                         "waiting for its first entry"), got
+        # ...and it does follow the stream once it exists.
+        assert cli("stream", "append", "chta", "7").returncode == 0
+        line: list[str] = []
+        t = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(LONG)
+        assert line == ["0  7\n"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(LONG) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

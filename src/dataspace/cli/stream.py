@@ -254,8 +254,7 @@ def run_append(args: argparse.Namespace) -> int:
                 first = r.start if first is None else first
                 total += len(r)
         if total:
-            print(f"appended {total} to {args.name} (indices {first}..{first + total - 1})",
-                  file=sys.stderr)
+            print(f"appended {total} to {args.name} (indices {first}..{first + total - 1})")
         return 0
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
@@ -296,8 +295,14 @@ def run_tail(args: argparse.Namespace) -> int:
     except (StoreError, OSError) as e:
         return _fail(str(e))
     try:
-        if not store.has_stream(args.name) and not args.follow:
-            return _fail(f"no stream named {args.name!r} (dataspace stream ls lists them)")
+        if not store.has_stream(args.name):
+            if not args.follow:
+                return _fail(f"no stream named {args.name!r} (dataspace stream ls lists them)")
+            # Following a stream that does not exist yet is allowed (it starts with the
+            # first append), but a typo must not look like a quiet stream.
+            print(f"dataspace stream: no stream named {args.name!r} yet; waiting for its "
+                  "first entry (dataspace stream ls lists the streams; Ctrl-C stops)",
+                  file=sys.stderr, flush=True)
         if args.tailer:
             # Resume as a named tailer: everything from its saved position (or --from).
             t = store.tailer(args.name, args.tailer, start="earliest")
