@@ -194,3 +194,21 @@ def test_tail_follow_of_an_unknown_stream_says_so_and_waits_for_it(data_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_reserved_names_cannot_be_written_but_can_be_read(data_dir, capsys):
+    """`stream append __x 1` once made a stream that `stream ls` then hid."""
+    from dataspace.streams import RecorderSpec
+
+    for argv in (["stream", "append", "__x", "1"], ["stream", "create", "__x"]):
+        assert main(argv) == 1
+        assert capsys.readouterr().err == (
+            "dataspace stream: stream name '__x': names starting with __ are reserved for the "
+            "store's own streams (processor backing streams); choose another name\n")
+    with pytest.raises(ValueError, match="reserved"):
+        RecorderSpec("__chat", "<Says _ _>")
+    with open_store(data_dir) as s:
+        assert not s.has_stream("__x")
+        s.append("__backing/g/p", 1)  # the store's own API writes them (engines do)
+    assert main(["stream", "tail", "__backing/g/p"]) == 0
+    assert capsys.readouterr().out == "0  1\n"

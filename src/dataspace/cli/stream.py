@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB, resolve_data_dir
-from ..streams import StoreError
+from ..streams import StoreError, check_user_name
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..values import ParseError, stringify
 from ..values.text import parse_many
@@ -235,6 +235,7 @@ def _read_stdin_batches(stream: Any) -> Any:
 def run_append(args: argparse.Namespace) -> int:
     texts = args.values
     try:
+        check_user_name(args.name)
         if texts and texts != ["-"]:
             values = []
             for t in texts:
@@ -356,6 +357,7 @@ def run_create(args: argparse.Namespace) -> int:
         max_age = None if args.max_age is None else parse_duration(args.max_age)
         if args.max_count is not None and args.max_count < 1:
             raise ValueError("--max-count must be >= 1")
+        check_user_name(args.name)
         with _store(args, create=True) as store:
             with store.transaction() as tx:
                 tx.create_stream(args.name)

@@ -32,6 +32,8 @@ from .base import (
     TailerInfo,
     Transaction,
     check_stream_name,
+    check_user_name,
+    is_reserved,
 )
 from .recorder import (
     Emitter,
@@ -62,6 +64,8 @@ __all__ = [
     "TailerInfo",
     "Transaction",
     "check_stream_name",
+    "check_user_name",
+    "is_reserved",
     "open_store",
     "parse_recorder_spec",
     "recorder_specs",

@@ -40,7 +40,10 @@ __all__ = [
     "StreamNotFound",
     "TailerInfo",
     "Transaction",
+    "RESERVED_PREFIX",
     "check_stream_name",
+    "check_user_name",
+    "is_reserved",
     "check_tailer_name",
     "encode_value",
     "parse_duration",
@@ -74,12 +77,48 @@ class StreamNotFound(StoreError, KeyError):
         return str(self.args[0]) if self.args else "stream not found"
 
 
+RESERVED_PREFIX = "__"
+"""Names starting with this belong to the store and its engines (processor backing
+streams: ``__backing/GRAPH/PROCESSOR``); see :func:`check_user_name`."""
+
+
+def is_reserved(name: str) -> bool:
+    """Whether ``name`` is in the store's own namespace (starts with ``__``)."""
+    return name.startswith(RESERVED_PREFIX)
+
+
+def check_user_name(name: str, what: str = "stream") -> str:
+    """``name`` if a user may give it to a ``what`` (stream, tailer, graph, processor),
+    else ``ValueError`` saying why: :func:`check_stream_name`'s rules, and not in the
+    store's own namespace (``__...``).
+
+    The one rule for reserved names: the store's API takes them (the engines write their
+    backing streams through it), everything a user names refuses them -- ``stream
+    append`` and ``stream create``, graphs (streams, processors, the graph's name),
+    recorders, the Spark writer.  Reserved streams can still be read (``stream ls --all``,
+    ``stream tail``).
+    """
+    if isinstance(name, str) and is_reserved(name):
+        raise ValueError(
+            f"{what} name {name!r}: names starting with {RESERVED_PREFIX} are reserved for the "
+            "store's own streams (processor backing streams); choose another name"
+        )
+    if what == "tailer":
+        return check_tailer_name(name)
+    try:
+        return check_stream_name(name)
+    except ValueError as e:
+        if what == "stream":
+            raise
+        raise ValueError(str(e).replace("invalid stream name", f"invalid {what} name", 1)) from None
+
+
 def check_stream_name(name: str) -> str:
     """``name`` if it is a valid stream name, else ``ValueError`` saying why.
 
     Names are 1-200 characters: letters, digits and ``_ . : @ + / -``, not starting with
-    punctuation other than ``_``.  Names starting with ``__`` are internal (hidden by
-    ``stream ls``).
+    punctuation other than ``_``.  Names starting with ``__`` are the store's own
+    (hidden by ``stream ls``; users may not create them: :func:`check_user_name`).
     """
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ValueError(

@@ -55,7 +55,7 @@ from typing import Any
 from .._threads import start_daemon
 from ..pattern import Bind, Pattern, as_pattern, parse_pattern
 from ..values import Record, Sequence, Symbol, Value, encode
-from .base import MAX_VALUE_SIZE, Store, check_stream_name, parse_duration
+from .base import MAX_VALUE_SIZE, Store, check_user_name, parse_duration
 from .tailer import Tailer
 
 __all__ = [
@@ -94,7 +94,7 @@ class Recorder:
         max_batch: int = 10_000,
         block_timeout: float = 10.0,
     ) -> None:
-        check_stream_name(stream)
+        check_user_name(stream)
         evs = tuple(events)
         bad = [e for e in evs if e not in EVENT_KINDS]
         if bad or not evs:
@@ -325,7 +325,7 @@ class RecorderSpec:
     dataspace: str | None = None
 
     def __post_init__(self) -> None:
-        check_stream_name(self.stream)
+        check_user_name(self.stream)
         try:
             parse_pattern(self.pattern)
         except ValueError as e:

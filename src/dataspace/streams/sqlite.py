@@ -53,6 +53,7 @@ from .base import (
     check_stream_name,
     check_tailer_name,
     encode_value,
+    is_reserved,
 )
 from .wakeup import Notifier, get_notifier, release_notifier
 
@@ -389,7 +390,7 @@ class SQLiteStore(Store):
             self._check_open()
             rows = self._exec(f"SELECT {self._COLS} FROM streams ORDER BY name").fetchall()
             return [
-                self._info(r, True) for r in rows if include_internal or not r[1].startswith("__")
+                self._info(r, True) for r in rows if include_internal or not is_reserved(r[1])
             ]
 
     def delete_stream(self, name: str) -> None:

@@ -54,7 +54,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ...streams.base import MAX_VALUE_SIZE, check_stream_name
+from ...streams.base import MAX_VALUE_SIZE, check_user_name
 from ...values import Dictionary, Sequence, Symbol, decode, encode, parse
 from ..exactly_once import Recovery, Resume, commit_step, delivery_hash, recover, resume
 from ..graph import Graph, Processor
@@ -420,7 +420,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             out = options.get("stream")
             if not out:
                 raise CommitError("the dataspace sink needs .option('stream', NAME)")
-            self.outputs = (check_stream_name(out),)
+            self.outputs = (check_user_name(out),)
             self.inputs = tuple(s for s in (options.get("inputs") or "").split(",") if s)
             self.error_stream = None
             self.stats_dir = None
@@ -570,7 +570,7 @@ class BatchWriter(DataSourceArrowWriter):
             raise CommitError("df.write.format('dataspace') needs .option('path', DATA_DIR) "
                               "and .option('stream', NAME)")
         self.path = db_path(path)
-        self.stream = check_stream_name(out)
+        self.stream = check_user_name(out)
 
     def write(self, iterator: Iterator[Any]) -> BatchPart:
         cols = _columns(iterator)
