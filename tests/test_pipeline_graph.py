@@ -111,3 +111,41 @@ def test_empty_graph_and_bad_names():
         Graph("a/b")
     with pytest.raises(ValueError):
         Graph("bad name")
+
+
+def test_every_problem_is_listed_with_a_duplicate_name_among_them(tmp_path):
+    """A duplicate name once hid the first processor: a false "reads unknown stream", and
+    neither the cycle nor the arity error behind it was reported."""
+    g = Graph("g")
+    g.source("chat")
+    g.map("a", "chat", "x", lambda v: v)
+    g.map("b", "x", "y", lambda v, w: v)         # wrong arity
+    g.map("c", "y", "z", lambda v: v)
+    g.map("c", "z", "y", lambda v: v)            # duplicate name, and a cycle y -> z -> y
+    msg = problems(g)
+    lines = msg.splitlines()[1:]
+    assert "processor name 'c' used twice" in msg
+    assert "map 'b': the function needs 2 arguments" in msg
+    assert "the graph has a cycle: c -> c -> c" in msg
+    assert "unknown stream" not in msg, msg
+    assert len(lines) == 3, msg
+
+
+def _graph(name="g", error_stream=None, source="a", proc="m", output="o"):
+    g = Graph(name, error_stream=error_stream)
+    g.source(source)
+    g.map(proc, source, output, lambda v: v)
+    return g
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    ({"name": "__g"}, "graph name '__g'"),
+    ({"error_stream": "__errors"}, "stream name '__errors'"),
+    ({"proc": "__p"}, "processor name '__p'"),
+    ({"source": "__in"}, "stream name '__in'"),
+    ({"output": "__o"}, "stream name '__o'"),
+])
+def test_reserved_names_are_refused_for_every_name_a_graph_has(kwargs, what):
+    """One rule (streams.check_user_name): a processor named __x was once accepted."""
+    msg = problems(_graph(**kwargs))
+    assert f"{what}: names starting with __ are reserved for the store's own streams" in msg

@@ -37,9 +37,10 @@ metadata) instead of bare values.  A function that raises sends an error record 
 graph's error stream when one is configured; otherwise the processor stops and its input
 is kept for a retry after restart.
 
-:meth:`Graph.validate` rejects before anything runs: unknown input streams, streams both
-declared as source and written by a processor, cycles, processors of the wrong shape
-(counts of inputs/outputs, function arity), duplicate names.
+:meth:`Graph.validate` rejects before anything runs, listing every problem at once:
+unknown input streams, streams both declared as source and written by a processor,
+cycles, processors of the wrong shape (counts of inputs/outputs, function arity),
+duplicate names, names reserved for the store (``__...``: graph, processor or stream).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..streams.base import check_stream_name
+from ..streams.base import check_stream_name, check_user_name
 
 __all__ = [
     "KINDS",
@@ -177,6 +178,7 @@ class Graph:
         self.error_stream = error_stream
         self.sources: list[str] = []
         self.processors: dict[str, Processor] = {}
+        self._nodes: list[Processor] = []  # every processor added, duplicates included
         self._problems: list[str] = []
 
     # -- building ---------------------------------------------------------------------
@@ -190,9 +192,13 @@ class Graph:
                 self.sources.append(s)
 
     def _add(self, p: Processor) -> Processor:
+        # A duplicate is kept for validation (its streams, shape and function are checked
+        # like any other's), but the first processor of a name is the one that counts.
         if p.name in self.processors:
             self._problems.append(f"processor name {p.name!r} used twice")
-        self.processors[p.name] = p
+        else:
+            self.processors[p.name] = p
+        self._nodes.append(p)
         return p
 
     def _node(
@@ -274,7 +280,7 @@ class Graph:
                 f"dataframe {name!r}: output_mode must be append or complete, not "
                 f"{output_mode!r} (Spark's Python sinks have no update mode)")
         node = self._node("dataframe", name, inputs, output, fn)
-        self.processors[name].options = {"output_mode": output_mode, **options}
+        self._nodes[-1].options = {"output_mode": output_mode, **options}
         return node
 
     # -- queries ----------------------------------------------------------------------
@@ -286,7 +292,7 @@ class Graph:
     def streams(self) -> list[str]:
         """Every stream the graph touches (sources, outputs, the error stream)."""
         out = list(self.sources)
-        for p in self.processors.values():
+        for p in self._nodes:
             out += [s for s in p.inputs + p.outputs if s not in out]
         if self.error_stream and self.error_stream not in out:
             out.append(self.error_stream)
@@ -295,7 +301,7 @@ class Graph:
     def producers(self) -> dict[str, list[str]]:
         """Output stream -> the processors writing it."""
         prod: dict[str, list[str]] = {}
-        for p in self.processors.values():
+        for p in self._nodes:
             for s in p.outputs:
                 prod.setdefault(s, []).append(p.name)
         return prod
@@ -324,18 +330,17 @@ class Graph:
     def validate(self) -> None:
         """Raise :class:`GraphError` listing every problem (before anything runs)."""
         problems = list(self._problems)
-        if not self.processors:
+        if not self._nodes:
             problems.append("the graph has no processors")
-        names: list[str] = []
+        try:
+            check_user_name(self.name, "graph")
+        except ValueError as e:
+            problems.append(str(e))
         for s in self.streams():
             try:
-                check_stream_name(s)
+                check_user_name(s)
             except ValueError as e:
                 problems.append(str(e))
-            names.append(s)
-        for s in names:
-            if s.startswith("__"):
-                problems.append(f"stream {s!r}: names starting with __ are reserved for the store")
         prod = self.producers()
         for s in self.sources:
             if s in prod:
@@ -348,10 +353,10 @@ class Graph:
             if self.error_stream in prod:
                 problems.append(f"the error stream {self.error_stream!r} is also written by {', '.join(prod[self.error_stream])}")
         known = set(self.sources) | set(prod) | ({self.error_stream} if self.error_stream else set())
-        for p in self.processors.values():
+        for p in self._nodes:
             problems += _shape_problems(p)
             try:
-                check_stream_name(p.name)
+                check_user_name(p.name, "processor")
                 if "/" in p.name:
                     raise ValueError(f"processor name {p.name!r}: '/' is not allowed")
             except ValueError as e:
@@ -377,31 +382,33 @@ class Graph:
             )
 
     def _cycle(self) -> list[str] | None:
-        consumers: dict[str, list[str]] = {}
-        for q in self.processors.values():
+        """A cycle through processors (named), duplicates included, or None."""
+        nodes = self._nodes
+        consumers: dict[str, list[int]] = {}
+        for k, q in enumerate(nodes):
             for s in q.inputs:
-                consumers.setdefault(s, []).append(q.name)
-        state: dict[str, int] = {}
-        stack: list[str] = []
+                consumers.setdefault(s, []).append(k)
+        state: dict[int, int] = {}
+        stack: list[int] = []
 
-        def visit(name: str) -> list[str] | None:
-            state[name] = 1
-            stack.append(name)
-            for s in self.processors[name].outputs:
+        def visit(k: int) -> list[str] | None:
+            state[k] = 1
+            stack.append(k)
+            for s in nodes[k].outputs:
                 for q in consumers.get(s, ()):
                     if state.get(q) == 1:
-                        return [*stack[stack.index(q):], q]
+                        return [nodes[x].name for x in (*stack[stack.index(q):], q)]
                     if q not in state:
                         found = visit(q)
                         if found:
                             return found
             stack.pop()
-            state[name] = 2
+            state[k] = 2
             return None
 
-        for name in self.processors:
-            if name not in state:
-                found = visit(name)
+        for k in range(len(nodes)):
+            if k not in state:
+                found = visit(k)
                 if found:
                     return found
         return None
