@@ -109,6 +109,9 @@ def test_config_errors_say_what_to_fix(tmp_path):
         parse_config('{tcp: ["localhost:http"]}')
     with pytest.raises(ConfigError, match="not Preserves text"):
         parse_config("{tcp: [")
+    # The settings without the outer braces (it once said "unexpected text after the value").
+    with pytest.raises(ConfigError, match=r"^the config file is a dictionary \{\.\.\.\}: put \{"):
+        parse_config('# settings\ntcp: ["127.0.0.1:7411"]\nrecord: ["chat:<Says _ _>"]\n')
     cfg = parse_config(
         '# comment\n{tcp: ["127.0.0.1:1"] unix: ["/tmp/x"] ws: ["127.0.0.1:2"] '
         'data-dir: "/tmp/d" verbose: 2 root-oid: "top" root-key: #x"01" max-packet-size: 5000 '

@@ -241,11 +241,24 @@ def load_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"{p}: {e}") from None
 
 
+def _is_bare_dictionary(text: str) -> bool:
+    """Whether ``text`` is a dictionary's contents without the outer braces."""
+    try:
+        return type(parse("{\n" + text + "\n}", max_length=1 << 22)) is Dictionary
+    except ParseError:
+        return False
+
+
 def parse_config(text: str) -> ServerConfig:
     """Read configuration text (see the module docstring)."""
     try:
         v = parse(text, max_length=1 << 22)
     except ParseError as e:
+        if _is_bare_dictionary(text):
+            raise ConfigError(
+                "the config file is a dictionary {...}: put { before the first setting and } "
+                "after the last"
+            ) from None
         raise ConfigError(f"not Preserves text: {e}") from None
     if type(v) is not Dictionary:
         raise ConfigError(
