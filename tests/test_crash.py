@@ -36,3 +36,15 @@ def test_the_checker_sees_duplicates_and_losses(tmp_path, capsys):
     problems = verify(d, 300, 3)
     assert any(p.startswith("merged: 0 lost, 1 unexpected (1 duplicates)") for p in problems)
     assert any(p.startswith("table: 1 lost") for p in problems)
+
+
+def test_a_passed_run_leaves_nothing_in_the_temporary_directory(tmp_path, monkeypatch, capsys):
+    """python -m dataspace.pipeline.crashtest once left its stores (14 MB) behind."""
+    import tempfile
+
+    from dataspace.pipeline.crashtest import main
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["--kills", "2", "--campaign-kills", "2", "--messages", "200", "--seed", "1"]) == 0
+    assert "PASSED: 2 SIGKILLs" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []

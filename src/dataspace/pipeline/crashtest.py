@@ -35,6 +35,7 @@ import logging
 import os
 import queue
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -439,7 +440,9 @@ def harness_main(argv: list[str] | None, *, prog: str, description: str,
                          messages=args.messages, say=_line)
     ok = done >= args.kills and not any(r.problems for r in results)
     _line(f"PASSED: {done} {what}, every output exactly once" if ok
-          else f"FAILED after {done} kills")
+          else f"FAILED after {done} kills (seed {seed}; the stores are kept in {base})")
+    if ok and not args.dir:
+        shutil.rmtree(base, ignore_errors=True)  # a passed run leaves nothing behind
     return 0 if ok else 1
 
 
