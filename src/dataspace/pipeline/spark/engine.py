@@ -396,6 +396,8 @@ class SparkEngine(Engine):
 
     def _continuous(self, stop: threading.Event, on_progress: Any, interval: float) -> None:
         for q in self.queries:
+            if stop.is_set() or self._stop.is_set():
+                return  # stopped while queries were starting: start no more
             if not q.failed:
                 self._start_query(q, available_now=False)
         while not stop.is_set() and not self._stop.is_set():
