@@ -176,3 +176,27 @@ def test_the_documented_example_graph_runs(env, capsys, monkeypatch):
     import sqlite3
 
     assert sqlite3.connect(env / "ledger.db").execute("select * from paid").fetchall() == [(1, "ann", 250)]
+
+
+def test_ctrl_c_while_the_graph_loads_is_a_clean_stop(env):
+    """The first Ctrl-C is a clean stop (exit 0) from the very start: here while the graph
+    file is being run (a KeyboardInterrupt inside it once ended the command with 130)."""
+    (env / "slow.py").write_text(GRAPH + "\nimport sys\nprint('loading', flush=True)\n"
+                                 "sys.stdin.readline()  # the test says when to go on\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "slow.py")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first: list[str] = []
+        t = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(LONG)
+        assert first == ["loading\n"]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate("go on\n", timeout=LONG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert (proc.returncode, err) == (0, "")
+    assert out == "dataspace pipeline: interrupted before the graph started: nothing ran\n"

@@ -338,3 +338,31 @@ def test_the_documented_example_graph_runs_on_spark(spark, env, capsys, monkeypa
         assert [e.value for e in s.read("notifications")] == [parse('<alert <paid 1 "ann" 250>>')]
         assert s.read("orders.errors")[0].value.fields[2] == "payment 2/25 does not match order 2/20"
     assert sqlite3.connect(env / "ledger.db").execute("select * from paid").fetchall() == [(1, "ann", 250)]
+
+
+def test_cli_ctrl_c_while_spark_starts_is_a_clean_stop(env):
+    """The first Ctrl-C stops cleanly in every phase: here while the JVM starts (it once
+    gave four py4j/PySpark tracebacks and exit 130).  Nothing runs after it."""
+    main(["stream", "append", "chat", '"x"'])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
+         "--master", "local[1]"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first: list[str] = []
+        t = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(LONG)
+        assert first and first[0].startswith("dataspace pipeline: starting Spark (local[1])"), first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=LONG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert out.strip().splitlines() == [
+        "dataspace pipeline: interrupted before the graph started: nothing ran"]
+    with open_store(env / "data") as s:
+        assert s.next_index("loud") == 0

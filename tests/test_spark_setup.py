@@ -101,3 +101,26 @@ def test_the_shipped_package_is_importable_from_its_zip(tmp_path):
 def test_local_masters():
     assert is_local("local") and is_local("local[*]") and is_local("local[2]")
     assert not is_local("spark://h:7077") and not is_local("yarn")
+
+
+def test_a_programs_sigint_handler_survives_starting_spark(tmp_path):
+    """PySpark's SparkContext replaces the SIGINT handler with one that raises
+    KeyboardInterrupt wherever the main thread is (inside py4j calls: four tracebacks and
+    exit 130 for `pipeline run` on a Ctrl-C while Spark started).  A handler the program
+    installed stays; Python's default one is still PySpark's to replace."""
+    code = """if True:
+        import signal, sys
+        from dataspace.pipeline.spark.session import get_session, stop_session
+        def mine(signum, frame):
+            pass
+        signal.signal(signal.SIGINT, mine)
+        spark, created = get_session("local[1]", log_file=sys.argv[1])
+        try:
+            print(created, signal.getsignal(signal.SIGINT) is mine)
+        finally:
+            stop_session()
+    """
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "spark.log")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True"]

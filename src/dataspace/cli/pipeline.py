@@ -254,6 +254,36 @@ def _java_ok() -> str | None:
 
 
 def run_run(args: argparse.Namespace) -> int:
+    # Ctrl-C is ours from the first moment: the first one stops cleanly (exit 0) in every
+    # phase -- loading the graph, starting Spark, recovering, running -- and a second one
+    # stops at once (exit 130).
+    stop = threading.Event()
+    stores: list[Any] = []
+    interrupted = {"n": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted["n"] += 1
+        if interrupted["n"] > 1:
+            raise KeyboardInterrupt
+        stop.set()
+        for s in stores:
+            with contextlib.suppress(Exception):
+                s.wake()
+
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGINT, on_sigint) if main else None
+    try:
+        return _run(args, stop, stores, on_sigint if main else None)
+    except KeyboardInterrupt:
+        print("dataspace pipeline: stopped at once (the next run recovers)", file=sys.stderr)
+        return 130
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+
+
+def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
+         on_sigint: Any) -> int:
     if (args.batch is not None and args.batch < 1) or args.interval <= 0:
         return _fail("--batch must be >= 1 and --interval > 0", 2)
     try:
@@ -268,7 +298,7 @@ def run_run(args: argparse.Namespace) -> int:
     if spark:
         problem = _java_ok()
         if problem:
-            return _fail(f"{problem} -- or run on this process with --engine local")
+            return _fail(f"{problem} -- or run in this process with --engine local")
     options: dict[str, Any] = {"guarantee": args.guarantee}
     if args.batch is not None:
         options["batch"] = args.batch
@@ -280,26 +310,22 @@ def run_run(args: argparse.Namespace) -> int:
         store = _open(args, args.durability)
     except (EngineError, StoreError, OSError) as e:
         return _fail(str(e))
+    stores.append(store)
     progress = _Progress(sys.stdout, args.quiet)
-    stop = threading.Event()
-    interrupted = {"n": 0}
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupted["n"] += 1
-        if interrupted["n"] > 1:
-            raise KeyboardInterrupt
-        stop.set()
-        with contextlib.suppress(Exception):
-            store.wake()
-
-    old = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
     engine = None
+    stats: list[ProcStats] = []
     try:
+        if stop.is_set():
+            return _stopped_before_start(args)
         engine = engine_cls(g, store, **options)
         with engine:
+            if spark and not args.quiet:
+                print(f"dataspace pipeline: starting Spark ({args.master}) ...", flush=True)
             engine.start()
-            if old is not None:  # starting Spark installs PySpark's own SIGINT handler
+            if on_sigint is not None:  # a session someone else started may have its own
                 signal.signal(signal.SIGINT, on_sigint)
+            if stop.is_set():  # Ctrl-C while starting: nothing ran, nothing to stop
+                return _stopped_before_start(args)
             if not args.quiet:
                 rec = getattr(engine, "recovery", None)
                 branches = rec() if callable(rec) else {}
@@ -316,14 +342,11 @@ def run_run(args: argparse.Namespace) -> int:
         progress.end()
     except KeyboardInterrupt:
         progress.end()
-        print("dataspace pipeline: stopped at once (the next run recovers)", file=sys.stderr)
-        return 130
+        raise
     except (EngineError, StoreError, BackingCorrupt) as e:
         progress.end()
         return _fail(str(e))
     finally:
-        if old is not None:
-            signal.signal(signal.SIGINT, old)
         store.close()
         if spark and getattr(engine, "created_session", False):
             from ..pipeline.spark.session import stop_session
@@ -340,6 +363,12 @@ def run_run(args: argparse.Namespace) -> int:
         print(f"dataspace pipeline: processor {s.name} stopped: {s.error} (its input is kept; "
               "fix the function or configure an error stream, then run again)", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _stopped_before_start(args: argparse.Namespace) -> int:
+    if not args.quiet:
+        print("dataspace pipeline: interrupted before the graph started: nothing ran")
+    return 0
 
 
 def run_status(args: argparse.Namespace) -> int:

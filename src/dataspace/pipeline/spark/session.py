@@ -20,15 +20,18 @@ Classic failures this module prevents:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,10 +222,11 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
         path.parent.mkdir(parents=True, exist_ok=True)
         out = open(path, "ab")  # the JVM keeps it for its lifetime
         popen = {"stdout": out, "stderr": out}
-    if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: a gateway exists
-        sc = SparkContext(conf=conf)
-    else:
-        sc = SparkContext(conf=conf, gateway=launch_gateway(conf, popen_kwargs=popen))
+    with _keep_sigint_handler():
+        if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: a gateway exists
+            sc = SparkContext(conf=conf)
+        else:
+            sc = SparkContext(conf=conf, gateway=launch_gateway(conf, popen_kwargs=popen))
     sc.setLogLevel("WARN" if verbose else "ERROR")
     if not verbose:
         # PySpark logs every failed query's error as JSON on stderr; the engine reports
@@ -232,6 +236,25 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
         for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
             PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
     return SparkSession.builder.getOrCreate()
+
+
+@contextlib.contextmanager
+def _keep_sigint_handler() -> Iterator[None]:
+    """Keep a SIGINT handler the program installed across the creation of a SparkContext.
+
+    PySpark replaces the handler with its own (cancel every job, raise KeyboardInterrupt
+    wherever the main thread is, py4j calls included: tracebacks from py4j's threads).  A
+    program that handles Ctrl-C itself -- ``dataspace pipeline run`` stops cleanly after
+    the current step -- keeps its handler; Python's default one (and an ignored SIGINT)
+    is left to PySpark.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if callable(before) and before is not signal.default_int_handler:
+            signal.signal(signal.SIGINT, before)
 
 
 def _register(spark: SparkSession) -> None:
