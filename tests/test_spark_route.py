@@ -122,5 +122,22 @@ def test_route_command_on_a_stream_and_on_a_dataset(spark, tmp_path, capsys, mon
     rows = spark.read.json(str(out2)).collect()
     assert [(r["pattern"], r["index"], r["captures_text"]) for r in rows] == [("0", 10, ['"eve"'])]
     assert main(["pipeline", "route", "--patterns", str(tmp_path / "p.txt"), "--values", "nope",
-                 "--out", str(out2)]) == 1
+                 "--out", str(out2)]) == 2
     assert "nor a stream of that name" in capsys.readouterr().err
+
+
+def test_route_checks_its_inputs_before_starting_spark(tmp_path, capsys, monkeypatch):
+    """A typo in --values once cost a Spark start (12 s) before the error.  With no Java
+    at all, the error is still about the input: nothing needed Spark yet."""
+    monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java-here"))
+    main(["stream", "append", "chat", '<Says "alice" "hi">'])
+    (tmp_path / "p.txt").write_text("<Says $who _>\n")
+    capsys.readouterr()
+    argv = ["pipeline", "route", "--patterns", str(tmp_path / "p.txt"), "--out", str(tmp_path / "m")]
+    assert main([*argv, "--values", "chta"]) == 2
+    assert capsys.readouterr().err == (
+        f"dataspace pipeline: chta: no such file or directory, nor a stream of that name in "
+        f"{tmp_path / 'data' / 'streams.sqlite3'} (dataspace stream ls lists them)\n")
+    assert main([*argv, "--values", "chat"]) == 1  # good inputs: now Java is missing
+    assert "Java 17 or newer is needed for Spark" in capsys.readouterr().err

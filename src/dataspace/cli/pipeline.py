@@ -449,17 +449,20 @@ def run_route(args: argparse.Namespace) -> int:
         return _fail(str(e), 2)
     if not os.path.isfile(args.patterns):
         return _fail(f"no patterns file at {args.patterns}", 2)
+    from ..pipeline.spark.route import RouteError, find_values, load_patterns, route_to
+
+    # Everything that can be checked without Spark is checked before it starts (12 s).
+    try:
+        patterns = load_patterns(args.patterns)
+        data_dir = resolve_data_dir(args.data_dir, create=False)
+        find_values(args.values, data_dir)
+    except (RouteError, OSError) as e:
+        return _fail(str(e), 2)
     problem = _java_ok()
     if problem:
         return _fail(problem)
-    from ..pipeline.spark.route import RouteError, load_patterns, route_to
     from ..pipeline.spark.session import get_session, stop_session
 
-    try:
-        patterns = load_patterns(args.patterns)
-    except (RouteError, OSError) as e:
-        return _fail(str(e), 2)
-    data_dir = resolve_data_dir(args.data_dir, create=False)
     t0 = time.monotonic()
     print(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
           "starting Spark ...", flush=True)

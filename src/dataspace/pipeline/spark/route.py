@@ -44,7 +44,15 @@ from ...index import Index
 from ...pattern import PatternError, parse_pattern
 from ...values import ParseError, decode, encode, parse, stringify
 
-__all__ = ["OUTPUT_SCHEMA", "RouteError", "load_patterns", "route", "route_to", "values_frame"]
+__all__ = [
+    "OUTPUT_SCHEMA",
+    "RouteError",
+    "find_values",
+    "load_patterns",
+    "route",
+    "route_to",
+    "values_frame",
+]
 
 log = logging.getLogger(__name__)
 
@@ -166,43 +174,57 @@ def _match_batches(bc: Any, key: str, text_captures: bool, batches: Iterator[Any
 # -- the job ---------------------------------------------------------------------------------
 
 
-def values_frame(spark: Any, source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> Any:
-    """Values to route: a Parquet/JSON dataset (file or directory) when ``source`` is a
-    path that exists, otherwise the stream ``source`` of the store in ``data_dir``.  The
-    frame has ``index`` and ``value`` (or ``text``) columns."""
-    from pyspark.sql import functions as F
-
+def find_values(source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, str | None]:
+    """Where the values to route are, checked without Spark: ``(dataset path, None)``
+    when ``source`` is a path that exists, else ``(store file, stream)`` for the stream
+    ``source`` of the store in ``data_dir``.  :class:`RouteError` names what is missing."""
     p = Path(source)
     if p.exists():
-        files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())
-        suffixes = {x.suffix.lower() for x in files}
-        if ".json" in suffixes or ".jsonl" in suffixes or p.suffix.lower() in (".json", ".jsonl"):
-            df = spark.read.json(str(p))
-        else:
-            df = spark.read.parquet(str(p))
-        cols = df.columns
-        if "value" not in cols and "text" not in cols:
-            raise RouteError(f"{source}: the dataset needs a binary 'value' column (canonical "
-                             f"Preserves) or a string 'text' column; it has {', '.join(cols)}")
-        vcol = "value" if "value" in cols else "text"
-        if "index" in cols:
-            return df.select(F.col("index").cast("bigint").alias("index"), vcol)
-        return df.select(F.monotonically_increasing_id().alias("index"), vcol)
+        return p, None
     if data_dir is None:
         raise RouteError(f"{source}: no such file or directory, and no data directory to find "
                          "a stream of that name in")
-    from ...datadir import STREAMS_DB
-    from ...streams import open_store
+    from ...datadir import store_file
+    from ...streams import StoreError, open_store
 
-    db = Path(data_dir) / STREAMS_DB
+    db = store_file(data_dir, create=False)
     if not db.exists():
         raise RouteError(f"{source}: no such file or directory, and no stream store in {data_dir}")
-    with open_store(db, create=False) as store:
-        if not store.has_stream(str(source)):
-            raise RouteError(f"{source}: no such file or directory, nor a stream of that name "
-                             f"in {db}")
-    return (spark.read.format("dataspace").option("path", str(db)).option("stream", str(source))
-            .option("decode", "false").load().select("index", "value"))
+    try:
+        with open_store(db, create=False) as store:
+            known = store.has_stream(str(source))
+    except StoreError as e:
+        raise RouteError(str(e)) from None
+    if not known:
+        raise RouteError(f"{source}: no such file or directory, nor a stream of that name "
+                         f"in {db} (dataspace stream ls lists them)")
+    return db, str(source)
+
+
+def values_frame(spark: Any, source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> Any:
+    """Values to route: a Parquet/JSON dataset (file or directory) when ``source`` is a
+    path that exists, otherwise the stream ``source`` of the store in ``data_dir``
+    (:func:`find_values`).  The frame has ``index`` and ``value`` (or ``text``) columns."""
+    from pyspark.sql import functions as F
+
+    p, stream = find_values(source, data_dir)
+    if stream is not None:
+        return (spark.read.format("dataspace").option("path", str(p)).option("stream", stream)
+                .option("decode", "false").load().select("index", "value"))
+    files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())
+    suffixes = {x.suffix.lower() for x in files}
+    if ".json" in suffixes or ".jsonl" in suffixes or p.suffix.lower() in (".json", ".jsonl"):
+        df = spark.read.json(str(p))
+    else:
+        df = spark.read.parquet(str(p))
+    cols = df.columns
+    if "value" not in cols and "text" not in cols:
+        raise RouteError(f"{source}: the dataset needs a binary 'value' column (canonical "
+                         f"Preserves) or a string 'text' column; it has {', '.join(cols)}")
+    vcol = "value" if "value" in cols else "text"
+    if "index" in cols:
+        return df.select(F.col("index").cast("bigint").alias("index"), vcol)
+    return df.select(F.monotonically_increasing_id().alias("index"), vcol)
 
 
 def route(
