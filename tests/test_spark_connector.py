@@ -90,6 +90,49 @@ def test_bad_options_say_what_is_wrong(tmp_path):
     assert parse_options({"path": str(tmp_path), "stream": "x", "maxRowsPerBatch": "all"}).max_rows is None
 
 
+def test_errors_through_spark_are_one_line(spark, tmp_path):
+    """What a program calling spark.read/readStream sees: the connector's message, not an
+    AssertionError or a worker traceback ending in SQLSTATE: 38000."""
+    from pyspark.errors import AnalysisException
+
+    with open_store(tmp_path) as s:
+        s.append("chat", 1)
+        s.create_stream("empty")
+    db = tmp_path / "streams.sqlite3"
+
+    def error(make):
+        with pytest.raises(AnalysisException) as e:
+            make().collect()
+        return str(e.value)
+
+    def read():  # a DataFrameReader keeps its options: a new one each time
+        return spark.read.format("dataspace").option("path", str(tmp_path))
+
+    assert error(lambda: read().option("stream", "chta").load()) == (
+        f"no stream named 'chta' in {db} (dataspace stream ls lists them)")
+    assert error(lambda: read().option("stream", "chat").option("mode", "both").load()) == (
+        "option mode: one of each, join, alts, not 'both'")
+    with pytest.raises(AnalysisException) as e:
+        (spark.readStream.format("dataspace").option("path", str(tmp_path))
+         .option("stream", "chat").option("maxRowsPerBatch", "many").load())
+    assert str(e.value) == "option maxRowsPerBatch: expected a whole number, not 'many'"
+    nowhere = spark.read.format("dataspace").option("path", str(tmp_path / "nowhere"))
+    assert error(lambda: nowhere.option("stream", "chat").load()).startswith(
+        f"no stream store at {tmp_path / 'nowhere' / 'streams.sqlite3'}; check")
+    assert read().option("stream", "empty").load().collect() == []  # empty, not an error
+
+
+def test_error_line_finds_the_connectors_message():
+    from dataspace.pipeline.spark.errors import error_line
+
+    text = ("[PYTHON_DATA_SOURCE_ERROR] Failed to create Python data source instance: "
+            "Traceback (most recent call last):\n  File \"x.py\", line 1, in schema\n"
+            "    raise OptionError(...)\ndataspace.pipeline.spark.source.OptionError: "
+            "option mode: one of each, join, alts, not 'both'\n SQLSTATE: 38000")
+    assert error_line(text) == "option mode: one of each, join, alts, not 'both'"
+    assert error_line("ValueError: not ours") is None
+
+
 def test_offsets_admission_control_and_available_now(tmp_path):
     """latestOffset: offsets are stream indices, each batch says where it starts; the
     read limit caps rows; ReadAllAvailable ignores the option; AvailableNow stops at the

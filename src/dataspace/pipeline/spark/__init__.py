@@ -26,6 +26,7 @@ __all__ = [
     "check_java",
     "get_session",
     "load_patterns",
+    "register",
     "route",
     "stop_session",
 ]
@@ -35,6 +36,7 @@ _WHERE = {
     "SparkSetupError": "session",
     "check_java": "session",
     "get_session": "session",
+    "register": "session",
     "stop_session": "session",
     "route": "route",
     "load_patterns": "route",

@@ -46,6 +46,7 @@ __all__ = [
     "get_session",
     "is_local",
     "java_version",
+    "register",
     "ship_package",
     "stop_session",
 ]
@@ -169,13 +170,13 @@ def get_session(
             if master and active.sparkContext.master != master:
                 log.warning("a Spark session on %s is already running in this process; "
                             "using it instead of %s", active.sparkContext.master, master)
-            _register(active)
+            register(active)
             return active, False
         check_java()
         master = master or "local[*]"
         _python_env(master)
         spark = _start(master, app_name, verbose, conf or {}, log_file)
-        _register(spark)
+        register(spark)
         if not is_local(master):
             ship_package(spark)
         _created = spark
@@ -257,12 +258,19 @@ def _keep_sigint_handler() -> Iterator[None]:
             signal.signal(signal.SIGINT, before)
 
 
-def _register(spark: SparkSession) -> None:
+def register(spark: SparkSession) -> None:
+    """Register the ``dataspace`` data source on ``spark`` and make the connector's errors
+    one line (:mod:`.errors`); :func:`get_session` does it for its sessions."""
+    from . import errors
     from .source import DataspaceDataSource
 
+    errors.install()
     if not getattr(spark, "_dataspace_registered", False):
         spark.dataSource.register(DataspaceDataSource)
         spark._dataspace_registered = True  # type: ignore[attr-defined]
+
+
+_register = register  # the engine's older name
 
 
 def stop_session() -> None:

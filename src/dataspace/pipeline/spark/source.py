@@ -42,6 +42,7 @@ import heapq
 import itertools
 import json
 import logging
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +62,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from ...streams.base import MAX_INDEX, Columns
+from ...streams.base import MAX_INDEX, Columns, StoreError, StreamNotFound
 from . import faults
 from ._store import db_path, store_for
 from .offsets import KEY, make_offset, offset_ranges
@@ -229,6 +230,14 @@ def _split(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, hi)) for a in range(lo, hi, size)] if hi > lo else []
 
 
+def _existing_store(path: str) -> Any:
+    """The store at ``path`` for a read: StoreError (one line) if there is none."""
+    if not os.path.exists(path):
+        raise StoreError(f"no stream store at {path}; check the source's path option (a data "
+                         "directory or its streams.sqlite3)")
+    return store_for(path)
+
+
 def _plan_partitions(o: SourceOptions, ranges: Mapping[str, tuple[int, int]]) -> list[RangePartition]:
     """Partitions for a batch reading ``ranges`` (see the module docstring for modes)."""
     store = store_for(o.path)
@@ -374,7 +383,12 @@ class _BatchReader(DataSourceReader):
 
     def partitions(self) -> list[RangePartition]:
         o = self.o
-        store = store_for(o.path)
+        store = _existing_store(o.path)
+        missing = [s for s in o.streams if not store.has_stream(s)]
+        if missing:
+            names = ", ".join(repr(s) for s in missing)
+            raise StreamNotFound(f"no stream named {names} in {o.path} (dataspace stream ls "
+                                 "lists them)")
         ranges = {}
         for s in o.streams:
             a = _resolve_start(store, s, o.starting if o.starting != "latest" else "earliest")
@@ -382,10 +396,13 @@ class _BatchReader(DataSourceReader):
             if isinstance(o.ending, dict) and s in o.ending:
                 b = min(b, int(o.ending[s]))
             ranges[s] = (a, max(a, b))
-        return _plan_partitions(dataclasses.replace(o, mode="each"), ranges)
+        # Nothing to read is one empty partition: Spark gives a reader without partitions
+        # a partition of its own.
+        return _plan_partitions(dataclasses.replace(o, mode="each"), ranges) or [RangePartition([])]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            raise TypeError(f"the dataspace source cannot read {partition!r}")
         return read_partition(self.o, partition)
 
 
@@ -506,7 +523,8 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _plan_partitions(self.o, ranges)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            raise TypeError(f"the dataspace source cannot read {partition!r}")
         return read_partition(self.o, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
