@@ -174,7 +174,9 @@ def test_unhandled_error_stops_the_processor_and_keeps_the_input(spark, tmp_path
     with open_store(tmp_path) as store:
         store.append_many("in", [1, 2, 0, 4])
         e, stats = spark_run(g, store, spark, batch=2)
-        assert "ZeroDivisionError" in e.failed["inv"] and stats["inv"].state == "failed"
+        # Said once: what raised, where (the engine and the CLI say the processor stopped).
+        assert e.failed["inv"] == "ZeroDivisionError: integer division or modulo by zero (at in 2)"
+        assert stats["inv"].state == "failed"
         assert [x.value for x in store.read("out")] == [1, 0]
         assert store.position("in", "g/inv") == 2  # the failed batch [2, 4) is kept
         g2 = Graph("g")

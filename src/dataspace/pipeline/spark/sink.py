@@ -191,12 +191,18 @@ def _inputs(cols: dict[str, list[Any]], spec: ProcSpec) -> tuple[list[list[tuple
     return rows, order
 
 
+def _output_name(name: str) -> str:
+    try:
+        return check_user_name(name)
+    except ValueError as e:
+        raise CommitError(f"option stream: {e}") from None
+
+
 def _unhandled(spec: ProcSpec, u: Any) -> CommitError:
-    return CommitError(
-        f"processor {spec.proc_id} stopped: its function raised {type(u.exc).__name__}: "
-        f"{u.exc} at {u.positions} and the graph has no error stream; the batch is not "
-        "committed and is retried after a restart"
-    )
+    # What the function raised, where: the engine says which processor stopped and that
+    # the batch is kept (the same words as the local engine's), so this says only that.
+    where = ", ".join(f"{s} {i}" for s, i in u.positions.items())
+    return CommitError(f"{type(u.exc).__name__}: {u.exc} (at {where})")
 
 
 def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]]) -> BatchPart:
@@ -420,7 +426,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
             out = options.get("stream")
             if not out:
                 raise CommitError("the dataspace sink needs .option('stream', NAME)")
-            self.outputs = (check_user_name(out),)
+            self.outputs = (_output_name(out),)
             self.inputs = tuple(s for s in (options.get("inputs") or "").split(",") if s)
             self.error_stream = None
             self.stats_dir = None
@@ -570,7 +576,7 @@ class BatchWriter(DataSourceArrowWriter):
             raise CommitError("df.write.format('dataspace') needs .option('path', DATA_DIR) "
                               "and .option('stream', NAME)")
         self.path = db_path(path)
-        self.stream = check_user_name(out)
+        self.stream = _output_name(out)
 
     def write(self, iterator: Iterator[Any]) -> BatchPart:
         cols = _columns(iterator)
