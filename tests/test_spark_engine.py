@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from dataspace.cli import main
-from dataspace.pipeline import Crash, Graph, LocalEngine, delivery_hash
+from dataspace.pipeline import Crash, EngineError, Graph, LocalEngine, delivery_hash
 from dataspace.pipeline.crashtest import build_graph, inputs, verify
 from dataspace.pipeline.exactly_once import recover
 from dataspace.pipeline.sinks import SQLiteSink
@@ -368,3 +368,14 @@ def test_cli_ctrl_c_while_spark_starts_is_a_clean_stop(env):
         "dataspace pipeline: interrupted before the graph started: nothing ran"]
     with open_store(env / "data") as s:
         assert s.next_index("loud") == 0
+
+
+def test_a_bad_source_option_of_a_dataframe_processor_is_one_line(spark, tmp_path):
+    g = Graph("g")
+    g.source("in")
+    g.dataframe("d", "in", "out", lambda df: df.select("index", "value"), maxRowsPerBatch="many")
+    with open_store(tmp_path) as store:
+        store.append("in", 1)
+        with SparkEngine(g, store, spark=spark) as e, pytest.raises(EngineError) as err:
+            e.drain()
+    assert str(err.value) == "dataframe 'd': option maxRowsPerBatch: expected a whole number, not 'many'"

@@ -284,7 +284,10 @@ class SparkEngine(Engine):
             mode = opts.pop("output_mode", "append")
             decode = bool(opts.pop("decode", True))
             meta = bool(opts.pop("include_meta", False))
-            dfs = [self._source(q, (s,), "each", decode, meta, opts) for s in p.inputs]
+            try:
+                dfs = [self._source(q, (s,), "each", decode, meta, opts) for s in p.inputs]
+            except Exception as e:  # a bad source option: the connector's one line
+                raise EngineError(f"dataframe {p.name!r}: {e}") from e
             assert p.fn is not None
             try:
                 out = p.fn(*dfs)
