@@ -200,3 +200,17 @@ def test_ctrl_c_while_the_graph_loads_is_a_clean_stop(env):
             proc.kill()
     assert (proc.returncode, err) == (0, "")
     assert out == "dataspace pipeline: interrupted before the graph started: nothing ran\n"
+
+
+def test_the_help_example_graph_works_on_the_readme_data(env, capsys, monkeypatch):
+    """`pipeline --help` shows a graph file; it once wrote nothing for <Says ...> records."""
+    with pytest.raises(SystemExit):
+        main(["pipeline", "--help"])
+    text = capsys.readouterr().out.split("A graph file is Python", 1)[1]
+    code = "\n".join(x[2:] for x in text.splitlines() if x.startswith("  "))
+    (env / "help.py").write_text(code)
+    assert main(["stream", "append", "chat", '<Says "alice" "hi">', '<Says "bob" "yo">']) == 0
+    assert main(["pipeline", "run", str(env / "help.py"), "--engine", "local", "--until-idle",
+                 "-q"]) == 0
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("loud")] == ["HI", "YO"]

@@ -36,12 +36,13 @@ examples:
   dataspace pipeline check graph.py               validate the graph without running it
   dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
 
-A graph file is Python that defines `graph` (see docs/pipelines.md):
+A graph file is Python that defines `graph` (see docs/pipelines.md); this one
+shouts what is said in stream chat (dataspace stream append chat '<Says "alice" "hi">'):
 
   from dataspace.pipeline import Graph
   graph = Graph("shout", error_stream="shout.errors")
   graph.source("chat")
-  graph.map("upper", "chat", "loud", lambda v: v.upper() if isinstance(v, str) else None)
+  graph.map("upper", "chat", "loud", lambda says: says.fields[1].upper())
 """
 
 
