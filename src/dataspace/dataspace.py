@@ -42,7 +42,7 @@ from typing import Any, NewType
 
 from .index import Index
 from .pattern import Pattern, PatternError, as_pattern, from_preserves, to_preserves
-from .values import Embedded, Record, Sequence, Symbol, Value, preserve, strip
+from .values import Embedded, Record, Sequence, Symbol, Value, key, preserve, strip
 from .values.model import _PLAIN
 
 __all__ = [
@@ -356,7 +356,8 @@ class _DataspaceBase:
     # -- subscriptions and facets (during) -----------------------------------------------
 
     def _forget(self, sub: Any) -> None:
-        """A subscription ended (hook for subclasses that track them)."""
+        """A subscription ended (hook for subclasses that track them: a hidden one of the
+        in-process Dataspace leaves the index here)."""
 
     def _cancel(self, sub: Any) -> None:
         if not sub.live:
@@ -425,6 +426,10 @@ class Dataspace(_DataspaceBase):
         self._observers: dict[Any, tuple[Pattern, Any]] = {}
         # id() of each object observing through an installed <Observe> -> how many
         self._observing: dict[int, int] = {}
+        self._hidden: set[Subscription] = set()  # see observe_hidden
+        # Count watches (see watch_counts): strict keys watched -> watchers, and the hook.
+        self._watch: dict[Any, int] = {}
+        self._watch_fn: Callable[[Value], Any] | None = None
         self.max_turn_events: int | None = None
         """When set, a turn (or an action outside a turn) that would deliver more events
         than this to observers is undone and raises :class:`TurnTooLarge` (a server sets
@@ -453,6 +458,8 @@ class Dataspace(_DataspaceBase):
             return h
         if self.index.adjust_assertion(value, 1) and type(value) is Record:
             self._maybe_install(value)
+        if self._watch:
+            self._watched(value)
         if self._queue and not self._dispatching:
             self._dispatch()
         return h
@@ -520,6 +527,29 @@ class Dataspace(_DataspaceBase):
         sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
         return sub
 
+    def observe_hidden(
+        self,
+        pattern: Pattern | str | Value,
+        on_assert: Callable[..., Any] | None = None,
+        on_retract: Callable[..., Any] | None = None,
+        on_message: Callable[..., Any] | None = None,
+    ) -> Subscription:
+        """:meth:`observe` without asserting ``<Observe ...>``: for the server's own
+        machinery (links), which must not show up as interest in the dataspace or in what
+        its clients see.  Takes effect at once, even inside a turn."""
+        pat = as_pattern(pattern)
+        sub = Subscription(self, pat, on_assert, on_retract, on_message, None)
+        self._hidden.add(sub)
+        self.index.add_handler(pat, sub)
+        if self._queue and not self._dispatching:
+            self._dispatch()
+        return sub
+
+    def _forget(self, sub: Any) -> None:
+        if sub in self._hidden:
+            self._hidden.discard(sub)
+            self.index.remove_handler(sub.pattern, sub)
+
     def during(
         self, pattern: Pattern | str | Value, setup: Callable[..., Any]
     ) -> Subscription:
@@ -576,15 +606,43 @@ class Dataspace(_DataspaceBase):
     def _add(self, value: Value) -> None:
         if self.index.adjust_assertion(value, 1) and type(value) is Record:
             self._maybe_install(value)
+        if self._watch:
+            self._watched(value)
 
     def _remove(self, value: Value) -> Any:
         """Remove one copy; when an observer goes with it, what :meth:`_uninstall_observer`
         returns (for a rollback)."""
+        if self._watch:
+            self._watched(value)
         if self.index.adjust_assertion(value, -1) and type(value) is Record:
             lab = value.label
             if type(lab) is Symbol and lab.name == "Observe":
                 return self._uninstall_observer(value)
         return None
+
+    # -- count watches ------------------------------------------------------------------
+
+    def watch_counts(self, fn: Callable[[Value], Any] | None) -> None:
+        """Call ``fn(value)`` (as a callback, after the turn) whenever the number of copies
+        of a watched value changes (:meth:`watch_key`), not only when it appears or goes;
+        None stops watching.  For code that must know how many holders a value has, such
+        as a broker link telling its own copies from everyone else's."""
+        self._watch_fn = fn
+        if fn is None:
+            self._watch.clear()
+
+    def watch_key(self, k: Any, delta: int) -> None:
+        """Start (``delta`` 1) or stop (-1) watching the value whose strict key is ``k``."""
+        n = self._watch.get(k, 0) + delta
+        if n > 0:
+            self._watch[k] = n
+        else:
+            self._watch.pop(k, None)
+
+    def _watched(self, value: Value) -> None:
+        fn = self._watch_fn
+        if fn is not None and key(value) in self._watch:
+            self._queue.append(("x", (fn,), (value,)))
 
     def _maybe_install(self, value: Record) -> None:
         lab = value.label

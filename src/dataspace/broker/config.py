@@ -32,6 +32,9 @@ followed by a space starts a comment)::
       idle-timeout: 300.0                     # seconds, for connections holding nothing
       keepalive: 60.0                         # seconds
       ws-ping-interval: 20.0                  # seconds
+      link: [                                 # linked servers (docs/links.md)
+        {address: "10.0.0.2:7411" cap: "@/etc/dataspace/peer.sturdyref"}
+      ]
       bind: [
         # syndicate-py's examples: <ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>
         <ref {oid: "syndicate" key: #x""}>
@@ -54,7 +57,9 @@ from typing import Any
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
 from ..net.flow import FlowLimits
 from ..protocol.relay import RelayLimits
+from ..protocol.sturdy import SturdyError, SturdyRef
 from ..values import Dictionary, ParseError, Record, Sequence, Symbol, Value, parse, stringify
+from .link import LinkSpec
 
 __all__ = ["BindingSpec", "ConfigError", "ServerConfig", "load_config", "parse_config"]
 
@@ -104,6 +109,8 @@ class ServerConfig:
     keepalive: float = FlowLimits.keepalive
     ws_ping_interval: float = FlowLimits.ws_ping_interval
     bind: list[BindingSpec] = field(default_factory=list)
+    # Links to other servers: (address, capability text or @FILE), see broker.link.
+    link: list[tuple[str, str]] = field(default_factory=list)
     # Streams to record from the server's dataspaces: recorder specs as text or
     # dictionaries (see dataspace.streams.recorder), checked and started by the serve
     # command -- the broker layer itself knows nothing of streams.
@@ -157,11 +164,38 @@ class ServerConfig:
             return self.max_connections_per_address
         return max(1, self.max_connections // 4)
 
+    def link_specs(self) -> list[LinkSpec]:
+        """The links to dial, their capabilities read (``@FILE`` names a file)."""
+        out = []
+        for address, cap in self.link:
+            try:
+                parse_address(address, default_kind="tcp")
+            except AddressError as e:
+                raise ConfigError(f"link {address!r}: {e}") from None
+            text = cap
+            if cap.startswith("@"):
+                try:
+                    text = Path(cap[1:]).expanduser().read_text(encoding="utf-8")
+                except OSError as e:
+                    raise ConfigError(f"link {address}: cannot read the capability file "
+                                      f"{cap[1:]}: {e.strerror or e}") from None
+            try:
+                ref = SturdyRef.parse(text.strip())
+            except SturdyError as e:
+                raise ConfigError(f"link {address}: not a sturdyref ({e}); pass the peer's "
+                                  "root.sturdyref text or @FILE") from None
+            if ref.caveats:
+                raise ConfigError(f"link {address}: links need a capability without caveats "
+                                  "(the peer refuses others)")
+            out.append(LinkSpec(address, ref))
+        return out
+
     def check(self) -> None:
         """Raise :class:`ConfigError` for settings that cannot work together."""
         self.relay_limits()
         self.flow_limits()
         self.listeners()
+        self.link_specs()
         for name in ("max_turn_events", "max_total_assertions", "max_buffered",
                      "max_connections"):
             v = getattr(self, name)
@@ -214,7 +248,7 @@ _SECONDS_KEYS = {
 _LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
 _KNOWN = sorted(
     [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "root-oid", "root-key", "bind",
-     "record"]
+     "record", "link"]
 )
 
 
@@ -298,6 +332,11 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not Sequence:
                 raise ConfigError("bind must be a list [<ref {oid: ... key: ...}> ...]")
             changes["bind"] = [_binding(b) for b in x]
+        elif name == "link":
+            if type(x) is not Sequence:
+                raise ConfigError('link must be a list, e.g. link: [{address: "host:7411" '
+                                  'cap: "@peer.sturdyref"}]')
+            changes["link"] = [_link(item) for item in x]
         elif name == "record":
             if type(x) is not Sequence:
                 raise ConfigError(
@@ -307,6 +346,23 @@ def parse_config(text: str) -> ServerConfig:
     cfg = dataclasses.replace(cfg, **changes)
     cfg.check()
     return cfg
+
+
+def _link(item: Value) -> tuple[str, str]:
+    if type(item) is not Dictionary:
+        raise ConfigError('a link is {address: "HOST:PORT" cap: "<ref {...}>" or "@FILE"}')
+    addr = item.get(Symbol("address"))
+    cap = item.get(Symbol("cap"))
+    if type(addr) is not str or not addr:
+        raise ConfigError(f"the link {_short(item)} needs address: \"HOST:PORT\"")
+    if type(cap) is Record:
+        cap = stringify(cap)
+    if type(cap) is not str or not cap:
+        raise ConfigError(f"the link {_short(item)} needs cap: a sturdyref or \"@FILE\"")
+    extra = set(item) - {Symbol("address"), Symbol("cap")}
+    if extra:
+        raise ConfigError(f"unknown keys in the link {_short(item)}; a link has address and cap")
+    return (addr, cap)
 
 
 def _binding(b: Value) -> BindingSpec:

@@ -44,6 +44,7 @@ from ..protocol.relay import Quota, Relay
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
 from .config import ConfigError, ServerConfig
+from .link import STATUS_FILE, LinkDialer, LinkHub, load_server_id, write_status_file
 
 __all__ = ["DurableSource", "ListenError", "Server", "SyncGate"]
 
@@ -217,6 +218,10 @@ class Server:
         self.refused = 0
         """Connections refused (limits, connect rate, shutting down)."""
         self.hub: Hub | None = None
+        self.links: dict[str, LinkHub] = {}
+        """The link hub of each dataspace (see broker.link), made by :meth:`start`."""
+        self.server_id = ""
+        self._status_timer: asyncio.TimerHandle | None = None
         self.sync_gate: SyncGate | None = None
         """Holds sync answers until recorded messages are durable (see
         :meth:`add_durable_source`); made by :meth:`start`."""
@@ -267,6 +272,7 @@ class Server:
         self.hub = Hub(loop, max_buffered=self.config.max_buffered)
         self.sync_gate = SyncGate(loop)
         self._schedule_sweep()
+        self._start_links(loop)
         try:
             for addr in self.config.listeners():
                 await self._listen(addr)
@@ -305,6 +311,45 @@ class Server:
             ) from None
         self._listeners.append(srv)
         log.info("listening on %s", self.addresses[-1])
+
+    # -- links to other servers ---------------------------------------------------------
+
+    def _start_links(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self.data_dir is not None and self.hub is not None
+        self.server_id = load_server_id(self.data_dir)
+        for name, ent in self._entities.items():
+            h = LinkHub(ent.dataspace, server_id=self.server_id, bindings=self.bindings,
+                        loop=loop, name=name, connections=lambda: list(self.connections))
+            h.status_writer = self._links_changed
+            self.links[name] = h
+        root = self.links["root"]
+        for spec in self.config.link_specs():
+            d = LinkDialer(root, spec, self.hub, self._turn)
+            root.dialers.append(d)
+            d.start()
+            log.info("linking to %s", spec.address)
+        if root.dialers:
+            self._links_changed()
+
+    def _links_changed(self) -> None:
+        """Write the links' status soon (and every 2 s while there are links)."""
+        if self._status_timer is None and not self._stopping:
+            self._status_timer = asyncio.get_running_loop().call_later(0.2, self._write_links)
+
+    def _write_links(self) -> None:
+        self._status_timer = None
+        if self.data_dir is None or self._stopping:
+            return
+        try:
+            write_status_file(self.data_dir / STATUS_FILE, list(self.links.values()))
+        except OSError as e:
+            log.warning("cannot write %s: %s", self.data_dir / STATUS_FILE, e)
+        if any(h.dialers or h.sessions for h in self.links.values()):
+            self._status_timer = asyncio.get_running_loop().call_later(2.0, self._write_links)
+
+    def link_status(self) -> list[dict[str, Any]]:
+        """Every link of every dataspace (what ``dataspace link status`` shows)."""
+        return [row for h in self.links.values() for row in h.status()]
 
     def add_durable_source(self, source: DurableSource) -> None:
         """From now on a peer's sync is answered only once everything it sent before is
@@ -433,10 +478,15 @@ class Server:
     async def close(self) -> None:
         """Stop listening and close every connection (their assertions are retracted)."""
         self._stopping = True
-        for timer in (self._sweeper, self._reclaim_timer):
+        for timer in (self._sweeper, self._reclaim_timer, self._status_timer):
             if timer is not None:
                 timer.cancel()
-        self._sweeper = self._reclaim_timer = None
+        self._sweeper = self._reclaim_timer = self._status_timer = None
+        for h in self.links.values():
+            h.close()
+        for h in self.links.values():
+            for d in h.dialers:
+                await d.wait_stopped()
         for srv in self._listeners:
             srv.close()
         for conn in list(self.connections):

@@ -27,6 +27,8 @@ examples:
   dataspace serve --record 'chat:<Says $who $text>'
                                                record every <Says ...> message into stream chat
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
+  dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
+                                               share the root dataspace with another server
                                                presence messages, assertions and retractions
 
 At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability of its root
@@ -65,6 +67,13 @@ def register(sub: Any) -> None:
                    "STREAM[,events=message+assert+retract|all][,capture=yes][,max-count=N]"
                    "[,max-age=7d][,dataspace=NAME]:PATTERN (repeatable; adds to the "
                    "config's record list)")
+    p.add_argument("--link", action="append", metavar="ADDRESS",
+                   help="link this server's root dataspace with the server at ADDRESS "
+                   "(HOST:PORT, ws://..., or a Unix socket path); needs --link-cap; "
+                   "repeatable (docs/links.md)")
+    p.add_argument("--link-cap", action="append", metavar="CAP",
+                   help="the capability for the matching --link: the peer's root sturdyref "
+                   "text, or @FILE holding it (a capability without caveats)")
     g = p.add_argument_group("limits (defaults in docs/broker.md)")
     g.add_argument("--max-packet-size", type=int, metavar="BYTES",
                    help="largest packet accepted (default 1048576)")
@@ -141,6 +150,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
     if args.record:
         cfg = cfg.override(record=[*cfg.record, *args.record])
+    links, caps = args.link or [], args.link_cap or []
+    if len(links) != len(caps):
+        raise ConfigError(f"{len(links)} --link but {len(caps)} --link-cap: give one "
+                          "--link-cap per --link, in the same order")
+    if links:
+        cfg = cfg.override(link=[*cfg.link, *zip(links, caps)])
     cfg.check()
     _recorder_specs(cfg)
     return cfg
@@ -162,6 +177,13 @@ def _recorder_specs(cfg: ServerConfig) -> list[RecorderSpec]:
     return specs
 
 
+def _link_events() -> None:
+    """Links going up and down, and why, are printed even without -v."""
+    lg = logging.getLogger("dataspace.broker.link")
+    if lg.getEffectiveLevel() > logging.INFO:
+        lg.setLevel(logging.INFO)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
@@ -171,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     verbose = max(getattr(args, "verbose", 0) or 0, cfg.verbose)
     if verbose:
         logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
+    if cfg.link:
+        _link_events()
     return asyncio.run(_serve(cfg))
 
 
@@ -215,6 +239,9 @@ async def _serve(cfg: ServerConfig) -> int:
         if store is not None:
             print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.path}",
                   file=sys.stderr, flush=True)
+        for spec in cfg.link_specs():
+            print(f"dataspace serve: linking to {spec.address} (`dataspace link status` "
+                  "shows the links)", file=sys.stderr, flush=True)
         await stop.wait()
     except (StoreError, OSError, ValueError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)

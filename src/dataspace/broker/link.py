@@ -1,0 +1,928 @@
+"""Linked brokers: a dataspace shared by several servers, each link carrying only what the
+other side's subscribers want (seed 001, see :mod:`dataspace.protocol.upstream`).
+
+A server started with ``--link ADDRESS --link-cap CAP`` keeps one connection to the server
+at ADDRESS (reconnecting with backoff), resolves CAP there, and asserts into the
+dataspace it designates::
+
+    <link-request {id: SERVER-ID version: 1 cap: CAP} #:control #:data>
+
+The other server answers on ``control`` with ``<link-accept {id: SERVER-ID version: 1}
+#:control #:data>`` (or ``<link-refused MESSAGE>``).  From then on the link is symmetric;
+each side is the *subscriber* of what it wants from the other and the *producer* of what
+the other wants, and sends to the other's entities:
+
+``control``  Syndicate messages: the seed's requests ``<subscribe SEQ LOW CHAIN>``,
+             ``<reject ...>``, ``<reset ...>`` and answers ``<confirm KIND SEQ CHAIN>``;
+             ``<link-reach [SERVER-ID ...]>``, the servers reachable through the sender
+             (a link that would close a cycle is refused); ``<link-refused MESSAGE>``.
+``data``     the values themselves: a message as a message, an assertion as an
+             assertion (retracted by the sender, or by the connection closing), so the
+             Syndicate protocol's own lifetimes carry presence across the link.
+
+What a server forwards to a link: a message or assertion of its dataspace that the
+link's producer trie covers (assertions: never ``<Observe ...>`` or ``<link-request
+...>`` records), never back to the link it came from, and an assertion only while some
+source other than that link holds it (bag semantics across the link).  What it wants
+from a link: the prefixes of the patterns of its own observers (``<Observe PATTERN _>``
+in its dataspace) and of what its *other* links want from it (so chains and trees of
+servers work).  A link that would close a cycle is refused: see docs/links.md.
+
+Only a capability without caveats may link (a linked server can assert and send
+anything, as its own clients can): the acceptor checks the ``cap`` of the request
+against its own keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..dataspace import OBSERVE, Dataspace, Entity, Subscription, fresh_handle
+from ..net.address import Address, parse_address
+from ..net.connection import Connection, connect_stream
+from ..net.flow import FlowLimits, Hub
+from ..net.websocket import connect_ws
+from ..pattern import Bind, PatternError, from_preserves
+from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings
+from ..protocol.relay import Relay, RelayLimits
+from ..protocol.sturdy import SturdyError, SturdyRef, validate
+from ..protocol.upstream import (
+    CONFIRM,
+    REQUESTS,
+    Chain,
+    Producer,
+    Subscriber,
+    UpstreamError,
+    chain_key,
+    chain_matches,
+    pattern_chain,
+)
+from ..values import Dictionary, Embedded, Record, Sequence, Symbol, Value, key, stringify
+from ..values.model import _PLAIN
+
+__all__ = ["LinkHub", "LinkSpec", "load_server_id"]
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+LINK_REQUEST = Symbol("link-request")
+LINK_ACCEPT = Symbol("link-accept")
+LINK_REFUSED = Symbol("link-refused")
+LINK_REACH = Symbol("link-reach")
+SERVER_ID = "server.id"
+"""The file in the data directory that holds this server's link identity."""
+STATUS_FILE = "links.json"
+"""Where a server writes its links' status (read by ``dataspace link status``)."""
+
+_ID = Symbol("id")
+_VERSION = Symbol("version")
+_CAP = Symbol("cap")
+_NAME = Symbol("name")
+
+LINK_RELAY_LIMITS = RelayLimits(
+    max_packet_size=16 << 20, max_assertions=10_000_000, max_imports=1_000_000,
+    max_observers=1_000_000, max_outbound_assertions=10_000_000, strict=False,
+)
+LINK_FLOW = FlowLimits(max_debt=16 << 20, max_send_queue=256 << 20, send_timeout=60.0,
+                       handshake_timeout=0.0)
+
+
+def load_server_id(data_dir: Path) -> str:
+    """This server's identity on links: created once, kept in the data directory."""
+    p = data_dir / SERVER_ID
+    try:
+        text = p.read_text(encoding="utf-8").strip()
+        if text:
+            return text
+    except FileNotFoundError:
+        pass
+    sid = secrets.token_hex(8)
+    tmp = p.with_name(f".{SERVER_ID}.{os.getpid()}.tmp")
+    tmp.write_text(sid + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return sid
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """A link to dial: the peer's address and a capability (without caveats) there."""
+
+    address: str
+    cap: SturdyRef
+
+    @property
+    def name(self) -> str:
+        return self.address
+
+
+def _forwardable(v: Value) -> bool:
+    """Assertions that never cross a link: subscriptions (interest crosses as the seed's
+    requests) and the links' own handshakes."""
+    return not (type(v) is Record and (v.label == OBSERVE or v.label == LINK_REQUEST))
+
+
+def _head(v: Value) -> Any:
+    return ("rec", key(v.label)) if type(v) is Record else type(v).__name__
+
+
+# ---------------------------------------------------------------------------------------
+# One established link
+
+
+class _Control(Entity):
+    def __init__(self, session: LinkSession) -> None:
+        self.session = session
+
+    def on_message(self, value: Value) -> None:
+        self.session.on_control(value)
+
+
+class _Data(Entity):
+    def __init__(self, session: LinkSession) -> None:
+        self.session = session
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        self.session.on_data_assert(value, handle)
+
+    def on_retract(self, handle: int) -> None:
+        self.session.on_data_retract(handle)
+
+    def on_message(self, value: Value) -> None:
+        self.session.on_data_message(value)
+
+
+class LinkSession:
+    """An established link, on either side (see the module docstring)."""
+
+    def __init__(self, hub: LinkHub, name: str, peer_id: str, relay: Relay | None,
+                 dialed: bool) -> None:
+        self.hub = hub
+        self.name = name
+        self.peer_id = peer_id
+        self.relay = relay
+        self.dialed = dialed
+        self.ctl_out: Any = None    # the peer's control entity
+        self.data_out: Any = None   # the peer's data entity
+        self.ctl_in = _Control(self)
+        self.data_in = _Data(self)
+        self.sub = Subscriber(eager=True, rto=hub.rto, rto_max=hub.rto_max)
+        self.prod = Producer(max_entries=hub.max_entries)
+        self.wants: dict[Any, Chain] = {}   # the peer's positive chains (it asked for them)
+        self.fwd: dict[Any, tuple[Value, int]] = {}  # assertions forwarded to the peer
+        self.injected: dict[int, tuple[int, Value]] = {}  # peer handle -> (local handle, value)
+        self.injected_count: dict[Any, int] = {}
+        self.echo: deque[Value] = deque()   # messages injected, to recognise as ours
+        self.reach: frozenset[str] = frozenset()
+        self.closed = False
+        self.since = time.time()
+        self.counters = {
+            "messages_forwarded": 0, "messages_suppressed": 0, "messages_received": 0,
+            "messages_dropped": 0, "assertions_forwarded": 0, "assertions_received": 0,
+        }
+
+    # -- starting and ending -------------------------------------------------------------
+
+    def start(self) -> None:
+        now = time.monotonic()
+        for chain in self.hub.interest_for(self):
+            self.sub.add_interest(chain)
+        self.sub.start(now)
+        self.prod.start()
+        self.flush_control()
+        self.hub.announce()
+
+    def send_control(self, v: Value) -> None:
+        if not self.closed and self.ctl_out is not None:
+            self.ctl_out.on_message(v)
+
+    def flush_control(self) -> None:
+        for m in self.sub.take_outgoing():
+            self.send_control(m)
+        for m in self.prod.take_outgoing():
+            self.send_control(m)
+        self.hub.schedule_tick()
+
+    def fail(self, why: str) -> None:
+        """Close the link with an error (the connection is closed too)."""
+        if self.closed:
+            return
+        log.warning("link %s: %s; closing it", self.name, why)
+        self.hub.last_error[self.name] = why
+        self.send_control(Record(LINK_REFUSED, [why]))
+        relay = self.relay
+        if relay is not None:
+            relay.fail(f"link: {why}", Symbol("link-error"))
+        self.hub.end(self)
+
+    # -- control ------------------------------------------------------------------------
+
+    def on_control(self, v: Value) -> None:
+        if self.closed:
+            return
+        try:
+            if type(v) is not Record:
+                raise UpstreamError(f"not a link message: {stringify(v)[:80]}")
+            lab = v.label
+            if lab in REQUESTS:
+                chain = self.prod.on_request(v)
+                if chain is not None:
+                    self.hub.producer_changed(self, chain)
+            elif lab == CONFIRM:
+                self.sub.on_confirm(v, time.monotonic())
+            elif lab == LINK_REACH:
+                self._on_reach(v)
+            elif lab == LINK_REFUSED:
+                why = v.fields[0] if v.fields and type(v.fields[0]) is str else "refused"
+                self.hub.last_error[self.name] = f"the peer refused the link: {why}"
+                log.warning("link %s: the peer refused the link: %s", self.name, why)
+                self.hub.end(self)
+                return
+            elif lab == LINK_ACCEPT:
+                return  # a duplicate
+            else:
+                raise UpstreamError(f"unknown link message <{stringify(lab)} ...>")
+        except UpstreamError as e:
+            self.fail(f"bad link message: {e}")
+            return
+        self.flush_control()
+
+    def _on_reach(self, v: Record) -> None:
+        f = v.fields
+        if len(f) != 1 or type(f[0]) is not Sequence or not all(type(x) is str for x in f[0]):
+            raise UpstreamError("expected <link-reach [SERVER-ID ...]>")
+        if len(f[0]) > 10_000:
+            raise UpstreamError("too many servers in <link-reach>")
+        self.reach = frozenset(f[0])
+        cycle = self.hub.cycle_through(self)
+        if cycle is not None:
+            self.fail(cycle)
+            return
+        self.hub.announce(exclude=self)
+
+    # -- data from the peer -------------------------------------------------------------
+
+    def on_data_message(self, v: Value) -> None:
+        if self.closed:
+            return
+        self.counters["messages_received"] += 1
+        wanted = self.sub.received(v, time.monotonic())
+        self.flush_control()
+        if not wanted:
+            self.counters["messages_dropped"] += 1
+            return
+        self.echo.append(v)
+        self.hub.ds.send(v)
+
+    def on_data_assert(self, v: Value, handle: int) -> None:
+        if self.closed or handle in self.injected:
+            return
+        if type(v) not in _PLAIN:
+            return  # not a Preserves value we can hold
+        self.counters["assertions_received"] += 1
+        self.sub.received(v, time.monotonic())
+        self.flush_control()
+        k = key(v)
+        n = self.injected_count.get(k, 0)
+        self.injected_count[k] = n + 1
+        if n == 0:
+            self.hub.watch(k, +1)
+        self.injected[handle] = (self.hub.ds.assert_(v), v)
+
+    def on_data_retract(self, handle: int) -> None:
+        rec = self.injected.pop(handle, None)
+        if rec is None:
+            return
+        local, v = rec
+        k = key(v)
+        n = self.injected_count.get(k, 0) - 1
+        if n > 0:
+            self.injected_count[k] = n
+        else:
+            self.injected_count.pop(k, None)
+            self.hub.watch(k, -1)
+        self.hub.ds.retract(local)
+
+    def retract_injected(self) -> None:
+        for handle in list(self.injected):
+            self.on_data_retract(handle)
+
+    # -- data to the peer ---------------------------------------------------------------
+
+    def forward_message(self, v: Value) -> None:
+        echo = self.echo
+        if echo and echo[0] is v:
+            echo.popleft()  # it came from this link: never back
+            return
+        if self.prod.forward(v):
+            self.counters["messages_forwarded"] += 1
+            self.data_out.on_message(v)
+        else:
+            self.counters["messages_suppressed"] += 1
+
+    def reassess(self, k: Any, v: Value | None, count: int) -> None:
+        """Forward or withdraw one assertion (``count``: its copies here)."""
+        want = (
+            v is not None
+            and count > self.injected_count.get(k, 0)
+            and _forwardable(v)
+            and self.prod.forward(v, assertion=True)
+        )
+        have = self.fwd.get(k)
+        if want and have is None:
+            h = fresh_handle()
+            self.fwd[k] = (v, h)  # type: ignore[assignment]
+            self.counters["assertions_forwarded"] += 1
+            self.data_out.on_assert(v, h)
+        elif have is not None and not want:
+            del self.fwd[k]
+            self.data_out.on_retract(have[1])
+
+    # -- status -------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        s = self.sub.summary()
+        prod = self.prod.entries()
+        out: dict[str, Any] = {
+            "connected": not self.closed,
+            "peer_id": self.peer_id,
+            "since": self.since,
+            "dialed": self.dialed,
+            "upstreamed": s.subscribed,
+            "canonical": s.canonical,
+            "negative": s.negative,
+            "pending": s.pending,
+            "requests_sent": s.requests_sent,
+            "retransmissions": s.retransmissions,
+            "peer_wants": sum(1 for _c, pos in prod if pos),
+            "peer_negative": sum(1 for _c, pos in prod if not pos),
+            "assertions_held_for_peer": len(self.fwd),
+            "assertions_from_peer": len(self.injected),
+            **self.counters,
+        }
+        conn = self.hub.connection_of(self)
+        if conn is not None:
+            out["bytes_in"] = conn.bytes_in
+            out["bytes_out"] = conn.bytes_out
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Every link of one dataspace
+
+
+class LinkHub:
+    """The links of one dataspace: interest, forwarding, handshakes, cycles, status."""
+
+    def __init__(self, ds: Dataspace, *, server_id: str, bindings: Bindings,
+                 loop: asyncio.AbstractEventLoop, name: str = "root",
+                 rto: float = 1.0, rto_max: float = 30.0, max_entries: int = 100_000,
+                 connections: Callable[[], Any] | None = None) -> None:
+        self.ds = ds
+        self.name = name
+        self.server_id = server_id
+        self.bindings = bindings
+        self.loop = loop
+        self.rto, self.rto_max, self.max_entries = rto, rto_max, max_entries
+        self._connections = connections
+        self.sessions: list[LinkSession] = []
+        self.last_error: dict[str, str] = {}
+        self.dialers: list[LinkDialer] = []
+        # Local interest: Observe pattern (key) -> [chain, count]
+        self._interest: dict[Any, list[Any]] = {}
+        self._present: dict[Any, Value] = {}
+        self._by_head: dict[Any, dict[Any, Value]] = {}
+        self._watched: dict[Any, int] = {}
+        self._catch_all: Subscription | None = None
+        self._tick: asyncio.TimerHandle | None = None
+        self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
+        self.status_writer: Callable[[], None] | None = None
+        # Links are accepted on every dataspace, and local interest is followed always
+        # (so a link starts with it); the catch-all observer starts with the first link.
+        req = ds.observe_hidden(Bind(from_preserves(_request_pattern())),
+                                on_assert=self.accept, on_retract=self._request_removed)
+        obs = ds.observe_hidden("<Observe $pattern $observer>", on_assert=self._observe_added,
+                                on_retract=self._observe_removed)
+        self._subs = [req, obs]
+
+    def close(self) -> None:
+        for d in self.dialers:
+            d.stop()
+        for s in list(self.sessions):
+            self.end(s)
+        for sub in self._subs:
+            sub.cancel()
+        if self._tick is not None:
+            self._tick.cancel()
+
+    # -- local interest -------------------------------------------------------------------
+
+    def _observe_added(self, pattern: Value, observer: Value) -> None:
+        try:
+            chain = pattern_chain(from_preserves(pattern))
+        except PatternError:
+            return
+        k = key(pattern)
+        e = self._interest.get(k)
+        if e is None:
+            self._interest[k] = [chain, 1]
+            for s in self.sessions:
+                s.sub.add_interest(chain)
+                s.flush_control()
+        else:
+            e[1] += 1
+
+    def _observe_removed(self, pattern: Value, observer: Value) -> None:
+        k = key(pattern)
+        e = self._interest.get(k)
+        if e is None:
+            return
+        e[1] -= 1
+        if e[1] <= 0:
+            del self._interest[k]
+            for s in self.sessions:
+                s.sub.remove_interest(e[0])
+                s.flush_control()
+
+    def interest_for(self, session: LinkSession) -> list[Chain]:
+        """What ``session`` wants from its peer: local observers' prefixes and what the
+        other links want from here."""
+        out = [e[0] for e in self._interest.values()]
+        for s in self.sessions:
+            if s is not session:
+                out += s.wants.values()
+        return out
+
+    def producer_changed(self, session: LinkSession, chain: Chain) -> None:
+        """The peer of ``session`` asked for (or dropped) ``chain``: pass it on to the other
+        links, and re-decide the assertions it covers."""
+        k = chain_key(chain)
+        positive = chain_key(chain) in session.prod.positive_chains()
+        had = k in session.wants
+        if positive and not had:
+            session.wants[k] = chain
+            for s in self.sessions:
+                if s is not session:
+                    s.sub.add_interest(chain)
+                    s.flush_control()
+        elif had and not positive:
+            del session.wants[k]
+            for s in self.sessions:
+                if s is not session:
+                    s.sub.remove_interest(chain)
+                    s.flush_control()
+        for v in self._candidates(chain):
+            vk = key(v)
+            session.reassess(vk, v, self.ds.count(v))
+
+    def _candidates(self, chain: Chain) -> list[Value]:
+        if not chain:
+            return list(self._present.values())
+        _path, item = chain[0]
+        head = ("rec", item[1]) if item[0] == "rec" else None
+        pool = self._by_head.get(head, {}) if head is not None else self._present
+        return [v for v in pool.values() if chain_matches(chain, v)]
+
+    # -- what happens here --------------------------------------------------------------
+
+    def _ensure_catch_all(self) -> None:
+        """With the first link: watch local interest and everything asserted and sent
+        here; with the last one gone, stop (a server without links pays nothing)."""
+        if self._catch_all is None and self.sessions:
+            sub = self.ds.observe_hidden("$v", on_assert=self._added, on_retract=self._removed,
+                                         on_message=self._message)
+            self._catch_all = sub
+            self.ds.watch_counts(self._count_changed)
+        elif self._catch_all is not None and not self.sessions:
+            self._catch_all.cancel()
+            self._catch_all = None
+            self.ds.watch_counts(None)
+            self._present.clear()
+            self._by_head.clear()
+            self._watched.clear()
+
+    def _added(self, v: Value) -> None:
+        k = key(v)
+        self._present[k] = v
+        self._by_head.setdefault(_head(v), {})[k] = v
+        n = self.ds.count(v)
+        for s in self.sessions:
+            s.reassess(k, v, n)
+
+    def _removed(self, v: Value) -> None:
+        k = key(v)
+        self._present.pop(k, None)
+        bucket = self._by_head.get(_head(v))
+        if bucket is not None:
+            bucket.pop(k, None)
+            if not bucket:
+                del self._by_head[_head(v)]
+        for s in self.sessions:
+            s.reassess(k, None, 0)
+
+    def _message(self, v: Value) -> None:
+        for s in self.sessions:
+            s.forward_message(v)
+
+    def watch(self, k: Any, delta: int) -> None:
+        n = self._watched.get(k, 0) + delta
+        if n > 0:
+            self._watched[k] = n
+        else:
+            self._watched.pop(k, None)
+        self.ds.watch_key(k, delta)
+
+    def _count_changed(self, v: Value) -> None:
+        k = key(v)
+        if k not in self._present:
+            return
+        n = self.ds.count(v)
+        for s in self.sessions:
+            s.reassess(k, v, n)
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def begin(self, session: LinkSession) -> None:
+        self.sessions.append(session)
+        self.last_error.pop(session.name, None)
+        self._ensure_catch_all()
+        session.start()
+        for k, v in list(self._present.items()):
+            session.reassess(k, v, self.ds.count(v))
+        log.info("link %s: up (peer %s)", session.name, session.peer_id)
+        self.write_status()
+
+    def end(self, session: LinkSession) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        if session in self.sessions:
+            self.sessions.remove(session)
+        for chain in session.wants.values():
+            for s in self.sessions:
+                s.sub.remove_interest(chain)
+                s.flush_control()
+        session.wants.clear()
+        session.retract_injected()
+        session.fwd.clear()
+        for h, s in list(self._requests.items()):
+            if s is session:
+                del self._requests[h]
+        self._ensure_catch_all()
+        self.announce()
+        log.info("link %s: down", session.name)
+        self.write_status()
+
+    # -- accepting links (the other side dialed) ---------------------------------------------
+
+    def _request_removed(self, req: Value) -> None:
+        # The dialing server retracted its request, or its connection closed.
+        s = self._requests.pop(key(req), None)
+        if s is not None:
+            self.end(s)
+
+    def accept(self, req: Value) -> None:
+        """A ``<link-request INFO #:control #:data>`` appeared here (asserted by a dialing
+        server): answer on its control entity."""
+        if type(req) is not Record or len(req.fields) != 3:
+            return
+        info, ctl, data = req.fields
+        if type(ctl) is not Embedded or type(data) is not Embedded:
+            return
+        ctl_ref, data_ref = ctl.value, data.value
+        if not isinstance(ctl_ref, Entity) or not isinstance(data_ref, Entity):
+            return
+        relay = getattr(ctl_ref, "relay", None)
+        why = self._check_request(info)
+        peer_id = info.get(_ID) if type(info) is Dictionary else None
+        name = f"from {relay.name if relay is not None else '?'}"
+        if why is not None:
+            log.warning("link %s: refused: %s", name, why)
+            self.last_error[name] = why
+            ctl_ref.on_message(Record(LINK_REFUSED, [why]))
+            return
+        s = LinkSession(self, name, str(peer_id), relay, dialed=False)
+        s.ctl_out, s.data_out = ctl_ref, data_ref
+        self._requests[key(req)] = s
+        ctl_ref.on_message(Record(LINK_ACCEPT, [
+            Dictionary({_ID: self.server_id, _VERSION: VERSION, _NAME: self.name}),
+            Embedded(s.ctl_in), Embedded(s.data_in)]))
+        self.begin(s)
+
+    def _check_request(self, info: Value) -> str | None:
+        if type(info) is not Dictionary:
+            return "a link request needs {id: ... version: ... cap: ...}"
+        if info.get(_VERSION) != VERSION:
+            return f"link protocol version {info.get(_VERSION)!r} is not {VERSION}"
+        peer = info.get(_ID)
+        if type(peer) is not str or not peer:
+            return "a link request needs the server's id"
+        if peer == self.server_id:
+            return "a server cannot link to itself"
+        if any(s.peer_id == peer for s in self.sessions):
+            return f"server {peer} is already linked to this one"
+        try:
+            cap = SturdyRef.from_value(info.get(_CAP))
+        except SturdyError as e:
+            return f"the link request's capability is not a sturdyref: {e}"
+        if cap.caveats:
+            return ("links need a capability without caveats (a linked server can assert "
+                    "and send anything here)")
+        if not any(validate(cap, b.key) for b in self.bindings.lookup(cap.oid)):
+            return "the link request's capability is not one of this server's"
+        return None
+
+    # -- cycles -------------------------------------------------------------------------
+
+    def reach_excluding(self, session: LinkSession | None) -> frozenset[str]:
+        out = {self.server_id}
+        for s in self.sessions:
+            if s is not session:
+                out |= s.reach | {s.peer_id}
+        return frozenset(out)
+
+    def cycle_through(self, session: LinkSession) -> str | None:
+        theirs = session.reach | {session.peer_id}
+        if self.server_id in session.reach:
+            return (f"this link would close a cycle: this server ({self.server_id}) is "
+                    f"already reachable through {session.name}")
+        for s in self.sessions:
+            if s is session:
+                continue
+            both = theirs & (s.reach | {s.peer_id})
+            if both:
+                return (f"this link would close a cycle: server {sorted(both)[0]} is "
+                        f"reachable both through {session.name} and through {s.name}")
+        return None
+
+    def announce(self, exclude: LinkSession | None = None) -> None:
+        for s in self.sessions:
+            if s is exclude:
+                continue
+            ids = sorted(self.reach_excluding(s))
+            s.send_control(Record(LINK_REACH, [Sequence(ids)]))
+
+    # -- timers and status ----------------------------------------------------------------
+
+    def schedule_tick(self) -> None:
+        deadlines = [d for s in self.sessions if (d := s.sub.next_deadline()) is not None]
+        if not deadlines:
+            return
+        delay = max(0.0, min(deadlines) - time.monotonic())
+        if self._tick is not None:
+            self._tick.cancel()
+        self._tick = self.loop.call_later(delay, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        now = time.monotonic()
+        for s in list(self.sessions):
+            s.sub.tick(now)
+            s.flush_control()
+
+    def connection_of(self, session: LinkSession) -> Connection | None:
+        if session.relay is None:
+            return None
+        for d in self.dialers:
+            if d.conn is not None and d.conn.relay is session.relay:
+                return d.conn
+        for c in self._connections() if self._connections is not None else ():
+            if c.relay is session.relay:
+                return c
+        return None
+
+    def status(self) -> list[dict[str, Any]]:
+        out = []
+        up = {s.name: s for s in self.sessions}
+        for d in self.dialers:
+            s = d.session
+            row = {"link": d.spec.address, "direction": "out", "dataspace": self.name}
+            if s is not None and not s.closed:
+                row.update(s.status())
+            else:
+                row.update({"connected": False, "attempts": d.attempts})
+            if d.spec.address in self.last_error:
+                row["last_error"] = self.last_error[d.spec.address]
+            out.append(row)
+        for name, s in up.items():
+            if s.dialed:
+                continue
+            row = {"link": name, "direction": "in", "dataspace": self.name, **s.status()}
+            out.append(row)
+        return out
+
+    def write_status(self) -> None:
+        """Have the server write every link's status (see ``dataspace link status``)."""
+        if self.status_writer is not None:
+            self.status_writer()
+
+
+def _request_pattern() -> Value:
+    from ..pattern import parse_pattern, to_preserves
+
+    return to_preserves(parse_pattern("<link-request _ _ _>"))
+
+
+# ---------------------------------------------------------------------------------------
+# Dialing a link (the side configured with --link)
+
+
+class _Resolver(Entity):
+    def __init__(self, fut: asyncio.Future[Any]) -> None:
+        self.fut = fut
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        if self.fut.done() or type(value) is not Record or not value.fields:
+            return
+        if value.label == ACCEPTED and type(value.fields[0]) is Embedded:
+            self.fut.set_result(value.fields[0].value)
+        elif value.label == REJECTED:
+            self.fut.set_exception(ConnectionError(f"the capability was rejected: "
+                                                   f"{stringify(value.fields[0])}"))
+
+
+class _DialControl(Entity):
+    """The dialer's control entity before the session exists: waits for the answer."""
+
+    def __init__(self, dialer: LinkDialer) -> None:
+        self.dialer = dialer
+
+    def on_message(self, value: Value) -> None:
+        d = self.dialer
+        s = d.session
+        if s is not None:
+            s.on_control(value)
+            return
+        d.on_answer(value)
+
+
+class _DialData(Entity):
+    def __init__(self, dialer: LinkDialer) -> None:
+        self.dialer = dialer
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        if self.dialer.session is not None:
+            self.dialer.session.on_data_assert(value, handle)
+
+    def on_retract(self, handle: int) -> None:
+        if self.dialer.session is not None:
+            self.dialer.session.on_data_retract(handle)
+
+    def on_message(self, value: Value) -> None:
+        if self.dialer.session is not None:
+            self.dialer.session.on_data_message(value)
+
+
+class LinkDialer:
+    """Keeps the link of one ``--link`` connected, reconnecting with backoff."""
+
+    def __init__(self, hub: LinkHub, spec: LinkSpec, net_hub: Hub,
+                 turn: Callable[[], Any] | None, backoff: tuple[float, float] = (0.1, 10.0)) -> None:
+        self.hub = hub
+        self.spec = spec
+        self.net_hub = net_hub
+        self.turn = turn
+        self.backoff = backoff
+        self.session: LinkSession | None = None
+        self.conn: Connection | None = None
+        self.attempts = 0
+        self.connects = 0
+        self._stop = asyncio.Event()
+        self._answer: asyncio.Future[Value] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.conn is not None:
+            self.conn.close("the server is shutting down")
+
+    async def wait_stopped(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._task, 5.0)
+
+    def on_answer(self, v: Value) -> None:
+        fut = self._answer
+        if fut is not None and not fut.done():
+            fut.set_result(v)
+
+    async def _run(self) -> None:
+        lo, hi = self.backoff
+        delay = lo
+        while not self._stop.is_set():
+            self.attempts += 1
+            try:
+                await self._connect_once()
+                delay = lo
+                assert self.conn is not None
+                await self.conn.wait_closed()
+                reason = self.conn.close_reason
+                if not self._stop.is_set():
+                    log.warning("link %s: connection lost (%s); reconnecting",
+                                self.spec.address, reason)
+            except (OSError, ConnectionError, TimeoutError) as e:
+                msg = str(e) or type(e).__name__
+                self.hub.last_error[self.spec.address] = msg
+                log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, delay)
+            finally:
+                s = self.session
+                self.session = None
+                if s is not None:
+                    self.hub.end(s)
+                if self.conn is not None and not self.conn.closed:
+                    self.conn.close("link ended")
+                self.conn = None
+            if self._stop.is_set():
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay * (0.5 + self._rng.random()))
+            delay = min(hi, delay * 2)
+
+    async def _open(self) -> Connection:
+        a: Address = parse_address(self.spec.address, default_kind="tcp")
+
+        def session(conn: Connection) -> Relay:
+            return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",
+                         turn=self.turn)
+
+        if a.kind == "ws":
+            return await connect_ws(a.url, self.net_hub, LINK_FLOW, session,
+                                    LINK_RELAY_LIMITS.max_packet_size)
+        where: tuple[str, int] | str = a.path if a.kind == "unix" else (a.host, a.port)
+        return await connect_stream(a.kind, where, self.net_hub, LINK_FLOW, session,
+                                    coalesce=False)
+
+    async def _connect_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        conn = await asyncio.wait_for(self._open(), 10.0)
+        self.conn = conn
+        relay = conn.relay
+        assert relay is not None
+        fut: asyncio.Future[Any] = loop.create_future()
+        gk = relay.import_ref(0)
+        gk.on_assert(Record(RESOLVE, [self.spec.cap.to_value(), Embedded(_Resolver(fut))]),
+                     fresh_handle())
+        self.net_hub.flush(None)
+        ref = await self._wait(fut, conn, "resolving the capability")
+        answer: asyncio.Future[Value] = loop.create_future()
+        self._answer = answer
+        ctl, data = _DialControl(self), _DialData(self)
+        info = Dictionary({_ID: self.hub.server_id, _VERSION: VERSION,
+                           _CAP: self.spec.cap.to_value(), _NAME: self.hub.name})
+        ref.on_assert(Record(LINK_REQUEST, [info, Embedded(ctl), Embedded(data)]), fresh_handle())
+        self.net_hub.flush(None)
+        v = await self._wait(answer, conn, "waiting for the link to be accepted")
+        if type(v) is Record and v.label == LINK_REFUSED:
+            why = v.fields[0] if v.fields else "refused"
+            raise ConnectionError(f"the peer refused the link: {why}")
+        if (type(v) is not Record or v.label != LINK_ACCEPT or len(v.fields) != 3
+                or type(v.fields[0]) is not Dictionary
+                or type(v.fields[1]) is not Embedded or type(v.fields[2]) is not Embedded):
+            raise ConnectionError(f"the peer answered the link request with {stringify(v)[:80]}")
+        peer_id = v.fields[0].get(_ID)
+        if peer_id == self.hub.server_id:
+            raise ConnectionError("this link leads back to this same server")
+        s = LinkSession(self.hub, self.spec.address, str(peer_id), relay, dialed=True)
+        s.ctl_in, s.data_in = ctl, data  # type: ignore[assignment]
+        s.ctl_out, s.data_out = v.fields[1].value, v.fields[2].value
+        self.session = s
+        self.connects += 1
+        self.hub.begin(s)
+        self.net_hub.flush(None)
+
+    async def _wait(self, fut: asyncio.Future[Any], conn: Connection, what: str) -> Any:
+        closed = asyncio.ensure_future(conn.wait_closed())
+        try:
+            await asyncio.wait({fut, closed}, timeout=10.0, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closed.cancel()
+        if not fut.done():
+            fut.cancel()
+            relay = conn.relay
+            reason = (relay.peer_error[0] if relay is not None and relay.peer_error
+                      else conn.close_reason)
+            raise ConnectionError(f"{what}: {reason or 'no answer within 10 s'}")
+        return fut.result()
+
+
+def write_status_file(path: Path, hubs: list[LinkHub]) -> None:
+    rows = [row for h in hubs for row in h.status()]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"time": time.time(), "links": rows}, indent=1, default=str),
+                   encoding="utf-8")
+    os.replace(tmp, path)

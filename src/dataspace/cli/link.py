@@ -1,0 +1,97 @@
+"""``dataspace link``: the links of a running server to other servers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from ..broker.link import STATUS_FILE
+from ..datadir import DATA_DIR_HELP, resolve_data_dir
+
+EXAMPLES = """\
+examples:
+  dataspace link status                    every link of the server using the data directory
+  dataspace link status --data-dir ./a     the server started with --data-dir ./a
+  dataspace link status --json             the same as JSON (what the server writes)
+
+A server started with --link (and any server a link reaches) writes its links' status to
+DATA_DIR/links.json every 2 seconds; this command reads it.  See docs/links.md.
+"""
+
+STALE = 10.0
+"""Seconds after which the status file is old: the server is probably not running."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "link", help="show the links of a running server to other servers",
+        description="Links share a dataspace between servers; each carries only what the "
+        "other side's subscribers want (docs/links.md).",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    lsub = p.add_subparsers(dest="link_cmd", metavar="COMMAND")
+    st = lsub.add_parser("status", help="each link: connected or not, subscriptions, traffic",
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.add_argument("--data-dir", metavar="DIR", help=DATA_DIR_HELP)
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
+    st.set_defaults(func=run_status)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _age(t: float) -> str:
+    s = max(0.0, time.time() - t)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def run_status(args: argparse.Namespace) -> int:
+    data_dir = resolve_data_dir(args.data_dir, create=False)
+    path = data_dir / STATUS_FILE
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        print(f"dataspace link: no link status at {path}: the server using {data_dir} has "
+              "no links (start it with --link ADDRESS --link-cap CAP), or is not running",
+              file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"dataspace link: cannot read {path}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    age = time.time() - float(doc.get("time", 0))
+    if age > STALE:
+        print(f"dataspace link: {path} was written {_age(doc.get('time', 0))} ago: the server "
+              "is probably not running; what follows is its last status", file=sys.stderr)
+    rows = doc.get("links", [])
+    if not rows:
+        print("no links")
+        return 0
+    for r in rows:
+        state = "connected" if r.get("connected") else "not connected"
+        arrow = "->" if r.get("direction") == "out" else "<-"
+        print(f"{arrow} {r.get('link')}  [{r.get('dataspace')}]  {state}"
+              + (f" for {_age(r['since'])}, peer {r.get('peer_id')}" if r.get("connected") else
+                 f" (attempts: {r.get('attempts', 0)})"))
+        if r.get("last_error"):
+            print(f"     last error: {r['last_error']}")
+        if not r.get("connected"):
+            continue
+        print(f"     upstreamed {r.get('upstreamed', 0)} of {r.get('canonical', 0)} wanted, "
+              f"{r.get('negative', 0)} negative, {r.get('pending', 0)} pending; "
+              f"the peer wants {r.get('peer_wants', 0)} ({r.get('peer_negative', 0)} negative)")
+        print(f"     messages: {r.get('messages_forwarded', 0)} forwarded, "
+              f"{r.get('messages_suppressed', 0)} suppressed, {r.get('messages_received', 0)} "
+              f"received; assertions: {r.get('assertions_held_for_peer', 0)} held for the peer, "
+              f"{r.get('assertions_from_peer', 0)} from it")
+        if "bytes_out" in r:
+            print(f"     bytes: {r['bytes_out']:,} out, {r['bytes_in']:,} in; requests sent "
+                  f"{r.get('requests_sent', 0)} ({r.get('retransmissions', 0)} retransmitted)")
+    return 0
