@@ -185,6 +185,9 @@ class LinkSession:
         self.injected_count: dict[Any, int] = {}
         self.echo: deque[Value] = deque()   # messages injected, to recognise as ours
         self.reach: frozenset[str] = frozenset()
+        self.ready = False
+        """Data crosses only once the peer's reach is known and closes no cycle."""
+        self.cycle = False
         self.closed = False
         self.since = time.time()
         self.counters = {
@@ -213,6 +216,7 @@ class LinkSession:
         for m in self.prod.take_outgoing():
             self.send_control(m)
         self.hub.schedule_tick()
+        self.hub.notify()
 
     def fail(self, why: str) -> None:
         """Close the link with an error (the connection is closed too)."""
@@ -267,14 +271,18 @@ class LinkSession:
         self.reach = frozenset(f[0])
         cycle = self.hub.cycle_through(self)
         if cycle is not None:
+            self.cycle = True
             self.fail(cycle)
             return
         self.hub.announce(exclude=self)
+        if not self.ready:
+            self.ready = True
+            self.hub.ready(self)
 
     # -- data from the peer -------------------------------------------------------------
 
     def on_data_message(self, v: Value) -> None:
-        if self.closed:
+        if self.closed or not self.ready:
             return
         self.counters["messages_received"] += 1
         wanted = self.sub.received(v, time.monotonic())
@@ -325,6 +333,8 @@ class LinkSession:
         if echo and echo[0] is v:
             echo.popleft()  # it came from this link: never back
             return
+        if not self.ready:
+            return
         if self.prod.forward(v):
             self.counters["messages_forwarded"] += 1
             self.data_out.on_message(v)
@@ -335,6 +345,7 @@ class LinkSession:
         """Forward or withdraw one assertion (``count``: its copies here)."""
         want = (
             v is not None
+            and self.ready
             and count > self.injected_count.get(k, 0)
             and _forwardable(v)
             and self.prod.forward(v, assertion=True)
@@ -365,7 +376,8 @@ class LinkSession:
             "pending": s.pending,
             "requests_sent": s.requests_sent,
             "retransmissions": s.retransmissions,
-            "peer_wants": sum(1 for _c, pos in prod if pos),
+            "peer_wants": sum(1 for c, pos in prod if pos and c),
+            "peer_everything": any(pos and not c for c, pos in prod),
             "peer_negative": sum(1 for _c, pos in prod if not pos),
             "assertions_held_for_peer": len(self.fwd),
             "assertions_from_peer": len(self.injected),
@@ -408,6 +420,8 @@ class LinkHub:
         self._tick: asyncio.TimerHandle | None = None
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
+        self.on_change: list[Callable[[], Any]] = []
+        """Called after each change of a link's state (for tests and monitors)."""
         # Links are accepted on every dataspace, and local interest is followed always
         # (so a link starts with it); the catch-all observer starts with the first link.
         req = ds.observe_hidden(Bind(from_preserves(_request_pattern())),
@@ -554,10 +568,15 @@ class LinkHub:
     # -- sessions -------------------------------------------------------------------------
 
     def begin(self, session: LinkSession) -> None:
+        """A link is established: its control starts at once; its data once the peer's
+        reach shows it closes no cycle (:meth:`ready`)."""
         self.sessions.append(session)
-        self.last_error.pop(session.name, None)
         self._ensure_catch_all()
         session.start()
+        self.write_status()
+
+    def ready(self, session: LinkSession) -> None:
+        self.last_error.pop(session.name, None)
         for k, v in list(self._present.items()):
             session.reassess(k, v, self.ds.count(v))
         log.info("link %s: up (peer %s)", session.name, session.peer_id)
@@ -726,6 +745,14 @@ class LinkHub:
         """Have the server write every link's status (see ``dataspace link status``)."""
         if self.status_writer is not None:
             self.status_writer()
+        self.notify()
+
+    def notify(self) -> None:
+        for fn in self.on_change:
+            try:
+                fn()
+            except Exception:  # pragma: no cover - a monitor's bug must not break links
+                log.exception("link change callback failed")
 
 
 def _request_pattern() -> Value:
@@ -763,8 +790,10 @@ class _DialControl(Entity):
         s = d.session
         if s is not None:
             s.on_control(value)
-            return
-        d.on_answer(value)
+        elif d._answer is not None and not d._answer.done():
+            d.on_answer(value)
+        else:
+            d.early.append(value)  # after the answer, before the session: kept in order
 
 
 class _DialData(Entity):
@@ -800,6 +829,7 @@ class LinkDialer:
         self.connects = 0
         self._stop = asyncio.Event()
         self._answer: asyncio.Future[Value] | None = None
+        self.early: list[Value] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
 
@@ -843,6 +873,8 @@ class LinkDialer:
                 s = self.session
                 self.session = None
                 if s is not None:
+                    if s.cycle:
+                        delay = hi  # retried, slowly: the cycle may have gone meanwhile
                     self.hub.end(s)
                 if self.conn is not None and not self.conn.closed:
                     self.conn.close("link ended")
@@ -881,6 +913,7 @@ class LinkDialer:
         ref = await self._wait(fut, conn, "resolving the capability")
         answer: asyncio.Future[Value] = loop.create_future()
         self._answer = answer
+        self.early = []
         ctl, data = _DialControl(self), _DialData(self)
         info = Dictionary({_ID: self.hub.server_id, _VERSION: VERSION,
                            _CAP: self.spec.cap.to_value(), _NAME: self.hub.name})
@@ -903,6 +936,9 @@ class LinkDialer:
         self.session = s
         self.connects += 1
         self.hub.begin(s)
+        early, self.early = self.early, []
+        for m in early:
+            s.on_control(m)
         self.net_hub.flush(None)
 
     async def _wait(self, fut: asyncio.Future[Any], conn: Connection, what: str) -> Any:
