@@ -214,3 +214,15 @@ def test_the_help_example_graph_works_on_the_readme_data(env, capsys, monkeypatc
                  "-q"]) == 0
     with open_store(env / "data") as s:
         assert [e.value for e in s.read("loud")] == ["HI", "YO"]
+
+
+def test_the_documented_progress_rule_is_the_one_followed(capsys):
+    """Not on a terminal a line is printed only when something changed (the test above);
+    docs/pipelines.md said "a plain line is printed per interval"."""
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "pipelines.md")).read()
+    bullet = " ".join(doc.split("- **Progress**", 1)[1].split("\n- ", 1)[0].split())
+    assert "otherwise (a log file, a pipe) a plain line is printed only when something changed" in bullet
+    with pytest.raises(SystemExit):
+        main(["pipeline", "run", "--help"])
+    assert "not on a terminal, a line is printed only when something changed" in " ".join(
+        capsys.readouterr().out.split())

@@ -95,7 +95,8 @@ def register(sub: Any) -> None:
     run.add_argument("--until-idle", action="store_true",
                      help="stop when no processor has input left")
     run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
-                     help="progress interval (default 1)")
+                     help="how often the progress line is refreshed (default 1); not on a "
+                     "terminal, a line is printed only when something changed")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     run.set_defaults(func=run_run)
 
