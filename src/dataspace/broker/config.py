@@ -32,6 +32,9 @@ followed by a space starts a comment)::
       idle-timeout: 300.0                     # seconds, for connections holding nothing
       keepalive: 60.0                         # seconds
       ws-ping-interval: 20.0                  # seconds
+      scry-udp: "127.0.0.1:7413"              # remote readers (docs/scry.md)
+      http: "127.0.0.1:7480"                  # the HTTP port (docs/http.md)
+      publish: ["chat"]                       # streams readable by path (scry, HTTP)
       link: [                                 # linked servers (docs/links.md)
         {address: "10.0.0.2:7411" cap: "@/etc/dataspace/peer.sturdyref"}
       ]
@@ -111,6 +114,11 @@ class ServerConfig:
     bind: list[BindingSpec] = field(default_factory=list)
     # Links to other servers: (address, capability text or @FILE), see broker.link.
     link: list[tuple[str, str]] = field(default_factory=list)
+    # Remote readers of streams (scry over UDP, HTTP) -- started by the serve command,
+    # like the recorders: the broker layer knows nothing of streams.
+    scry_udp: str | None = None
+    http: str | None = None
+    publish: list[str] = field(default_factory=list)
     # Streams to record from the server's dataspaces: recorder specs as text or
     # dictionaries (see dataspace.streams.recorder), checked and started by the serve
     # command -- the broker layer itself knows nothing of streams.
@@ -190,12 +198,28 @@ class ServerConfig:
             out.append(LinkSpec(address, ref))
         return out
 
+    def host_port(self, which: str) -> tuple[str, int] | None:
+        """The ``scry_udp`` or ``http`` address as (host, port), or None if not set."""
+        text = getattr(self, which)
+        if not text:
+            return None
+        host, sep, port = text.rpartition(":")
+        if not sep or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"{which.replace('_', '-')} {text!r}: expected HOST:PORT, e.g. "
+                              "127.0.0.1:7413")
+        return (host.strip("[]") or DEFAULT_HOST, int(port))
+
     def check(self) -> None:
         """Raise :class:`ConfigError` for settings that cannot work together."""
         self.relay_limits()
         self.flow_limits()
         self.listeners()
         self.link_specs()
+        self.host_port("scry_udp")
+        self.host_port("http")
+        if self.publish and not (self.scry_udp or self.http):
+            raise ConfigError("publish names streams for remote readers: give --scry-udp "
+                              "HOST:PORT or --http HOST:PORT too")
         for name in ("max_turn_events", "max_total_assertions", "max_buffered",
                      "max_connections"):
             v = getattr(self, name)
@@ -248,7 +272,7 @@ _SECONDS_KEYS = {
 _LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
 _KNOWN = sorted(
     [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "root-oid", "root-key", "bind",
-     "record", "link"]
+     "record", "link", "scry-udp", "http", "publish"]
 )
 
 
@@ -332,6 +356,14 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not Sequence:
                 raise ConfigError("bind must be a list [<ref {oid: ... key: ...}> ...]")
             changes["bind"] = [_binding(b) for b in x]
+        elif name in ("scry-udp", "http"):
+            if type(x) is not str or not x:
+                raise ConfigError(f'{name} must be "HOST:PORT"')
+            changes[name.replace("-", "_")] = x
+        elif name == "publish":
+            if type(x) is not Sequence or not all(type(a) is str for a in x):
+                raise ConfigError('publish must be a list of stream names, e.g. publish: ["chat"]')
+            changes["publish"] = list(x)
         elif name == "link":
             if type(x) is not Sequence:
                 raise ConfigError('link must be a list, e.g. link: [{address: "host:7411" '

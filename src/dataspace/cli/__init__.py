@@ -18,7 +18,7 @@ import sys
 
 from .. import __version__
 
-ORDER = ["serve", "observe", "assert_", "send", "cap", "link", "stream", "pipeline", "demo"]  # module names
+ORDER = ["serve", "observe", "assert_", "send", "cap", "link", "stream", "scry", "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:

@@ -14,6 +14,7 @@ from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
 from ..streams import SQLiteStore, StoreError, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
+from ..streams.scry import ScryServer, start_scry_udp
 from ._client import stop_event
 from ._store import open_data_store
 
@@ -67,6 +68,16 @@ def register(sub: Any) -> None:
                    "STREAM[,events=message+assert+retract|all][,capture=yes][,max-count=N]"
                    "[,max-age=7d][,dataspace=NAME]:PATTERN (repeatable; adds to the "
                    "config's record list)")
+    p.add_argument("--scry-udp", metavar="HOST:PORT",
+                   help="serve the --publish'ed streams to remote readers over UDP "
+                   "(`dataspace scry follow udp://HOST:PORT/STREAM`; docs/scry.md)")
+    p.add_argument("--http", metavar="HOST:PORT",
+                   help="the HTTP port: the scry gateway for --publish'ed streams "
+                   "(GET /scry/STREAM/INDEX, GET /scry/STREAM?from=N as Server-Sent "
+                   "Events); loopback unless told otherwise (docs/http.md)")
+    p.add_argument("--publish", action="append", metavar="STREAM",
+                   help="a stream remote readers may read by path (repeatable; only these "
+                   "are readable)")
     p.add_argument("--link", action="append", metavar="ADDRESS",
                    help="link this server's root dataspace with the server at ADDRESS "
                    "(HOST:PORT, ws://..., or a Unix socket path); needs --link-cap; "
@@ -150,6 +161,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
     if args.record:
         cfg = cfg.override(record=[*cfg.record, *args.record])
+    cfg = cfg.override(scry_udp=args.scry_udp, http=args.http)
+    if args.publish:
+        cfg = cfg.override(publish=[*cfg.publish, *args.publish])
     links, caps = args.link or [], args.link_cap or []
     if len(links) != len(caps):
         raise ConfigError(f"{len(links)} --link but {len(caps)} --link-cap: give one "
@@ -206,7 +220,7 @@ async def _serve(cfg: ServerConfig) -> int:
     try:
         specs = _recorder_specs(cfg)
         data_dir = resolve_data_dir(cfg.data_dir)
-        if specs:
+        if specs or cfg.publish or cfg.scry_udp or cfg.http:
             store = open_data_store(data_dir, create=True)
     except (StoreError, OSError, ConfigError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)
@@ -221,6 +235,7 @@ async def _serve(cfg: ServerConfig) -> int:
         return 1
     stop = stop_event()
     recorders: list[Any] = []
+    scry_server: ScryServer | None = None
     try:
         if store is not None:
             for spec in specs:
@@ -231,23 +246,34 @@ async def _serve(cfg: ServerConfig) -> int:
             for r in recorders:
                 r.on_progress = server.sync_gate.progress
                 server.add_durable_source(r)
+        udp = cfg.host_port("scry_udp")
+        if udp is not None:
+            assert store is not None
+            scry_server = await start_scry_udp(store, udp[0], udp[1], cfg.publish)
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)
-        print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
-              file=sys.stderr, flush=True)
-        if store is not None:
+        if scry_server is not None:
+            h, port = scry_server.address
+            print(f"dataspace serve: scry on udp://{h}:{port}/ for "
+                  f"{', '.join(cfg.publish) or 'no stream (give --publish STREAM)'}",
+                  file=sys.stderr, flush=True)
+        if recorders and store is not None:
             print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.path}",
                   file=sys.stderr, flush=True)
         for spec in cfg.link_specs():
             print(f"dataspace serve: linking to {spec.address} (`dataspace link status` "
                   "shows the links)", file=sys.stderr, flush=True)
+        print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
+              file=sys.stderr, flush=True)
         await stop.wait()
     except (StoreError, OSError, ValueError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     finally:
         print("dataspace serve: shutting down", file=sys.stderr, flush=True)
+        if scry_server is not None:
+            await scry_server.close()
         # Recorders first: what they queued is committed, and the server's own shutdown
         # (every connection closing) is not recorded as if clients had left.
         stop_recorders(recorders)
