@@ -124,3 +124,17 @@ def test_a_programs_sigint_handler_survives_starting_spark(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["True", "True"]
+
+
+def test_sessions_from_python_log_where_the_docs_say():
+    """get_session() from Python logs to DEFAULT_LOG, which docs/spark.md did not name."""
+    import tempfile
+
+    from dataspace.pipeline.spark.session import DEFAULT_LOG
+
+    assert DEFAULT_LOG == os.path.join(tempfile.gettempdir(), f"dataspace-spark-{os.getuid()}",
+                                       "spark.log")
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "spark.md")).read()
+    text = " ".join(doc.split())
+    assert ("`get_session(log_file=...)` from Python (default `$TMPDIR/dataspace-spark-UID/spark.log`, "
+            "`dataspace.pipeline.spark.session.DEFAULT_LOG`") in text
