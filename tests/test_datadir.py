@@ -74,6 +74,7 @@ def test_a_file_given_as_data_directory_is_a_clear_error(tmp_path, capsys):
     (tmp_path / "f").write_text("x")
     with pytest.raises(OSError, match="is a file, not a directory"):
         resolve_data_dir(tmp_path / "f")
-    assert main(["stream", "append", "--data-dir", str(tmp_path / "f"), "chat", "1"]) == 1
-    err = capsys.readouterr().err
-    assert "is a file, not a directory" in err and "File exists" not in err
+    for argv in (["stream", "append", "chat", "1"], ["stream", "ls"]):
+        assert main([*argv, "--data-dir", str(tmp_path / "f")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("dataspace stream: the data directory ") and "is a file" in err

@@ -131,10 +131,10 @@ def _duration(seconds: float) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    if not (resolve_data_dir(args.data_dir, create=False) / STREAMS_DB).exists():
-        print("no streams yet (dataspace stream append NAME VALUE creates one)")
-        return 0
     try:
+        if not (resolve_data_dir(args.data_dir, create=False) / STREAMS_DB).exists():
+            print("no streams yet (dataspace stream append NAME VALUE creates one)")
+            return 0
         with _store(args) as store:
             streams = store.streams(include_internal=args.all)
     except (StoreError, OSError) as e:
