@@ -1,0 +1,132 @@
+"""The HTTP port of the server: one aiohttp application on the broker's event loop.
+
+The application is assembled from *route modules*: each is an object (usually a Python
+module) with a ``setup(app, ctx)`` function that adds its routes, its startup and
+shutdown hooks and its state to the :class:`aiohttp.web.Application`.  Today there is
+one, the scry gateway (:mod:`dataspace.web.scry`); metrics, JSON endpoints and the
+inspector pages are added the same way, each in its own module::
+
+    server = await start_http("127.0.0.1", 7480, store=store, publish=["chat"],
+                              server=broker, modules=[scry, metrics])
+
+Everything a route module needs is in the :class:`WebContext` (``app[CONTEXT]``): the
+stream store, the published stream names, the broker :class:`~dataspace.broker.Server`
+and :meth:`WebContext.run_store`, which runs a store call on the port's own threads --
+the store serialises its calls with a lock that a writer holds for a whole transaction
+(fsync included, or up to the busy timeout when another process writes), so a store
+call on the event loop could stall every connection of the broker.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+from ..streams.base import Store, check_stream_name
+from . import scry
+from .context import CONTEXT, RouteModule, WebContext, errors_middleware, headers_middleware
+
+__all__ = ["DEFAULT_MODULES", "HttpServer", "make_app", "start_http"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODULES: tuple[RouteModule, ...] = (scry,)
+"""The route modules :func:`start_http` serves unless told otherwise."""
+
+
+def make_app(ctx: WebContext, modules: Iterable[RouteModule] | None = None) -> web.Application:
+    """The HTTP application: ``ctx`` and the routes of every module in ``modules``
+    (default: :data:`DEFAULT_MODULES`)."""
+    app = web.Application(middlewares=[headers_middleware, errors_middleware],
+                          client_max_size=64 * 1024)
+    app[CONTEXT] = ctx
+    for m in DEFAULT_MODULES if modules is None else modules:
+        m.setup(app, ctx)
+
+    async def _close_context(app: web.Application) -> None:
+        await ctx.close()
+
+    app.on_cleanup.append(_close_context)
+    return app
+
+
+class HttpServer:
+    """A running HTTP port: :attr:`url`, :attr:`host`, :attr:`port` (the real one when
+    0 was asked), :attr:`app`; :meth:`close` stops it."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+        self.runner = runner
+        self.host = host
+        self.port = port
+
+    @property
+    def app(self) -> web.Application:
+        app = self.runner.app
+        assert isinstance(app, web.Application)
+        return app
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/`` (an IPv6 host in brackets)."""
+        return f"http://{_url_host(self.host)}:{self.port}/"
+
+    async def close(self) -> None:
+        """Stop listening, end every request in progress (event streams end cleanly,
+        long polls answer 503), release the store threads.  Idempotent."""
+        await self.runner.cleanup()
+
+    def __repr__(self) -> str:
+        return f"<HttpServer {self.url}>"
+
+
+def _url_host(host: str) -> str:
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]"
+    except ValueError:
+        pass
+    return host
+
+
+async def start_http(
+    host: str,
+    port: int,
+    *,
+    store: Store | None,
+    publish: Sequence[str],
+    server: Any = None,
+    modules: Iterable[RouteModule] | None = None,
+    shutdown_timeout: float = 5.0,
+    **settings: Any,
+) -> HttpServer:
+    """Serve HTTP on ``host:port`` (port 0: a free one) in the running event loop.
+
+    ``store`` and ``publish`` (stream names) are what the scry gateway serves; ``server``
+    is the broker (for the routes that describe it).  ``settings`` go to the route
+    modules through the context (e.g. ``scry_limits=ScryLimits(max_waiting=10)``).
+    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for a bad
+    stream name in ``publish``.
+    """
+    names = tuple(dict.fromkeys(check_stream_name(s) for s in publish))
+    if names and store is None:
+        raise ValueError("publishing streams needs a store")
+    ctx = WebContext(store=store, publish=names, server=server, settings=dict(settings))
+    app = make_app(ctx, modules)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+                           handler_cancellation=True, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    addrs = runner.addresses
+    real_port = addrs[0][1] if addrs else port
+    http = HttpServer(runner, host, real_port)
+    log.info("HTTP on %s", http.url)
+    return http
