@@ -236,6 +236,7 @@ async def _serve(cfg: ServerConfig) -> int:
     stop = stop_event()
     recorders: list[Any] = []
     scry_server: ScryServer | None = None
+    http: Any = None  # dataspace.web.HttpServer (aiohttp is imported only when used)
     try:
         if store is not None:
             for spec in specs:
@@ -250,6 +251,12 @@ async def _serve(cfg: ServerConfig) -> int:
         if udp is not None:
             assert store is not None
             scry_server = await start_scry_udp(store, udp[0], udp[1], cfg.publish)
+        http_address = cfg.host_port("http")
+        if http_address is not None:
+            from ..web import start_http
+
+            http = await start_http(*http_address, store=store, publish=cfg.publish,
+                                    server=server)
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)
@@ -257,6 +264,10 @@ async def _serve(cfg: ServerConfig) -> int:
             h, port = scry_server.address
             print(f"dataspace serve: scry on udp://{h}:{port}/ for "
                   f"{', '.join(cfg.publish) or 'no stream (give --publish STREAM)'}",
+                  file=sys.stderr, flush=True)
+        if http is not None:
+            print(f"dataspace serve: HTTP on {http.url} (scry gateway for: "
+                  f"{', '.join(cfg.publish) or 'no stream; give --publish STREAM'})",
                   file=sys.stderr, flush=True)
         if recorders and store is not None:
             print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.path}",
@@ -272,6 +283,8 @@ async def _serve(cfg: ServerConfig) -> int:
         return 1
     finally:
         print("dataspace serve: shutting down", file=sys.stderr, flush=True)
+        if http is not None:  # readers first: event streams end cleanly
+            await http.close()
         if scry_server is not None:
             await scry_server.close()
         # Recorders first: what they queued is committed, and the server's own shutdown
