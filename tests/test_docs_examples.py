@@ -37,7 +37,6 @@ use the test run's shared session.
 from __future__ import annotations
 
 import doctest
-import errno
 import fcntl
 import logging
 import os
@@ -148,8 +147,10 @@ def _norm(text: str) -> str:
 
 
 class Terminal:
-    """One command in bash under a pseudo-terminal of its own (a new session, the
-    terminal its controlling one): what a user at a terminal would see."""
+    """One command in bash under a pseudo-terminal of its own, in a new session: what a
+    user at a terminal would see.  (No preexec_fn to make it the controlling terminal:
+    that is unsafe in a process with threads, Spark's among them; Ctrl-C is sent to the
+    session's process group as the terminal would.)"""
 
     def __init__(self, command: str, cwd: Path, env: dict[str, str]) -> None:
         master, slave = pty.openpty()
@@ -157,8 +158,7 @@ class Terminal:
         self.master = master
         self.proc = subprocess.Popen(
             ["bash", "-c", command], cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
-            start_new_session=True, close_fds=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+            start_new_session=True, close_fds=True)
         os.close(slave)
         self.raw = ""
         self.cond = threading.Condition()
@@ -171,9 +171,7 @@ class Terminal:
         while True:
             try:
                 data = os.read(self.master, 65536)
-            except OSError as e:  # EIO: every process holding the terminal has ended
-                if e.errno != errno.EIO:
-                    raise
+            except OSError:  # EIO: every process holding the terminal has ended
                 data = b""
             with self.cond:
                 if not data:
@@ -205,14 +203,18 @@ class Terminal:
             raise
         with self.cond:
             self.cond.wait_for(lambda: self.eof, timeout)
-        os.close(self.master)
         return code, self.shown()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
+        """Whatever is left of the command goes (its whole session), and the terminal."""
+        if self.proc.poll() is None:  # still ours: its group cannot have been reused
             with _suppress():
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(COMMAND_TIMEOUT)
+        self.reader.join(10.0)
+        if self.master >= 0:
+            os.close(self.master)
+            self.master = -1
 
 
 class _suppress:
@@ -387,10 +389,12 @@ def test_streams_md(tmp_path, monkeypatch):
     _run("docs/streams.md", tmp_path, monkeypatch)
 
 
+@pytest.mark.timeout(900)  # a Spark command with its own JVM
 def test_pipelines_md(tmp_path, monkeypatch):
     _run("docs/pipelines.md", tmp_path, monkeypatch)
 
 
+@pytest.mark.timeout(900)  # two Spark commands with their own JVMs, Spark queries in this one
 def test_spark_md(spark, tmp_path, monkeypatch):
     _run("docs/spark.md", tmp_path, monkeypatch)
 
