@@ -599,6 +599,7 @@ class Reader:
         self._k = 0                   # polls in this wait
         self._tries = 0               # sends of the current poll not answered
         self._remembered = -1         # the index the publisher said it keeps us for
+        self._miss = 0.0              # share of polls left unanswered (EWMA)
         self._last_arrival: float | None = None
         self._asked_head = 0.0
         self.error: str | None = None
@@ -631,6 +632,16 @@ class Reader:
     def _since(self, now: float) -> float:
         return now - self._last_arrival if self._last_arrival is not None else 0.0
 
+    def _insurance(self, now: float) -> float:
+        """The wait before an insurance poll: the model's, shortened when datagrams get
+        lost (an unanswered poll means a lost request or answer, about twice the loss
+        rate; with loss p all three broadcasts of an entry are missed with p**3)."""
+        d = self.poll.delay(self._since(now), self._k)
+        loss = self._miss / 2
+        if loss > 0.15:  # p**3 over 0.3%: the tail would be the insurance poll's
+            d = min(d, max(2.0, self.poll.max_delay * 0.15 / loss))
+        return d
+
     # -- datagrams ----------------------------------------------------------------------
 
     def datagram(self, data: bytes, now: float) -> None:
@@ -652,7 +663,8 @@ class Reader:
                 # Remembered: we will be sent it.  Poll again only as insurance.
                 self.stats.waits += 1
                 self._asked = None
-                self._poll_at = now + self.poll.delay(self._since(now), self._k)
+                self._miss *= 0.9
+                self._poll_at = now + self._insurance(now)
                 self._k += 1
             else:
                 self.stats.ignored += 1
@@ -691,6 +703,8 @@ class Reader:
             self.stats.malformed += 1
             return
         if index == self.next:
+            if self._asked is not None:
+                self._miss *= 0.9
             self._asked = None
             self._poll_at = None
         p = self.partial.get(index)
@@ -745,7 +759,7 @@ class Reader:
             if self._remembered == self.next:
                 # Carried over by the broadcast: no request, only an insurance poll later.
                 self._asked = None
-                self._poll_at = now + self.poll.delay(0.0, 0)
+                self._poll_at = now + self._insurance(now)
                 self._k = 1
             else:
                 self._poll(now)
@@ -774,6 +788,7 @@ class Reader:
             # Neither the entry nor an acknowledgement: lost; ask again (backing off).
             self.stats.retries += 1
             self.stats.polls += 1
+            self._miss += 0.1 * (1.0 - self._miss)
             self._send(_get(self.stream, self.next, 0))
             self._tries += 1
             self._asked = now + min(self.refetch * (2 ** min(self._tries, 5)), 5.0) - self.refetch
