@@ -23,9 +23,9 @@ A ``/`` inside a stream name is written ``%2F`` (``/scry/logs%2Fweb/3``).
 How waiting works: one task per HTTP port (:class:`HeadWatch`) knows where each
 published stream ends.  While anyone waits, it reads the heads of the streams waited on
 after every store change (the store's wake-ups: appends by any process, no polling) and
-wakes the requests whose entry now exists; with nobody waiting it reads nothing.  A
-request that arrives is answered from a refresh that started after it arrived, so an
-append can never slip between a request's own look and its wait.  Entries are read on
+wakes the requests whose entry now exists; with nobody waiting it reads nothing.  A new
+waiter causes a fresh read too (waiters arriving together share it), so an append can
+never slip between a request's own look and its wait.  Entries are read on
 the port's store threads, a batch at a time, and kept in a small cache of recent
 entries, with concurrent reads of the same place shared: an entry broadcast to a
 thousand waiting readers is read and converted once.
@@ -46,7 +46,7 @@ import logging
 import math
 import re
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,11 +169,10 @@ def _head(store: Store, stream: str) -> dict[str, Any]:
 
 
 class _Waiter:
-    __slots__ = ("fut", "index", "need")
+    __slots__ = ("fut", "index")
 
-    def __init__(self, index: int, need: int, fut: asyncio.Future[bool]) -> None:
+    def __init__(self, index: int, fut: asyncio.Future[bool]) -> None:
         self.index = index
-        self.need = need
         self.fut = fut
 
 
@@ -193,11 +192,11 @@ class HeadWatch:
         self.refreshes = 0
         self._waiters: dict[str, set[_Waiter]] = {}
         self._count = 0
-        self._started = 0  # refreshes started
         self._poke = asyncio.Event()
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self.on_shrink: list[Any] = []  # callbacks(stream) when a head went down
+        self.on_change: list[Any] = []  # callbacks() when a waiter comes or goes
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="scry-heads")
@@ -216,16 +215,17 @@ class HeadWatch:
         return self._count
 
     async def wait_past(self, stream: str, index: int, timeout: float | None) -> bool:
-        """True once ``stream``'s next index exceeds ``index`` (entry ``index`` was
-        appended), as a store read started after this call shows; False after
-        ``timeout`` seconds or when the watch closes.  Raises the store's error if
-        reading the heads fails."""
+        """True once a read of the heads shows ``stream``'s next index above ``index``
+        (entry ``index`` was appended); False after ``timeout`` seconds or when the
+        watch closes.  Every call causes such a read, so an entry appended just before
+        the call is not waited for.  Raises the store's error if the read fails."""
         if self._closed:
             return False
-        w = _Waiter(index, self._started + 1, asyncio.get_running_loop().create_future())
+        w = _Waiter(index, asyncio.get_running_loop().create_future())
         self._waiters.setdefault(stream, set()).add(w)
         self._count += 1
         self._poke.set()
+        self._changed()
         try:
             async with asyncio.timeout(timeout):
                 return await w.fut
@@ -238,6 +238,11 @@ class HeadWatch:
                 if not ws:
                     del self._waiters[stream]
             self._count -= 1
+            self._changed()
+
+    def _changed(self) -> None:
+        for cb in self.on_change:
+            cb()
 
     def _resolve_all(self, result: bool | BaseException) -> None:
         for ws in self._waiters.values():
@@ -255,8 +260,6 @@ class HeadWatch:
                 await self._poke.wait()  # nobody waits: read nothing
                 continue
             self._poke.clear()
-            self._started += 1
-            k = self._started
             names = list(self._waiters)
             try:
                 gen = self.store.generation()
@@ -278,7 +281,7 @@ class HeadWatch:
                     for cb in self.on_shrink:
                         cb(s)
                 for w in self._waiters.get(s, ()):
-                    if w.need <= k and h > w.index and not w.fut.done():
+                    if h > w.index and not w.fut.done():
                         w.fut.set_result(True)
             if self._poke.is_set():
                 continue  # waiters arrived during the read: refresh for them
@@ -314,7 +317,7 @@ class ScryGateway:
         self._inflight: dict[tuple[str, int], asyncio.Task[tuple[list[_Item], int]]] = {}
         self._avg_size: dict[str, float] = {}
         self._closing = False
-        self._released = asyncio.Event()
+        self._changed = asyncio.Event()
 
     # -- life ------------------------------------------------------------------------
 
@@ -322,6 +325,7 @@ class ScryGateway:
         if self.ctx.store is not None and self.publish:
             self.watch = HeadWatch(self.ctx)
             self.watch.on_shrink.append(self._forget)
+            self.watch.on_change.append(self._changed.set)
             self.watch.start()
 
     async def close(self) -> None:
@@ -341,13 +345,14 @@ class ScryGateway:
             **self.counters,
         }
 
-    async def wait_active(self, at_most: int, timeout: float) -> None:
-        """Wait until at most ``at_most`` requests are waiting (for tests and
-        monitors); ``TimeoutError`` after ``timeout`` seconds."""
+    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> None:
+        """Wait until ``ready()`` holds, checked whenever a request takes or frees a
+        slot or starts or stops waiting for an entry (for tests and monitors);
+        ``TimeoutError`` after ``timeout`` seconds."""
         async with asyncio.timeout(timeout):
-            while self.active > at_most:
-                self._released.clear()
-                await self._released.wait()
+            while not ready():
+                self._changed.clear()
+                await self._changed.wait()
 
     @contextlib.contextmanager
     def _slot(self) -> Iterator[None]:
@@ -355,11 +360,12 @@ class ScryGateway:
             self.counters["refused_busy"] += 1
             raise _Busy
         self.active += 1
+        self._changed.set()
         try:
             yield
         finally:
             self.active -= 1
-            self._released.set()
+            self._changed.set()
 
     # -- reading ---------------------------------------------------------------------
 
