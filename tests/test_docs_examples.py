@@ -426,7 +426,7 @@ def test_every_skip_says_why():
 def test_a_wrong_example_fails(tmp_path, monkeypatch):
     """The harness does compare: a wrong output, a wrong value, a wrong exit fail it."""
     r = Reader(tmp_path, monkeypatch)
-    r.timeout = 10.0
+    r.timeout = 3.0
     for wrong in (
         "```console\n$ dataspace stream append chat 1 2\nappended 3 to chat (indices 0..1)\n```\n",
         "```console\n$ dataspace stream tail chat -f\n0  1\n1  7\n^C\n```\n",
