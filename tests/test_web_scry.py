@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -228,7 +229,7 @@ async def test_unpublished_streams_are_404_and_never_data(tmp_path):
 
 
 @async_test
-async def test_malformed_requests_are_400(tmp_path):
+async def test_malformed_requests_are_400(tmp_path, caplog):
     async with gateway(tmp_path) as g:
         for path in ("/scry/chat/abc", "/scry/chat/-1", "/scry/chat/1.5",
                      "/scry/chat/99999999999999999999", "/scry/chat/1?timeout=soon",
@@ -240,6 +241,15 @@ async def test_malformed_requests_are_400(tmp_path):
             assert status == 400, path
             assert headers["Content-Type"].startswith("application/json")
             assert json.loads(body)["error"], path
+        # Not HTTP at all: aiohttp's 400, one debug line in the log (no traceback).
+        with caplog.at_level(logging.DEBUG):
+            r, w = await asyncio.open_connection("127.0.0.1", g.http.port)
+            w.write(b"GET /scry/chat HTTP/1.1\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n")
+            answer = await asyncio.wait_for(r.read(), TIMEOUT)
+            w.close()
+        assert answer.startswith(b"HTTP/1.0 400 ") or answer.startswith(b"HTTP/1.1 400 ")
+        assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+        assert not [rec for rec in caplog.records if rec.exc_info]
         status, body, _ = await g.get("/scry/chat", headers={"Last-Event-ID": "x"})
         assert status == 200  # not an event stream: the head
         status, body, _ = await g.get("/scry/chat?from=0", headers={"Last-Event-ID": "x"})

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..streams.base import Store, check_stream_name
 from . import scry
@@ -33,6 +34,23 @@ from .context import CONTEXT, RouteModule, WebContext, errors_middleware, header
 __all__ = ["DEFAULT_MODULES", "HttpServer", "make_app", "start_http"]
 
 log = logging.getLogger(__name__)
+
+
+class _QuietBadRequests(logging.Filter):
+    """A malformed request (bad request line, headers too long ...) is the peer's
+    mistake: aiohttp answers it 400 and would log a traceback at ERROR for each; here it
+    is one debug line, so a peer cannot fill the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            log.debug("%s: %s", record.getMessage(), exc.message)
+            return False
+        return True
+
+
+_server_log = logging.getLogger("dataspace.web.server")
+_server_log.addFilter(_QuietBadRequests())
 
 DEFAULT_MODULES: tuple[RouteModule, ...] = (scry,)
 """The route modules :func:`start_http` serves unless told otherwise."""
@@ -116,7 +134,7 @@ async def start_http(
         raise ValueError("publishing streams needs a store")
     ctx = WebContext(store=store, publish=names, server=server, settings=dict(settings))
     app = make_app(ctx, modules)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None,
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=_server_log,
                            handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
