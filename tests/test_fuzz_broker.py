@@ -18,6 +18,7 @@ import random
 from websockets.asyncio.client import connect as ws_connect
 
 from broker_support import Changes, async_test, running_server, tcp_address, wait, ws_address
+from dataspace.broker.soak import mutate
 from dataspace.client import connect
 from dataspace.values import encode, parse
 
@@ -45,30 +46,6 @@ def corpus(cap: str) -> list[bytes]:
         "[]",
     ]
     return [encode(parse(t)) for t in texts]
-
-
-def mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
-    b = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(7)
-        if op == 0 and b:
-            b[rng.randrange(len(b))] = rng.randrange(256)
-        elif op == 1:
-            b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
-        elif op == 2 and b:
-            del b[rng.randrange(len(b))]
-        elif op == 3 and b:
-            del b[rng.randrange(len(b)):]
-        elif op == 4 and b:
-            i = rng.randrange(len(b))
-            j = min(len(b), i + rng.randint(1, 16))
-            b[i:i] = b[i:j] * rng.randint(1, 8)
-        elif op == 5:
-            b += rng.choice(pool)
-        else:
-            b[rng.randrange(len(b) + 1):rng.randrange(len(b) + 1)] = bytes(
-                rng.randrange(256) for _ in range(rng.randint(1, 8)))
-    return bytes(b)
 
 
 def fuzz_bytes(rng: random.Random, pool: list[bytes]) -> list[bytes]:

@@ -945,7 +945,9 @@ class FuzzCase:
     wait: float = 0.3
 
 
-def _mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
+def mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
+    """``data`` with 1-4 random byte edits (flip, insert, delete, truncate, repeat, append
+    another packet, splice noise): malformed input for fuzzing."""
     b = bytearray(data)
     for _ in range(rng.randint(1, 4)):
         op = rng.randrange(7)
@@ -978,10 +980,10 @@ def fuzz_case(rng: random.Random, pool: list[bytes], handshake_timeout: float) -
     if g == "garbage":
         data = rng.randbytes(rng.randint(1, 300))
     elif g == "mutated":
-        data = _mutate(rng, rng.choice(pool), pool)
+        data = mutate(rng, rng.choice(pool), pool)
     elif g == "mixed":  # resolve for real, then valid and mutated packets
         data = resolve + b"".join(
-            rng.choice(pool[1:11]) if rng.random() < 0.6 else _mutate(rng, rng.choice(pool), pool)
+            rng.choice(pool[1:11]) if rng.random() < 0.6 else mutate(rng, rng.choice(pool), pool)
             for _ in range(rng.randint(1, 6)))
     elif g == "truncated":
         whole = rng.choice(pool[:11])
