@@ -18,7 +18,7 @@ import random
 from websockets.asyncio.client import connect as ws_connect
 
 from broker_support import Changes, async_test, running_server, tcp_address, wait, ws_address
-from dataspace.broker.soak import mutate
+from dataspace.broker.soak import fuzz_corpus, mutate
 from dataspace.client import connect
 from dataspace.values import encode, parse
 
@@ -27,25 +27,10 @@ ROUNDS = int(os.environ.get("FUZZ_ROUNDS", "600"))
 
 
 def corpus(cap: str) -> list[bytes]:
-    texts = [
-        f"[[0 <A <resolve {cap} #:[0 1]> 1>]]",
-        "[[1 <A <Fuzz 1 \"x\"> 2>]]",
-        "[[1 <R 2>]]",
-        "[[1 <M <Fuzz \"m\">>]]",
-        "[[1 <A <Observe <group <rec Fuzz> {0: <bind <_>>}> #:[0 3]> 4>]]",
-        "[[1 <A <Observe <bind <_>> #:[0 6]> 7>]]",
-        "[[1 <S #:[0 5]>]]",
-        "[[1 <M #:[1 1]>]]",
-        "[[1 <A [#:[1 0] #:[0 9] {a: 1.5 b: #t}] 8>]]",
-        "[[1 <A <Observe <group <arr> {0: <lit 1>}> #:[0 10]> 11>] [1 <R 11>]]",
-        "[[1 <A <Fuzz #[AAEC] [1 2 3] #{1 2}> 12>] [1 <M <Fuzz 2>>] [1 <R 12>]]",
-        "#f",
-        "<error \"fuzz\" 1>",
-        "<extension 1 2>",
-        "[[0 <A <resolve <ref {oid: \"root\" sig: #x\"00\"}> #:[0 1]> 1>]]",
-        "[]",
-    ]
-    return [encode(parse(t)) for t in texts]
+    """The soak's corpus of valid packets, with a forged resolve before the last one."""
+    pool = fuzz_corpus(cap)
+    forged = encode(parse('[[0 <A <resolve <ref {oid: "root" sig: #x"00"}> #:[0 1]> 1>]]'))
+    return [*pool[:-1], forged, pool[-1]]
 
 
 def fuzz_bytes(rng: random.Random, pool: list[bytes]) -> list[bytes]:
