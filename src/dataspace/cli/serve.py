@@ -12,7 +12,7 @@ from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
-from ..streams import SQLiteStore, StoreError, recorder_specs, start_recorders
+from ..streams import SQLiteStore, StoreError, check_stream_name, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
 from ..streams.scry import ScryServer, start_scry_udp
 from ._client import stop_event
@@ -172,6 +172,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         cfg = cfg.override(link=[*cfg.link, *zip(links, caps)])
     cfg.check()
     _recorder_specs(cfg)
+    for name in cfg.publish:
+        try:
+            check_stream_name(name)
+        except ValueError as e:
+            raise ConfigError(f"publish: {e}") from None
     return cfg
 
 
