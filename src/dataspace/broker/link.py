@@ -482,7 +482,7 @@ class LinkHub:
         """The peer of ``session`` asked for (or dropped) ``chain``: pass it on to the other
         links, and re-decide the assertions it covers."""
         k = chain_key(chain)
-        positive = chain_key(chain) in session.prod.positive_chains()
+        positive = session.prod.wants(chain)
         had = k in session.wants
         if positive and not had:
             session.wants[k] = chain

@@ -792,6 +792,12 @@ class Producer:
                 return True
         return False
 
+    def wants(self, chain: Chain) -> bool:
+        """Whether the subscriber asked for ``chain`` (a positive entry it requested; the
+        root artifact is not a request)."""
+        n = self.trie.find(chain)
+        return n is not None and bool(n.flags) and (n is not self.trie.root or n.explicit)
+
     def entries(self) -> list[tuple[Chain, bool]]:
         """``(chain, positive)`` of every entry."""
         return [(n.chain, bool(n.flags)) for n in self.trie.entries()]
