@@ -30,3 +30,51 @@ def spark():
     session, _created = get_session("local[2]", app_name="dataspace tests")
     yield session
     stop_session()
+
+
+# -- stream stores: every store test runs on SQLite and on a real PostgreSQL server ----------
+
+_databases = iter(range(1, 1 << 30))
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One PostgreSQL server for the whole run, started here on loopback in a temporary
+    directory (dataspace.streams.pgserver).  No server binaries fails the run: the
+    PostgreSQL store is part of what is tested, never skipped."""
+    from dataspace.streams.pgserver import PostgresNotFound, TempPostgres
+
+    try:
+        server = TempPostgres().start()
+    except PostgresNotFound as e:
+        pytest.fail(f"the PostgreSQL store tests need a server: {e}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A fresh, empty database on the session's server (dropped afterwards): its URL."""
+    name = f"test_{os.getpid()}_{next(_databases)}"
+    url = pg_server.create_database(name)
+    yield url
+    pg_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path):
+    """Where a test's store is, once per backend: the SQLite store of a temporary data
+    directory, then a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "data")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(store_url):
+    """An open store, once per backend (closed afterwards)."""
+    from dataspace.streams import open_store
+
+    s = open_store(store_url)
+    yield s
+    s.close()

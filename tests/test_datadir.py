@@ -64,8 +64,38 @@ def test_store_file_is_the_one_rule(tmp_path, monkeypatch):
     (tmp_path / "f").write_bytes(b"")
     assert store_file("f") == tmp_path / "f"
     assert db_path("new") == str(tmp_path / "new" / "streams.sqlite3")  # Spark's: the same
-    with pytest.raises(ValueError, match="postgresql stores are not supported"):
+    assert store_file(f"sqlite:{tmp_path}/s.sqlite3") == tmp_path / "s.sqlite3"
+    assert store_file(f"sqlite://{tmp_path}/e") == tmp_path / "e" / "streams.sqlite3"
+    with pytest.raises(ValueError, match="is a PostgreSQL store, not a file"):
         store_file("postgresql://db.example/streams")
+
+
+def test_store_location_names_sqlite_and_postgresql_stores_and_nothing_else(tmp_path, monkeypatch):
+    from dataspace.datadir import store_location
+
+    monkeypatch.chdir(tmp_path)
+    pg = store_location("postgresql://app:s3cret@db.example:5433/streams?sslmode=require")
+    assert (pg.kind, pg.path) == ("postgresql", None)
+    assert pg.url.endswith("app:s3cret@db.example:5433/streams?sslmode=require")
+    assert str(pg) == pg.display == "postgresql://app:***@db.example:5433/streams?sslmode=require"
+    assert store_location("postgres://db.example/x").kind == "postgresql"
+    sq = store_location("sqlite:data", create=False)
+    assert (sq.kind, sq.path) == ("sqlite", tmp_path / "data" / "streams.sqlite3")
+    for bad in ("mysql://u:pw@h/db", "http://example.com/x", "postgresql:streams", "sqlite:"):
+        with pytest.raises(ValueError) as e:
+            store_location(bad)
+        assert "pw" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mask_url_hides_every_password():
+    from dataspace.datadir import mask_url
+
+    assert mask_url("postgresql://u:p%40ss@h/db") == "postgresql://u:***@h/db"
+    assert mask_url("postgresql://u@h/db?password=x&sslmode=require") == (
+        "postgresql://u@h/db?password=***&sslmode=require")
+    assert mask_url("postgresql://h/db") == "postgresql://h/db"
+    assert mask_url("/var/lib/dataspace") == "/var/lib/dataspace"
 
 
 def test_a_file_given_as_data_directory_is_a_clear_error(tmp_path, capsys):

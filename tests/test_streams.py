@@ -1,12 +1,21 @@
-"""The stream store: appends, reads, tailers, transactions, retention, bad files.
+"""The stream store: appends, reads, tailers, transactions, retention, commit order,
+locks, bad files and bad databases.
 
-Includes a hypothesis state machine comparing the SQLite store with a small in-memory
+Every test taking ``store`` or ``store_url`` runs twice: on the SQLite store and on a
+PostgreSQL database of a real server the test session starts (tests/conftest.py).
+Includes a hypothesis state machine comparing each store with a small in-memory
 reference model (including closing and reopening the store between steps).
 """
 
 from __future__ import annotations
 
+import os
+import random
 import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 
 import pytest
@@ -17,21 +26,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dataspace.datadir import STREAMS_DB
 from dataspace.streams import (
     ForeignStore,
+    LockHeld,
     StoreCorrupt,
     StoreError,
+    StoreNotFound,
     StreamNotFound,
     open_store,
 )
 from dataspace.streams.base import MAX_VALUE_SIZE, check_stream_name, parse_duration
 from dataspace.values import decode, encode, parse
 from strategies import values
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(tmp_path)
-    yield s
-    s.close()
 
 
 def test_append_read_get_last(store):
@@ -151,12 +155,12 @@ def test_list_and_delete_streams(store):
 # -- tailers ---------------------------------------------------------------------------
 
 
-def test_named_tailer_resumes(tmp_path):
-    with open_store(tmp_path) as s:
+def test_named_tailer_resumes(store_url):
+    with open_store(store_url) as s:
         s.append_many("t", range(10))
         t = s.tailer("t", "worker")
         assert [e.value for e in t.read(4)] == [0, 1, 2, 3]
-    with open_store(tmp_path) as s:
+    with open_store(store_url) as s:
         t = s.tailer("t", "worker")
         assert t.position == 4
         assert t.lag == 6
@@ -261,13 +265,13 @@ def test_check_reports_a_sound_store(store):
     assert store.check() == []
 
 
-def test_missing_store_without_create(tmp_path):
-    with pytest.raises(StoreError, match="no stream store"):
-        open_store(tmp_path, create=False)
+def test_missing_store_without_create(store_url):
+    with pytest.raises(StoreNotFound, match="no stream store"):
+        open_store(store_url, create=False)
 
 
-def test_closed_store(tmp_path):
-    s = open_store(tmp_path)
+def test_closed_store(store_url):
+    s = open_store(store_url)
     s.close()
     s.close()
     with pytest.raises(StoreError, match="closed"):
@@ -296,14 +300,17 @@ class StoreMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        import tempfile
-
-        self.dir = tempfile.mkdtemp(prefix="streams-sm-")
+        self.dir = self.new_location()
         self.store = open_store(self.dir)
         self.ref: dict[str, dict[int, bytes]] = {}
         self.next: dict[str, int] = {}
         self.pos: dict[tuple[str, str], int] = {}
         self.max_count: dict[str, int | None] = {}
+
+    def new_location(self) -> str:
+        import tempfile
+
+        return tempfile.mkdtemp(prefix="streams-sm-")
 
     def teardown(self) -> None:
         self.store.close()
@@ -397,6 +404,31 @@ TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
 
 
+class PostgresStoreMachine(StoreMachine):
+    """The same machine on a fresh PostgreSQL database per example."""
+
+    pg = None  # the session's server, set by the fixture below
+    count = 0
+
+    def new_location(self) -> str:
+        PostgresStoreMachine.count += 1
+        self.db = f"sm_{os.getpid()}_{PostgresStoreMachine.count}"
+        return self.pg.create_database(self.db)
+
+    def teardown(self) -> None:
+        self.store.close()
+        self.pg.drop_database(self.db)
+
+
+@pytest.fixture
+def _machine_pg(request, pg_server):
+    PostgresStoreMachine.pg = pg_server
+
+
+TestPostgresStoreMachine = pytest.mark.usefixtures("_machine_pg")(PostgresStoreMachine.TestCase)
+TestPostgresStoreMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+
+
 def test_a_stream_created_in_a_rolled_back_transaction_leaves_no_trace(store):
     """Reads through the store inside its own transaction see the new stream; after a
     rollback its id must not survive in any cache (the next stream reuses the id)."""
@@ -410,3 +442,283 @@ def test_a_stream_created_in_a_rolled_back_transaction_leaves_no_trace(store):
     store.append("new", "for new")
     assert [e.value for e in store.read("other", 0, 10)] == ["for other"]
     assert [e.value for e in store.read("new", 0, 10)] == ["for new"]
+
+
+# -- commit order across concurrent writers ----------------------------------------------------
+
+
+def test_commit_order_numbers_follow_commit_order_across_concurrent_writers(store_url):
+    """alts processors take "whichever input has one first" by ``seq``: a reader that sees
+    an entry numbered q must already see every entry numbered below q, in every stream.
+    Four writers (each its own store, so its own connection) commit small multi-stream
+    transactions while a reader reads the streams one after another and checks, against
+    the final contents, that nothing numbered below what it saw in an earlier stream is
+    missing from a later one.  (PostgreSQL sequences alone break this: two transactions
+    commit in the opposite order of their numbers.)"""
+    streams = ["a", "b", "c"]
+    open_store(store_url).close()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    observations: list[list[tuple[str, set[int]]]] = []
+
+    def writer(k: int) -> None:
+        rng = random.Random(k)
+        try:
+            with open_store(store_url) as s:
+                for _ in range(60):
+                    with s.transaction() as tx:
+                        for name in rng.sample(streams, rng.randint(1, 2)):
+                            tx.append_encoded(name, [b"\xb0\x01\x01"] * rng.randint(1, 3))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def reader() -> None:
+        rng = random.Random(99)
+        try:
+            with open_store(store_url) as s:
+                while not stop.is_set():
+                    order = rng.sample(streams, 3)
+                    observations.append(
+                        [(n, set(s.read_columns(n, 0, 1 << 62, values=False).seqs)) for n in order])
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    rd = threading.Thread(target=reader)
+    rd.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    stop.set()
+    rd.join(60)
+    assert not errors, errors
+    with open_store(store_url) as s:
+        final = {n: set(s.read_columns(n, 0, 1 << 62, values=False).seqs) for n in streams}
+    everything = sorted(q for n in streams for q in final[n])
+    assert everything == list(range(len(everything)))  # one number per entry, no gaps
+    assert len(observations) > 10
+    for obs in observations:
+        top = -1
+        for name, seen in obs:
+            missing = {q for q in final[name] if q < top} - seen
+            assert not missing, f"{name}: saw numbers up to {top} elsewhere but not {sorted(missing)[:5]}"
+            top = max([top, *seen])
+
+
+def test_a_reader_never_waits_for_a_writer(store, store_url):
+    """Writers are serialised (commit order); a reader elsewhere is not held up by an open
+    transaction, and sees only what is committed."""
+    store.append("s", 1)
+    tx = store.begin()
+    try:
+        tx.append("s", 2)
+        with open_store(store_url) as other:
+            assert [e.value for e in other.read("s")] == [1]
+    finally:
+        tx.commit()
+    assert [e.value for e in store.read("s")] == [1, 2]
+
+
+# -- moving entries at their own indices (stream copy) ----------------------------------------
+
+
+def test_copy_in_keeps_indices_times_and_metadata(store):
+    rows = [(5, 111, encode(parse("<a>")), None, 0), (6, 222, encode(1), encode(parse("{m: 1}")), 2)]
+    store.create_stream("dst", max_count=1)
+    store.append("other", "before")
+    with store.transaction() as tx:
+        tx.copy_in("dst", rows)
+        tx.copy_in("other", [(1, 333, encode(2), None, 1)])  # between the two in commit order
+        tx.advance("dst", 9)
+        tx.advance("dst", 3)  # never lowers it
+    got = store.read("dst")
+    assert [(e.index, e.time_ns, e.data, e.meta_data) for e in got] == [r[:4] for r in rows]
+    assert store.next_index("dst") == 9
+    other = store.read("other")
+    assert got[0].seq > other[0].seq  # after what was there
+    assert got[0].seq < other[1].seq < got[1].seq  # the order given
+    assert store.append("other", 3) == 2 and store.read("other")[2].seq > got[1].seq
+    assert store.append("dst", 7) == 9  # ...and retention applies to new appends as before
+    assert [e.index for e in store.read("dst")] == [9]
+    with pytest.raises(ValueError, match="indices must increase"), store.transaction() as tx:
+        tx.copy_in("dst", [(4, 0, b"\x84", None, 0)])
+
+
+# -- locks ------------------------------------------------------------------------------------
+
+
+_LOCK_CHILD = """
+import sys
+from dataspace.streams import open_store
+s = open_store(sys.argv[1])
+lock = s.lock("graph:g")
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _wait_free(store_url: str, name: str) -> None:
+    """Block (bounded) until a dead holder's lock is free.  SQLite: the kernel released the
+    flock when the holder died.  PostgreSQL: the server ends the dead client's session on
+    its own; wait for it with a blocking advisory lock under a lock_timeout (no polling)."""
+    if not store_url.startswith("postgresql:"):
+        return
+    import psycopg
+
+    from dataspace.streams.postgres import _lock_key
+
+    with psycopg.connect(store_url, autocommit=True) as c:
+        c.execute("SET lock_timeout = '30s'")
+        c.execute("SELECT pg_advisory_lock(%s)", (_lock_key(name),))
+        c.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(name),))
+
+
+def test_a_lock_is_exclusive_and_released_when_its_holder_dies(store_url):
+    with open_store(store_url) as store:
+        store.create_stream("x")
+        lock = store.lock("graph:g")
+        assert store.lock_holder("graph:g") is not None and str(os.getpid()) in store.lock_holder("graph:g")
+        with pytest.raises(LockHeld, match="is held by pid"):
+            store.lock("graph:g")
+        lock.release()
+        lock.release()  # idempotent
+        assert store.lock_holder("graph:g") is None
+        other = store.lock("graph:other")  # independent names
+
+        child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_LOCK_CHILD), store_url],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "locked"
+            with pytest.raises(LockHeld) as e:
+                store.lock("graph:g")
+            assert f"pid {child.pid}" in e.value.holder
+            assert f"pid {child.pid}" in store.lock_holder("graph:g")
+            child.kill()  # SIGKILL: no clean-up of its own
+            assert child.wait(30) == -9
+        finally:
+            if child.poll() is None:
+                child.kill()
+        _wait_free(store_url, "graph:g")
+        assert store.lock_holder("graph:g") is None
+        store.lock("graph:g").release()
+        other.release()
+
+
+# -- bad databases, bad URLs, a server that is not there (PostgreSQL) ---------------------------
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e)
+    assert "\n" not in text, text
+    return text
+
+
+def test_a_database_of_another_application_is_refused(pg_server, pg_url):
+    db = pg_url.rsplit("/", 1)[1]
+    pg_server.execute(db, "CREATE SCHEMA dataspace")
+    pg_server.execute(db, "CREATE TABLE dataspace.customers (id int, name text)")
+    with pytest.raises(ForeignStore, match="another application's tables") as e:
+        open_store(pg_url)
+    assert pg_server.password not in _one_line(e.value) and "***" in str(e.value)
+    pg_server.execute(db, "CREATE TABLE dataspace.store_meta (key text, value text)")
+    pg_server.execute(db, "INSERT INTO dataspace.store_meta VALUES ('format', 'their-app')")
+    with pytest.raises(ForeignStore, match="format 'their-app'"):
+        open_store(pg_url)
+
+
+def test_other_tables_in_the_database_are_no_problem(pg_server, pg_url):
+    db = pg_url.rsplit("/", 1)[1]
+    pg_server.execute(db, "CREATE TABLE public.customers (id int, name text)")
+    with open_store(pg_url) as s:
+        s.append("x", 1)
+    assert pg_server.execute(db, "SELECT count(*) FROM public.customers") == [(0,)]
+
+
+def test_a_newer_or_damaged_postgresql_store_is_refused(pg_server, pg_url):
+    db = pg_url.rsplit("/", 1)[1]
+    with open_store(pg_url) as s:
+        s.append_many("s", range(10))
+    pg_server.execute(db, "UPDATE dataspace.store_meta SET value = '99' WHERE key = 'version'")
+    with pytest.raises(ForeignStore, match=r"newer dataspace.*upgrade dataspace") as e:
+        open_store(pg_url)
+    _one_line(e.value)
+    pg_server.execute(db, "UPDATE dataspace.store_meta SET value = '1' WHERE key = 'version'")
+    pg_server.execute(db, "DROP TABLE dataspace.tailers")
+    with pytest.raises(StoreCorrupt, match=r"missing tables \(tailers\).*backup") as e:
+        open_store(pg_url)
+    _one_line(e.value)
+
+
+def test_damage_after_opening_is_a_store_error_and_check_finds_inconsistencies(pg_server, pg_url):
+    db = pg_url.rsplit("/", 1)[1]
+    with open_store(pg_url) as s:
+        s.append_many("s", range(10))
+        assert s.check() == []
+        pg_server.execute(db, "UPDATE dataspace.streams SET next_index = 5")
+        pg_server.execute(db, "UPDATE dataspace.commit_order SET seq = 3")
+        problems = s.check()
+        assert any("at or beyond next index 5" in p for p in problems), problems
+        assert any("commit counter (3)" in p for p in problems), problems
+        pg_server.execute(db, "DROP TABLE dataspace.entries")
+        with pytest.raises(StoreCorrupt, match="damaged") as e:
+            s.read("s")
+        _one_line(e.value)
+
+
+def test_a_wrong_password_is_one_line_without_the_password(pg_server, pg_url):
+    bad = pg_url.replace(pg_server.password, "not-the-password")
+    with pytest.raises(StoreError) as e:
+        open_store(bad)
+    msg = _one_line(e.value)
+    assert "password authentication failed" in msg and "check the user and password" in msg
+    assert "not-the-password" not in msg and pg_server.password not in msg
+
+
+def test_a_server_that_is_down_is_one_line_saying_what_to_do(pg_server):
+    import socket
+
+    with socket.socket() as sock:  # a loopback port where nothing listens
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"postgresql://someone:s3cret@127.0.0.1:{port}/db"
+    with pytest.raises(StoreError) as e:
+        open_store(url, connect_timeout=5)
+    msg = _one_line(e.value)
+    assert "cannot reach the PostgreSQL server" in msg and "is it running?" in msg
+    assert "s3cret" not in msg and "someone:***@" in msg
+
+
+def test_a_missing_database_says_to_create_it(pg_server):
+    with pytest.raises(StoreError, match="does not exist; create it"):
+        open_store(pg_server.url("no_such_database"))
+
+
+def test_store_urls_that_are_neither_sqlite_nor_postgresql_are_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for url in ("mysql://u:pw@host/db", "redis://localhost", "postgresql:db"):
+        with pytest.raises(ValueError) as e:
+            open_store(url)
+        assert "pw" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []  # no file or directory of that name
+    with open_store(f"sqlite:{tmp_path}/x.sqlite3") as s:
+        assert s.path == tmp_path / "x.sqlite3"
+
+
+def test_the_postgresql_listener_comes_back_after_its_connection_is_killed(pg_server, pg_url):
+    """A lost LISTEN connection wakes every reader (to look again) and is re-established:
+    appends after it still wake readers."""
+    db = pg_url.rsplit("/", 1)[1]
+    with open_store(pg_url) as store, open_store(pg_url) as writer:
+        g = store.generation()
+        killed = pg_server.execute(db, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                       "WHERE application_name = 'dataspace-listen' AND datname = current_database()")
+        assert killed == [(True,)]
+        g = store.wait_change(g, 30)  # woken by the loss
+        assert store.wait_until(lambda: pg_server.execute(
+            db, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dataspace-listen'")[0][0] == 1,
+            30)  # listening again (each reconnection bumps the generation: no polling here)
+        g = store.generation()
+        writer.append("s", 1)
+        assert store.wait_change(g, 30) != g
+        assert store.next_index("s") == 1

@@ -9,9 +9,11 @@ The data directory is, in order of precedence: an explicit ``--data-dir`` argume
 * ``root.sturdyref`` -- the root capability in Preserves text, for clients;
 * ``streams.sqlite3`` -- the embedded stream store.
 
-:func:`store_file` is the one rule that turns what a user gave -- a data directory, a
-store file, a ``file:`` URL -- into the store's file; :func:`~dataspace.streams.open_store`,
-every command and the Spark connector all call it.
+:func:`store_location` is the one rule that turns what a user gave -- a data directory,
+a store file, ``sqlite:PATH``, a ``file:`` URL or a ``postgresql://`` URL -- into the store
+it names; :func:`~dataspace.streams.open_store`, every command and the Spark connector all
+call it (:func:`store_file` is its SQLite half).  :func:`mask_url` is the one way a store
+URL is shown: with its password masked.
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "ROOT_KEY",
     "ROOT_STURDYREF",
     "STREAMS_DB",
+    "StoreLocation",
     "default_data_dir",
     "load_or_create_key",
+    "mask_url",
     "resolve_data_dir",
     "store_file",
+    "store_location",
 ]
 
 ROOT_KEY = "root.key"
@@ -44,6 +50,15 @@ DATA_DIR_HELP = (
 """The ``--data-dir`` help of every command."""
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_PG_SCHEMES = ("postgresql", "postgres")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#]*):[^@/?#]*@")
+_PW_PARAM = re.compile(r"((?:^|[?&\s])password=)[^&\s]*", re.IGNORECASE)
+
+STORE_HELP = (
+    "the stream store: a data directory or .sqlite3 file, sqlite:PATH, or "
+    "postgresql://USER@HOST[:PORT]/DATABASE (default: DATA_DIR/streams.sqlite3)"
+)
+"""The ``--store`` help of every command."""
 
 
 def default_data_dir() -> Path:
@@ -83,31 +98,91 @@ def _make_dir(d: Path) -> None:
         ) from e
 
 
+def mask_url(text: str | os.PathLike[str]) -> str:
+    """``text`` as it may be shown or logged: a URL's password (``user:PASSWORD@`` or a
+    ``password=`` parameter) replaced by ``***``.  Everything that prints or logs a store
+    URL goes through this."""
+    t = os.fspath(text)
+    t = _USERINFO.sub(lambda m: m.group(1) + ":***@", t, count=1)
+    return _PW_PARAM.sub(lambda m: m.group(1) + "***", t)
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where a stream store is: ``kind`` is ``"sqlite"`` (``path`` is the file) or
+    ``"postgresql"`` (``url`` is the connection URL, password included: show
+    :attr:`display`, never ``url``)."""
+
+    kind: str
+    url: str
+    path: Path | None = None
+
+    @property
+    def display(self) -> str:
+        """The location as it may be printed (the password masked)."""
+        return str(self.path) if self.path is not None else mask_url(self.url)
+
+    def __str__(self) -> str:
+        return self.display
+
+
+def store_location(location: str | os.PathLike[str], *, create: bool = True) -> StoreLocation:
+    """The store named by ``location`` -- the one rule for the API, every command, the
+    configuration file and the Spark connector:
+
+    * ``postgresql://...`` (or ``postgres://...``): a PostgreSQL store, the URL as libpq
+      reads it (``postgresql://USER:PASSWORD@HOST:PORT/DATABASE?sslmode=...``);
+    * ``sqlite:PATH``, ``file:PATH`` (and ``sqlite://PATH``, ``file://PATH``): PATH;
+    * any other ``SCHEME://`` is an error (``ValueError``), never a file of that name;
+    * a path: the SQLite store of :func:`store_file`.
+    """
+    text = os.fspath(location)
+    m = _URL.match(text)
+    scheme = text.split(":", 1)[0].lower() if ":" in text else ""
+    if scheme in _PG_SCHEMES:
+        if not m:
+            raise ValueError(f"{mask_url(text)}: a PostgreSQL store URL starts with "
+                             f"{scheme}:// (postgresql://USER@HOST/DATABASE)")
+        return StoreLocation("postgresql", text)
+    if scheme in ("sqlite", "file"):
+        rest = text[len(scheme) + 1:]
+        if rest.startswith("//"):
+            rest = rest[2:]
+        if not rest:
+            raise ValueError(f"{text}: give a path after {scheme}: (a data directory or a "
+                             ".sqlite3 file)")
+        p = _sqlite_path(rest, create)
+        return StoreLocation("sqlite", str(p), p)
+    if m:
+        raise ValueError(
+            f"{mask_url(text)}: not a stream store URL ({scheme}: is neither SQLite nor "
+            "PostgreSQL); give a data directory, a .sqlite3 file, sqlite:PATH or "
+            "postgresql://USER@HOST/DATABASE"
+        )
+    p = _sqlite_path(text, create)
+    return StoreLocation("sqlite", str(p), p)
+
+
 def store_file(location: str | os.PathLike[str], *, create: bool = True) -> Path:
-    """The stream store's file for ``location`` -- the one rule for the API, every command
-    and the Spark connector:
+    """The SQLite store's file for ``location`` (:func:`store_location`'s rule):
 
     * an existing directory is a data directory: the store is its ``streams.sqlite3``;
     * an existing file is the store file itself;
     * a path that does not exist is a data directory (created, mode 0700, when
       ``create``), unless its name ends in ``.sqlite3``: then it names the store file;
-    * ``file:PATH`` and ``file://PATH`` are ``PATH``.
+    * ``sqlite:PATH``, ``file:PATH``, ``sqlite://PATH`` and ``file://PATH`` are ``PATH``.
 
-    Other URLs (``postgresql://...``) name stores this version cannot open:
-    ``ValueError``.  The result is absolute, so that processes started elsewhere (Spark's
+    A PostgreSQL URL is not a file: ``ValueError`` (use :func:`store_location`), as is
+    any other URL.  The result is absolute, so that processes started elsewhere (Spark's
     workers) find the same file.
     """
-    text = os.fspath(location)
-    if text.startswith("file:"):
-        text = text[len("file:"):]
-        if text.startswith("//"):
-            text = text[2:]
-    elif _URL.match(text):
-        scheme = text.split(":", 1)[0]
-        raise ValueError(
-            f"{text}: {scheme} stores are not supported by this version; give a data "
-            "directory or a streams.sqlite3 file"
-        )
+    loc = store_location(location, create=create)
+    if loc.path is None:
+        raise ValueError(f"{loc.display} is a PostgreSQL store, not a file")
+    return loc.path
+
+
+def _sqlite_path(text: str, create: bool) -> Path:
     p = Path(text).expanduser().absolute()
     if p.is_dir():
         return p / STREAMS_DB

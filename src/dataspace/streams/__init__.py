@@ -14,7 +14,9 @@
 >>> store.close()
 
 * :mod:`.base` -- the storage interface (:class:`Store`, :class:`Transaction`, :class:`Entry`).
+* :mod:`.open` -- :func:`open_store`: a path, ``sqlite:PATH`` or ``postgresql://...``.
 * :mod:`.sqlite` -- the SQLite implementation (WAL, one file, no server).
+* :mod:`.postgres` -- the PostgreSQL implementation (many machines, LISTEN/NOTIFY).
 * :mod:`.wakeup` -- readers wake when data arrives, in-process and across processes.
 * :mod:`.tailer` -- tailers with persisted positions.
 * :mod:`.recorder` -- dataspace to stream (:class:`Recorder`) and back (:class:`Emitter`).
@@ -24,9 +26,12 @@ from .base import (
     MAX_VALUE_SIZE,
     Entry,
     ForeignStore,
+    LockHeld,
     Store,
     StoreCorrupt,
     StoreError,
+    StoreLock,
+    StoreNotFound,
     StreamInfo,
     StreamNotFound,
     TailerInfo,
@@ -35,6 +40,7 @@ from .base import (
     check_user_name,
     is_reserved,
 )
+from .open import open_store
 from .recorder import (
     Emitter,
     Recorder,
@@ -44,7 +50,7 @@ from .recorder import (
     start_recorders,
     stop_recorders,
 )
-from .sqlite import SQLiteStore, open_store
+from .sqlite import SQLiteStore
 from .tailer import Tailer
 
 __all__ = [
@@ -52,12 +58,15 @@ __all__ = [
     "Emitter",
     "Entry",
     "ForeignStore",
+    "LockHeld",
     "Recorder",
     "RecorderSpec",
     "SQLiteStore",
     "Store",
     "StoreCorrupt",
     "StoreError",
+    "StoreLock",
+    "StoreNotFound",
     "StreamInfo",
     "StreamNotFound",
     "Tailer",

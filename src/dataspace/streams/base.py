@@ -8,8 +8,10 @@ read position per stream.  A :class:`Transaction` writes entries to several stre
 tailer positions and anything else atomically: that is what makes exactly-once processing
 cheap (see :mod:`dataspace.pipeline`).
 
-:class:`~dataspace.streams.sqlite.SQLiteStore` is the implementation; another backend
-implements :class:`Store` and :class:`Transaction`.
+:class:`~dataspace.streams.sqlite.SQLiteStore` (one file, no server) and
+:class:`~dataspace.streams.postgres.PostgresStore` (a PostgreSQL database that many
+machines reach) implement it; :func:`dataspace.streams.open_store` picks one by URL.
+Another backend implements :class:`Store`, :class:`Transaction` and :class:`StoreLock`.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ __all__ = [
     "Columns",
     "Entry",
     "ForeignStore",
+    "LockHeld",
     "Store",
     "StoreCorrupt",
     "StoreError",
+    "StoreLock",
+    "StoreNotFound",
     "StreamInfo",
     "StreamNotFound",
     "TailerInfo",
@@ -67,7 +72,36 @@ class StoreCorrupt(StoreError):
 
 
 class ForeignStore(StoreError):
-    """The file is an SQLite database, but not a dataspace stream store (or too new)."""
+    """The file or database is not a dataspace stream store (another application's, or
+    written by a newer version)."""
+
+
+class StoreNotFound(StoreError):
+    """There is no store where one was to be opened without creating it."""
+
+
+class LockHeld(StoreError):
+    """A :meth:`Store.lock` is held by another process (``holder`` says which)."""
+
+    def __init__(self, name: str, holder: str) -> None:
+        super().__init__(f"the lock {name!r} is held by {holder}")
+        self.name = name
+        self.holder = holder
+
+
+class StoreLock(ABC):
+    """A held :meth:`Store.lock`: :meth:`release` it (or leave the ``with`` block); the
+    store releases it anyway when the holding process dies."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """Give the lock up (idempotent)."""
+
+    def __enter__(self) -> StoreLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class StreamNotFound(StoreError, KeyError):
@@ -336,6 +370,22 @@ class Transaction(ABC):
         """Set (None: clear) both retention limits of an existing stream."""
 
     @abstractmethod
+    def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
+        """Store entries at their own indices and append times -- ``(index, time_ns,
+        value, meta, order)`` in index order, the first at or after the stream's next
+        index (the stream is created if absent) -- as ``dataspace stream copy`` moves
+        streams.  ``order`` is the row's place among every row copied in by this
+        transaction, whatever the stream (0, 1, 2, ...): the commit-order numbers
+        (``seq``) follow it, so a copy keeps the source's order across streams.  The
+        stream's next index becomes its last index + 1.  Retention is not applied to
+        these rows."""
+
+    @abstractmethod
+    def advance(self, stream: str, next_index: int) -> None:
+        """Raise ``stream``'s next index to ``next_index`` (never lowers it): indices
+        below it are never used, as after retention removed entries."""
+
+    @abstractmethod
     def commit(self) -> None:
         """Make everything durable and visible (then wake readers everywhere)."""
 
@@ -346,6 +396,31 @@ class Transaction(ABC):
 
 class Store(ABC):
     """A store of durable streams (see the module docstring)."""
+
+    @property
+    @abstractmethod
+    def url(self) -> str:
+        """How another process (or machine) opens this store: the SQLite file's absolute
+        path, or the PostgreSQL URL -- with its password: never print it, show
+        :attr:`display`."""
+
+    @property
+    @abstractmethod
+    def display(self) -> str:
+        """The store's location as it may be printed and logged (password masked)."""
+
+    # -- locks ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def lock(self, name: str) -> StoreLock:
+        """Take the store-wide exclusive lock ``name`` for this process, without waiting:
+        :class:`LockHeld` if another holds it.  Released by :meth:`StoreLock.release`,
+        and by the store when the holder dies (kill -9 included) -- the pipeline engines
+        take ``graph:NAME`` so that one graph runs once at a time per store."""
+
+    @abstractmethod
+    def lock_holder(self, name: str) -> str | None:
+        """Who holds the lock ``name`` (``"pid N"``, ``"pid N on HOST"``), or None."""
 
     # -- streams --------------------------------------------------------------------------
 

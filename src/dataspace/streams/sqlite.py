@@ -28,6 +28,9 @@ power loss, and is faster on slow disks.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import itertools
 import logging
 import os
 import sqlite3
@@ -43,9 +46,12 @@ from .base import (
     Columns,
     Entry,
     ForeignStore,
+    LockHeld,
     Store,
     StoreCorrupt,
     StoreError,
+    StoreLock,
+    StoreNotFound,
     StreamInfo,
     StreamNotFound,
     TailerInfo,
@@ -116,6 +122,19 @@ def open_store(
     return SQLiteStore(p, create=create, durability=durability, busy_timeout=busy_timeout)
 
 
+class SQLiteLock(StoreLock):
+    """A held :meth:`SQLiteStore.lock` (an open, ``flock``ed file)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def _corrupt(path: Path, e: BaseException) -> StoreCorrupt:
     return StoreCorrupt(
         f"{path} is damaged or is not a stream store ({e}); move it away (a new store is "
@@ -174,7 +193,7 @@ class SQLiteStore(Store):
                     "from a backup"
                 )
         elif not create:
-            raise StoreError(
+            raise StoreNotFound(
                 f"no stream store at {path}; append to a stream first (dataspace stream "
                 "append NAME VALUE) or check --data-dir"
             )
@@ -247,6 +266,51 @@ class SQLiteStore(Store):
         conn.execute(f"PRAGMA synchronous = {'FULL' if self.durability == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA cache_size = -32768")
+
+    @property
+    def url(self) -> str:
+        return str(self.path.absolute())
+
+    @property
+    def display(self) -> str:
+        return str(self.path)
+
+    # -- locks ----------------------------------------------------------------------------
+
+    def _lock_file(self, name: str) -> Path:
+        check_stream_name(name)
+        return self.path.with_name(self.path.name + "-locks") / (name.replace("/", "%2F") + ".lock")
+
+    def lock(self, name: str) -> SQLiteLock:
+        """An exclusive ``flock`` on ``streams.sqlite3-locks/NAME.lock`` holding our pid,
+        released by the kernel when the process dies."""
+        path = self._lock_file(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            finally:
+                os.close(fd)
+            raise LockHeld(name, f"pid {other or '?'}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return SQLiteLock(fd)
+
+    def lock_holder(self, name: str) -> str | None:
+        try:
+            fd = os.open(self._lock_file(name), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return "pid " + (os.pread(fd, 32, 0).decode(errors="replace").strip() or "?")
+        finally:
+            os.close(fd)
+        return None
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -655,8 +719,8 @@ def _retain(
 class SQLiteTransaction(Transaction):
     """A write transaction of :class:`SQLiteStore` (see :meth:`SQLiteStore.transaction`)."""
 
-    __slots__ = ("_changes0", "_done", "_new_ids", "_next", "_retained", "_seq", "_start_next",
-                 "_store", "_time")
+    __slots__ = ("_changes0", "_copy_base", "_done", "_new_ids", "_next", "_no_retention",
+                 "_retained", "_seq", "_start_next", "_store", "_time")
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
@@ -668,6 +732,8 @@ class SQLiteTransaction(Transaction):
         self._new_ids: dict[str, int] = {}
         self._retained = 0
         self._time: int | None = None
+        self._no_retention: set[int] = set()
+        self._copy_base: int | None = None
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -708,9 +774,12 @@ class SQLiteTransaction(Transaction):
         changed = [(n, sid) for sid, n in self._next.items() if n != self._start_next[sid]]
         if changed:
             store._conn.executemany("UPDATE streams SET next_index = ? WHERE id = ?", changed)
-            store._exec("UPDATE store_meta SET value = ? WHERE key = 'seq'", (self._seq,))
+            if self._seq is not None:
+                store._exec("UPDATE store_meta SET value = ? WHERE key = 'seq'", (self._seq,))
             # Retention of the streams written, in the same transaction.
-            ids = [sid for _n, sid in changed]
+            ids = [sid for _n, sid in changed if sid not in self._no_retention]
+            if not ids:
+                return
             rows = store._exec(
                 f"SELECT id, next_index, max_count, max_age_ms FROM streams WHERE id IN "
                 f"({','.join('?' * len(ids))}) AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)",
@@ -876,3 +945,34 @@ class SQLiteTransaction(Transaction):
             "updated_ns = excluded.updated_ns",
             rows,
         )
+
+    def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
+        if not rows:
+            return
+        sid = self._sid(stream, create=True)
+        nxt = self._next_of(sid)
+        if rows[0][0] < nxt or any(b[0] <= a[0] for a, b in itertools.pairwise(rows)):
+            raise ValueError(f"copy_in {stream!r}: indices must increase from the next index {nxt}")
+        if rows[-1][0] >= MAX_INDEX:
+            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        store = self._store
+        if self._copy_base is None:
+            seq = self._seq
+            if seq is None:
+                seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+            self._copy_base = self._seq = seq
+        base = self._copy_base
+        store._conn.executemany(
+            "INSERT INTO entries (stream, idx, seq, time_ns, value, meta) VALUES (?, ?, ?, ?, ?, ?)",
+            [(sid, i, base + o, t, v, m) for i, t, v, m, o in rows],
+        )
+        self._seq = max(self._seq or 0, base + max(r[4] for r in rows) + 1)
+        self._next[sid] = rows[-1][0] + 1
+        self._no_retention.add(sid)
+
+    def advance(self, stream: str, next_index: int) -> None:
+        if type(next_index) is not int or not 0 <= next_index <= MAX_INDEX:
+            raise ValueError(f"a next index is 0 to 2**63-1, not {next_index!r}")
+        sid = self._sid(stream, create=True)
+        if next_index > self._next_of(sid):
+            self._next[sid] = next_index

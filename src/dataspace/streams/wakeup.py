@@ -57,7 +57,7 @@ from pathlib import Path
 
 from .._threads import start_daemon
 
-__all__ = ["FALLBACK_INTERVAL", "Notifier", "get_notifier", "inotify_available"]
+__all__ = ["FALLBACK_INTERVAL", "Generation", "Notifier", "get_notifier", "inotify_available"]
 
 log = logging.getLogger(__name__)
 
@@ -88,29 +88,27 @@ def inotify_available() -> bool:
     return _libc is not None
 
 
-class Notifier:
-    """The generation counter of one store file in this process (see module docstring)."""
+class Generation:
+    """A generation counter with waiters: blocking ones on a :class:`threading.Condition`,
+    asyncio ones on futures resolved with ``call_soon_threadsafe``.  A backend's notifier
+    subclasses it and calls :meth:`bump` when its store may have changed (the inotify
+    :class:`Notifier` here; LISTEN/NOTIFY in :mod:`.postgres`).  :meth:`_start` starts
+    the watch, before the first generation is handed out."""
 
-    def __init__(self, db_path: str | os.PathLike[str]) -> None:
-        self.path = Path(db_path)
-        self._signal_name = (self.path.name + "-notify").encode()
-        self._wal_name = (self.path.name + "-wal").encode()
-        self._signal_fd = -1
+    def __init__(self) -> None:
         self._gen = 0
         self._cond = threading.Condition()
         self._async: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._started = False
         self._closed = False
-        self._thread: threading.Thread | None = None
-        self._fd = -1
-        self._pipe: tuple[int, int] | None = None
-        self.mode = "none"
         self.refs = 0
 
-    # -- the counter ------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start watching for changes (once)."""
+        self._started = True
 
     def generation(self) -> int:
-        """The current generation (starts the cross-process watch on first use)."""
+        """The current generation (starts the watch on first use)."""
         if not self._started:
             self._start()
         return self._gen
@@ -124,26 +122,6 @@ class Notifier:
         for loop, fut in waiters:
             with contextlib.suppress(RuntimeError):  # loop closed
                 loop.call_soon_threadsafe(_resolve, fut)
-
-    def signal(self) -> None:
-        """Tell other processes that a commit is visible (one ``pwrite`` to the side
-        file), and wake this process's waiters."""
-        fd = self._signal_fd
-        if fd < 0:
-            try:
-                fd = self._signal_fd = os.open(
-                    self.path.with_name(self.path.name + "-notify"),
-                    os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600,
-                )
-            except OSError as e:
-                log.warning("cannot open the wake-up file of %s (%s)", self.path, e.strerror)
-                self._signal_fd = -2
-        if fd >= 0:
-            try:
-                os.pwrite(fd, b"\0", 0)
-            except OSError as e:  # pragma: no cover - disk trouble
-                log.warning("cannot signal other processes (%s)", e.strerror)
-        self.bump()
 
     def wait(self, generation: int, timeout: float | None) -> int:
         """Block until the generation differs from ``generation`` (or ``timeout``)."""
@@ -174,6 +152,41 @@ class Notifier:
             with self._cond:
                 self._async = [w for w in self._async if w[1] is not fut]
         return self._gen
+
+
+class Notifier(Generation):
+    """The generation counter of one store file in this process (see module docstring)."""
+
+    def __init__(self, db_path: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.path = Path(db_path)
+        self._signal_name = (self.path.name + "-notify").encode()
+        self._wal_name = (self.path.name + "-wal").encode()
+        self._signal_fd = -1
+        self._thread: threading.Thread | None = None
+        self._fd = -1
+        self._pipe: tuple[int, int] | None = None
+        self.mode = "none"
+
+    def signal(self) -> None:
+        """Tell other processes that a commit is visible (one ``pwrite`` to the side
+        file), and wake this process's waiters."""
+        fd = self._signal_fd
+        if fd < 0:
+            try:
+                fd = self._signal_fd = os.open(
+                    self.path.with_name(self.path.name + "-notify"),
+                    os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600,
+                )
+            except OSError as e:
+                log.warning("cannot open the wake-up file of %s (%s)", self.path, e.strerror)
+                self._signal_fd = -2
+        if fd >= 0:
+            try:
+                os.pwrite(fd, b"\0", 0)
+            except OSError as e:  # pragma: no cover - disk trouble
+                log.warning("cannot signal other processes (%s)", e.strerror)
+        self.bump()
 
     # -- the watcher ------------------------------------------------------------------
 

@@ -1,0 +1,1197 @@
+"""The PostgreSQL stream store: streams in a database that many machines reach.
+
+``open_store("postgresql://USER:PASSWORD@HOST:PORT/DATABASE")`` opens (creating if asked)
+the store in that database.  It keeps the SQLite store's semantics -- the same tables,
+monotonic indices, named tailers, retention, multi-stream transactions, commit order --
+with these PostgreSQL mechanisms (schema version 1, all in the schema ``dataspace``, so a
+database shared with other applications is fine)::
+
+    dataspace.store_meta   (key text PRIMARY KEY, value text)    -- format, version, id
+    dataspace.streams      (id bigint identity, name UNIQUE, next_index, created_ns,
+                            max_count, max_age_ms)
+    dataspace.entries      (stream, idx, seq, time_ns, value bytea, meta bytea,
+                            PRIMARY KEY (stream, idx))
+    dataspace.tailers      (stream, name, position, updated_ns, PRIMARY KEY (stream, name))
+    dataspace.commit_order (id = 1, seq)                          -- the store-wide counter
+    dataspace.locks        (name PRIMARY KEY, holder, since_ns)   -- who holds a lock
+
+* **Commit order.**  ``seq`` must follow commit order across streams (``alts`` processors
+  take "whichever input has one first" by it, and a reader that sees ``seq`` q must
+  already see everything below q).  A PostgreSQL sequence does not give that: two
+  concurrent transactions can commit in the opposite order of their numbers.  So every
+  write transaction begins by locking the one row of ``commit_order`` (``SELECT ... FOR
+  UPDATE``, held until COMMIT or ROLLBACK): writers are serialised -- as SQLite's
+  ``BEGIN IMMEDIATE`` does -- and numbers are handed out under that lock, so a
+  transaction's numbers are all above those of every transaction committed before it,
+  and the next writer starts only once it is visible.  Readers never wait.
+* **Wake-ups** are LISTEN/NOTIFY, which crosses machines: a committing writer sends
+  ``NOTIFY dataspace_streams`` inside its transaction (delivered at commit, once the
+  commit is visible), and each process keeps one connection LISTENing per store, with a
+  thread blocked in ``select(2)`` on it (no polling).  The LISTEN is in place before the
+  first generation is handed out, so no wake-up is lost; a lost connection wakes every
+  reader (to look again) and is re-established.
+* **Locks** (one run per graph) are session advisory locks on a connection of their own:
+  PostgreSQL releases them when the session ends, which it does when the holder dies.
+* **Connections** come from a pool (psycopg_pool); a transaction keeps one from
+  ``begin()`` to its end.  In the thread that holds a transaction, the store's own reads
+  go through that transaction (they see its writes), as with SQLite.
+* **Durability**: ``durability="full"`` commits with ``synchronous_commit`` on (the
+  server's default: flushed before COMMIT returns); ``"normal"`` turns it off for the
+  store's sessions (safe from client crashes, not from a server crash).
+
+Passwords in URLs are never printed or logged: messages show :func:`~dataspace.datadir.
+mask_url` of the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..datadir import mask_url
+from ..values import Value
+from .base import (
+    MAX_INDEX,
+    Columns,
+    Entry,
+    ForeignStore,
+    LockHeld,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StoreLock,
+    StoreNotFound,
+    StreamInfo,
+    StreamNotFound,
+    TailerInfo,
+    Transaction,
+    check_stream_name,
+    check_tailer_name,
+    encode_value,
+    is_reserved,
+)
+from .wakeup import Generation
+
+__all__ = ["CHANNEL", "FORMAT", "SCHEMA", "SCHEMA_VERSION", "PostgresStore", "store_key"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "dataspace"
+FORMAT = "dataspace-streams"
+SCHEMA_VERSION = 1
+CHANNEL = "dataspace_streams"
+_TABLES = {"store_meta", "streams", "entries", "tailers", "commit_order", "locks"}
+_INIT_LOCK = 0x44537472  # "DStr": serialises two processes creating the schema at once
+
+_DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE {SCHEMA}.store_meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE TABLE {SCHEMA}.streams (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name text NOT NULL UNIQUE,
+    next_index bigint NOT NULL DEFAULT 0,
+    created_ns bigint NOT NULL,
+    max_count bigint,
+    max_age_ms bigint
+);
+CREATE TABLE {SCHEMA}.entries (
+    stream bigint NOT NULL,
+    idx bigint NOT NULL,
+    seq bigint NOT NULL,
+    time_ns bigint NOT NULL,
+    value bytea NOT NULL,
+    meta bytea,
+    PRIMARY KEY (stream, idx)
+);
+CREATE TABLE {SCHEMA}.tailers (
+    stream bigint NOT NULL,
+    name text NOT NULL,
+    position bigint NOT NULL,
+    updated_ns bigint NOT NULL,
+    PRIMARY KEY (stream, name)
+);
+CREATE TABLE {SCHEMA}.commit_order (id int PRIMARY KEY CHECK (id = 1), seq bigint NOT NULL);
+CREATE TABLE {SCHEMA}.locks (name text PRIMARY KEY, holder text NOT NULL, since_ns bigint NOT NULL);
+INSERT INTO {SCHEMA}.commit_order VALUES (1, 0);
+"""
+
+_E = f"{SCHEMA}.entries"
+_S = f"{SCHEMA}.streams"
+_T = f"{SCHEMA}.tailers"
+
+
+def store_key(url: str) -> str:
+    """A short stable name for the database a URL points at (host, port, database; not
+    the user or password): where the Spark engine keeps a PostgreSQL store's checkpoints."""
+    import psycopg.conninfo
+
+    try:
+        d = psycopg.conninfo.conninfo_to_dict(url)
+    except Exception:
+        d = {"url": mask_url(url)}
+    ident = "|".join(str(d.get(k, "")) for k in ("host", "hostaddr", "port", "dbname", "url"))
+    return hashlib.blake2b(ident.encode(), digest_size=5).hexdigest()
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+def _connect_error(display: str, e: BaseException, secret: str | None) -> StoreError:
+    """One line saying what went wrong connecting and what to do."""
+    text = str(e).strip()
+    if secret:
+        text = text.replace(secret, "***")
+    low = text.lower()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    detail = lines[0] if lines else type(e).__name__
+    if "failed: " in detail:
+        detail = detail.rsplit("failed: ", 1)[1].strip()
+    for ln in lines:
+        if "fatal:" in ln.lower():
+            detail = ln.split("FATAL:", 1)[-1].strip()
+            break
+    if "password authentication failed" in low or "no password supplied" in low:
+        return StoreError(
+            f"{display}: {detail}; check the user and password in the store URL (or "
+            "PGPASSWORD, ~/.pgpass)"
+        )
+    if "does not exist" in low and "database" in low:
+        return StoreError(f"{display}: {detail}; create it (createdb NAME) or fix the store URL")
+    if any(k in low for k in ("connection refused", "could not connect", "timeout expired",
+                              "no route to host", "could not translate host name",
+                              "name or service not known", "network is unreachable",
+                              "server closed the connection", "connection timed out")):
+        return StoreError(
+            f"cannot reach the PostgreSQL server of {display} ({detail}); is it running? "
+            "Start it, or check the host and port in the store URL"
+        )
+    if "invalid" in low or ("missing" in low and "=" in low):
+        return StoreError(f"{display}: not a usable PostgreSQL URL ({detail}); the form is "
+                          "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
+    return StoreError(f"cannot use the PostgreSQL store {display}: {detail}")
+
+
+def _password(url: str) -> str | None:
+    import psycopg.conninfo
+
+    try:
+        return psycopg.conninfo.conninfo_to_dict(url).get("password") or None  # type: ignore[return-value]
+    except Exception:
+        return None
+
+
+# -- wake-ups ------------------------------------------------------------------------------
+
+
+class PgNotifier(Generation):
+    """The generation counter of one PostgreSQL store in this process: one connection
+    LISTENs and a thread blocks in ``select(2)`` on it (see the module docstring)."""
+
+    def __init__(self, url: str, display: str, connect_timeout: int) -> None:
+        super().__init__()
+        self.url = url
+        self.display = display
+        self.connect_timeout = connect_timeout
+        self._pipe: tuple[int, int] | None = None
+        self._conn: Any = None
+        self._thread: threading.Thread | None = None
+        self.mode = "listen"
+
+    def _listen(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=self.connect_timeout,
+                               application_name="dataspace-listen")
+        conn.execute(f"LISTEN {CHANNEL}")
+        return conn
+
+    def _start(self) -> None:
+        from .._threads import start_daemon
+
+        with self._cond:
+            if self._started:
+                return
+            try:
+                self._conn = self._listen()
+            except Exception as e:
+                raise _connect_error(self.display, e, _password(self.url)) from None
+            self._pipe = os.pipe()
+            self._started = True
+            self._thread = start_daemon(self._watch, "streams-listen")
+
+    def _watch(self) -> None:
+        assert self._pipe is not None
+        rpipe = self._pipe[0]
+        backoff = 0.1
+        while not self._closed:
+            conn = self._conn
+            if conn is None:
+                # Reconnect (bounded backoff); wake readers once listening again, since
+                # commits may have happened while nobody listened.
+                ready, _, _ = select.select([rpipe], [], [], backoff)
+                if ready:
+                    return
+                try:
+                    self._conn = self._listen()
+                except Exception as e:
+                    backoff = min(backoff * 2, 5.0)
+                    log.debug("cannot LISTEN on %s yet: %s", self.display, e)
+                    continue
+                log.warning("wake-ups from %s work again", self.display)
+                backoff = 0.1
+                self.bump()
+                continue
+            try:
+                ready, _, _ = select.select([conn.fileno(), rpipe], [], [])
+            except (OSError, ValueError):
+                ready = []
+            if rpipe in ready:
+                return
+            hit = False
+            try:
+                pg = conn.pgconn
+                pg.consume_input()
+                while pg.notifies() is not None:
+                    hit = True
+                if not hit and pg.status != 0:  # CONNECTION_OK is 0
+                    raise OSError("connection lost")
+            except Exception as e:
+                log.warning("lost the wake-up connection to %s (%s); reconnecting", self.display,
+                            str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+                with contextlib.suppress(Exception):
+                    conn.close()
+                self._conn = None
+                hit = True
+            if hit:
+                self.bump()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pipe is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._pipe[1], b"x")
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
+        if self._pipe is not None:
+            for p in self._pipe:
+                with contextlib.suppress(OSError):
+                    os.close(p)
+            self._pipe = None
+        self.bump()
+
+
+_notifiers: dict[tuple[int, str], PgNotifier] = {}
+_notifiers_lock = threading.Lock()
+
+
+def _get_notifier(url: str, display: str, connect_timeout: int) -> PgNotifier:
+    key = (os.getpid(), url)
+    with _notifiers_lock:
+        n = _notifiers.get(key)
+        if n is None or n._closed:
+            n = _notifiers[key] = PgNotifier(url, display, connect_timeout)
+        n.refs += 1
+        return n
+
+
+def _release_notifier(n: PgNotifier) -> None:
+    with _notifiers_lock:
+        n.refs -= 1
+        if n.refs > 0:
+            return
+        key = (os.getpid(), n.url)
+        if _notifiers.get(key) is n:
+            del _notifiers[key]
+    n.close()
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+class PostgresLock(StoreLock):
+    """A held :meth:`PostgresStore.lock`: a session advisory lock on its own connection."""
+
+    def __init__(self, conn: Any, key: int, name: str) -> None:
+        self.conn = conn
+        self.key = key
+        self.name = name
+
+    def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):
+            conn.execute(f"DELETE FROM {SCHEMA}.locks WHERE name = %s", (self.name,))
+            conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,))
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def _lock_key(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"dataspace-lock:{name}".encode(), digest_size=8).digest(),
+                          "big", signed=True)
+
+
+class PostgresStore(Store):
+    """A stream store in a PostgreSQL database (see the module docstring).
+
+    ``url`` is a libpq URL; ``pool_size`` the most connections the store opens for reads
+    and transactions (besides one for wake-ups and one per held lock); ``busy_timeout``
+    how long a writer waits for another's transaction (seconds) and ``connect_timeout``
+    how long a connection attempt may take.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        create: bool = True,
+        durability: str = "full",
+        busy_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        pool_size: int = 8,
+    ) -> None:
+        if durability not in ("full", "normal"):
+            raise ValueError("durability must be 'full' or 'normal'")
+        self._url = url
+        self._display = mask_url(url)
+        self._secret = _password(url)
+        self.durability = durability
+        self.busy_timeout = busy_timeout
+        self.connect_timeout = max(1, round(connect_timeout))
+        self._ids: dict[str, int] = {}
+        self._closed = False
+        self._local = threading.local()
+        self._pool: Any = None
+        self._notifier: PgNotifier | None = None
+        self.store_id = ""
+        self._setup(create)
+        self._pool = self._make_pool(pool_size)
+        self._notifier = _get_notifier(url, self._display, self.connect_timeout)
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _kwargs(self) -> dict[str, Any]:
+        return {"connect_timeout": self.connect_timeout, "application_name": "dataspace"}
+
+    def _configure(self, conn: Any) -> None:
+        conn.autocommit = True
+        conn.execute(f"SET lock_timeout = {int(self.busy_timeout * 1000)}")
+        if self.durability == "normal":
+            conn.execute("SET synchronous_commit = off")
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self._url, autocommit=True, **self._kwargs())
+        except psycopg.Error as e:
+            raise _connect_error(self._display, e, self._secret) from None
+        return conn
+
+    def _make_pool(self, size: int) -> Any:
+        from psycopg_pool import ConnectionPool, PoolTimeout
+
+        pool = ConnectionPool(
+            self._url, kwargs=self._kwargs(), min_size=1, max_size=max(1, size),
+            configure=self._configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
+            name="dataspace-store", num_workers=1, reconnect_timeout=30.0,
+        )
+        try:
+            pool.open(wait=True, timeout=self.connect_timeout + 5)
+        except PoolTimeout:
+            pool.close()
+            # The pool says only that it timed out: one direct attempt says why.
+            self._connect().close()
+            raise StoreError(f"cannot connect to {self._display} within "
+                             f"{self.connect_timeout + 5} s") from None
+        return pool
+
+    def _setup(self, create: bool) -> None:
+        import psycopg
+
+        with self._connect() as conn:
+            try:
+                state = self._inspect(conn)
+                if state == "missing" or state == "empty":
+                    if not create:
+                        raise StoreNotFound(
+                            f"no stream store in {self._display} (the database has no "
+                            f"{SCHEMA!r} schema); append to a stream first (dataspace stream "
+                            "append NAME VALUE --store URL) or check the store URL"
+                        )
+                    with conn.transaction():
+                        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INIT_LOCK,))
+                        if self._inspect(conn) in ("missing", "empty"):
+                            for stmt in _DDL.strip().split(";"):
+                                if stmt.strip():
+                                    conn.execute(stmt)
+                            import uuid
+
+                            conn.execute(
+                                f"INSERT INTO {SCHEMA}.store_meta VALUES ('format', %s), "
+                                "('version', %s), ('created_ns', %s), ('id', %s)",
+                                (FORMAT, str(SCHEMA_VERSION), str(time.time_ns()), uuid.uuid4().hex),
+                            )
+                    self._inspect(conn)
+            except psycopg.errors.InsufficientPrivilege as e:
+                raise StoreError(f"{self._display}: {str(e).strip().splitlines()[0]}; the store "
+                                 f"needs a user that may create the schema {SCHEMA!r} and its "
+                                 "tables (or create them once as a user who may)") from None
+            except psycopg.OperationalError as e:
+                raise _connect_error(self._display, e, self._secret) from None
+            except psycopg.DatabaseError as e:
+                raise StoreCorrupt(
+                    f"{self._display}: the stream store's schema is damaged "
+                    f"({str(e).strip().splitlines()[0]}); restore the database from a backup "
+                    f"or drop the schema {SCHEMA!r} (DROP SCHEMA {SCHEMA} CASCADE) to start afresh"
+                ) from None
+
+    def _inspect(self, conn: Any) -> str:
+        """``missing`` (no schema), ``empty`` (a schema without tables), or ``ok`` after
+        checking that the schema is ours, of a version we read and whole."""
+        d = self._display
+        if conn.execute("SELECT to_regnamespace(%s)", (SCHEMA,)).fetchone()[0] is None:
+            return "missing"
+        tables = {r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", (SCHEMA,))}
+        if not tables:
+            return "empty"
+        if "store_meta" not in tables:
+            raise ForeignStore(
+                f"{d}: the schema {SCHEMA!r} holds another application's tables "
+                f"({', '.join(sorted(tables)[:5])}), not a stream store; use another database "
+                "in the store URL"
+            )
+        try:
+            meta = dict(conn.execute(f"SELECT key, value FROM {SCHEMA}.store_meta").fetchall())
+        except Exception as e:
+            raise ForeignStore(
+                f"{d}: the schema {SCHEMA!r} holds another application's store_meta table "
+                f"({str(e).strip().splitlines()[0]}); use another database in the store URL"
+            ) from None
+        if meta.get("format") != FORMAT:
+            raise ForeignStore(
+                f"{d}: the schema {SCHEMA!r} holds another application's tables (format "
+                f"{meta.get('format')!r}), not a stream store; use another database in the store URL"
+            )
+        try:
+            version = int(meta.get("version", ""))
+        except ValueError:
+            raise StoreCorrupt(f"{d}: the stream store's version is unreadable "
+                               f"({meta.get('version')!r}); restore it from a backup") from None
+        if version > SCHEMA_VERSION:
+            raise ForeignStore(
+                f"{d} was written by a newer dataspace (store format {version}, this one reads "
+                f"up to {SCHEMA_VERSION}); upgrade dataspace"
+            )
+        missing = _TABLES - tables
+        if missing:
+            raise StoreCorrupt(
+                f"{d}: the stream store is missing tables ({', '.join(sorted(missing))}); restore "
+                f"it from a backup, or drop the schema {SCHEMA!r} to start afresh"
+            )
+        if conn.execute(f"SELECT count(*) FROM {SCHEMA}.commit_order WHERE id = 1").fetchone()[0] != 1:
+            raise StoreCorrupt(f"{d}: the stream store's commit counter is missing; restore it "
+                               "from a backup")
+        self.store_id = meta.get("id", "")
+        return "ok"
+
+    # -- identity -------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def display(self) -> str:
+        return self._display
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {self._display}>"
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"the store {self._display} is closed")
+
+    def _fail(self, e: BaseException) -> StoreError:
+        import psycopg
+
+        if isinstance(e, psycopg.errors.LockNotAvailable):
+            return StoreError(
+                f"{self._display} stayed locked by another writer for the whole busy timeout "
+                f"({self.busy_timeout:g} s); is a long transaction running elsewhere?"
+            )
+        if isinstance(e, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn)):
+            return StoreCorrupt(f"{self._display}: the stream store's schema is damaged "
+                                f"({str(e).strip().splitlines()[0]}); restore it from a backup")
+        if isinstance(e, psycopg.OperationalError):
+            return _connect_error(self._display, e, self._secret)
+        return StoreError(f"{self._display}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}")
+
+    @contextlib.contextmanager
+    def _conn(self) -> Iterator[Any]:
+        """A connection for a read: this thread's transaction's, else one from the pool."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        self._check_open()
+        tx = getattr(self._local, "tx", None)
+        if tx is not None:
+            yield tx._conn
+            return
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout:
+            raise StoreError(f"no connection to {self._display} came free or could be made; "
+                             "is the server up?") from None
+        except psycopg.Error as e:
+            raise self._fail(e) from None
+
+    def _rows(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
+        with self._conn() as c:
+            cur = c.cursor(binary=True)
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    def _one(self, sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+        with self._conn() as c:
+            cur = c.cursor(binary=True)
+            cur.execute(sql, params)
+            return cur.fetchone()
+
+    def _sid(self, name: str) -> int | None:
+        sid = self._ids.get(name)
+        if sid is not None:
+            return sid
+        row = self._one(f"SELECT id FROM {_S} WHERE name = %s", (name,))
+        if row is None:
+            return None
+        if getattr(self._local, "tx", None) is None:
+            # An id read inside a transaction may be of a stream it created: cached at commit.
+            self._ids[name] = row[0]
+        return int(row[0])
+
+    # -- transactions ---------------------------------------------------------------------
+
+    def begin(self) -> PostgresTransaction:
+        """Start a write transaction: waits (up to the busy timeout) for the writer before
+        it, as SQLite's ``BEGIN IMMEDIATE``.  Commit or roll it back in the same thread."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        self._check_open()
+        if getattr(self._local, "tx", None) is not None:
+            raise StoreError("transactions do not nest")
+        try:
+            conn = self._pool.getconn()
+        except PoolTimeout:
+            raise StoreError(f"no connection to {self._display} came free or could be made; "
+                             "is the server up?") from None
+        try:
+            conn.execute("BEGIN")
+            seq = conn.execute(
+                f"SELECT seq FROM {SCHEMA}.commit_order WHERE id = 1 FOR UPDATE").fetchone()
+            if seq is None:
+                raise StoreCorrupt(f"{self._display}: the stream store's commit counter is "
+                                   "missing; restore it from a backup")
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+            self._pool.putconn(conn)
+            if isinstance(e, psycopg.Error):
+                raise self._fail(e) from None
+            raise
+        tx = PostgresTransaction(self, conn, int(seq[0]))
+        self._local.tx = tx
+        return tx
+
+    def _end(self, tx: PostgresTransaction, commit: bool) -> None:
+        import psycopg
+
+        if tx._done:
+            raise StoreError("this transaction has already ended")
+        tx._done = True
+        conn = tx._conn
+        changed = False
+        try:
+            if commit:
+                try:
+                    changed = tx._finish()
+                    conn.execute("COMMIT")
+                except BaseException as e:
+                    with contextlib.suppress(Exception):
+                        conn.execute("ROLLBACK")
+                    if isinstance(e, psycopg.Error):
+                        raise self._fail(e) from None
+                    raise
+                self._ids.update(tx._new_ids)
+            else:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")
+        finally:
+            self._local.tx = None
+            with contextlib.suppress(Exception):
+                self._pool.putconn(conn)
+        if changed and self._notifier is not None:
+            self._notifier.bump()
+
+    def wake(self) -> None:
+        self._check_open()
+        assert self._notifier is not None
+        self._notifier.bump()
+
+    # -- streams --------------------------------------------------------------------------
+
+    def create_stream(
+        self, name: str, *, max_count: int | None = None, max_age: float | None = None
+    ) -> StreamInfo:
+        check_stream_name(name)
+        with self.transaction() as tx:
+            tx.create_stream(name, max_count, max_age)
+        return self.stream_info(name)
+
+    def has_stream(self, name: str) -> bool:
+        self._check_open()
+        return self._sid(name) is not None
+
+    _INFO = (f"SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age_ms, "
+             f"(SELECT idx FROM {_E} e WHERE e.stream = s.id ORDER BY idx LIMIT 1), "
+             f"(SELECT time_ns FROM {_E} e WHERE e.stream = s.id ORDER BY idx DESC LIMIT 1) "
+             f"FROM {_S} s")
+
+    def _infos(self, rows: list[tuple[Any, ...]]) -> list[StreamInfo]:
+        ids = [r[0] for r in rows]
+        tailers: dict[int, list[TailerInfo]] = {}
+        names = {r[0]: r[1] for r in rows}
+        if ids:
+            for sid, t, p, u in self._rows(
+                f"SELECT stream, name, position, updated_ns FROM {_T} WHERE stream = ANY(%s) "
+                "ORDER BY stream, name", (ids,)):
+                tailers.setdefault(sid, []).append(TailerInfo(names[sid], t, p, u))
+        out = []
+        for sid, name, nxt, created, max_count, max_age_ms, first, last_t in rows:
+            out.append(StreamInfo(
+                name=name, first=first, next=nxt, count=0 if first is None else nxt - first,
+                created_ns=created, max_count=max_count,
+                max_age=None if max_age_ms is None else max_age_ms / 1000.0,
+                last_time_ns=last_t, tailers=tuple(tailers.get(sid, ())),
+            ))
+        return out
+
+    def stream_info(self, name: str) -> StreamInfo:
+        rows = self._rows(self._INFO + " WHERE s.name = %s", (name,))
+        if not rows:
+            raise StreamNotFound(f"no stream named {name!r} in {self._display}")
+        return self._infos(rows)[0]
+
+    def streams(self, include_internal: bool = False) -> list[StreamInfo]:
+        rows = self._rows(self._INFO + " ORDER BY s.name COLLATE \"C\"")
+        return self._infos([r for r in rows if include_internal or not is_reserved(r[1])])
+
+    def delete_stream(self, name: str) -> None:
+        with self.transaction() as tx:
+            sid = tx._sid_of(name)
+            c = tx._conn
+            c.execute(f"DELETE FROM {_E} WHERE stream = %s", (sid,))
+            c.execute(f"DELETE FROM {_T} WHERE stream = %s", (sid,))
+            c.execute(f"DELETE FROM {_S} WHERE id = %s", (sid,))
+            tx._next.pop(sid, None)
+            tx._dirty = True
+        self._ids.pop(name, None)
+
+    def next_indices(self) -> dict[str, int]:
+        return {n: int(x) for n, x in self._rows(f"SELECT name, next_index FROM {_S}")}
+
+    def next_index(self, name: str) -> int:
+        self._check_open()
+        sid = self._sid(name)
+        if sid is None:
+            return 0
+        row = self._one(f"SELECT next_index FROM {_S} WHERE id = %s", (sid,))
+        if row is None:  # deleted by another process
+            self._ids.pop(name, None)
+            return 0
+        return int(row[0])
+
+    # -- reading --------------------------------------------------------------------------
+
+    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+        self._check_open()
+        sid = self._sid(name)
+        if sid is None or limit <= 0:
+            return []
+        return [Entry(name, i, v, m, t, q) for i, q, t, v, m in self._rows(
+            f"SELECT idx, seq, time_ns, value, meta FROM {_E} WHERE stream = %s AND idx >= %s "
+            "AND idx < %s ORDER BY idx LIMIT %s",
+            (sid, max(start, 0), MAX_INDEX if end is None else end, limit))]
+
+    def get(self, name: str, index: int) -> Entry | None:
+        self._check_open()
+        sid = self._sid(name)
+        if sid is None:
+            return None
+        row = self._one(f"SELECT idx, seq, time_ns, value, meta FROM {_E} WHERE stream = %s "
+                        "AND idx = %s", (sid, index))
+        if row is None:
+            return None
+        i, q, t, v, m = row
+        return Entry(name, i, v, m, t, q)
+
+    def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
+        self._check_open()
+        sid = self._sid(name)
+        if sid is None or limit <= 0:
+            return []
+        return [Entry(name, i, v, m, t, q) for i, q, t, v, m in self._rows(
+            f"SELECT idx, seq, time_ns, value, meta FROM {_E} WHERE stream = %s AND idx < %s "
+            "ORDER BY idx DESC LIMIT %s", (sid, MAX_INDEX if before is None else before, limit))]
+
+    def read_rows(
+        self, name: str, start: int, end: int, limit: int
+    ) -> list[tuple[int, int, bytes, bytes | None]]:
+        self._check_open()
+        sid = self._sid(name)
+        if sid is None or limit <= 0:
+            return []
+        return self._rows(  # type: ignore[return-value]
+            f"SELECT idx, seq, value, meta FROM {_E} WHERE stream = %s AND idx >= %s AND idx < %s "
+            "ORDER BY idx LIMIT %s", (sid, start, end, limit))
+
+    def read_columns(
+        self, name: str, start: int, end: int, *, values: bool = True, meta: bool = False,
+        limit: int = MAX_INDEX,
+    ) -> Columns:
+        """One range query, transposed to columns in C (``zip``)."""
+        self._check_open()
+        cols = "idx, seq, time_ns" + (", value" if values else "") + (", meta" if meta else "")
+        sid = self._sid(name)
+        rows = [] if sid is None or limit <= 0 else self._rows(
+            f"SELECT {cols} FROM {_E} WHERE stream = %s AND idx >= %s AND idx < %s "
+            "ORDER BY idx LIMIT %s", (sid, max(start, 0), end, limit))
+        if not rows:
+            return Columns([], [], [], [], [])
+        t = [list(c) for c in zip(*rows)]
+        return Columns(t[0], t[1], t[2], t[3] if values else [], t[-1] if meta else [])
+
+    def first_index(self, name: str) -> int | None:
+        self._check_open()
+        sid = self._sid(name)
+        if sid is None:
+            return None
+        row = self._one(f"SELECT idx FROM {_E} WHERE stream = %s ORDER BY idx LIMIT 1", (sid,))
+        return None if row is None else int(row[0])
+
+    # -- tailers --------------------------------------------------------------------------
+
+    def position(self, stream: str, tailer: str) -> int | None:
+        self._check_open()
+        sid = self._sid(stream)
+        if sid is None:
+            return None
+        row = self._one(f"SELECT position FROM {_T} WHERE stream = %s AND name = %s", (sid, tailer))
+        return None if row is None else int(row[0])
+
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        with self.transaction() as tx:
+            tx.set_position(stream, tailer, position)
+
+    def tailers(self, stream: str) -> list[TailerInfo]:
+        return list(self.stream_info(stream).tailers)
+
+    def delete_tailer(self, stream: str, tailer: str) -> None:
+        with self.transaction() as tx:
+            sid = tx._sid_of(stream)
+            tx._conn.execute(f"DELETE FROM {_T} WHERE stream = %s AND name = %s", (sid, tailer))
+            tx._dirty = True
+
+    # -- locks ----------------------------------------------------------------------------
+
+    def lock(self, name: str) -> PostgresLock:
+        """A session advisory lock on a connection of its own (released by the server when
+        that session ends: the holder released it, exited or died)."""
+        self._check_open()
+        check_stream_name(name)
+        key = _lock_key(name)
+        conn = self._connect()
+        try:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0]
+            if not got:
+                holder = self.lock_holder(name) or "another process"
+                raise LockHeld(name, holder)
+            conn.execute(
+                f"INSERT INTO {SCHEMA}.locks VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
+                "SET holder = excluded.holder, since_ns = excluded.since_ns",
+                (name, f"pid {os.getpid()} on {socket.gethostname()}", time.time_ns()))
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                conn.close()
+            import psycopg
+
+            if isinstance(e, psycopg.Error):
+                raise self._fail(e) from None
+            raise
+        return PostgresLock(conn, key, name)
+
+    def lock_holder(self, name: str) -> str | None:
+        key = _lock_key(name) & 0xFFFFFFFFFFFFFFFF
+        row = self._one(
+            "SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.classid::text::bigint = %s AND l.objid::text::bigint = %s AND l.objsubid = 1",
+            (key >> 32, key & 0xFFFFFFFF))
+        if row is None:
+            return None
+        h = self._one(f"SELECT holder FROM {SCHEMA}.locks WHERE name = %s", (name,))
+        return str(h[0]) if h else f"server process {row[0]}"
+
+    # -- waiting --------------------------------------------------------------------------
+
+    def generation(self) -> int:
+        self._check_open()
+        assert self._notifier is not None
+        return self._notifier.generation()
+
+    def wait_change(self, generation: int, timeout: float | None) -> int:
+        self._check_open()
+        assert self._notifier is not None
+        return self._notifier.wait(generation, timeout)
+
+    async def wait_change_async(self, generation: int, timeout: float | None) -> int:
+        self._check_open()
+        assert self._notifier is not None
+        return await self._notifier.wait_async(generation, timeout)
+
+    @property
+    def wakeup_mode(self) -> str:
+        """How other processes' commits wake readers: ``listen`` (LISTEN/NOTIFY)."""
+        return "listen"
+
+    # -- maintenance ----------------------------------------------------------------------
+
+    def apply_retention(self, now_ns: int | None = None) -> int:
+        now = time.time_ns() if now_ns is None else now_ns
+        with self.transaction() as tx:
+            rows = tx._conn.execute(
+                f"SELECT id, next_index, max_count, max_age_ms FROM {_S} "
+                "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL").fetchall()
+            deleted = 0
+            for sid, nxt, max_count, max_age_ms in rows:
+                deleted += _retain(tx._conn, sid, nxt, max_count, max_age_ms, now)
+            tx._dirty = tx._dirty or deleted > 0
+        return deleted
+
+    def check(self) -> list[str]:
+        problems: list[str] = []
+        try:
+            with self._conn() as c:
+                for n, x, m in c.execute(
+                        f"SELECT s.name, s.next_index, max(e.idx) FROM {_S} s JOIN {_E} e "
+                        "ON e.stream = s.id GROUP BY s.id HAVING max(e.idx) >= s.next_index"):
+                    problems.append(f"stream {n!r}: entry {m} at or beyond next index {x}")
+                orphans = c.execute(f"SELECT count(*) FROM {_E} WHERE stream NOT IN "
+                                    f"(SELECT id FROM {_S})").fetchone()[0]
+                if orphans:
+                    problems.append(f"{orphans} entries of no stream")
+                lost = c.execute(f"SELECT count(*) FROM {_T} WHERE stream NOT IN "
+                                 f"(SELECT id FROM {_S})").fetchone()[0]
+                if lost:
+                    problems.append(f"{lost} tailers of no stream")
+                counter = c.execute(f"SELECT seq FROM {SCHEMA}.commit_order WHERE id = 1").fetchone()
+                top = c.execute(f"SELECT max(seq) FROM {_E}").fetchone()[0]
+                if counter is None:
+                    problems.append("the commit counter is missing")
+                elif top is not None and top >= counter[0]:
+                    problems.append(f"the commit counter ({counter[0]}) is not above the "
+                                    f"newest entry's commit number ({top})")
+                dup = c.execute(f"SELECT count(*) FROM (SELECT seq FROM {_E} GROUP BY seq "
+                                "HAVING count(*) > 1) d").fetchone()[0]
+                if dup:
+                    problems.append(f"{dup} commit numbers used twice")
+        except StoreError as e:
+            problems.append(str(e))
+        return problems
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.close(timeout=5)
+        n, self._notifier = self._notifier, None
+        if n is not None:
+            _release_notifier(n)
+
+
+# -- transactions ------------------------------------------------------------------------------
+
+
+_INSERT = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value) "
+           "SELECT %s, %s + o - 1, %s + o - 1, %s, v FROM unnest(%s::bytea[]) WITH ORDINALITY AS u(v, o)")
+_INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
+                "SELECT %s, %s + o - 1, %s + o - 1, %s, v, m "
+                "FROM unnest(%s::bytea[], %s::bytea[]) WITH ORDINALITY AS u(v, m, o)")
+_UPSERT_TAILER = (f"INSERT INTO {_T} (stream, name, position, updated_ns) VALUES (%s, %s, %s, %s) "
+                  "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
+                  "updated_ns = excluded.updated_ns")
+
+
+def _retain(conn: Any, sid: int, nxt: int, max_count: int | None, max_age_ms: int | None,
+            now_ns: int) -> int:
+    cut = 0
+    if max_count is not None:
+        cut = max(cut, nxt - max_count)
+    if max_age_ms is not None:
+        row = conn.execute(f"SELECT idx FROM {_E} WHERE stream = %s AND time_ns >= %s "
+                           "ORDER BY idx LIMIT 1", (sid, now_ns - max_age_ms * 1_000_000)).fetchone()
+        cut = max(cut, nxt if row is None else row[0])
+    if cut <= 0:
+        return 0
+    return max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (sid, cut)).rowcount, 0)
+
+
+class PostgresTransaction(Transaction):
+    """A write transaction of :class:`PostgresStore` (see :meth:`PostgresStore.begin`)."""
+
+    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_new_ids", "_next", "_no_retention",
+                 "_seq", "_seq0", "_start_next", "_store", "_time")
+
+    def __init__(self, store: PostgresStore, conn: Any, seq: int) -> None:
+        self._store = store
+        self._conn = conn
+        self._done = False
+        self._dirty = False
+        self._seq = self._seq0 = seq
+        self._next: dict[int, int] = {}
+        self._start_next: dict[int, int] = {}
+        self._new_ids: dict[str, int] = {}
+        self._no_retention: set[int] = set()
+        self._copy_base: int | None = None
+        self._time: int | None = None
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _q(self, sql: str, params: Any = ()) -> Any:
+        import psycopg
+
+        try:
+            cur = self._conn.cursor(binary=True)
+            cur.execute(sql, params)
+            return cur
+        except psycopg.Error as e:
+            if isinstance(e, (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation)):
+                raise StoreError(f"{self._store.display}: {str(e).strip().splitlines()[0]}") from None
+            raise self._store._fail(e) from None
+
+    def _sid_of(self, name: str, create: bool = False) -> int:
+        sid = self._new_ids.get(name)
+        if sid is not None:
+            return sid
+        store = self._store
+        sid = store._ids.get(name)
+        if sid is not None:
+            return sid
+        row = self._q(f"SELECT id FROM {_S} WHERE name = %s", (name,)).fetchone()
+        if row is not None:
+            store._ids[name] = row[0]
+            return int(row[0])
+        if not create:
+            raise StreamNotFound(f"no stream named {name!r} in {store.display}")
+        check_stream_name(name)
+        sid = int(self._q(f"INSERT INTO {_S} (name, next_index, created_ns) VALUES (%s, 0, %s) "
+                          "RETURNING id", (name, time.time_ns())).fetchone()[0])
+        self._new_ids[name] = sid
+        self._next[sid] = self._start_next[sid] = 0
+        self._dirty = True
+        return sid
+
+    def _next_of(self, sid: int, name: str | None = None) -> int:
+        n = self._next.get(sid)
+        if n is None:
+            row = self._q(f"SELECT next_index FROM {_S} WHERE id = %s", (sid,)).fetchone()
+            if row is None:
+                raise StreamNotFound(f"stream {name or sid!r} was deleted")
+            n = self._next[sid] = self._start_next[sid] = int(row[0])
+        return n
+
+    def _writable(self, name: str) -> tuple[int, int]:
+        """(id, next index) of ``name`` for a write, creating it if needed; a cached id of
+        a stream deleted by another process is looked up again."""
+        sid = self._sid_of(name, create=True)
+        try:
+            return sid, self._next_of(sid, name)
+        except StreamNotFound:
+            self._store._ids.pop(name, None)
+            sid = self._sid_of(name, create=True)
+            return sid, self._next_of(sid, name)
+
+    def _finish(self) -> bool:
+        """Before COMMIT: next indices, the commit counter, retention, the NOTIFY.
+        Whether anything changed."""
+        changed = [(n, sid) for sid, n in self._next.items() if n != self._start_next[sid]]
+        c = self._conn
+        if changed:
+            c.cursor().executemany(f"UPDATE {_S} SET next_index = %s WHERE id = %s", changed)
+            ids = [sid for _n, sid in changed if sid not in self._no_retention]
+            if ids:
+                rows = self._q(
+                    f"SELECT id, next_index, max_count, max_age_ms FROM {_S} WHERE id = ANY(%s) "
+                    "AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)", (ids,)).fetchall()
+                now = self._time or time.time_ns()
+                for sid, nxt, max_count, max_age_ms in rows:
+                    _retain(c, sid, nxt, max_count, max_age_ms, now)
+            self._dirty = True
+        if self._seq != self._seq0:
+            self._q(f"UPDATE {SCHEMA}.commit_order SET seq = %s WHERE id = 1", (self._seq,))
+        if self._dirty:
+            c.execute(f"NOTIFY {CHANNEL}")
+        return self._dirty
+
+    def commit(self) -> None:
+        self._store._end(self, True)
+
+    def rollback(self) -> None:
+        self._store._end(self, False)
+
+    # -- the interface ----------------------------------------------------------------
+
+    def create_stream(
+        self, stream: str, max_count: int | None = None, max_age: float | None = None
+    ) -> None:
+        sid = self._sid_of(stream, create=True)
+        if max_count is not None or max_age is not None:
+            if max_count is not None and (type(max_count) is not int or max_count < 1):
+                raise ValueError("max_count must be a positive integer")
+            if max_age is not None and not (max_age > 0):
+                raise ValueError("max_age must be a positive number of seconds")
+            self.set_retention(stream, max_count, max_age, sid)
+
+    def set_retention(self, stream: str, max_count: int | None, max_age: float | None,
+                      _sid: int | None = None) -> None:
+        sid = self._sid_of(stream) if _sid is None else _sid
+        self._q(f"UPDATE {_S} SET max_count = %s, max_age_ms = %s WHERE id = %s",
+                (max_count, None if max_age is None else round(max_age * 1000), sid))
+        self._dirty = True
+
+    def next_index(self, stream: str) -> int:
+        try:
+            sid = self._sid_of(stream)
+        except StreamNotFound:
+            return 0
+        return self._next_of(sid, stream)
+
+    def append(self, stream: str, value: Value, meta: Value | None = None) -> int:
+        data = encode_value(value)
+        m = None if meta is None else encode_value(meta, "metadata")
+        return self.append_encoded(stream, [data], None if m is None else [m])
+
+    def append_encoded(
+        self, stream: str, datas: list[bytes], metas: list[bytes | None] | None = None
+    ) -> int:
+        sid, first = self._writable(stream)
+        n = len(datas)
+        if n == 0:
+            return first
+        if first + n > MAX_INDEX:
+            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        t = self._time = time.time_ns()
+        if metas is None:
+            self._q(_INSERT, (sid, first, self._seq, t, list(datas)))
+        else:
+            if len(metas) != n:
+                raise ValueError("append_encoded: datas and metas differ in length")
+            self._q(_INSERT_META, (sid, first, self._seq, t, list(datas), list(metas)))
+        self._seq += n
+        self._next[sid] = first + n
+        return first
+
+    def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
+        if not rows:
+            return
+        sid, nxt = self._writable(stream)
+        if rows[0][0] < nxt or any(b[0] <= a[0] for a, b in itertools.pairwise(rows)):
+            raise ValueError(f"copy_in {stream!r}: indices must increase from the next index {nxt}")
+        if rows[-1][0] >= MAX_INDEX:
+            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        if self._copy_base is None:
+            self._copy_base = self._seq
+        idx, times, values, metas, order = (list(c) for c in zip(*rows))
+        self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
+                "SELECT %s, i, %s + o, t, v, m FROM unnest(%s::bigint[], %s::bigint[], "
+                "%s::bytea[], %s::bytea[], %s::bigint[]) AS u(i, t, v, m, o)",
+                (sid, self._copy_base, idx, times, values, metas, order))
+        self._seq = max(self._seq, self._copy_base + max(order) + 1)
+        self._next[sid] = rows[-1][0] + 1
+        self._no_retention.add(sid)
+
+    def advance(self, stream: str, next_index: int) -> None:
+        if type(next_index) is not int or not 0 <= next_index <= MAX_INDEX:
+            raise ValueError(f"a next index is 0 to 2**63-1, not {next_index!r}")
+        sid, nxt = self._writable(stream)
+        if next_index > nxt:
+            self._next[sid] = next_index
+
+    def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
+        return self._store.read(stream, start, limit, end)
+
+    def read_rows(self, stream: str, start: int, end: int, limit: int) -> list[tuple[int, int, bytes, bytes | None]]:
+        return self._store.read_rows(stream, start, end, limit)
+
+    def get(self, stream: str, index: int) -> Entry | None:
+        return self._store.get(stream, index)
+
+    def last(self, stream: str, before: int | None = None, limit: int = 1) -> list[Entry]:
+        return self._store.last(stream, before, limit)
+
+    def first_index(self, stream: str) -> int | None:
+        return self._store.first_index(stream)
+
+    def position(self, stream: str, tailer: str) -> int | None:
+        return self._store.position(stream, tailer)
+
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        check_tailer_name(tailer)
+        if type(position) is not int or not 0 <= position <= MAX_INDEX:
+            raise ValueError(f"a tailer position is an index (0 to 2**63-1), not {position!r}")
+        sid = self._sid_of(stream, create=True)
+        self._q(_UPSERT_TAILER, (sid, tailer, position, time.time_ns()))
+        self._dirty = True
+
+    def set_positions(self, items: list[tuple[str, str, int]]) -> None:
+        """Several :meth:`set_position` calls in one round trip."""
+        if not items:
+            return
+        now = time.time_ns()
+        rows = []
+        for s, t, p in items:
+            check_tailer_name(t)
+            if type(p) is not int or not 0 <= p <= MAX_INDEX:
+                raise ValueError(f"a tailer position is an index (0 to 2**63-1), not {p!r}")
+            rows.append((self._sid_of(s, create=True), t, p, now))
+        import psycopg
+
+        try:
+            self._conn.cursor().executemany(_UPSERT_TAILER, rows)
+        except psycopg.Error as e:
+            raise self._store._fail(e) from None
+        self._dirty = True
