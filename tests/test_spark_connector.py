@@ -77,7 +77,7 @@ def test_batch_read_ranges_partitions_and_options(spark, tmp_path):
 
 
 def test_bad_options_say_what_is_wrong(tmp_path):
-    with pytest.raises(OptionError, match=r"needs .option\('path'"):
+    with pytest.raises(OptionError, match=r"needs .option\('store'"):
         parse_options({"stream": "x"})
     with pytest.raises(OptionError, match=r"needs .option\('stream'"):
         parse_options({"path": str(tmp_path)})

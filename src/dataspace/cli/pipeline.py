@@ -24,13 +24,14 @@ from ..pipeline.engine import (
 from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
 from ..streams import StoreError
-from ._store import open_data_store
+from ._store import add_store_argument, open_data_store, spark_data_dir
 
 EPILOG = """\
 examples:
   dataspace pipeline run graph.py                 run on Spark (local[*]) until Ctrl-C
   dataspace pipeline run graph.py --until-idle    stop once every input is processed
   dataspace pipeline run graph.py --master spark://host:7077    on a Spark cluster
+  dataspace pipeline run graph.py --store postgresql://app@db.example/app   a PostgreSQL store
   dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
   dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
   dataspace pipeline check graph.py               validate the graph without running it
@@ -59,7 +60,8 @@ def register(sub: Any) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("graph", metavar="GRAPH.py", help="Python file defining `graph`")
     common.add_argument("--data-dir", metavar="DIR",
-                        help=DATA_DIR_HELP)
+                        help=DATA_DIR_HELP + "; Spark's checkpoints go here for a PostgreSQL store")
+    add_store_argument(common)
     ss = p.add_subparsers(dest="pipeline_command", metavar="SUBCOMMAND")
 
     run = ss.add_parser("run", parents=[common], help="run a graph",
@@ -218,7 +220,8 @@ def _columns() -> int:
 
 
 def _open(args: argparse.Namespace, durability: str = "full", create: bool = True) -> Any:
-    return open_data_store(args.data_dir, create=create, durability=durability)
+    return open_data_store(args.data_dir, create=create, durability=durability,
+                           store=getattr(args, "store", None))
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -310,9 +313,15 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
     try:
         engine_cls = get_engine(args.engine)
         store = _open(args, args.durability)
-    except (EngineError, StoreError, OSError) as e:
+    except (EngineError, StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     stores.append(store)
+    if spark:
+        try:
+            options["data_dir"] = spark_data_dir(store, args.data_dir)
+        except OSError as e:
+            store.close()
+            return _fail(str(e))
     progress = _Progress(sys.stdout, args.quiet)
     engine = None
     stats: list[ProcStats] = []
@@ -336,7 +345,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
                 if spark:
                     where += f" on {engine.spark.sparkContext.master}"  # type: ignore[attr-defined]
                 print(f"dataspace pipeline: running graph {g.name!r} ({len(g.processors)} "
-                      f"processors, {args.guarantee}, {where}, store {store.path})"
+                      f"processors, {args.guarantee}, {where}, store {store.display})"
                       + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""),
                       flush=True)
             stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
@@ -380,12 +389,13 @@ def run_status(args: argparse.Namespace) -> int:
         return _fail(str(e), 2)
     try:
         store = _open(args, create=False)
-    except (StoreError, OSError) as e:
+    except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     try:
-        running = graph_holder(store.path, g.name)
+        running = graph_holder(store, g.name)
         nexts = store.next_indices()
-        print(f"graph {g.name!r} on {store.path}: {'running (pid ' + running + ')' if running else 'not running'}")
+        print(f"graph {g.name!r} on {store.display}: "
+              f"{'running (' + running + ')' if running else 'not running'}")
         for p in g.order():
             pid = g.proc_id(p)
             try:
@@ -403,7 +413,7 @@ def run_status(args: argparse.Namespace) -> int:
                     print(f"      {s:<22} position -        (stream at {_n(nxt)})")
                 else:
                     print(f"      {s:<22} position {_n(pos):<8} lag {_n(max(0, nxt - pos))}")
-            line = _spark_status(store.path, g.name, p.name)
+            line = _spark_status(store, args.data_dir, g.name, p.name)
             if line:
                 print(f"      {line}")
         if g.error_stream:
@@ -415,11 +425,15 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spark_status(db_path: Any, graph: str, proc: str) -> str | None:
+def _spark_status(store: Any, data_dir: str | None, graph: str, proc: str) -> str | None:
     """One line about a processor's Spark query (None if it never ran on Spark)."""
-    from ..pipeline.spark.status import graph_dir, query_status
+    from ..pipeline.spark.status import query_status, store_graph_dir
 
-    st = query_status(graph_dir(os.path.dirname(str(db_path)), graph) / proc)
+    try:
+        d = spark_data_dir(store, data_dir, create=False)
+    except OSError:
+        return None
+    st = query_status(store_graph_dir(store.url, d, graph) / proc)
     if st is None:
         return None
     parts = []

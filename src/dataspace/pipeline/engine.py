@@ -8,15 +8,13 @@ implements :class:`Engine`.  ``dataspace pipeline run --engine NAME`` looks the 
 
 from __future__ import annotations
 
-import fcntl
 import importlib
-import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..streams.base import Store
+from ..streams.base import LockHeld, Store, StoreLock
 from .graph import Graph
 
 __all__ = [
@@ -43,48 +41,24 @@ class EngineError(RuntimeError):
     """The engine cannot run the graph (the message says why and what to do)."""
 
 
-def _lock_path(db_path: str | os.PathLike[str], graph: str) -> str:
-    db = str(db_path)
-    return os.path.join(os.path.dirname(db), os.path.basename(db) + "-locks", f"{graph}.lock")
-
-
-def claim_graph(db_path: str | os.PathLike[str], graph: str) -> int:
-    """Claim ``graph`` on the store at ``db_path`` for this process, whatever the engine:
-    an exclusive ``flock`` on a lock file holding our pid, released by the kernel when the
-    process dies.  Returns the file descriptor (close it to release); :class:`EngineError`
-    when another process runs the graph -- two runs would break exactly-once."""
-    path = _lock_path(db_path, graph)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+def claim_graph(store: Store, graph: str) -> StoreLock:
+    """Claim ``graph`` on ``store`` for this process, whatever the engine: the store's lock
+    ``graph:NAME`` (a ``flock``ed file beside an SQLite store, a session advisory lock on
+    PostgreSQL), released when the process dies.  Release the result to give it up;
+    :class:`EngineError` when another process runs the graph -- two runs would break
+    exactly-once."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        try:
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        finally:
-            os.close(fd)
+        return store.lock(f"graph:{graph}")
+    except LockHeld as e:
         raise EngineError(
-            f"graph {graph!r} is already running on this store (pid {other or '?'}); "
+            f"graph {graph!r} is already running on this store ({e.holder}); "
             "stop it first -- two runs of one graph would break exactly-once"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
 
 
-def graph_holder(db_path: str | os.PathLike[str], graph: str) -> str | None:
-    """The pid of the process running ``graph`` on the store (as text), or None."""
-    try:
-        fd = os.open(_lock_path(db_path, graph), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-    finally:
-        os.close(fd)
-    return None
+def graph_holder(store: Store, graph: str) -> str | None:
+    """Who runs ``graph`` on the store (``"pid N"``, ``"pid N on HOST"``), or None."""
+    return store.lock_holder(f"graph:{graph}")
 
 
 @dataclass

@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..streams.base import MAX_INDEX, Store, Transaction, encode_value
+from ..streams.base import MAX_INDEX, Store, StoreLock, Transaction, encode_value
 from ..values import Record, Sequence, Symbol, decode, encode
 from .engine import GUARANTEES, Engine, EngineError, ProcStats, claim_graph
 from .exactly_once import (
@@ -746,16 +745,14 @@ class LocalEngine(Engine):
         self.pure = [q for q in self.procs if not q.p.side_effects]
         self.effectful = [q for q in self.procs if q.p.side_effects]
         self.started = False
-        self._lock_fd: int | None = None
+        self._lock: StoreLock | None = None
         self.commits = 0
         self._amo_k = 1
 
     # -- start: claim the graph, recover every processor ---------------------------------
 
     def _claim(self) -> None:
-        path = getattr(self.store, "path", None)
-        if path is not None:
-            self._lock_fd = claim_graph(path, self.graph.name)
+        self._lock = claim_graph(self.store, self.graph.name)
 
     def start(self) -> None:
         if self.started:
@@ -983,7 +980,7 @@ class LocalEngine(Engine):
         return {q.p.name: q.recovery for q in self.procs}
 
     def close(self) -> None:
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            with contextlib.suppress(Exception):
+                lock.release()

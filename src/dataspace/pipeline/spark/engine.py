@@ -42,13 +42,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...streams.base import Store
+from ...streams.base import Store, StoreLock
 from ..engine import Engine, EngineError, ProcStats, claim_graph
 from ..exactly_once import backing_stream, recover, resume
 from ..graph import Graph, Processor
+from ._store import store_options
 from .session import SparkSetupError, get_session, is_local
 from .sink import ProcSpec, encode_spec
-from .status import checkpoint_state, graph_dir
+from .status import checkpoint_state, default_data_dir_for, store_graph_dir
 
 __all__ = ["SparkEngine"]
 
@@ -102,7 +103,10 @@ class SparkEngine(Engine):
     over the parallelism), ``checkpoint_dir`` (default ``DATA_DIR/spark/GRAPH``),
     ``verbose`` (Spark's warnings on the terminal), ``conf`` (extra Spark settings),
     ``log_file`` (the JVM's output; default ``DATA_DIR/spark/spark.log``), ``wait_ms``
-    (longest sleep of an idle source before it answers Spark, default 250).
+    (longest sleep of an idle source before it answers Spark, default 250),
+    ``data_dir`` (where checkpoints and logs go: default the SQLite store's directory, or
+    for a PostgreSQL store the default data directory; a PostgreSQL store's checkpoints
+    are under ``DATA_DIR/spark/pg-KEY/GRAPH``, KEY naming its server and database).
     """
 
     name = "spark"
@@ -123,6 +127,7 @@ class SparkEngine(Engine):
         log_file: str | os.PathLike[str] | None = None,
         wait_ms: int = 250,
         backing_keep: int = 1000,
+        data_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(graph, store)
         if guarantee != "exactly-once":
@@ -130,16 +135,14 @@ class SparkEngine(Engine):
                               f"for {guarantee}")
         if batch is not None and batch < 1:
             raise EngineError("batch must be >= 1")
-        path = getattr(store, "path", None)
-        if path is None:
-            raise EngineError("the spark engine needs a store in a file (SQLite)")
-        self.db = str(Path(path).resolve())
-        self.data_dir = Path(self.db).parent
+        self.store_url = store.url
+        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir_for(store)
         self.batch = batch or DEFAULT_BATCH
         self.master = master
         self.spark = spark
         self.partition_rows = partition_rows
-        self.root = Path(checkpoint_dir) if checkpoint_dir else graph_dir(self.data_dir, graph.name)
+        self.root = (Path(checkpoint_dir) if checkpoint_dir
+                     else store_graph_dir(self.store_url, self.data_dir, graph.name))
         self.verbose = verbose
         self.conf = conf or {}
         self.log_file = log_file or (self.data_dir / "spark" / "spark.log")
@@ -147,14 +150,14 @@ class SparkEngine(Engine):
         self.backing_keep = max(backing_keep, 8)
         self.queries = [_Query(self, p) for p in graph.order()]
         self.started = False
-        self._lock_fd: int | None = None
+        self._lock: StoreLock | None = None
         self.created_session = False
         self._progress_t = 0.0
 
     # -- start ---------------------------------------------------------------------------
 
     def _claim(self) -> None:
-        self._lock_fd = claim_graph(self.db, self.graph.name)
+        self._lock = claim_graph(self.store, self.graph.name)
 
     def start(self) -> None:
         if self.started:
@@ -249,7 +252,7 @@ class SparkEngine(Engine):
                 meta: bool, extra: dict[str, Any] | None = None) -> Any:
         pr = self.partition_rows or min(self.batch, max(1000, math.ceil(self.batch / self._parallelism())))
         opts = {
-            "path": self.db,
+            **store_options(self.store_url),
             "streams": ",".join(streams),
             "mode": mode,
             "maxRowsPerBatch": str(self.batch),
@@ -308,7 +311,7 @@ class SparkEngine(Engine):
                 "be picklable -- open connections and locks inside the function, not around it"
             ) from e
         w = (out.writeStream.format("dataspace")
-             .option("path", self.db)
+             .options(**store_options(self.store_url))
              .option("processor", packed)
              .option("checkpointLocation", str(q.checkpoint))
              .outputMode(mode)
@@ -502,10 +505,10 @@ class SparkEngine(Engine):
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._stop_queries()
-        if self._lock_fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            lock, self._lock = self._lock, None
+            with contextlib.suppress(Exception):
+                lock.release()
 
 
 def _active(query: Any) -> bool:

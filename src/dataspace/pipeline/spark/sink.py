@@ -2,8 +2,11 @@
 
 ::
 
-    df.writeStream.format("dataspace").option("path", DATA_DIR).option("stream", "out")
+    df.writeStream.format("dataspace").option("store", URL).option("stream", "out")
       .option("checkpointLocation", CKPT).start()
+
+``store`` is a store URL (a data directory, ``sqlite:PATH``, ``postgresql://...``);
+``path`` is its older name, kept for SQLite stores.
 
 **How a micro-batch is committed.**  Write tasks (executors) turn their rows into encoded
 output messages and send them to the driver in their commit messages; they write
@@ -59,7 +62,7 @@ from ...values import Dictionary, Sequence, Symbol, decode, encode, parse
 from ..exactly_once import Recovery, Resume, commit_step, delivery_hash, recover, resume
 from ..graph import Graph, Processor
 from . import faults
-from ._store import db_path, store_for
+from ._store import location_option, store_for
 from .offsets import KEY, offset_ranges
 
 __all__ = [
@@ -406,10 +409,14 @@ class StreamWriter(DataSourceStreamArrowWriter):
     """The streaming writer (see the module docstring)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        path = options.get("path")
+        try:
+            path = location_option(options, "the dataspace sink")
+        except ValueError as e:
+            raise CommitError(str(e)) from None
         if not path:
-            raise CommitError("the dataspace sink needs .option('path', DATA_DIR)")
-        self.path = db_path(path)
+            raise CommitError("the dataspace sink needs .option('store', URL) (a data directory, "
+                              "sqlite:PATH or postgresql://...)")
+        self.path = path
         self.checkpoint = options.get("checkpointLocation")
         if not self.checkpoint:
             raise CommitError("the dataspace sink needs .option('checkpointLocation', DIR): its "
@@ -570,12 +577,15 @@ class BatchWriter(DataSourceArrowWriter):
     when the job commits (all or nothing; a job run twice appends twice)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        path = options.get("path")
+        try:
+            path = location_option(options, "df.write.format('dataspace')")
+        except ValueError as e:
+            raise CommitError(str(e)) from None
         out = options.get("stream")
         if not path or not out:
-            raise CommitError("df.write.format('dataspace') needs .option('path', DATA_DIR) "
+            raise CommitError("df.write.format('dataspace') needs .option('store', URL) "
                               "and .option('stream', NAME)")
-        self.path = db_path(path)
+        self.path = path
         self.stream = _output_name(out)
 
     def write(self, iterator: Iterator[Any]) -> BatchPart:

@@ -2,9 +2,12 @@
 
 ::
 
-    spark.read.format("dataspace").option("path", DATA_DIR).option("stream", "chat").load()
-    spark.readStream.format("dataspace").option("path", DATA_DIR).option("stream", "chat")
-         .option("maxRowsPerBatch", 10000).load()
+    spark.read.format("dataspace").option("store", DATA_DIR).option("stream", "chat").load()
+    spark.readStream.format("dataspace").option("store", "postgresql://app@db/app")
+         .option("stream", "chat").option("maxRowsPerBatch", 10000).load()
+
+``store`` is a store URL (a data directory, a ``.sqlite3`` file, ``sqlite:PATH``,
+``postgresql://...``); ``path`` is its older name, kept for SQLite stores.
 
 **Offsets are stream indices** and every offset says where its micro-batch started and
 ended, per stream: ``{"dataspace": {"chat": {"start": 100, "end": 250}}}``.  Spark writes
@@ -62,9 +65,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ...datadir import mask_url
 from ...streams.base import MAX_INDEX, Columns, StoreError, StreamNotFound
 from . import faults
-from ._store import db_path, store_for
+from ._store import location_option, store_for
 from .offsets import KEY, make_offset, offset_ranges
 
 __all__ = [
@@ -93,7 +97,7 @@ class OptionError(ValueError):
 class SourceOptions:
     """The parsed options (see docs/spark.md for each)."""
 
-    path: str
+    path: str  # the store's URL (see _store.location_option)
     streams: tuple[str, ...]
     mode: str = "each"
     max_rows: int | None = 100_000
@@ -157,10 +161,14 @@ def _offsets_option(v: str | None, name: str, default: str) -> Any:
 
 def parse_options(opts: Mapping[str, str]) -> SourceOptions:
     """Validate the data source's options (raises :class:`OptionError`)."""
-    path = opts.get("path")
+    try:
+        path = location_option(opts, "the dataspace source")
+    except ValueError as e:
+        raise OptionError(str(e)) from None
     if not path:
-        raise OptionError("the dataspace source needs .option('path', DATA_DIR) (the data "
-                          "directory holding streams.sqlite3) or .load(DATA_DIR)")
+        raise OptionError("the dataspace source needs .option('store', URL) (a data "
+                          "directory, a .sqlite3 file, sqlite:PATH or postgresql://...) or "
+                          ".load(DATA_DIR)")
     names = opts.get("streams") or opts.get("stream")
     if not names:
         raise OptionError("the dataspace source needs .option('stream', NAME) (or 'streams', "
@@ -179,7 +187,7 @@ def parse_options(opts: Mapping[str, str]) -> SourceOptions:
     if first:
         first_batch = json.loads(first)
     return SourceOptions(
-        path=db_path(path),
+        path=path,
         streams=streams,
         mode=mode,
         max_rows=_int(opts, "maxRowsPerBatch", 100_000),
@@ -232,8 +240,8 @@ def _split(lo: int, hi: int, size: int) -> list[tuple[int, int]]:
 
 def _existing_store(path: str) -> Any:
     """The store at ``path`` for a read: StoreError (one line) if there is none."""
-    if not os.path.exists(path):
-        raise StoreError(f"no stream store at {path}; check the source's path option (a data "
+    if "://" not in path and not os.path.exists(path):
+        raise StoreError(f"no stream store at {path}; check the source's store option (a data "
                          "directory or its streams.sqlite3)")
     return store_for(path)
 
@@ -387,7 +395,7 @@ class _BatchReader(DataSourceReader):
         missing = [s for s in o.streams if not store.has_stream(s)]
         if missing:
             names = ", ".join(repr(s) for s in missing)
-            raise StreamNotFound(f"no stream named {names} in {o.path} (dataspace stream ls "
+            raise StreamNotFound(f"no stream named {names} in {mask_url(o.path)} (dataspace stream ls "
                                  "lists them)")
         ranges = {}
         for s in o.streams:

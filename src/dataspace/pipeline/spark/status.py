@@ -22,12 +22,35 @@ from typing import Any
 
 from .offsets import offset_ranges
 
-__all__ = ["QueryStatus", "checkpoint_state", "graph_dir", "query_status"]
+__all__ = ["QueryStatus", "checkpoint_state", "default_data_dir_for", "graph_dir", "query_status",
+           "store_graph_dir"]
 
 
 def graph_dir(data_dir: str | os.PathLike[str], graph: str) -> Path:
     """Where the Spark engine keeps a graph's checkpoints and progress files."""
     return Path(data_dir) / "spark" / graph
+
+
+def store_graph_dir(store_url: str, data_dir: str | os.PathLike[str], graph: str) -> Path:
+    """:func:`graph_dir` for a graph on the store at ``store_url``: ``DATA_DIR/spark/GRAPH``
+    for an SQLite store, ``DATA_DIR/spark/pg-KEY/GRAPH`` for a PostgreSQL one (KEY names
+    its server and database, so two stores' checkpoints never mix)."""
+    if "://" in store_url:
+        from ...streams.postgres import store_key
+
+        return Path(data_dir) / "spark" / f"pg-{store_key(store_url)}" / graph
+    return graph_dir(data_dir, graph)
+
+
+def default_data_dir_for(store: Any) -> Path:
+    """Where a store's Spark files go by default: the SQLite store's directory, else the
+    default data directory."""
+    path = getattr(store, "path", None)
+    if path is not None:
+        return Path(path).resolve().parent
+    from ...datadir import default_data_dir
+
+    return default_data_dir()
 
 
 def checkpoint_state(ck: str | os.PathLike[str]) -> tuple[int | None, int | None, dict[str, tuple[int, int]] | None]:
