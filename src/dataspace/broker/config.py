@@ -9,6 +9,7 @@ followed by a space starts a comment)::
       unix: ["/run/dataspace/dataspace.sock"]
       ws: ["127.0.0.1:7412"]
       data-dir: "/var/lib/dataspace"          # root.key and root.sturdyref live here
+      store: "postgresql://app@db/app"        # the stream store (default: data-dir's SQLite)
       verbose: 1                              # 0 warnings, 1 info, 2 debug
       root-oid: "root"                        # the OID of the root capability
       # root-key: #x"..."                     # default: <data-dir>/root.key
@@ -88,6 +89,9 @@ class ServerConfig:
     unix: list[str] = field(default_factory=list)
     ws: list[str] = field(default_factory=list)
     data_dir: str | None = None
+    # The stream store's URL (a path, sqlite:PATH or postgresql://...; checked and opened
+    # by the serve command): default, the data directory's streams.sqlite3.
+    store: str | None = field(default=None, repr=False)  # may hold a password
     verbose: int = 0
     root_oid: Value = "root"
     root_key: bytes | None = None
@@ -271,7 +275,7 @@ _SECONDS_KEYS = {
 }
 _LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
 _KNOWN = sorted(
-    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "root-oid", "root-key", "bind",
+    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "store", "root-oid", "root-key", "bind",
      "record", "link", "scry-udp", "http", "publish"]
 )
 
@@ -346,6 +350,11 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not str:
                 raise ConfigError(f"data-dir must be a string, not {_short(x)}")
             changes["data_dir"] = x
+        elif name == "store":
+            if type(x) is not str or not x:
+                raise ConfigError('store must be a store URL string, e.g. store: '
+                                  '"postgresql://app@db.example/app"')
+            changes["store"] = x
         elif name == "root-oid":
             changes["root_oid"] = x
         elif name == "root-key":

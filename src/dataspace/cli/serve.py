@@ -12,11 +12,11 @@ from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
-from ..streams import SQLiteStore, StoreError, check_stream_name, recorder_specs, start_recorders
+from ..streams import Store, StoreError, check_stream_name, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
 from ..streams.scry import ScryServer, start_scry_udp
 from ._client import stop_event
-from ._store import open_data_store
+from ._store import add_store_argument, open_data_store
 
 EXAMPLES = f"""\
 examples:
@@ -28,6 +28,8 @@ examples:
   dataspace serve --record 'chat:<Says $who $text>'
                                                record every <Says ...> message into stream chat
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
+  dataspace serve --record 'chat:<Says $who $text>' --store postgresql://app@db.example/app
+                                               record into a PostgreSQL store
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
                                                share the root dataspace with another server
                                                presence messages, assertions and retractions
@@ -36,7 +38,8 @@ At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability 
 dataspace, and writes it to <data-dir>/root.sturdyref, where `dataspace observe`, `assert`
 and `send` find it.  Ctrl-C (SIGINT) or SIGTERM stops it cleanly.  See docs/broker.md for the
 configuration file and the limits; docs/streams.md for recording (the stream store is
-<data-dir>/streams.sqlite3, read it with `dataspace stream tail`).
+<data-dir>/streams.sqlite3 unless --store names another; read it with `dataspace stream
+tail`).
 """
 
 
@@ -61,6 +64,7 @@ def register(sub: Any) -> None:
                    help="read settings from a Preserves text file (options given here win)")
     p.add_argument("--data-dir", metavar="DIR",
                    help=DATA_DIR_HELP)
+    add_store_argument(p)
     p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                    help="more logging (-v info, -vv debug)")
     p.add_argument("--record", action="append", metavar="SPEC",
@@ -145,7 +149,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The configuration file (if any) with the command-line options applied."""
     cfg = load_config(args.config) if args.config else ServerConfig()
     cfg = cfg.override(
-        tcp=args.tcp, unix=args.unix, ws=args.ws, data_dir=args.data_dir,
+        tcp=args.tcp, unix=args.unix, ws=args.ws, data_dir=args.data_dir, store=args.store,
         max_packet_size=args.max_packet_size, max_assertions=args.max_assertions,
         max_references=args.max_references, max_debt=args.max_debt,
         max_send_queue=args.max_send_queue, max_connections=args.max_connections,
@@ -221,13 +225,13 @@ async def _serve(cfg: ServerConfig) -> int:
     # Everything that can fail on the data directory's contents is checked before the
     # server listens or prints its sturdyref: a damaged stream store is one line and a
     # non-zero exit, as `dataspace stream ls` reports it, not a traceback after start.
-    store: SQLiteStore | None = None
+    store: Store | None = None
     try:
         specs = _recorder_specs(cfg)
         data_dir = resolve_data_dir(cfg.data_dir)
         if specs or cfg.publish or cfg.scry_udp or cfg.http:
-            store = open_data_store(data_dir, create=True)
-    except (StoreError, OSError, ConfigError) as e:
+            store = open_data_store(data_dir, create=True, store=cfg.store)
+    except (StoreError, OSError, ConfigError, ValueError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     server = Server(cfg, data_dir=data_dir)
@@ -275,7 +279,7 @@ async def _serve(cfg: ServerConfig) -> int:
                   f"{', '.join(cfg.publish) or 'no stream; give --publish STREAM'})",
                   file=sys.stderr, flush=True)
         if recorders and store is not None:
-            print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.path}",
+            print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.display}",
                   file=sys.stderr, flush=True)
         for spec in cfg.link_specs():
             print(f"dataspace serve: linking to {spec.address} (`dataspace link status` "
