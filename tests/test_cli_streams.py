@@ -109,12 +109,14 @@ def test_help_has_examples():
         assert r.returncode == 0 and "usage: dataspace stream" in r.stdout
 
 
-def test_tail_follow_wakes_on_appends_from_other_processes(data_dir):
-    main(["stream", "append", "live", "0"])
+def test_tail_follow_wakes_on_appends_from_other_processes(store_url):
+    """On SQLite through inotify, on PostgreSQL through LISTEN/NOTIFY."""
+    at = ["--store", store_url]
+    main(["stream", "append", "live", "0", *at])
     proc = subprocess.Popen(
         # -X faulthandler: if it ever hangs, SIGABRT makes it print every thread's stack.
         [sys.executable, "-X", "faulthandler", "-m", "dataspace.cli", "stream", "tail", "live",
-         "-f", "-n", "1"],
+         "-f", "-n", "1", *at],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -132,7 +134,7 @@ def test_tail_follow_wakes_on_appends_from_other_processes(data_dir):
         with got:
             assert got.wait_for(lambda: len(lines) >= 1, LONG), proc.stderr
         assert lines == ["0  0"]
-        assert cli("stream", "append", "live", "1", "2").returncode == 0
+        assert cli("stream", "append", "live", "1", "2", *at).returncode == 0
         with got:
             assert got.wait_for(lambda: len(lines) >= 3, LONG)
         assert lines == ["0  0", "1  1", "2  2"]
@@ -212,3 +214,144 @@ def test_reserved_names_cannot_be_written_but_can_be_read(data_dir, capsys):
         s.append("__backing/g/p", 1)  # the store's own API writes them (engines do)
     assert main(["stream", "tail", "__backing/g/p"]) == 0
     assert capsys.readouterr().out == "0  1\n"
+
+
+# -- --store URL and stream copy ----------------------------------------------------------------
+
+
+def test_every_stream_command_takes_a_store_url(store_url, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path / "unused"))
+    at = ["--store", store_url]
+    assert main(["stream", "ls", *at]) == 0
+    assert capsys.readouterr().out.startswith("no streams yet")
+    assert main(["stream", "append", "chat", "1", "2", *at]) == 0
+    assert main(["stream", "create", "chat", "--max-count", "5", *at]) == 0
+    assert main(["stream", "tail", "chat", "--tailer", "me", *at]) == 0
+    assert main(["stream", "info", "chat", "--check", *at]) == 0
+    out = capsys.readouterr().out
+    assert "chat: 2 entries, retention 5 entries" in out and "0  1\n1  2\n" in out
+    assert "integrity   ok" in out and "me " in out
+    store_line = next(ln for ln in out.splitlines() if ln.startswith("store "))
+    assert "***" in store_line if store_url.startswith("postgresql:") else store_url in store_line
+    assert main(["stream", "ls", *at]) == 0
+    assert "chat  2" in capsys.readouterr().out
+    assert not (tmp_path / "unused").exists()  # --store wins over the data directory
+
+
+def test_store_url_errors_are_one_line_and_never_show_the_password(pg_server, capsys):
+    bad = pg_server.url("postgres", password="wrong-pw")
+    assert main(["stream", "ls", "--store", bad]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "password authentication failed" in err
+    assert "wrong-pw" not in err and "***" in err
+    assert main(["stream", "ls", "--store", "mysql://u:pw@h/db"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("dataspace stream: mysql://u:***@h/db: not a stream store URL")
+
+
+def _fill(url: str) -> None:
+    """A store with what a move must keep: retention that removed a prefix (indices from 3),
+    metadata, append times, interleaved commits across streams, tailers, an empty stream
+    with a next index, a processor's backing stream."""
+    with open_store(url) as s:
+        s.create_stream("log", max_count=4)
+        for i in range(7):
+            with s.transaction() as tx:
+                tx.append("log", i, meta=parse(f"<m {i}>"))
+                if i % 2:
+                    tx.append("chat", parse(f'<Says "u" "{i}">'))
+        s.append("__backing/g/p", parse("<attempt-nil #[AA==]>"))
+        s.set_position("log", "reader", 5)
+        s.set_position("chat", "me", 1)
+        s.create_stream("empty")
+        with s.transaction() as tx:
+            tx.advance("empty", 12)
+
+
+def _contents(url: str) -> dict:
+    with open_store(url) as s:
+        out = {}
+        order = []
+        for info in s.streams(include_internal=True):
+            entries = list(s.iter_entries(info.name))
+            out[info.name] = (info.first, info.next, info.max_count,
+                              [(e.index, e.time_ns, e.data, e.meta_data) for e in entries],
+                              sorted((t.name, t.position) for t in info.tailers))
+            order += [(e.seq, info.name, e.index) for e in entries]
+        out["commit order"] = [(n, i) for _q, n, i in sorted(order)]
+        return out
+
+
+def test_copy_moves_streams_from_sqlite_to_postgresql_and_back(tmp_path, pg_url, pg_server):
+    src = str(tmp_path / "a")
+    back = str(tmp_path / "b")
+    _fill(src)
+    want = _contents(src)
+    assert want["log"][0] == 3 and want["empty"][:2] == (None, 12)
+
+    r = cli("stream", "copy", src, pg_url)
+    assert r.returncode == 0, r.stderr
+    assert pg_server.password not in r.stdout + r.stderr and "***" in r.stdout
+    lines = r.stdout.splitlines()
+    assert lines[-2].startswith("copied 8/8 entries (100%)")  # not a terminal: plain lines
+    assert lines[-1] == "dataspace stream: copied 4 streams, 8 entries, 2 tailers"
+    assert _contents(pg_url) == want
+
+    r = cli("stream", "copy", pg_url, back)
+    assert r.returncode == 0, r.stderr
+    assert _contents(back) == want
+
+    # A non-empty destination is refused, and replaced only when told.
+    r = cli("stream", "copy", src, pg_url)
+    assert r.returncode == 1 and "already has data in" in r.stderr and "--replace" in r.stderr
+    assert r.stderr.count("\n") == 1 and pg_server.password not in r.stderr
+    with open_store(src) as s:
+        s.append("chat", "new")
+    r = cli("stream", "copy", src, pg_url, "--replace", "--streams", "chat")
+    assert r.returncode == 0, r.stderr
+    assert "copied 1 stream, 4 entries, 1 tailer (replaced chat)" in r.stdout
+    with open_store(pg_url) as s:
+        assert [e.value for e in s.read("chat")][-1] == "new"
+        assert s.next_index("log") == 7  # the other streams are as they were
+    r = cli("stream", "copy", src, pg_url, "--streams", "nope")
+    assert r.returncode == 1 and "no stream named 'nope'" in r.stderr
+
+
+def test_copy_progress_is_a_bar_on_a_terminal_and_periodic_lines_otherwise():
+    from dataspace.cli.stream import CopyProgress
+
+    class Out:
+        def __init__(self, tty):
+            self.text = ""
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+        def write(self, s):
+            self.text += s
+
+        def flush(self):
+            pass
+
+    now = [0.0]
+    plain = Out(False)
+    p = CopyProgress(plain, interval=2.0, clock=lambda: now[0])
+    for t, done in [(0, 0), (1, 1000), (2.5, 3000), (3, 4000), (5, 8000), (6, 10000)]:
+        now[0] = t
+        p(done, 10000)
+    assert plain.text.splitlines() == [
+        "copied 3,000/10,000 entries (30%), 1,200/s, ETA 0:06",
+        "copied 8,000/10,000 entries (80%), 1,600/s, ETA 0:01",
+        "copied 10,000/10,000 entries (100%), 1,667/s, 0:06",
+    ]
+    now[0] = 0.0
+    tty = Out(True)
+    p = CopyProgress(tty, clock=lambda: now[0])
+    now[0] = 2.0
+    p(5000, 10000)
+    now[0] = 4.0
+    p(10000, 10000)
+    assert tty.text.startswith("\r[############............] 5,000/10,000 entries (50%), 2,500/s, ETA 0:02")
+    assert tty.text.endswith("\n") and tty.text.rstrip().endswith("(100%), 2,500/s, 0:04")
+    assert "\r[########################] 10,000/10,000" in tty.text

@@ -12,12 +12,13 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from ..datadir import DATA_DIR_HELP, STREAMS_DB, resolve_data_dir
-from ..streams import StoreError, check_user_name
+from ..datadir import DATA_DIR_HELP, STREAMS_DB
+from ..streams import StoreError, StoreNotFound, check_user_name
 from ..streams.base import Entry, StreamInfo, parse_duration
+from ..streams.copy import CopyRefused, copy_streams
 from ..values import ParseError, stringify
 from ..values.text import parse_many
-from ._store import open_data_store
+from ._store import add_store_argument, open_data_store
 
 EPILOG = """\
 examples:
@@ -29,6 +30,13 @@ examples:
   dataspace stream tail chat -f --tailer me         resume as the named tailer "me"
   dataspace stream info chat                        details, tailers and their lag
   dataspace stream create logs --max-count 100000 --max-age 7d   set retention
+  dataspace stream ls --store postgresql://app@db.example/app     a PostgreSQL store
+  dataspace stream copy ~/.local/share/dataspace postgresql://app@db.example/app
+                                                    move every stream to PostgreSQL
+
+Every subcommand takes --store URL: a data directory or .sqlite3 file, sqlite:PATH, or
+postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (the password also from PGPASSWORD or
+~/.pgpass); without it, the data directory's streams.sqlite3.
 """
 
 
@@ -36,15 +44,17 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "stream",
         help="list, read, follow and append to durable streams",
-        description="Durable streams are named, append-only logs of Preserves values in the "
-        f"embedded store ({STREAMS_DB} in the data directory).  Entries have monotonic "
-        "indices from 0; named tailers remember positions.",
+        description="Durable streams are named, append-only logs of Preserves values in a "
+        f"store: the embedded one ({STREAMS_DB} in the data directory) or one named by "
+        "--store URL (SQLite or PostgreSQL).  Entries have monotonic indices from 0; named "
+        "tailers remember positions.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", metavar="DIR",
                         help=DATA_DIR_HELP)
+    add_store_argument(common)
     ss = p.add_subparsers(dest="stream_command", metavar="SUBCOMMAND")
 
     ls = ss.add_parser("ls", parents=[common], help="list streams",
@@ -95,11 +105,37 @@ def register(sub: Any) -> None:
     cr.add_argument("--keep-all", action="store_true", help="remove both retention limits")
     cr.set_defaults(func=run_create)
 
+    cp = ss.add_parser(
+        "copy", help="copy streams to another store (SQLite <-> PostgreSQL)",
+        description="Copy streams -- values, metadata, indices, append times, retention and "
+        "named tailers -- from the store SRC to the store DST, keeping the order of commits "
+        "across streams.  SRC and DST are store URLs: a data directory or .sqlite3 file, "
+        "sqlite:PATH, postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE.  Every stream is "
+        "copied, processor backing streams included (a pipeline carries on where it was on "
+        "the new store), unless --streams says which.  Stop writers to SRC first: what is "
+        "appended during the copy is not copied (and said so).  A progress bar on a "
+        "terminal; otherwise a line every few seconds.",
+        epilog="examples:\n"
+        "  dataspace stream copy ~/.local/share/dataspace postgresql://app@db.example/app\n"
+        "  dataspace stream copy postgresql://app@db.example/app /tmp/backup --streams chat,orders\n"
+        "  dataspace stream copy sqlite:old.sqlite3 sqlite:new.sqlite3 --replace",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    cp.add_argument("src", metavar="SRC", help="the store to copy from")
+    cp.add_argument("dst", metavar="DST", help="the store to copy to (created if needed)")
+    cp.add_argument("--streams", action="append", metavar="NAME[,NAME...]",
+                    help="copy only these streams (repeatable; default: all)")
+    cp.add_argument("--replace", action="store_true",
+                    help="replace destination streams that already hold entries or tailers "
+                    "(refused otherwise)")
+    cp.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                    help="seconds between progress lines when not on a terminal (default 2)")
+    cp.set_defaults(func=run_copy)
+
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
 def _store(args: argparse.Namespace, create: bool = False) -> Any:
-    return open_data_store(args.data_dir, create=create)
+    return open_data_store(args.data_dir, create=create, store=args.store)
 
 
 def _fail(msg: str) -> int:
@@ -132,12 +168,11 @@ def _duration(seconds: float) -> str:
 
 def run_ls(args: argparse.Namespace) -> int:
     try:
-        if not (resolve_data_dir(args.data_dir, create=False) / STREAMS_DB).exists():
-            print("no streams yet (dataspace stream append NAME VALUE creates one)")
-            return 0
         with _store(args) as store:
             streams = store.streams(include_internal=args.all)
-    except (StoreError, OSError) as e:
+    except StoreNotFound:
+        streams = []
+    except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     if not streams:
         print("no streams yet (dataspace stream append NAME VALUE creates one)")
@@ -157,7 +192,7 @@ def run_info(args: argparse.Namespace) -> int:
         with _store(args) as store:
             s = store.stream_info(args.name)
             problems = store.check() if args.check else None
-            path = store.path
+            path = store.display
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     print(f"stream      {s.name}")
@@ -293,7 +328,7 @@ def run_tail(args: argparse.Namespace) -> int:
         return 2
     try:
         store = _store(args, create=args.follow)
-    except (StoreError, OSError) as e:
+    except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     try:
         if not store.has_stream(args.name):
@@ -377,3 +412,101 @@ def run_create(args: argparse.Namespace) -> int:
     print(f"{s.name}: {s.count} entries, retention {_retention(s)}"
           + (f" ({removed} old entries removed)" if removed else ""))
     return 0
+
+
+class CopyProgress:
+    """The copy's progress: a bar with rate and time left, rewritten in place on a
+    terminal; otherwise a plain line at most every ``interval`` seconds (and the last)."""
+
+    def __init__(self, out: Any, interval: float = 2.0, clock: Any = None,
+                 header: str | None = None) -> None:
+        import time
+
+        self.out = out
+        self.header = header
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.interval = interval
+        self.clock = clock or time.monotonic
+        self.t0 = self.clock()
+        self.last = -1.0
+        self.width = 0
+
+    def line(self, done: int, total: int) -> str:
+        elapsed = max(self.clock() - self.t0, 1e-9)
+        rate = done / elapsed
+        frac = done / total if total else 1.0
+        eta = "-" if rate <= 0 or done >= total else _hms((total - done) / rate)
+        text = (f"{done:,}/{total:,} entries ({frac:.0%}), {rate:,.0f}/s, "
+                f"ETA {eta}" if done < total else
+                f"{done:,}/{total:,} entries (100%), {rate:,.0f}/s, {_hms(elapsed)}")
+        if self.tty:
+            n = 24
+            filled = min(n, int(frac * n))
+            return f"[{'#' * filled}{'.' * (n - filled)}] " + text
+        return "copied " + text
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.header is not None:
+            self.out.write(self.header + "\n")
+            self.header = None
+        now = self.clock()
+        final = done >= total
+        if self.tty:
+            text = self.line(done, total)
+            self.out.write("\r" + text + " " * max(0, self.width - len(text)))
+            self.width = len(text)
+            if final:
+                self.out.write("\n")
+            self.out.flush()
+            return
+        if final or self.last < 0 or now - self.last >= self.interval:
+            if done == 0 and not final:
+                self.last = now
+                return
+            self.last = now
+            self.out.write(self.line(done, total) + "\n")
+            self.out.flush()
+
+
+def _hms(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def run_copy(args: argparse.Namespace) -> int:
+    from ..datadir import mask_url
+    from ..streams import open_store
+
+    names = None
+    if args.streams:
+        names = [n.strip() for item in args.streams for n in item.split(",") if n.strip()]
+    if args.interval <= 0:
+        print("dataspace stream copy: --interval must be > 0", file=sys.stderr)
+        return 2
+    src_text, dst_text = mask_url(args.src), mask_url(args.dst)
+    try:
+        with open_store(args.src, create=False) as src, open_store(args.dst) as dst:
+            if src.url == dst.url:
+                return _fail(f"copy: {src_text} and {dst_text} are the same store")
+            progress = CopyProgress(sys.stdout, args.interval, header=(
+                f"dataspace stream: copying from {src.display} to {dst.display} ..."))
+            r = copy_streams(src, dst, names, replace=args.replace, progress=progress)
+    except CopyRefused as e:
+        return _fail(f"copy: {e}")
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(f"copy: {e}")
+    except KeyboardInterrupt:
+        print("\ndataspace stream: copy interrupted; the destination holds part of it "
+              "(run it again with --replace)", file=sys.stderr)
+        return 130
+    print(f"dataspace stream: copied {_plural(len(r.streams), 'stream')}, "
+          f"{_plural(r.entries, 'entry', 'entries')}, {_plural(r.tailers, 'tailer')}" + (f" (replaced {', '.join(r.replaced)})" if r.replaced else ""))
+    if r.appended_meanwhile:
+        print(f"dataspace stream: {r.appended_meanwhile:,} entries were appended to {src_text} "
+              "during the copy and are not in the copy; stop its writers and copy again "
+              "with --replace", file=sys.stderr)
+    return 0
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
