@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run demo test lint bench bench-spark soak soak-spark soak-record soak-broker clean
+.PHONY: setup run demo test lint bench bench-spark bench-link soak soak-spark soak-record soak-broker clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 setup: $(STAMP)
+
+# The benchmarks' own extras (nats-py for bench_link.py's NATS side by side).
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	@echo "installing the benchmarks' extras (.[bench]) into $(VENV) ..."
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
+	@touch $(BENCH_STAMP)
 
 ## The main job: the dataspace server in the foreground (Ctrl-C stops it).
 run: setup
@@ -32,15 +39,20 @@ lint: setup
 	$(BIN)/ruff check src tests benchmarks
 
 ## Every benchmark, printing figures (not part of the test suite).
-bench: setup
+bench: setup $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_core.py
 	$(BIN)/python benchmarks/bench_broker.py
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_spark.py
+	$(BIN)/python benchmarks/bench_link.py
 
 ## The Spark benchmarks alone (connector vs Spark's file path, routing; about 4 minutes).
 bench-spark: setup
 	$(BIN)/python benchmarks/bench_spark.py
+
+## Linked brokers beside NATS leaf nodes (about a minute; needs `apt-get install -y nats-server`).
+bench-link: setup $(BENCH_STAMP)
+	$(BIN)/python benchmarks/bench_link.py
 
 ## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
 soak: setup
