@@ -24,6 +24,12 @@ per campaign) until K kills are done::
 
     python -m dataspace.pipeline.crashtest --kills 1000          # the soak (make soak)
     python -m dataspace.pipeline.crashtest --kills 50 -v         # what CI runs
+    python -m dataspace.pipeline.crashtest --kills 200 --store postgresql://u:pw@host/postgres
+
+The store is the campaign directory's SQLite store, or with ``--store`` a PostgreSQL
+database per campaign, created (and dropped after a pass) on the server of that URL (its
+user needs the CREATEDB privilege).  The children get the store's URL in the environment
+(``DATASPACE_CRASH_STORE``), not on their command line.
 
 The test suite (tests/test_crash.py) calls :func:`run_campaign` from this module.
 """
@@ -128,13 +134,22 @@ def expected(n: int, seed: int) -> dict[str, Counter[Any]]:
     return {"pairs": pairs, "merged": merged, "table": table, "errors": errors}
 
 
-def verify(directory: str | os.PathLike[str], n: int, seed: int) -> list[str]:
-    """Compare the store and the sink's table with :func:`expected`; the problems found."""
+STORE_ENV = "DATASPACE_CRASH_STORE"
+
+
+def _location(directory: str | os.PathLike[str]) -> str:
+    """The store of a run: ``$DATASPACE_CRASH_STORE`` when set, else the directory's."""
+    return os.environ.get(STORE_ENV) or os.fspath(directory)
+
+
+def verify(directory: str | os.PathLike[str], n: int, seed: int, store: str | None = None) -> list[str]:
+    """Compare the store (``store``, else the directory's) and the sink's table with
+    :func:`expected`; the problems found."""
     from ..streams import open_store
 
     want = expected(n, seed)
     problems: list[str] = []
-    with open_store(directory) as store:
+    with open_store(store or directory) as store:
         src = inputs(n, seed)
         for s in SOURCES:
             got = [e.data for e in store.iter_entries(s)]
@@ -177,7 +192,7 @@ def _produce(directory: str, n: int, seed: int, run: int, done: threading.Event)
     src = inputs(n, seed)
     datas = {s: [encode(v) for v in src[s]] for s in SOURCES}
     rng = random.Random(f"{seed}:producer:{run}")
-    with open_store(directory) as store:
+    with open_store(_location(directory)) as store:
         while True:
             left = [s for s in SOURCES if store.next_index(s) < n]
             if not left:
@@ -195,7 +210,7 @@ def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
     from ..streams import open_store
     from .local import LocalEngine
 
-    store = open_store(directory)
+    store = open_store(_location(directory))
     engine = LocalEngine(build_graph(directory), store, batch=batch, group_ms=5)
     return drive(engine, store, directory, n, seed, run,
                  lambda _stats: _line(f"commit {engine.commits}"), 0.0)
@@ -243,8 +258,10 @@ class CampaignResult:
     seconds: float = 0.0
 
 
-def _spawn(directory: str, n: int, seed: int, run: int, batch: int) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
-    return spawn_child("dataspace.pipeline.crashtest", directory, n, seed, run, batch)
+def _spawn(directory: str, n: int, seed: int, run: int, batch: int, store: str | None = None,
+           ) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
+    env = None if store is None else {**os.environ, STORE_ENV: store}
+    return spawn_child("dataspace.pipeline.crashtest", directory, n, seed, run, batch, env=env)
 
 
 def spawn_child(module: str, directory: str, n: int, seed: int, run: int, batch: int, *,
@@ -288,15 +305,17 @@ def run_campaign(
     max_commits: int = 6,
     timeout: float = 120.0,
     say: Callable[[str], None] | None = None,
+    store: str | None = None,
 ) -> CampaignResult:
-    """Kill a child ``kills`` times at random moments, then let one finish and verify."""
+    """Kill a child ``kills`` times at random moments, then let one finish and verify.
+    ``store``: the store's URL (default: the directory's SQLite store)."""
     rng = random.Random(f"{seed}:kills")
     res = CampaignResult(directory, messages, seed)
     t0 = time.monotonic()
     finished = False
     while not finished:
         kill_now = res.kills < kills
-        proc, lines = _spawn(directory, messages, seed, res.runs, batch)
+        proc, lines = _spawn(directory, messages, seed, res.runs, batch, store)
         res.runs += 1
         try:
             if kill_now and rng.random() < 0.1:
@@ -352,7 +371,7 @@ def run_campaign(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout)
-    res.problems += verify(directory, messages, seed)
+    res.problems += verify(directory, messages, seed, store)
     res.seconds = time.monotonic() - t0
     return res
 
@@ -365,9 +384,13 @@ def soak(
     campaign_kills: int = 50,
     messages: int | None = None,
     say: Callable[[str], None] | None = None,
+    stores: Callable[[int], str] | None = None,
+    drop: Callable[[int], None] | None = None,
 ) -> tuple[int, list[CampaignResult]]:
     """Campaigns of ``campaign_kills`` kills (fresh store and seed each) until ``kills``
-    kills are done or a campaign finds a problem; returns (kills done, results)."""
+    kills are done or a campaign finds a problem; returns (kills done, results).
+    ``stores(campaign)`` gives each campaign's store URL (default: an SQLite store in the
+    campaign's directory) and ``drop(campaign)`` removes it after a pass."""
     done = 0
     results: list[CampaignResult] = []
     t0 = time.monotonic()
@@ -379,8 +402,11 @@ def soak(
         os.makedirs(d, exist_ok=True)
         if say:
             say(f"campaign {campaign}: seed {seed + campaign}, {n} messages per source, {k} kills")
-        r = run_campaign(d, kills=k, messages=n, seed=seed + campaign, say=None)
+        url = stores(campaign) if stores is not None else None
+        r = run_campaign(d, kills=k, messages=n, seed=seed + campaign, say=None, store=url)
         results.append(r)
+        if drop is not None and not r.problems:
+            drop(campaign)
         done += r.kills
         if say:
             say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills "
@@ -407,13 +433,14 @@ def main(argv: list[str] | None = None) -> int:
         "random moments, restart it, and check the outputs hold exactly the expected "
         "multisets.",
         child=child, soak=soak, kills=1000, campaign_kills=50, batch=50,
-        messages_help="600 per kill", tmp_prefix="dataspace-crash-", what="SIGKILLs")
+        messages_help="600 per kill", tmp_prefix="dataspace-crash-", what="SIGKILLs",
+        store_option=True)
 
 
 def harness_main(argv: list[str] | None, *, prog: str, description: str,
                  child: Callable[..., int], soak: Callable[..., Any], kills: int,
                  campaign_kills: int, batch: int, messages_help: str, tmp_prefix: str,
-                 what: str) -> int:
+                 what: str, store_option: bool = False) -> int:
     """The command line of a crash harness: ``child ...`` (one run, internal) or a soak of
     ``--kills`` kills in campaigns of ``--campaign-kills``, each on a fresh store."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
@@ -431,19 +458,55 @@ def harness_main(argv: list[str] | None, *, prog: str, description: str,
                     help=f"messages per source per campaign (default: {messages_help})")
     ap.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
     ap.add_argument("--dir", help="keep the stores here (default: a temporary directory)")
+    if store_option:
+        ap.add_argument("--store", metavar="URL",
+                        help="run on PostgreSQL: a database per campaign is created on the "
+                        "server of this postgresql:// URL (and dropped after a pass)")
     args = ap.parse_args(argv)
     if args.cmd == "child":
         return child(args.dir, args.messages, args.seed, args.run, args.batch)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     base = args.dir or tempfile.mkdtemp(prefix=tmp_prefix)
+    extra: dict[str, Any] = {}
+    if getattr(args, "store", None):
+        extra = campaign_databases(args.store, f"dataspace_crash_{seed}")
     done, results = soak(args.kills, base=base, seed=seed, campaign_kills=args.campaign_kills,
-                         messages=args.messages, say=_line)
+                         messages=args.messages, say=_line, **extra)
     ok = done >= args.kills and not any(r.problems for r in results)
     _line(f"PASSED: {done} {what}, every output exactly once" if ok
           else f"FAILED after {done} kills (seed {seed}; the stores are kept in {base})")
     if ok and not args.dir:
         shutil.rmtree(base, ignore_errors=True)  # a passed run leaves nothing behind
     return 0 if ok else 1
+
+
+def campaign_databases(url: str, prefix: str) -> dict[str, Callable[[int], Any]]:
+    """``stores`` and ``drop`` for :func:`soak`: a database ``PREFIX_N`` per campaign on the
+    PostgreSQL server of ``url`` (created by connecting to the URL's database)."""
+    import urllib.parse
+
+    import psycopg
+
+    from ..datadir import store_location
+
+    if store_location(url).kind != "postgresql":
+        raise SystemExit(f"--store {url}: give a postgresql:// URL (the SQLite store is the default)")
+    u = urllib.parse.urlsplit(url)
+
+    def name(campaign: int) -> str:
+        return f"{prefix}_{campaign}"
+
+    def stores(campaign: int) -> str:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name(campaign)}" WITH (FORCE)')
+            c.execute(f'CREATE DATABASE "{name(campaign)}"')
+        return urllib.parse.urlunsplit(u._replace(path="/" + name(campaign)))
+
+    def drop(campaign: int) -> None:
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name(campaign)}" WITH (FORCE)')
+
+    return {"stores": stores, "drop": drop}
 
 
 if __name__ == "__main__":
