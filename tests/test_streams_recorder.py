@@ -1,4 +1,5 @@
-"""Recorder (dataspace -> stream) and emitter (stream -> dataspace) with a real Dataspace."""
+"""Recorder (dataspace -> stream) and emitter (stream -> dataspace) with a real Dataspace,
+on both stores (the ``store`` fixture of tests/conftest.py: SQLite, then PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,6 @@ from dataspace.streams import (
 )
 from dataspace.streams.recorder import stop_recorders
 from dataspace.values import Sequence, parse
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = open_store(tmp_path)
-    yield s
-    s.close()
 
 
 def test_recorder_appends_matching_messages(store):
@@ -158,7 +152,7 @@ def test_record_then_replay_into_another_dataspace(store):
     assert heard == [(f"u{i % 3}", f"m{i}") for i in range(10)]
 
 
-def test_recorded_entries_survive_kill_9(tmp_path):
+def test_recorded_entries_survive_kill_9(store_url):
     """Once flush() returned, the entries are committed: SIGKILL cannot take them away."""
     script = textwrap.dedent(
         """
@@ -176,10 +170,10 @@ def test_recorded_entries_survive_kill_9(tmp_path):
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", script, store_url], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == -9 and r.stdout.strip() == "flushed", r.stderr
-    with open_store(tmp_path) as s:
+    with open_store(store_url) as s:
         assert [e.value for e in s.read("kept", 0, 2000)] == [parse(f"<n {i}>") for i in range(1000)]
 
 

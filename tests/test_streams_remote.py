@@ -12,12 +12,12 @@ from dataspace.values import parse
 
 
 @async_test
-async def test_record_from_and_emit_into_a_remote_dataspace(tmp_path):
+async def test_record_from_and_emit_into_a_remote_dataspace(tmp_path, store_url):
     async with running_server(tmp_path) as server:
         recorder_ds = await connect(tcp_address(server), server.sturdyref)
         sender = await connect(tcp_address(server), server.sturdyref)
         listener = await connect(tcp_address(server), server.sturdyref)
-        with open_store(tmp_path / "store") as store:
+        with open_store(store_url) as store:
             rec = Recorder(recorder_ds, "<Says _ _>", store, "chat",
                            events=("message", "assert", "retract"))
             await recorder_ds.sync()

@@ -1,4 +1,6 @@
-"""Readers wake when data arrives: in-process (threads, asyncio) and across processes.
+"""Readers wake when data arrives: in-process (threads, asyncio) and across processes --
+on SQLite through inotify on a side file, on PostgreSQL through LISTEN/NOTIFY (every test
+taking ``store_url`` runs on both).
 
 Every wait is bounded; nothing here sleeps to synchronise.  The reader's store wait is
 wrapped: the data is appended only once the reader is in that wait, and the test checks
@@ -65,8 +67,8 @@ def _readline(proc: subprocess.Popen[str], timeout: float = LONG) -> str:
     return out[0].strip()
 
 
-def test_blocking_reader_wakes_on_append_in_another_thread(tmp_path):
-    with open_store(tmp_path) as store:
+def test_blocking_reader_wakes_on_append_in_another_thread(store_url):
+    with open_store(store_url) as store:
         t = store.tailer("chat")
         got: list[object] = []
         waiting = threading.Event()
@@ -85,8 +87,8 @@ def test_blocking_reader_wakes_on_append_in_another_thread(tmp_path):
         assert woken and woken[-1], woken  # the append ended the wait, not the timeout
 
 
-def test_wait_for_returns_false_on_timeout_without_spurious_changes(tmp_path):
-    with open_store(tmp_path) as store:
+def test_wait_for_returns_false_on_timeout_without_spurious_changes(store_url):
+    with open_store(store_url) as store:
         store.append("s", 1)
         g = store.generation()
         assert store.wait_for("s", 1, timeout=0.05) is False
@@ -94,9 +96,9 @@ def test_wait_for_returns_false_on_timeout_without_spurious_changes(tmp_path):
         assert store.wait_change(g, 0.05) == g
 
 
-def test_asyncio_reader_wakes(tmp_path):
+def test_asyncio_reader_wakes(store_url):
     async def main():
-        with open_store(tmp_path) as store:
+        with open_store(store_url) as store:
             t = store.tailer("chat")
             task = asyncio.create_task(t.poll_async(timeout=LONG))
             await asyncio.sleep(0)  # let the task start waiting (ordering, not timing)
@@ -107,18 +109,23 @@ def test_asyncio_reader_wakes(tmp_path):
     assert asyncio.run(main()) == ["hi"]
 
 
-def test_asyncio_follow_ends_on_idle(tmp_path):
+def test_asyncio_follow_ends_on_idle(store_url):
     async def main():
-        with open_store(tmp_path) as store:
+        with open_store(store_url) as store:
             store.append_many("s", [1, 2])
             return [e.value async for e in store.tailer("s").follow_async(idle_timeout=0.05)]
 
     assert asyncio.run(main()) == [1, 2]
 
 
-@pytest.mark.skipif(not inotify_available(), reason="cross-process wake-ups use inotify (Linux)")
-def test_reader_in_another_process_wakes_on_our_append(tmp_path):
-    with open_store(tmp_path) as store:
+def _cross_process(store_url: str) -> None:
+    if not store_url.startswith("postgresql:") and not inotify_available():
+        pytest.skip("cross-process wake-ups of SQLite stores use inotify (Linux)")
+
+
+def test_reader_in_another_process_wakes_on_our_append(store_url):
+    _cross_process(store_url)
+    with open_store(store_url) as store:
         store.create_stream("chat")
         child = _child(
             """
@@ -141,10 +148,10 @@ def test_reader_in_another_process_wakes_on_our_append(tmp_path):
             print([e.value for e in entries], flush=True)
             print("woken" if woken and woken[-1] else f"not woken: {woken}", flush=True)
             """,
-            str(tmp_path), str(LONG),
+            store_url, str(LONG),
         )
         try:
-            assert _readline(child) == "inotify"
+            assert _readline(child) == ("listen" if store_url.startswith("postgresql:") else "inotify")
             assert _readline(child) == "waiting"
             store.append("chat", "from the parent")
             assert _readline(child) == "['from the parent']"
@@ -155,10 +162,10 @@ def test_reader_in_another_process_wakes_on_our_append(tmp_path):
                 child.kill()
 
 
-@pytest.mark.skipif(not inotify_available(), reason="cross-process wake-ups use inotify (Linux)")
 @pytest.mark.parametrize("use_asyncio", [False, True])
-def test_our_reader_wakes_on_append_in_another_process(tmp_path, use_asyncio):
-    with open_store(tmp_path) as store:
+def test_our_reader_wakes_on_append_in_another_process(store_url, use_asyncio):
+    _cross_process(store_url)
+    with open_store(store_url) as store:
         t = store.tailer("chat", start="latest")
         store.generation()  # the watch is in place before the child can write
         child = _child(
@@ -169,7 +176,7 @@ def test_our_reader_wakes_on_append_in_another_process(tmp_path, use_asyncio):
             with open_store(sys.argv[1]) as s:
                 s.append("chat", "from the child")
             """,
-            str(tmp_path),
+            store_url,
         )
         try:
             result: list[object] = []
