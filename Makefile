@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup run demo test lint bench bench-spark bench-link soak soak-spark soak-record soak-broker clean
+.PHONY: setup postgresql run demo test lint bench bench-spark bench-link soak soak-spark soak-record soak-broker clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,24 @@ run: setup
 demo: setup
 	$(BIN)/dataspace demo
 
+# The PostgreSQL store's tests start a real PostgreSQL server (Debian's server binaries,
+# /usr/lib/postgresql/*/bin): installed here with apt-get when missing and we are root;
+# otherwise those tests fail saying how to get them.
+postgresql:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1 \
+	    && [ -z "$$DATASPACE_PG_BIN" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing the PostgreSQL server (apt-get install postgresql) for the store tests ..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends postgresql >/dev/null; \
+	  else \
+	    echo "no PostgreSQL server binaries: install them (apt-get install postgresql) or the" \
+	         "PostgreSQL store tests fail"; \
+	  fi; \
+	fi
+
 ## The whole test suite (lint first: a lint error fails the build like a test).
-test: setup
+test: setup postgresql
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
