@@ -116,12 +116,13 @@ def test_progress_in_a_log_prints_only_changes():
     assert [x.split(" | ")[0] for x in lines] == ["p in 0 out 0 lag a:5", "p in 5 out 5 lag a:0"]
 
 
-def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env):
-    data = env / "data"
-    main(["stream", "append", "chat", '<Says "a" "x">'])
+def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env, store_url):
+    data = store_url
+    at = ["--store", store_url]
+    main(["stream", "append", "chat", '<Says "a" "x">', *at])
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
-         "--interval", "0.1", "--engine", "local"],
+         "--interval", "0.1", "--engine", "local", *at],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -143,12 +144,14 @@ def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env):
             assert s.wait_until(lambda: s.next_index("loud") == 2, timeout=LONG)
         # A second run of the same graph is refused while this one runs.
         r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run",
-                            str(env / "graph.py"), "--engine", "local"],
+                            str(env / "graph.py"), "--engine", "local", *at],
                            capture_output=True, text=True, timeout=LONG)
         assert r.returncode == 1 and "already running" in r.stderr
         r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "status",
-                            str(env / "graph.py")], capture_output=True, text=True, timeout=LONG)
-        assert f"running (pid {proc.pid})" in r.stdout
+                            str(env / "graph.py"), *at], capture_output=True, text=True, timeout=LONG)
+        assert f"running (pid {proc.pid}" in r.stdout
+        if store_url.startswith("postgresql:"):
+            assert "***" in r.stdout and store_url not in r.stdout  # the password masked
         proc.send_signal(signal.SIGINT)
         assert proc.wait(LONG) == 0
         with cond:
@@ -226,3 +229,39 @@ def test_the_documented_progress_rule_is_the_one_followed(capsys):
         main(["pipeline", "run", "--help"])
     assert "not on a terminal, a line is printed only when something changed" in " ".join(
         capsys.readouterr().out.split())
+
+
+def test_a_killed_run_releases_its_graph(env, store_url):
+    """kill -9 of a running graph: the next run starts (and finishes the work), whatever
+    the store -- the flock beside SQLite and PostgreSQL's session advisory lock both go
+    with the process."""
+    from store_support import wait_lock_free
+
+    at = ["--store", store_url]
+    main(["stream", "append", "chat", '<Says "a" "x">', *at])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
+         "--engine", "local", *at],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = ""
+        while "running graph" not in line:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+        proc.kill()
+        assert proc.wait(LONG) == -9
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    wait_lock_free(store_url, "graph:shout")
+    r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "status",
+                        str(env / "graph.py"), *at], capture_output=True, text=True, timeout=LONG)
+    assert "not running" in r.stdout, r.stdout + r.stderr
+    main(["stream", "append", "chat", '<Says "b" "y">', *at])
+    r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run",
+                        str(env / "graph.py"), "--engine", "local", "--until-idle", *at],
+                       capture_output=True, text=True, timeout=LONG)
+    assert r.returncode == 0, r.stderr
+    with open_store(store_url) as s:
+        assert [e.value.fields[1] for e in s.read("loud")] == ["X", "Y"]

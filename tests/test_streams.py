@@ -35,6 +35,7 @@ from dataspace.streams import (
 )
 from dataspace.streams.base import MAX_VALUE_SIZE, check_stream_name, parse_duration
 from dataspace.values import decode, encode, parse
+from store_support import wait_lock_free
 from strategies import values
 
 
@@ -558,22 +559,6 @@ sys.stdin.readline()
 """
 
 
-def _wait_free(store_url: str, name: str) -> None:
-    """Block (bounded) until a dead holder's lock is free.  SQLite: the kernel released the
-    flock when the holder died.  PostgreSQL: the server ends the dead client's session on
-    its own; wait for it with a blocking advisory lock under a lock_timeout (no polling)."""
-    if not store_url.startswith("postgresql:"):
-        return
-    import psycopg
-
-    from dataspace.streams.postgres import _lock_key
-
-    with psycopg.connect(store_url, autocommit=True) as c:
-        c.execute("SET lock_timeout = '30s'")
-        c.execute("SELECT pg_advisory_lock(%s)", (_lock_key(name),))
-        c.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(name),))
-
-
 def test_a_lock_is_exclusive_and_released_when_its_holder_dies(store_url):
     with open_store(store_url) as store:
         store.create_stream("x")
@@ -599,7 +584,7 @@ def test_a_lock_is_exclusive_and_released_when_its_holder_dies(store_url):
         finally:
             if child.poll() is None:
                 child.kill()
-        _wait_free(store_url, "graph:g")
+        wait_lock_free(store_url, "graph:g")
         assert store.lock_holder("graph:g") is None
         store.lock("graph:g").release()
         other.release()
