@@ -132,15 +132,28 @@ async def test_serve_with_a_config_file_and_a_port_in_use(tmp_path):
         await srv.stop()
 
 
+@pytest.mark.parametrize("how", ["--store", "config"])
 @async_test
-async def test_serve_records_streams_from_its_dataspace(tmp_path):
+async def test_serve_records_streams_from_its_dataspace(tmp_path, store_url, how):
+    """Into the store --store names, or the configuration file's store key (SQLite and
+    PostgreSQL); the status line shows the store with its password masked."""
+    from dataspace.datadir import store_location
     from dataspace.streams import open_store
     from dataspace.values import parse
 
-    data = tmp_path / "data"
+    data = tmp_path / "data-dir"
+    where: tuple[str, ...] = ("--store", store_url)
+    if how == "config":
+        (tmp_path / "server.pr").write_text(f'{{store: "{store_url}"}}')
+        where = ("--config", str(tmp_path / "server.pr"))
     srv = ServerProcess(data, extra=("--record", "chat:<Says $who $text>",
-                                     "--record", "presence,events=assert+retract:<Present _>"))
+                                     "--record", "presence,events=assert+retract:<Present _>",
+                                     *where))
     await srv.start()
+    status = "".join(srv.stderr_lines)
+    assert f"recording 2 stream(s) into {store_location(store_url).display}" in status
+    if store_url.startswith("postgresql:"):
+        assert store_url not in status and "***" in status
     ds = await connect(srv.address, srv.sturdyref)
     try:
         h = ds.assert_(parse('<Present "ann">'))
@@ -149,7 +162,7 @@ async def test_serve_records_streams_from_its_dataspace(tmp_path):
         await ds.sync()
         ds.retract(h)
         await ds.sync()
-        store = open_store(data)
+        store = open_store(store_url)
         try:
             # Recorders commit from their own thread: wait on the store, bounded.
             assert await asyncio.to_thread(store.wait_for, "chat", 0, 20)
