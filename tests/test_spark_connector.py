@@ -267,3 +267,29 @@ def test_streaming_batches_follow_admission_control(spark, tmp_path):
          .option("checkpointLocation", str(tmp_path / "ck2")).trigger(once=True).start())
     run_query(q)
     assert seen == [(0, list(range(10)))]
+
+
+def test_the_connector_reads_and_writes_a_postgresql_store(spark, pg_url):
+    """.option("store", URL) on a PostgreSQL store: a batch read on the executors (Python
+    workers open the store by URL), the password given apart as storePassword (an option
+    Spark redacts), and a batch write."""
+    from dataspace.pipeline.spark._store import split_password, store_options
+
+    with open_store(pg_url) as s:
+        s.append_many("a", range(10))
+    bare, password = split_password(pg_url)
+    assert password and password not in bare
+    assert store_options(pg_url) == {"store": bare, "storePassword": password}
+    df = (spark.read.format("dataspace").options(**store_options(pg_url))
+          .option("stream", "a").option("partitionRows", 4).load())
+    assert df.rdd.getNumPartitions() == 3
+    assert sorted(r["index"] for r in df.collect()) == list(range(10))
+    (df.select("value").write.format("dataspace").option("store", pg_url).option("stream", "b")
+     .mode("append").save())
+    with open_store(pg_url) as s:
+        assert sorted(e.value for e in s.read("b")) == list(range(10))
+    from pyspark.errors import AnalysisException
+
+    with pytest.raises(AnalysisException) as e:
+        spark.read.format("dataspace").option("store", pg_url).option("stream", "chta").load().collect()
+    assert "no stream named 'chta' in postgresql://" in str(e.value) and password not in str(e.value)

@@ -269,16 +269,19 @@ def env(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_cli_runs_on_spark_by_default_and_status_shows_the_queries(spark, env, capsys):
-    assert main(["stream", "append", "chat", '"hi"', "42"]) == 0
+def test_cli_runs_on_spark_by_default_and_status_shows_the_queries(spark, env, capsys, store_url):
+    """On the data directory's SQLite store and on PostgreSQL (--store): the connector's
+    reads on the executors, its commits, the graph's lock, status."""
+    at = ["--store", store_url]
+    assert main(["stream", "append", "chat", '"hi"', "42", *at]) == 0
     capsys.readouterr()
-    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle"]) == 0
+    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle", *at]) == 0
     out = capsys.readouterr().out
     assert "engine spark on local[2]" in out
     assert "upper in 2 out 1 err 1 lag chat:0" in out
-    with open_store(env / "data") as s:
+    with open_store(store_url) as s:
         assert [e.value for e in s.read("loud")] == ["HI"]
-    assert main(["pipeline", "status", str(env / "graph.py")]) == 0
+    assert main(["pipeline", "status", str(env / "graph.py"), *at]) == 0
     out = capsys.readouterr().out
     assert "last step delivered (1d+3a)" in out
     assert "spark: batch 0 committed; 1 batches, 2 in, 1 out, 1 errors" in out
