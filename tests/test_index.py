@@ -233,7 +233,7 @@ def test_removing_absent_things_is_a_no_op():
 # Reclamation: memory returns to empty after many dynamic cycles
 
 
-EMPTY = {"assertions": 0, "nodes": 1, "groups": 0, "leaves": 0, "handlers": 0,
+EMPTY = {"assertions": 0, "nodes": 1, "shapes": 0, "groups": 0, "leaves": 0, "handlers": 0,
          "callbacks": 0, "cached": 0, "compiled": 0}
 
 

@@ -183,13 +183,14 @@ class Subscription:
 class _EntityObserver:
     """Index target for an ``<Observe P #:entity>`` whose observer is an Entity."""
 
-    __slots__ = ("ds", "entity", "handles", "live")
+    __slots__ = ("delivered", "ds", "entity", "handles", "live")
 
     def __init__(self, ds: Dataspace, entity: Entity) -> None:
         self.ds = ds
         self.entity = entity
         self.handles: dict[Any, int] = {}
         self.live = True
+        self.delivered = 0  # events delivered (for monitoring: the busiest patterns)
 
     def __hash__(self) -> int:
         return id(self)
@@ -198,6 +199,7 @@ class _EntityObserver:
         return self is other
 
     def deliver(self, event: str, caps: tuple[Any, ...]) -> None:
+        self.delivered += 1
         value = tuple.__new__(Sequence, caps)
         if event == "+":
             h = next(_ids)
@@ -589,6 +591,22 @@ class Dataspace(_DataspaceBase):
     def assertions(self) -> list[Value]:
         """The distinct values currently asserted."""
         return self.index.assertions()
+
+    def observer_count(self) -> int:
+        """How many ``<Observe ...>`` assertions have installed an observer here."""
+        return len(self._observers)
+
+    def observers(self) -> list[tuple[Value, Pattern, Any, int, int]]:
+        """Every installed ``<Observe P #:observer>`` (for monitoring): ``(the Observe
+        assertion, its pattern, the observer object, events delivered to it, matches it
+        holds now)``; the last two are 0 for in-process subscriptions."""
+        out = []
+        for value, (pat, cb) in self._observers.items():
+            if type(cb) is _EntityObserver:
+                out.append((value, pat, cb.entity, cb.delivered, len(cb.handles)))
+            else:
+                out.append((value, pat, cb, 0, 0))
+        return out
 
     def compact(self) -> None:
         """Shrink tables that were once large (after a big release; see

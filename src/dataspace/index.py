@@ -649,11 +649,13 @@ class Index:
 
     def stats(self) -> dict[str, int]:
         """Sizes of every part of the index (for memory tests and diagnostics)."""
-        s = {"assertions": len(self.bag), "nodes": 0, "groups": 0, "leaves": 0,
+        s = {"assertions": len(self.bag), "nodes": 0, "shapes": 0, "groups": 0, "leaves": 0,
              "handlers": 0, "callbacks": 0, "cached": 0, "compiled": 0}
 
         def walk(n: _Node) -> None:
             s["nodes"] += 1
+            if n.cont.table:
+                s["shapes"] += 1  # a node where some pattern's shape ends
             s["compiled"] += len(n.compiled)
             s["cached"] += len(n.cont.cache)
             for grp in n.cont.table.values():

@@ -39,14 +39,14 @@ from ..net.address import Address
 from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
 from ..net.websocket import listen_ws
-from ..protocol.gatekeeper import Bindings, Gatekeeper
+from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
 from ..protocol.relay import Quota, Relay
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
 from .config import ConfigError, ServerConfig
 from .link import STATUS_FILE, LinkDialer, LinkHub, load_server_id, write_status_file
 
-__all__ = ["DurableSource", "ListenError", "Server", "SyncGate"]
+__all__ = ["ERROR_KINDS", "DurableSource", "ListenError", "Server", "SyncGate", "error_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +159,31 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+ERROR_KINDS = ("protocol", "limit", "slow_consumer", "timeout", "capability", "store",
+               "internal", "peer")
+"""The kinds of errors that close connections, as counted in :attr:`Server.errors`."""
+
+_ERROR_KIND = {
+    "packet-too-large": "limit", "too-many-assertions": "limit", "too-many-references": "limit",
+    "too-many-observers": "limit", "too-many-matches": "limit", "turn-too-large": "limit",
+    "server-full": "limit", "work-limit": "limit",
+    "slow-consumer": "slow_consumer",
+    "idle-timeout": "timeout", "handshake-timeout": "timeout",
+    "store-failed": "store",
+    "internal-error": "internal",
+}
+
+
+def error_kind(detail: Any) -> str:
+    """The kind (one of :data:`ERROR_KINDS`) of a protocol error's ``detail``."""
+    if type(detail) is Symbol:
+        return _ERROR_KIND.get(detail.name, "protocol")
+    return "protocol"
+
+
+_TOTALS = ("bytes_in", "bytes_out", "messages_in", "messages_out", "turns_in")
+
+
 class _Arrivals:
     """New connections per source address, as token buckets (bounded in size)."""
 
@@ -204,6 +229,8 @@ class Server:
         self.dataspaces: dict[str, Dataspace] = {}
         self._entities: dict[str, DataspaceEntity] = {}
         self.bindings = Bindings()
+        self.root_binding: Binding | None = None
+        """The binding of the root capability (its oid and key): full authority."""
         self.sturdyref: SturdyRef | None = None
         self.addresses: list[Address] = []
         self.connections: set[Connection] = set()
@@ -217,6 +244,18 @@ class Server:
         """Times the server gave memory back after a large connection went."""
         self.refused = 0
         """Connections refused (limits, connect rate, shutting down)."""
+        self.accepted = 0
+        """Connections accepted since the start."""
+        self.errors: dict[str, int] = dict.fromkeys(ERROR_KINDS, 0)
+        """Connections closed for an error, by kind (see :data:`ERROR_KINDS`)."""
+        self.closed_totals: dict[str, int] = dict.fromkeys(_TOTALS, 0)
+        """Bytes, messages and turns of the connections that have closed (see
+        :meth:`totals`)."""
+        self.started_at: float | None = None
+        """When :meth:`start` ran (seconds since the epoch)."""
+        self.resolved: dict[Connection, list[tuple[str, bool]]] = {}
+        """Per open connection, the dataspaces it resolved a capability for, with whether
+        that capability carries caveats."""
         self.hub: Hub | None = None
         self.links: dict[str, LinkHub] = {}
         """The link hub of each dataspace (see broker.link), made by :meth:`start`."""
@@ -245,7 +284,7 @@ class Server:
         self.data_dir = resolve_data_dir(self._data_dir_arg)
         key = cfg.root_key if cfg.root_key is not None else load_or_create_key(self.data_dir / ROOT_KEY)
         root = self._dataspace("root")
-        self.bindings.bind(cfg.root_oid, key, root, "root")
+        self.root_binding = self.bindings.bind(cfg.root_oid, key, root, "root")
         for b in cfg.bind:
             if not b.key:
                 log.warning(
@@ -268,6 +307,7 @@ class Server:
         """
         self.config.check()
         self._setup()
+        self.started_at = time.time()
         loop = asyncio.get_running_loop()
         self.hub = Hub(loop, max_buffered=self.config.max_buffered)
         self.sync_gate = SyncGate(loop)
@@ -347,6 +387,15 @@ class Server:
         if any(h.dialers or h.sessions for h in self.links.values()):
             self._status_timer = asyncio.get_running_loop().call_later(2.0, self._write_links)
 
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._stopping
+
+    def entity(self, name: str) -> DataspaceEntity:
+        """The entity through which peers reach dataspace ``name`` (KeyError if none)."""
+        return self._entities[name]
+
     def link_status(self) -> list[dict[str, Any]]:
         """Every link of every dataspace (what ``dataspace link status`` shows)."""
         return [row for h in self.links.values() for row in h.status()]
@@ -365,13 +414,15 @@ class Server:
         gate = self.sync_gate
         if gate is not None:
             relay.sync_gate = lambda answer: gate.hold(answer, relay)
-        gk = Gatekeeper(self.bindings, on_rejected=relay.fail)
+        gk = Gatekeeper(self.bindings, on_rejected=relay.fail,
+                        on_accepted=lambda b, ref: self._resolved(conn, b.name, bool(ref.caveats)))
         relay.export_at(0, gk)
         refusal = self._refusal(conn)
         if refusal is not None:
             self.refused += 1
             relay.fail(*refusal)
             return relay
+        self.accepted += 1
         self.connections.add(conn)
         host = conn.peer_host
         if host is not None:
@@ -408,9 +459,27 @@ class Server:
                     Symbol("too-many-connections"))
         return None
 
+    def _resolved(self, conn: Connection, dataspace: str, attenuated: bool) -> None:
+        if conn in self.connections:
+            self.resolved.setdefault(conn, []).append((dataspace, attenuated))
+
     def _closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
-        self._gatekeepers.pop(conn, None)
+        gk = self._gatekeepers.pop(conn, None)
+        self.resolved.pop(conn, None)
+        t = self.closed_totals
+        t["bytes_in"] += conn.bytes_in
+        t["bytes_out"] += conn.bytes_out
+        relay = conn.relay
+        if relay is not None:
+            t["messages_in"] += relay.messages_in
+            t["messages_out"] += relay.messages_out
+            t["turns_in"] += relay.turns_in
+            if relay.error is not None:
+                kind = "capability" if gk is not None and gk.rejected else error_kind(relay.error[1])
+                self.errors[kind] += 1
+            elif relay.peer_error is not None:
+                self.errors["peer"] += 1
         host = conn.peer_host
         if host is not None:
             n = self._per_address.get(host, 0) - 1
@@ -499,6 +568,20 @@ class Server:
             with contextlib.suppress(OSError):
                 os.unlink(p)
         self._unix_paths.clear()
+
+    def totals(self) -> dict[str, int]:
+        """Bytes in and out, messages in (sent by peers) and out (delivered to peers) and
+        turns applied, over every connection since the start (open and closed)."""
+        out = dict(self.closed_totals)
+        for conn in self.connections:
+            out["bytes_in"] += conn.bytes_in
+            out["bytes_out"] += conn.bytes_out
+            relay = conn.relay
+            if relay is not None:
+                out["messages_in"] += relay.messages_in
+                out["messages_out"] += relay.messages_out
+                out["turns_in"] += relay.turns_in
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Connections, assertions held by peers, buffered bytes, refusals, and per

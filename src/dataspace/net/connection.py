@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -33,6 +34,8 @@ SessionFactory = Callable[["Connection"], Relay]
 CLOSE_GRACE = 2.0
 """Seconds a closing connection has to take its last bytes before it is aborted."""
 
+_ids = itertools.count(1)
+
 THROTTLE_WINDOW = 60.0
 """Seconds over which the time a connection spent slowed is added up (see
 ``FlowLimits.throttle_limit``)."""
@@ -45,6 +48,10 @@ class Connection:
         self.hub = hub
         self.flow = flow
         self.name = name
+        self.id = next(_ids)
+        """A number for this connection, unique in the process (for monitoring)."""
+        self.since = time.time()
+        """When the connection was made (seconds since the epoch)."""
         self.account = Account(
             name, flow.max_debt, lambda: self._hold("debt"), lambda: self._release("debt")
         )
@@ -368,6 +375,24 @@ class Connection:
         """False while the transport is over its buffer limit or the queue is non-empty."""
         return not self._queue
 
+    # -- monitoring ----------------------------------------------------------------------
+
+    @property
+    def pending_output(self) -> int:
+        """Bytes waiting to go to the peer (the send queue, and what the transport holds)."""
+        return self.queued
+
+    @property
+    def held_reasons(self) -> tuple[str, ...]:
+        """Why the peer is not being read now: ``debt`` (flow control), ``work`` (over its
+        work budget), ``input`` (waiting for its next time slice); empty when it is."""
+        return tuple(sorted(self._holds))
+
+    def throttled_total(self) -> float:
+        """Seconds this connection has spent slowed for its work budget, now included."""
+        t = self._throttled_at
+        return self.throttled_seconds + (time.monotonic() - t if t is not None else 0.0)
+
 
 class StreamConnection(Connection, asyncio.Protocol):
     """A connection over a stream transport (TCP, Unix socket): concatenated packets.
@@ -509,6 +534,15 @@ class StreamConnection(Connection, asyncio.Protocol):
     @property
     def writable(self) -> bool:
         return self._can_write and not self._queue
+
+    @property
+    def pending_output(self) -> int:
+        t = self.transport
+        held = 0
+        if t is not None:
+            with contextlib.suppress(Exception):
+                held = t.get_write_buffer_size()
+        return self.queued + self._wsize + held
 
     async def wait_writable(self) -> None:
         """Wait until the transport is below its buffer limit and the queue is empty."""

@@ -261,6 +261,12 @@ class Relay:
         self.packets_out = 0
         self.events_out = 0
         """Events queued for the peer so far (the work its observers and objects cost)."""
+        self.turns_in = 0
+        """Turns (packets of events) received from the peer and applied."""
+        self.messages_in = 0
+        """Messages the peer sent (``<M ...>`` events received)."""
+        self.messages_out = 0
+        """Messages delivered to the peer (its observers hearing a message)."""
         self.sync_gate: Callable[[Callable[[], None]], bool] | None = None
         """When set, the answer to each of the peer's syncs is passed to it first:
         ``sync_gate(answer)`` returns True to hold the answer (and calls ``answer()``
@@ -532,6 +538,7 @@ class Relay:
             )
 
     def _turn_in(self, events: list[tuple[int, int, Any, Any]], emb: bool) -> None:
+        self.turns_in += 1
         if len(events) == 1 or self._turn is None:
             try:
                 for ev in events:
@@ -602,6 +609,7 @@ class Relay:
         else:
             target = ex.target
         if k == 0x4D:  # M
+            self.messages_in += 1
             if emb:
                 pins: list[Any] = []
                 a = self._rewrite_in(a, pins)
@@ -906,6 +914,7 @@ class Relay:
                 log.warning("%s: cannot send message %s: %s", self.name, short(value), e)
                 return
             _cached = (value, body) if type(value) is Sequence and not self._embedded_out else None
+        self.messages_out += 1
         self._emit(proxy.oid_bytes, _HDR_M, body)
 
     def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
@@ -1028,6 +1037,11 @@ class Relay:
                 log.exception("%s: retracting handle %d on close failed", self.name, lh)
 
     # -- inspection ----------------------------------------------------------------------
+
+    @property
+    def observers(self) -> int:
+        """The peer's live ``<Observe ...>`` assertions."""
+        return len(self._observing)
 
     def stats(self) -> dict[str, int]:
         """Table sizes: live inbound and outbound assertions, imported and exported OIDs."""

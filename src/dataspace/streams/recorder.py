@@ -43,6 +43,7 @@ Recorder specs (for ``dataspace serve``)
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import threading
@@ -59,6 +60,7 @@ from .base import MAX_VALUE_SIZE, Store, check_user_name, parse_duration
 from .tailer import Tailer
 
 __all__ = [
+    "COMMIT_BUCKETS",
     "EVENT_KINDS",
     "Emitter",
     "Recorder",
@@ -72,6 +74,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EVENT_KINDS = ("message", "assert", "retract")
+
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                  5.0, 10.0)
+"""Upper bounds (seconds) of the buckets of :attr:`Recorder.commit_buckets`."""
 _MESSAGE = Symbol("message")
 _ASSERT = Symbol("assert")
 _RETRACT = Symbol("retract")
@@ -111,6 +117,13 @@ class Recorder:
         self.wrap = evs != ("message",)
         self.recorded = 0
         self.dropped = 0
+        self.commits = 0
+        """Transactions committed (one per batch)."""
+        self.commit_seconds = 0.0
+        """Time spent committing them, in total."""
+        self.commit_buckets = [0] * (len(COMMIT_BUCKETS) + 1)
+        """How many commits took at most each bound of :data:`COMMIT_BUCKETS` (and the
+        last, longer): not cumulative."""
         self.error: BaseException | None = None
         self._queue: deque[bytes] = deque()
         self._enqueued = 0
@@ -184,6 +197,7 @@ class Recorder:
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
                 self._cond.notify_all()
+            t0 = time.perf_counter()
             try:
                 with self.store.transaction() as tx:
                     tx.append_encoded(self.stream, batch)
@@ -196,8 +210,12 @@ class Recorder:
                     self._cond.notify_all()
                 self._progress()
                 return
+            took = time.perf_counter() - t0
             with self._cond:
                 self.recorded += len(batch)
+                self.commits += 1
+                self.commit_seconds += took
+                self.commit_buckets[bisect.bisect_left(COMMIT_BUCKETS, took)] += 1
                 self._cond.notify_all()
             self._progress()
 
@@ -222,6 +240,11 @@ class Recorder:
     def failed(self) -> BaseException | None:
         """The store error that stopped this recorder, if any."""
         return self.error
+
+    @property
+    def queued(self) -> int:
+        """Values waiting to be committed."""
+        return len(self._queue)
 
     # -- control -------------------------------------------------------------------------
 
