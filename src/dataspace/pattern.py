@@ -39,7 +39,7 @@ become compound patterns over their fields; sets and embedded values match exact
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .values import (
@@ -411,6 +411,46 @@ def parse_pattern(text: str) -> Pattern:
     except ValueError as e:
         raise PatternError(f"bad pattern text: {e}") from None
     return from_value_syntax(v)
+
+
+_DISCARD_TEXT = Symbol("_")
+
+
+def instantiate(pattern: Pattern, captures: Iterable[Value]) -> Value:
+    """``pattern`` with each bind replaced by its capture (in binding order) and each
+    discard by the symbol ``_``: what an observer knows of a match.
+
+    >>> from .values import stringify
+    >>> stringify(instantiate(parse_pattern('<Says $who _>'), ["alice"]))
+    '<Says "alice" _>'
+    """
+    return _fill(pattern, iter(captures))
+
+
+def _fill(p: Pattern, captures: Iterator[Value]) -> Value:
+    t = type(p)
+    if t is Bind:
+        v = next(captures)
+        for _ in p.pattern.binding_names():  # type: ignore[attr-defined]
+            next(captures)  # binds inside a bind: its capture holds them already
+        return v
+    if t is Lit:
+        return p.value  # type: ignore[attr-defined]
+    if t is Rec:
+        return Record(p.label, _fill_items(dict(p.fields), captures))  # type: ignore[attr-defined]
+    if t is Arr:
+        return Sequence(_fill_items(dict(p.items), captures))  # type: ignore[attr-defined]
+    if t is Dict:
+        return Dictionary([(k, _fill(x, captures)) for k, x in p.entries])  # type: ignore[attr-defined]
+    return _DISCARD_TEXT
+
+
+def _fill_items(items: dict[int, Pattern], captures: Iterator[Value]) -> list[Value]:
+    n = max(items) + 1 if items else 0
+    return [_fill(items[i], captures) if i in items else _DISCARD_TEXT for i in range(n)]
+
+
+__all__.append("instantiate")
 
 
 def as_pattern(p: Pattern | str | Value) -> Pattern:

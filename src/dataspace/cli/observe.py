@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Iterator
 from typing import Any
 
-from ..pattern import Arr, Bind, Dict, Lit, Pattern, PatternError, Rec, parse_pattern
-from ..values import Dictionary, Record, Sequence, Symbol, Value, stringify
+from ..pattern import Pattern, PatternError, instantiate, parse_pattern
+from ..values import Sequence, Symbol, Value, stringify
 from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, stop_event
 
 EXAMPLES = """\
@@ -61,39 +60,6 @@ def register(sub: Any) -> None:
 def _embedded_text(obj: Any) -> Value:
     oid = getattr(obj, "oid", None)
     return Symbol(f"ref:{oid}" if oid is not None else f"<{type(obj).__name__}>")
-
-
-_DISCARD_TEXT = Symbol("_")
-
-
-def instantiate(pattern: Pattern, captures: tuple[Value, ...]) -> Value:
-    """``pattern`` with each bind replaced by its capture (in binding order) and each
-    discard by the symbol ``_``: what an observer knows of a match."""
-    it = iter(captures)
-    return _fill(pattern, it)
-
-
-def _fill(p: Pattern, captures: Iterator[Value]) -> Value:
-    t = type(p)
-    if t is Bind:
-        v = next(captures)
-        for _ in p.pattern.binding_names():  # type: ignore[attr-defined]
-            next(captures)  # binds inside a bind: its capture holds them already
-        return v
-    if t is Lit:
-        return p.value  # type: ignore[attr-defined]
-    if t is Rec:
-        return Record(p.label, _fill_items(dict(p.fields), captures))  # type: ignore[attr-defined]
-    if t is Arr:
-        return Sequence(_fill_items(dict(p.items), captures))  # type: ignore[attr-defined]
-    if t is Dict:
-        return Dictionary([(k, _fill(x, captures)) for k, x in p.entries])  # type: ignore[attr-defined]
-    return _DISCARD_TEXT
-
-
-def _fill_items(items: dict[int, Pattern], captures: Iterator[Value]) -> list[Value]:
-    n = max(items) + 1 if items else 0
-    return [_fill(items[i], captures) if i in items else _DISCARD_TEXT for i in range(n)]
 
 
 def run(args: argparse.Namespace) -> int:
