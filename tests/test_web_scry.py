@@ -412,7 +412,7 @@ async def test_serve_http_gateway_end_to_end(tmp_path):
     await srv.start()
     try:
         line = next(s for s in srv.stderr_lines if "HTTP on" in s)
-        m = re.search(r"HTTP on (http://127\.0\.0\.1:\d+/) \(scry gateway for: chat\)", line)
+        m = re.search(r"HTTP on (http://127\.0\.0\.1:\d+/) \(scry gateway for: chat; ", line)
         assert m, line
         # The HTTP line comes before the "Ctrl-C stops" line.
         assert "Ctrl-C stops" in srv.stderr_lines[-1]

@@ -35,6 +35,7 @@ followed by a space starts a comment)::
       ws-ping-interval: 20.0                  # seconds
       scry-udp: "127.0.0.1:7413"              # remote readers (docs/scry.md)
       http: "127.0.0.1:7480"                  # the HTTP port (docs/http.md)
+      http-open: #f                           # its /api and /metrics without a token (loopback only)
       publish: ["chat"]                       # streams readable by path (scry, HTTP)
       link: [                                 # linked servers (docs/links.md)
         {address: "10.0.0.2:7411" cap: "@/etc/dataspace/peer.sturdyref"}
@@ -58,7 +59,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
+from ..net.address import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    Address,
+    AddressError,
+    is_loopback,
+    parse_address,
+)
 from ..net.flow import FlowLimits
 from ..protocol.relay import RelayLimits
 from ..protocol.sturdy import SturdyError, SturdyRef
@@ -122,6 +130,8 @@ class ServerConfig:
     # like the recorders: the broker layer knows nothing of streams.
     scry_udp: str | None = None
     http: str | None = None
+    # The HTTP port's monitoring endpoints without a token (loopback addresses only).
+    http_open: bool = False
     publish: list[str] = field(default_factory=list)
     # Streams to record from the server's dataspaces: recorder specs as text or
     # dictionaries (see dataspace.streams.recorder), checked and started by the serve
@@ -224,6 +234,16 @@ class ServerConfig:
         if self.publish and not (self.scry_udp or self.http):
             raise ConfigError("publish names streams for remote readers: give --scry-udp "
                               "HOST:PORT or --http HOST:PORT too")
+        if self.http_open:
+            hp = self.host_port("http")
+            if hp is None:
+                raise ConfigError("http-open opens the HTTP port's monitoring endpoints: "
+                                  "give --http HOST:PORT too")
+            if not is_loopback(hp[0]):
+                raise ConfigError(f"http-open serves the server's state to anyone without a "
+                                  f"token, so it is refused on {hp[0]}, which is not a "
+                                  "loopback address: use --http 127.0.0.1:PORT, or drop "
+                                  "--http-open and send the root sturdyref as a bearer token")
         for name in ("max_turn_events", "max_total_assertions", "max_buffered",
                      "max_connections"):
             v = getattr(self, name)
@@ -276,7 +296,7 @@ _SECONDS_KEYS = {
 _LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
 _KNOWN = sorted(
     [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "store", "root-oid", "root-key", "bind",
-     "record", "link", "scry-udp", "http", "publish"]
+     "record", "link", "scry-udp", "http", "http-open", "publish"]
 )
 
 
@@ -369,6 +389,10 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not str or not x:
                 raise ConfigError(f'{name} must be "HOST:PORT"')
             changes[name.replace("-", "_")] = x
+        elif name == "http-open":
+            if type(x) is not bool:
+                raise ConfigError(f"http-open must be #t or #f, not {_short(x)}")
+            changes["http_open"] = x
         elif name == "publish":
             if type(x) is not Sequence or not all(type(a) is str for a in x):
                 raise ConfigError('publish must be a list of stream names, e.g. publish: ["chat"]')

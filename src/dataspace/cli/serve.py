@@ -30,6 +30,7 @@ examples:
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
   dataspace serve --record 'chat:<Says $who $text>' --store postgresql://app@db.example/app
                                                record into a PostgreSQL store
+  dataspace serve --http 127.0.0.1:7480        metrics and JSON endpoints (`dataspace top`)
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
                                                share the root dataspace with another server
                                                presence messages, assertions and retractions
@@ -76,9 +77,13 @@ def register(sub: Any) -> None:
                    help="serve the --publish'ed streams to remote readers over UDP "
                    "(`dataspace scry follow udp://HOST:PORT/STREAM`; docs/scry.md)")
     p.add_argument("--http", metavar="HOST:PORT",
-                   help="the HTTP port: the scry gateway for --publish'ed streams "
-                   "(GET /scry/STREAM/INDEX, GET /scry/STREAM?from=N as Server-Sent "
-                   "Events); loopback unless told otherwise (docs/http.md)")
+                   help="the HTTP port: /metrics (Prometheus), /healthz, the JSON endpoints "
+                   "under /api/ (a capability of the server as a bearer token: `dataspace "
+                   "info` and `dataspace top` read them) and the scry gateway for "
+                   "--publish'ed streams (docs/http.md, docs/operations.md)")
+    p.add_argument("--http-open", action="store_true", default=None,
+                   help="serve /metrics and /api/ without a token (allowed on a loopback "
+                   "--http address only)")
     p.add_argument("--publish", action="append", metavar="STREAM",
                    help="a stream remote readers may read by path (repeatable; only these "
                    "are readable)")
@@ -165,7 +170,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
     if args.record:
         cfg = cfg.override(record=[*cfg.record, *args.record])
-    cfg = cfg.override(scry_udp=args.scry_udp, http=args.http)
+    cfg = cfg.override(scry_udp=args.scry_udp, http=args.http, http_open=args.http_open)
     if args.publish:
         cfg = cfg.override(publish=[*cfg.publish, *args.publish])
     links, caps = args.link or [], args.link_cap or []
@@ -265,7 +270,8 @@ async def _serve(cfg: ServerConfig) -> int:
             from ..web import start_http
 
             http = await start_http(*http_address, store=store, publish=cfg.publish,
-                                    server=server)
+                                    server=server, recorders=recorders,
+                                    open_access=cfg.http_open)
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)
@@ -275,9 +281,11 @@ async def _serve(cfg: ServerConfig) -> int:
                   f"{', '.join(cfg.publish) or 'no stream (give --publish STREAM)'}",
                   file=sys.stderr, flush=True)
         if http is not None:
+            access = ("open to this machine without a token" if cfg.http_open else
+                      "for a capability of the server as a bearer token")
             print(f"dataspace serve: HTTP on {http.url} (scry gateway for: "
-                  f"{', '.join(cfg.publish) or 'no stream; give --publish STREAM'})",
-                  file=sys.stderr, flush=True)
+                  f"{', '.join(cfg.publish) or 'no stream; give --publish STREAM'}; "
+                  f"/metrics and /api/ {access})", file=sys.stderr, flush=True)
         if recorders and store is not None:
             print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.display}",
                   file=sys.stderr, flush=True)

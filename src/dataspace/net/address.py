@@ -14,10 +14,12 @@ are accepted too.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Address", "AddressError", "parse_address"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "Address", "AddressError", "is_loopback",
+           "parse_address"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7411
@@ -26,6 +28,17 @@ DEFAULT_PORT = 7411
 
 class AddressError(ValueError):
     """An address that cannot be understood."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address, possibly in brackets, or ``localhost``) is on the
+    loopback interface, so that only this machine can reach it."""
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)

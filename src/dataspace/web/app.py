@@ -28,7 +28,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ..streams.base import Store, check_stream_name
-from . import scry
+from . import broker, dataspaces, metrics, scry, streams
+from .auth import is_loopback
 from .context import CONTEXT, RouteModule, WebContext, errors_middleware, headers_middleware
 
 __all__ = ["DEFAULT_MODULES", "HttpServer", "make_app", "start_http"]
@@ -52,8 +53,11 @@ class _QuietBadRequests(logging.Filter):
 _server_log = logging.getLogger("dataspace.web.server")
 _server_log.addFilter(_QuietBadRequests())
 
-DEFAULT_MODULES: tuple[RouteModule, ...] = (scry,)
-"""The route modules :func:`start_http` serves unless told otherwise."""
+DEFAULT_MODULES: tuple[RouteModule, ...] = (scry, broker, dataspaces, streams, metrics)
+"""The route modules :func:`start_http` serves unless told otherwise: the scry gateway,
+the server's state (``/healthz``, ``/api/server``, ``/api/connections``, ``/api/links``),
+the dataspaces (``/api/subscriptions``, ``/api/assertions``, ``/api/watch``), the stream
+store (``/api/streams``, ``/api/pipelines``, ``/api/stream/NAME``) and ``/metrics``."""
 
 
 def make_app(ctx: WebContext, modules: Iterable[RouteModule] | None = None) -> web.Application:
@@ -119,20 +123,29 @@ async def start_http(
     server: Any = None,
     modules: Iterable[RouteModule] | None = None,
     shutdown_timeout: float = 5.0,
+    open_access: bool = False,
+    recorders: Sequence[Any] = (),
     **settings: Any,
 ) -> HttpServer:
     """Serve HTTP on ``host:port`` (port 0: a free one) in the running event loop.
 
     ``store`` and ``publish`` (stream names) are what the scry gateway serves; ``server``
-    is the broker (for the routes that describe it).  ``settings`` go to the route
-    modules through the context (e.g. ``scry_limits=ScryLimits(max_waiting=10)``).
-    Raises ``OSError`` when the address cannot be bound, ``ValueError`` for a bad
-    stream name in ``publish``.
+    is the broker (for the routes that describe it) and ``recorders`` its stream
+    recorders (for ``/metrics`` and ``/api/server``).  The monitoring routes ask for a
+    capability of ``server`` as a bearer token unless ``open_access`` (allowed on a
+    loopback address only).  ``settings`` go to the route modules through the context
+    (e.g. ``scry_limits=ScryLimits(max_waiting=10)``).  Raises ``OSError`` when the
+    address cannot be bound, ``ValueError`` for a bad stream name in ``publish`` or
+    ``open_access`` on an address that is not loopback.
     """
     names = tuple(dict.fromkeys(check_stream_name(s) for s in publish))
     if names and store is None:
         raise ValueError("publishing streams needs a store")
-    ctx = WebContext(store=store, publish=names, server=server, settings=dict(settings))
+    if open_access and not is_loopback(host):
+        raise ValueError(f"--http-open serves the server's state to anyone without a token: "
+                         f"it is allowed on a loopback address only, not {host}")
+    ctx = WebContext(store=store, publish=names, server=server, settings=dict(settings),
+                     open_access=open_access, recorders=tuple(recorders))
     app = make_app(ctx, modules)
     runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=_server_log,
                            handler_cancellation=True, shutdown_timeout=shutdown_timeout)

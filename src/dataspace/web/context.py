@@ -16,8 +16,9 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from ..streams.base import Store
+from .auth import Access, ApiError, Authorizer
 
-__all__ = ["CONTEXT", "RouteModule", "WebContext", "json_error", "json_response"]
+__all__ = ["CONTEXT", "RouteModule", "WebContext", "guarded", "json_error", "json_response"]
 
 T = TypeVar("T")
 
@@ -45,7 +46,20 @@ class WebContext:
     server: Any = None
     settings: dict[str, Any] = field(default_factory=dict)
     store_threads: int = 2
+    open_access: bool = False
+    """Every request may see everything, without a token (``--http-open``, loopback)."""
+    recorders: tuple[Any, ...] = ()
+    """The server's stream recorders (:class:`~dataspace.streams.Recorder`)."""
     _executor: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _authorizer: Authorizer | None = field(default=None, repr=False)
+
+    def access(self, request: web.Request) -> Access:
+        """What ``request`` may see (its bearer token checked against the server's
+        bindings; see :mod:`dataspace.web.auth`); raises :class:`ApiError` (401, 503)."""
+        a = self._authorizer
+        if a is None:
+            a = self._authorizer = Authorizer(self.server, self.open_access)
+        return a.access(request)
 
     async def run_store(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the port's store threads, never on the event loop: the store
@@ -86,6 +100,23 @@ def json_error(
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def guarded(
+    ctx: WebContext, fn: Callable[[web.Request, Access], Awaitable[web.StreamResponse]]
+) -> Handler:
+    """A handler that checks the request's token first (``fn(request, access)``) and
+    answers :class:`ApiError` as JSON (``{"error": ...}`` with its status)."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            return await fn(request, ctx.access(request))
+        except ApiError as e:
+            return json_error(e.status, str(e), headers=e.headers, **e.extra)
+
+    handler.__name__ = getattr(fn, "__name__", "handler")
+    handler.__doc__ = fn.__doc__
+    return handler
 
 
 @web.middleware

@@ -1,0 +1,250 @@
+"""The server's own state over HTTP: health, summary, connections, links.
+
+Routes (JSON; every ``/api/...`` route needs a token, see :mod:`dataspace.web.auth`):
+
+``GET /healthz``
+    200 ``{"status": "ready"}`` while the server serves; 503 ``{"status": "unavailable",
+    "reasons": [...]}`` when it does not (not started, shutting down, a recorder
+    stopped because the store failed, the store does not answer).  No token needed.
+``GET /api/server``
+    The summary (:func:`server_summary`).
+``GET /api/connections``
+    One row per connection (:func:`connection_row`); the administrator only (others get
+    the count).
+``GET /api/links``
+    The links' status rows (``Server.link_status()``); the administrator only.
+
+See docs/operations.md for every field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from .auth import Access, ApiError
+from .context import WebContext, guarded, json_response
+
+__all__ = ["connection_row", "health", "rss_bytes", "server_summary", "setup"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """This process's resident memory in bytes (None where it cannot be read)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        try:
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        except (ImportError, OSError):  # pragma: no cover - not on Linux
+            return None
+
+
+def _limits(server: Any) -> dict[str, Any]:
+    cfg = server.config
+    rl, fl = server.relay_limits, server.flow
+    return {
+        "max_connections": cfg.max_connections,
+        "max_connections_per_address": cfg.per_address_limit(),
+        "connect_rate": cfg.connect_rate,
+        "max_total_assertions": cfg.max_total_assertions,
+        "max_buffered": cfg.max_buffered,
+        "max_turn_events": cfg.max_turn_events,
+        "idle_timeout": cfg.idle_timeout,
+        "max_packet_size": rl.max_packet_size,
+        "max_assertions": rl.max_assertions,
+        "max_references": rl.max_imports,
+        "max_observers": rl.max_observers,
+        "max_matches": rl.max_outbound_assertions,
+        "max_debt": fl.max_debt,
+        "max_send_queue": fl.max_send_queue,
+        "send_timeout": fl.send_timeout,
+        "handshake_timeout": fl.handshake_timeout,
+        "work_rate": fl.work_rate,
+        "throttle_limit": fl.throttle_limit,
+        "keepalive": fl.keepalive,
+        "ws_ping_interval": fl.ws_ping_interval,
+    }
+
+
+def _recorder_row(r: Any) -> dict[str, Any]:
+    return {
+        "stream": r.stream,
+        "pattern": str(r.pattern),
+        "recorded": r.recorded,
+        "dropped": r.dropped,
+        "queued": r.queued,
+        "commits": r.commits,
+        "commit_seconds": round(r.commit_seconds, 6),
+        "failed": None if r.error is None else str(r.error),
+    }
+
+
+def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
+    """The server summary (``GET /api/server``) as ``access`` may see it: the
+    administrator sees every dataspace, the listeners, links, recorders and store; a
+    dataspace's token its own dataspace and the server-wide counters."""
+    server = ctx.server
+    now = time.time()
+    started = server.started_at
+    totals = server.totals()
+    dataspaces = {
+        name: {"assertions": len(ds.index.bag), "observers": ds.observer_count()}
+        for name, ds in server.dataspaces.items()
+        if access.admin or name == access.dataspace
+    }
+    out: dict[str, Any] = {
+        "version": __version__,
+        "server_id": server.server_id,
+        "scope": access.scope,
+        "now": now,
+        "started": started,
+        "uptime": None if started is None else now - started,
+        "connections": len(server.connections),
+        "connections_accepted": server.accepted,
+        "connections_refused": server.refused,
+        "assertions": server.quota.assertions,
+        "dataspaces": dataspaces,
+        "observers": sum(d["observers"] for d in dataspaces.values()),
+        "turns": totals["turns_in"],
+        "messages_in": totals["messages_in"],
+        "messages_out": totals["messages_out"],
+        "bytes_in": totals["bytes_in"],
+        "bytes_out": totals["bytes_out"],
+        "errors": dict(server.errors),
+        "slow_consumers_closed": server.errors["slow_consumer"],
+        "buffered": server.hub.buffered if server.hub is not None else 0,
+        "memory_rss": rss_bytes(),
+        "limits": _limits(server),
+    }
+    if access.admin:
+        links = server.link_status()
+        gate = server.sync_gate
+        out.update({
+            "pid": os.getpid(),
+            "listeners": [str(a) for a in server.addresses],
+            "data_dir": str(server.data_dir) if server.data_dir is not None else None,
+            "store": ctx.store.display if ctx.store is not None else None,
+            "published": list(ctx.publish),
+            "recorders": [_recorder_row(r) for r in ctx.recorders],
+            "links": {"count": len(links),
+                      "connected": sum(1 for r in links if r.get("connected"))},
+            "syncs_held": gate.held_total if gate is not None else 0,
+            "http_open": ctx.open_access,
+        })
+    return out
+
+
+def _transport(conn: Any) -> str:
+    kind = type(conn).__name__
+    if kind.startswith("WebSocket"):
+        return "ws"
+    return "unix" if conn.name.startswith("unix") else "tcp"
+
+
+def connection_row(server: Any, conn: Any, now: float | None = None) -> dict[str, Any]:
+    """One connection as ``GET /api/connections`` shows it."""
+    now = time.time() if now is None else now
+    relay = conn.relay
+    st = relay.stats() if relay is not None else {}
+    return {
+        "id": conn.id,
+        "peer": conn.name,
+        "address": conn.peer_host,
+        "transport": _transport(conn),
+        "since": conn.since,
+        "age": now - conn.since,
+        "dataspaces": [{"name": n, "attenuated": a} for n, a in server.resolved.get(conn, ())],
+        "assertions_in": st.get("assertions_in", 0),
+        "observers": relay.observers if relay is not None else 0,
+        "assertions_out": st.get("assertions_out", 0),
+        "references": st.get("imports", 0),
+        "turns": relay.turns_in if relay is not None else 0,
+        "messages_in": relay.messages_in if relay is not None else 0,
+        "messages_out": relay.messages_out if relay is not None else 0,
+        "events_out": relay.events_out if relay is not None else 0,
+        "bytes_in": conn.bytes_in,
+        "bytes_out": conn.bytes_out,
+        "pending_output": conn.pending_output,
+        "debt": conn.account.debt,
+        "throttled_seconds": round(conn.throttled_total(), 3),
+        "held": list(conn.held_reasons),
+        "idle": max(0.0, time.monotonic() - conn.last_input),
+    }
+
+
+async def health(ctx: WebContext) -> tuple[bool, list[str]]:
+    """Whether the server is ready, and if not why."""
+    server = ctx.server
+    reasons: list[str] = []
+    if server is None or server.started_at is None:
+        reasons.append("the server has not started")
+    elif server.stopping:
+        reasons.append("the server is shutting down")
+    elif not server.addresses:
+        reasons.append("the server listens nowhere")
+    for r in ctx.recorders:
+        if r.error is not None:
+            reasons.append(f"recorder {r.stream} stopped: the store failed ({r.error})")
+    if ctx.store is not None:
+        try:
+            async with asyncio.timeout(5.0):
+                await ctx.run_store(ctx.store.next_indices)
+        except TimeoutError:
+            reasons.append("the stream store does not answer (5 s)")
+        except Exception as e:
+            reasons.append(f"the stream store failed: {e}")
+    return not reasons, reasons
+
+
+def setup(app: web.Application, ctx: WebContext) -> None:
+    """Add ``/healthz``, ``/api/server``, ``/api/connections`` and ``/api/links``."""
+
+    async def healthz(request: web.Request) -> web.StreamResponse:
+        ok, reasons = await health(ctx)
+        if ok:
+            return json_response({"status": "ready"})
+        return json_response({"status": "unavailable", "reasons": reasons,
+                              "error": "; ".join(reasons)}, 503)
+
+    async def api_server(request: web.Request, access: Access) -> web.StreamResponse:
+        _need_server(ctx)
+        return json_response(server_summary(ctx, access))
+
+    async def api_connections(request: web.Request, access: Access) -> web.StreamResponse:
+        server = _need_server(ctx)
+        if not access.admin:
+            return json_response({"scope": access.scope, "count": len(server.connections),
+                                  "connections": [],
+                                  "note": "connection details need the root capability"})
+        now = time.time()
+        rows = [connection_row(server, c, now) for c in server.connections]
+        rows.sort(key=lambda r: r["id"])
+        return json_response({"scope": access.scope, "count": len(rows), "connections": rows})
+
+    async def api_links(request: web.Request, access: Access) -> web.StreamResponse:
+        server = _need_server(ctx)
+        access.require_admin("the links")
+        return json_response({"links": server.link_status()})
+
+    r = app.router
+    r.add_get("/healthz", healthz, allow_head=False)
+    r.add_get("/api/server", guarded(ctx, api_server), allow_head=False)
+    r.add_get("/api/connections", guarded(ctx, api_connections), allow_head=False)
+    r.add_get("/api/links", guarded(ctx, api_links), allow_head=False)
+
+
+def _need_server(ctx: WebContext) -> Any:
+    if ctx.server is None:
+        raise ApiError(404, "no broker behind this HTTP port")
+    return ctx.server
+

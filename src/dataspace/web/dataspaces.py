@@ -1,0 +1,477 @@
+"""Inside the dataspaces over HTTP: subscriptions, current assertions, a live watch.
+
+Routes (JSON or Server-Sent Events; a token is needed, see :mod:`dataspace.web.auth`):
+
+``GET /api/subscriptions?dataspace=NAME``
+    The patterns observed in the dataspace with their observer counts.
+``GET /api/assertions?dataspace=NAME&pattern=P&limit=N``
+    The assertions matching the concise pattern ``P`` now (at most ``N``, with a
+    ``truncated`` flag).
+``GET /api/watch?dataspace=NAME&pattern=P``
+    Server-Sent Events: the current matches as ``+`` events, then ``event: synced``, then
+    ``+`` / ``-`` / ``!`` as assertions appear and go and messages are sent.
+
+``dataspace`` defaults to the token's dataspace (``root`` for the administrator).  Values
+are Preserves text; an embedded reference is shown readably (``#:<peer "HOST:PORT" 3>``:
+object 3 of that connection, for the administrator; ``#:<ref>`` / ``#:<opaque>``
+otherwise).  A bad pattern is answered 400 with the parser's message and the position.
+
+What a token sees follows its caveats: its caveats are applied to ``<Observe P
+#:observer>`` as the server applies them to a subscription made through it.  Rejected:
+403.  Accepted, perhaps rewritten to ``<Observe P' ...>``: the token is shown what that
+subscription would tell it -- the matches of ``P'``, as captures (and the whole value when
+``P'`` binds it at the top), passed through any caveats the rewrite put on the observer.
+The administrator sees whole values always.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+from ..dataspace import OBSERVE, Entity, Subscription, TurnTooLarge, fresh_handle
+from ..pattern import Bind, Pattern, PatternError, from_preserves, from_value_syntax, instantiate
+from ..pattern import to_preserves as pattern_value
+from ..protocol.relay import RemoteEntity
+from ..protocol.sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, Opaque
+from ..values import Embedded, ParseError, Record, Sequence, Symbol, Value, parse, stringify
+from .auth import Access, ApiError
+from .context import WebContext, guarded, json_response
+
+__all__ = ["MAX_PATTERN", "View", "WATCHES", "Watches", "parse_user_pattern", "setup",
+           "value_text"]
+
+log = logging.getLogger(__name__)
+
+MAX_PATTERN = 4096
+"""The longest pattern text accepted (characters)."""
+DEFAULT_LIMIT = 1000
+MAX_LIMIT = 10_000
+MAX_TEXT = 64 * 1024
+"""Longest text of one value shown; longer ones are cut (and marked ``cut``)."""
+
+
+# ------------------------------------------------------------------------------------
+# Values as text
+
+
+def _admin_ref(obj: Any) -> Value:
+    t = type(obj)
+    if t is RemoteEntity:
+        return Record(Symbol("peer"), [obj.relay.name, obj.oid])
+    if t is AttenuatedRef or t is AttenuatedEntity:
+        return Record(Symbol("attenuated"), [_admin_ref(obj.target),
+                                             len(obj.attenuation.caveats)])
+    if t is Opaque:
+        return Record(Symbol("opaque"), [])
+    if t is Subscription:
+        return Record(Symbol("subscription"), [obj.id])
+    target = getattr(obj, "target", None)
+    if target is not None and isinstance(obj, Entity):  # a wrapper: show what it wraps
+        return _admin_ref(target)
+    ds = getattr(obj, "dataspace", None)
+    if ds is not None and hasattr(ds, "name"):
+        return Record(Symbol("dataspace"), [str(ds.name)])
+    return Record(Symbol("object"), [type(obj).__name__])
+
+
+def _guest_ref(obj: Any) -> Value:
+    return Record(Symbol("opaque" if type(obj) is Opaque else "ref"), [])
+
+
+def value_text(v: Value, admin: bool) -> tuple[str, bool]:
+    """``v`` as Preserves text with readable references, and whether it was cut (at
+    :data:`MAX_TEXT` characters)."""
+    try:
+        text = stringify(v, embedded=_admin_ref if admin else _guest_ref)
+    except Exception as e:  # pragma: no cover - stringify handles every value
+        text = f"#!unprintable ({type(e).__name__})"
+    if len(text) > MAX_TEXT:
+        return text[:MAX_TEXT] + " …", True
+    return text, False
+
+
+# ------------------------------------------------------------------------------------
+# Patterns and what a token sees of them
+
+
+def parse_user_pattern(text: str | None, what: str = "pattern") -> Pattern:
+    """A concise pattern typed by a person; :class:`ApiError` 400 with the parser's
+    message and where (``position``, ``line``, ``column``) when it is not one."""
+    if text is None or not text.strip():
+        raise ApiError(400, f"give a {what}, e.g. {what}=<Present $who> (URL-encoded)")
+    if len(text) > MAX_PATTERN:
+        raise ApiError(400, f"the {what} is longer than {MAX_PATTERN} characters")
+    try:
+        v = parse(text)
+    except ParseError as e:
+        extra = {"position": e.position, "line": e.line, "column": e.column}
+        where = f" (line {e.line}, column {e.column})" if e.line is not None else ""
+        raise ApiError(400, f"bad {what}: {e.reason}{where}",
+                       **{k: x for k, x in extra.items() if x is not None}) from None
+    except ValueError as e:
+        raise ApiError(400, f"bad {what}: {e}") from None
+    try:
+        return from_value_syntax(v)
+    except PatternError as e:
+        raise ApiError(400, f"bad {what}: {e}") from None
+
+
+class _Probe(Entity):
+    """Stands for an observer while caveats are tried on ``<Observe P #:probe>``."""
+
+
+class View:
+    """What ``access`` sees of ``pattern``: the pattern actually observed
+    (:attr:`observed`), whether whole values are shown, and the caveats on what the
+    observer is told (:attr:`inner`).  Raises :class:`ApiError` 403 when the token's
+    caveats would not let it observe ``pattern``."""
+
+    def __init__(self, access: Access, pattern: Pattern) -> None:
+        self.access = access
+        self.admin = access.admin
+        self.pattern = pattern
+        self.inner: Attenuation | None = None
+        if access.admin:
+            self.shown = pattern
+            self.observed: Pattern = Bind(pattern)  # caps[0]: the whole value
+            self.whole = True
+            return
+        att = access.attenuation
+        self.shown = pattern
+        if att is not None:
+            probe = _Probe()
+            r = att.apply(Record._make(OBSERVE, (pattern_value(pattern), Embedded(probe))))
+            if r is None:
+                raise ApiError(403, f"this token's caveats do not let it observe {pattern}")
+            if (type(r) is not Record or r.label != OBSERVE or len(r.fields) != 2
+                    or type(r.fields[1]) is not Embedded):
+                raise ApiError(403, f"this token's caveats turn a subscription to {pattern} "
+                               "into something else; it cannot be shown here")
+            try:
+                self.shown = from_preserves(r.fields[0])
+            except PatternError:
+                raise ApiError(403, "this token's caveats rewrite the pattern into one that "
+                               "is not valid") from None
+            obs = r.fields[1].value
+            while type(obs) is AttenuatedRef:
+                self.inner = (obs.attenuation if self.inner is None
+                              else obs.attenuation.then(self.inner))
+                obs = obs.target
+            if obs is not probe:
+                raise ApiError(403, "this token's caveats replace the observer of a "
+                               "subscription; it cannot be shown here")
+        self.observed = self.shown
+        self.whole = type(self.shown) is Bind
+
+    def row(self, caps: tuple[Value, ...], filtered: bool = True) -> dict[str, Any] | None:
+        """A match as shown: ``captures``, ``match`` (the pattern filled with them) and
+        ``value`` when whole values are shown; None when the observer's caveats drop it.
+        ``filtered=False`` when the caveats on the observer were applied already."""
+        if self.admin:
+            whole, caps = caps[0], caps[1:]
+        else:
+            if filtered and self.inner is not None:
+                r = self.inner.apply(Sequence(caps))
+                if r is None:
+                    return None
+                caps = tuple(r) if type(r) is Sequence else (r,)
+            whole = caps[0] if self.whole and caps else None
+        texts = [value_text(c, self.admin) for c in caps]
+        out: dict[str, Any] = {"captures": [t for t, _cut in texts]}
+        try:
+            out["match"] = value_text(instantiate(self.shown, caps), self.admin)[0]
+        except StopIteration:  # the caveats changed the captures: no pattern to fill
+            pass
+        cut = any(c for _t, c in texts)
+        if whole is not None:
+            text, c = value_text(whole, self.admin)
+            out["value"] = text
+            cut = cut or c
+        if cut:
+            out["cut"] = True
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"pattern": str(self.pattern)}
+        if self.shown != self.pattern:
+            d["observed"] = str(self.shown)
+        return d
+
+
+# ------------------------------------------------------------------------------------
+# Live watches
+
+
+class _Watcher(Entity):
+    """The observer of one ``/api/watch``: queues what it is told for the event stream."""
+
+    def __init__(self, limit: int) -> None:
+        self.events: deque[tuple[str, tuple[Value, ...]]] = deque()
+        self.held: dict[int, tuple[Value, ...]] = {}
+        self.limit = limit
+        self.overflow = False
+        self.closed = False
+        self.wake = asyncio.Event()
+
+    @property
+    def alive(self) -> bool:
+        return not self.closed
+
+    def _push(self, kind: str, caps: tuple[Value, ...]) -> None:
+        if self.closed:
+            return
+        if len(self.events) >= self.limit:
+            self.overflow = True
+            self.closed = True
+        else:
+            self.events.append((kind, caps))
+        self.wake.set()
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        caps = tuple(value) if type(value) is Sequence else (value,)
+        self.held[handle] = caps
+        self._push("+", caps)
+
+    def on_retract(self, handle: int) -> None:
+        caps = self.held.pop(handle, None)
+        if caps is not None:
+            self._push("-", caps)
+
+    def on_message(self, value: Value) -> None:
+        self._push("!", tuple(value) if type(value) is Sequence else (value,))
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+
+class Watches:
+    """The live watches of an HTTP port (``app[WATCHES]``): their number is capped, and
+    the port's shutdown ends them."""
+
+    def __init__(self, max_watches: int = 100, queue: int = 10_000, keepalive: float = 15.0,
+                 send_timeout: float = 30.0) -> None:
+        self.max_watches = max_watches
+        self.queue = queue
+        self.keepalive = keepalive
+        self.send_timeout = send_timeout
+        self.active: set[_Watcher] = set()
+        self.closing = False
+        self.changed = asyncio.Event()
+
+    def close(self) -> None:
+        self.closing = True
+        for w in list(self.active):
+            w.close()
+
+
+WATCHES = web.AppKey("dataspace.web.watches", Watches)
+
+
+# ------------------------------------------------------------------------------------
+# Handlers
+
+
+def _dataspace(ctx: WebContext, request: web.Request, access: Access) -> tuple[str, Any]:
+    server = ctx.server
+    if server is None:
+        raise ApiError(404, "no broker behind this HTTP port")
+    name = request.query.get("dataspace") or access.dataspace or "root"
+    access.check_dataspace(name)
+    ds = server.dataspaces.get(name)
+    if ds is None:
+        raise ApiError(404, f"no dataspace {name!r} on this server (it has: "
+                       f"{', '.join(sorted(server.dataspaces))})")
+    return name, ds
+
+
+def _limit(request: web.Request) -> int:
+    text = request.query.get("limit")
+    if text is None:
+        return DEFAULT_LIMIT
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise ApiError(400, f"limit {text!r}: give a number from 1 to {MAX_LIMIT}")
+    return int(text)
+
+
+_OBSERVE_ANY = Record(Symbol("Observe"), [Symbol("_"), Symbol("_")])
+
+
+def subscriptions(ctx: WebContext, name: str, ds: Any, access: Access) -> dict[str, Any]:
+    """``GET /api/subscriptions``: the observed patterns, most observed first."""
+    if not access.admin:
+        View(access, from_value_syntax(_OBSERVE_ANY))  # 403 unless it may observe <Observe _ _>
+    groups: dict[str, dict[str, Any]] = {}
+    for _value, pat, observer, delivered, held in ds.observers():
+        text = str(pat)
+        g = groups.get(text)
+        if g is None:
+            g = groups[text] = {"pattern": text, "observers": 0, "remote": 0, "local": 0,
+                                "delivered": 0, "matches": 0}
+        g["observers"] += 1
+        g["local" if type(observer) is Subscription else "remote"] += 1
+        g["delivered"] += delivered
+        g["matches"] += held
+    rows = sorted(groups.values(), key=lambda g: (-g["observers"], -g["delivered"], g["pattern"]))
+    return {"dataspace": name, "scope": access.scope, "observers": ds.observer_count(),
+            "patterns": rows}
+
+
+def list_assertions(ds: Any, view: View, limit: int) -> tuple[list[dict[str, Any]], int]:
+    """The rows of the matches of ``view`` now (at most ``limit``) and how many there are.
+    A hidden observer reads them from the index (nothing is asserted: the links and the
+    other observers see nothing of it)."""
+    found: list[tuple[Value, ...]] = []
+    count = 0
+
+    def on_assert(*caps: Value) -> None:
+        nonlocal count
+        count += 1
+        if len(found) < limit:
+            found.append(caps)
+
+    ds.observe_hidden(view.observed, on_assert=on_assert).cancel()
+    rows = []
+    for caps in found:
+        row = view.row(caps)
+        if row is None:
+            count -= 1
+            continue
+        if view.admin:
+            row["copies"] = ds.count(caps[0])
+        rows.append(row)
+    rows.sort(key=lambda r: r.get("value") or r.get("match") or "")
+    return rows, count
+
+
+async def _watch(ctx: WebContext, watches: Watches, request: web.Request, access: Access
+                 ) -> web.StreamResponse:
+    name, _ds = _dataspace(ctx, request, access)
+    pattern = parse_user_pattern(request.query.get("pattern"))
+    view = View(access, pattern)
+    if watches.closing:
+        raise ApiError(503, "the server is shutting down", {"Retry-After": "1"})
+    if len(watches.active) >= watches.max_watches:
+        raise ApiError(503, f"too many watches ({watches.max_watches} at once); try again "
+                       "later", {"Retry-After": "5"})
+    server = ctx.server
+    target: Entity = server.entity(name)
+    observed: Pattern = view.observed
+    if not access.admin and access.attenuation is not None:
+        target = AttenuatedEntity(target, access.attenuation)
+        observed = pattern  # the caveats rewrite it as for any subscription
+    w = _Watcher(watches.queue)
+    handle = fresh_handle()
+    try:
+        target.on_assert(Record._make(OBSERVE, (pattern_value(observed), Embedded(w))), handle)
+    except TurnTooLarge as e:
+        raise ApiError(413, f"{pattern} matches too much to watch at once ({e}); narrow the "
+                       "pattern") from None
+    watches.active.add(w)
+    watches.changed.set()
+    try:
+        if w.overflow:
+            raise ApiError(413, f"{pattern} matches more than {watches.queue} assertions; "
+                           "narrow the pattern, or list them with /api/assertions")
+        return await _stream(watches, request, name, view, w)
+    finally:
+        w.close()
+        watches.active.discard(w)
+        watches.changed.set()
+        with contextlib.suppress(Exception):
+            target.on_retract(handle)
+
+
+async def _stream(watches: Watches, request: web.Request, name: str, view: View, w: _Watcher
+                  ) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream; charset=utf-8",
+        "Cache-Control": "no-store",
+        "X-Accel-Buffering": "no",
+        "X-Content-Type-Options": "nosniff",
+    })
+    await resp.prepare(request)
+
+    async def send(data: bytes) -> None:
+        async with asyncio.timeout(watches.send_timeout):
+            await resp.write(data)
+
+    synced = False
+    head = {"dataspace": name, **view.describe()}
+    try:
+        await send(b": watching " + json.dumps(head, ensure_ascii=False).encode() + b"\n\n")
+        while True:
+            out: list[bytes] = []
+            while w.events and len(out) < 256:
+                kind, caps = w.events.popleft()
+                row = view.row(caps, filtered=False)
+                if row is not None:
+                    row = {"event": kind, **row}
+                    out.append(b"data: " + json.dumps(row, ensure_ascii=False).encode() + b"\n\n")
+            if not w.events and not synced:
+                synced = True
+                out.append(b"event: synced\ndata: " + json.dumps(
+                    {**head, "matches": len(w.held)}).encode() + b"\n\n")
+            if out:
+                await send(b"".join(out))
+                continue
+            if w.closed:
+                break
+            w.wake.clear()
+            try:
+                async with asyncio.timeout(watches.keepalive):
+                    await w.wake.wait()
+            except TimeoutError:
+                await send(b": keep-alive\n\n")
+        if w.overflow:
+            err = {"error": f"more than {watches.queue} events waited for this client; the "
+                   "watch ends (reconnect to start from the current state)"}
+            await send(b"event: error\ndata: " + json.dumps(err).encode() + b"\n\n")
+        await resp.write_eof()
+    except (ConnectionError, TimeoutError) as e:
+        log.debug("watch of %s ended: %s", view.pattern, e or type(e).__name__)
+        if request.transport is not None:
+            request.transport.close()
+    return resp
+
+
+def setup(app: web.Application, ctx: WebContext) -> None:
+    """Add ``/api/subscriptions``, ``/api/assertions`` and ``/api/watch``.
+
+    ``ctx.settings["watches"]`` (a :class:`Watches`) overrides the watches' bounds."""
+    watches = ctx.settings.get("watches") or Watches()
+    app[WATCHES] = watches
+
+    async def on_shutdown(app: web.Application) -> None:
+        watches.close()
+
+    app.on_shutdown.append(on_shutdown)
+
+    async def api_subscriptions(request: web.Request, access: Access) -> web.StreamResponse:
+        name, ds = _dataspace(ctx, request, access)
+        return json_response(subscriptions(ctx, name, ds, access))
+
+    async def api_assertions(request: web.Request, access: Access) -> web.StreamResponse:
+        name, ds = _dataspace(ctx, request, access)
+        pattern = parse_user_pattern(request.query.get("pattern"))
+        limit = _limit(request)
+        view = View(access, pattern)
+        rows, count = list_assertions(ds, view, limit)
+        return json_response({"dataspace": name, "scope": access.scope, **view.describe(),
+                              "count": count, "limit": limit, "truncated": count > len(rows),
+                              "assertions": rows})
+
+    async def api_watch(request: web.Request, access: Access) -> web.StreamResponse:
+        return await _watch(ctx, watches, request, access)
+
+    r = app.router
+    r.add_get("/api/subscriptions", guarded(ctx, api_subscriptions), allow_head=False)
+    r.add_get("/api/assertions", guarded(ctx, api_assertions), allow_head=False)
+    r.add_get("/api/watch", guarded(ctx, api_watch), allow_head=False)
