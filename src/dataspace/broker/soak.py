@@ -62,6 +62,7 @@ from typing import Any
 from ..client import RemoteDataspace, connect
 from ..dataspace import Entity
 from ..pattern import parse_pattern, to_preserves
+from ..progress import Progress
 from ..protocol.relay import Relay, RelayLimits, RemoteEntity
 from ..protocol.sturdy import SturdyRef, attenuate
 from ..protocol.wire import WireRef
@@ -1274,7 +1275,7 @@ class Soak:
         attacks = sum(a.runs for a in t.attacks.values())
         rss = t.rss_kib[-1] / 1024 if t.rss_kib else 0.0
         errors = len(self.server.error_lines())
-        return (f"soak [{t.elapsed():5.0f}s/{self.cfg.seconds:g}s] probes {len(lat)} "
+        return (f"probes {len(lat)} "
                 f"(p99 {p99:.1f} ms, {p.failures if p else 0} failed)  checks "
                 f"{t.checks} ok {len(t.failures)} failed  attacks {attacks}  fuzz "
                 f"{t.fuzz_cases}  kills {t.kills}  rss {rss:.0f} MiB  log errors {errors}")
@@ -1282,12 +1283,14 @@ class Soak:
     async def _progress(self) -> None:
         if self.cfg.quiet:
             return
+        # A bar with the time left on a terminal, a line per progress_every otherwise.
+        total = max(1, round(self.cfg.seconds))
+        bar = Progress(sys.stderr, total=total, what="s", verb="soak", rate=False,
+                       interval=0.0, redraw=0.0, tty=self.progress_tty)
         while not self.stop.is_set():
             await _pause(self.stop, self.cfg.progress_every)
-            line = self.progress_line()
-            _say(f"\r{line}\x1b[K" if self.progress_tty else line + "\n")
-        if self.progress_tty:
-            _say("\n")
+            bar.update(min(total, int(self.tally.elapsed())), note=self.progress_line())
+        bar.finish(note=self.progress_line())
 
     # -- well-behaved clients ----------------------------------------------------------
 

@@ -23,6 +23,7 @@ from ..pipeline.engine import (
 )
 from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
+from ..progress import hms
 from ..streams import StoreError
 from ._store import add_store_argument, open_data_store, spark_data_dir
 
@@ -152,7 +153,9 @@ def _n(x: int) -> str:
 
 
 def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
-    """One line: per processor messages in/out (errors), lag per input and state."""
+    """One line: per processor messages in/out (errors), lag per input and state; with
+    ``rate``, the messages per second and, while there is lag, when it will be caught up
+    at that rate."""
     parts = []
     for s in stats:
         lag = " ".join(f"{k}:{_n(v)}" for k, v in s.lag.items())
@@ -166,6 +169,9 @@ def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
     line = " | ".join(parts)
     if rate is not None:
         line += f" | {_n(round(rate))} msg/s"
+        lag = sum(v for s in stats for v in s.lag.values())
+        if lag and rate > 0 and lag / rate >= 1:  # under a second: nothing to wait for
+            line += f", catching up: ETA {hms(lag / rate)}"
     return line
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB
+from ..progress import Progress
 from ..streams import StoreError, StoreNotFound, check_user_name
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..streams.copy import CopyRefused, copy_streams
@@ -414,63 +415,15 @@ def run_create(args: argparse.Namespace) -> int:
     return 0
 
 
-class CopyProgress:
-    """The copy's progress: a bar with rate and time left, rewritten in place on a
-    terminal; otherwise a plain line at most every ``interval`` seconds (and the last)."""
+class CopyProgress(Progress):
+    """The copy's progress (:class:`dataspace.progress.Progress`): a bar with rate and
+    time left, rewritten in place on a terminal; otherwise a plain line at most every
+    ``interval`` seconds (and the last)."""
 
     def __init__(self, out: Any, interval: float = 2.0, clock: Any = None,
                  header: str | None = None) -> None:
-        import time
-
-        self.out = out
-        self.header = header
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
-        self.interval = interval
-        self.clock = clock or time.monotonic
-        self.t0 = self.clock()
-        self.last = -1.0
-        self.width = 0
-
-    def line(self, done: int, total: int) -> str:
-        elapsed = max(self.clock() - self.t0, 1e-9)
-        rate = done / elapsed
-        frac = done / total if total else 1.0
-        eta = "-" if rate <= 0 or done >= total else _hms((total - done) / rate)
-        text = (f"{done:,}/{total:,} entries ({frac:.0%}), {rate:,.0f}/s, "
-                f"ETA {eta}" if done < total else
-                f"{done:,}/{total:,} entries (100%), {rate:,.0f}/s, {_hms(elapsed)}")
-        if self.tty:
-            n = 24
-            filled = min(n, int(frac * n))
-            return f"[{'#' * filled}{'.' * (n - filled)}] " + text
-        return "copied " + text
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.header is not None:
-            self.out.write(self.header + "\n")
-            self.header = None
-        now = self.clock()
-        final = done >= total
-        if self.tty:
-            text = self.line(done, total)
-            self.out.write("\r" + text + " " * max(0, self.width - len(text)))
-            self.width = len(text)
-            if final:
-                self.out.write("\n")
-            self.out.flush()
-            return
-        if final or self.last < 0 or now - self.last >= self.interval:
-            if done == 0 and not final:
-                self.last = now
-                return
-            self.last = now
-            self.out.write(self.line(done, total) + "\n")
-            self.out.flush()
-
-
-def _hms(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+        super().__init__(out, what="entries", verb="copied", interval=interval, clock=clock,
+                         header=header, redraw=0.0)
 
 
 def run_copy(args: argparse.Namespace) -> int:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..progress import Progress
 from ..values import Record, Sequence, Symbol, encode
 from .graph import Graph
 from .sinks import SQLiteSink
@@ -393,7 +394,7 @@ def soak(
     campaign's directory) and ``drop(campaign)`` removes it after a pass."""
     done = 0
     results: list[CampaignResult] = []
-    t0 = time.monotonic()
+    bar = Progress(total=kills, what="kills", quiet=True)  # its words: count, rate, ETA
     while done < kills:
         campaign = len(results)
         k = min(campaign_kills, kills - done)
@@ -408,10 +409,11 @@ def soak(
         if drop is not None and not r.problems:
             drop(campaign)
         done += r.kills
+        bar.update(done)
         if say:
             say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills "
                 f"({r.kills_before_ready} during start-up/recovery), {r.runs} runs, "
-                f"{r.seconds:.1f}s; total {done} kills in {time.monotonic() - t0:.0f}s")
+                f"{r.seconds:.1f}s; total {bar.text()}")
             for p in r.problems:
                 say(f"  problem: {p}")
         if r.problems:

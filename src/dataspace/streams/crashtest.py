@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..client import connect
+from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
 from ..values import Record, Symbol, parse
 from . import open_store
@@ -171,6 +172,7 @@ async def run(kills: int, *, seed: int, base: Path,
     acked: list[int] = []
     n = 0
     last_line = time.monotonic()
+    bar = Progress(total=kills, what="kills", quiet=True)  # its words: count, rate, ETA
     try:
         for k in range(kills):
             await server.start()
@@ -192,7 +194,8 @@ async def run(kills: int, *, seed: int, base: Path,
             now = time.monotonic()
             if now - last_line >= 5 or k + 1 == kills:
                 last_line = now
-                say(f"{k + 1}/{kills} kills: {len(acked)} acknowledged, "
+                bar.update(k + 1)
+                say(f"{bar.text()}: {len(acked)} acknowledged, "
                     f"{result.recorded} recorded, all acknowledged present once")
     finally:
         await server.stop()
