@@ -500,7 +500,7 @@ async def test_streams_pipelines_and_a_stream_with_search(tmp_path):
         assert [e["value"] for e in fwd["entries"]] == ['"w10"', '"w11"']
         found = await a.json("/api/stream/words?search=W4&limit=100")
         assert [e["value"] for e in found["entries"]] == ['"w4"'] + [f'"w4{i}"' for i in range(10)]
-        status, body, _ = await a.get("/api/stream/nope")
+        status, _body, _ = await a.get("/api/stream/nope")
         assert status == 404
         status, _body, _ = await a.get("/api/stream/words?limit=x")
         assert status == 400
