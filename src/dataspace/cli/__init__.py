@@ -18,7 +18,8 @@ import sys
 
 from .. import __version__
 
-ORDER = ["serve", "observe", "assert_", "send", "cap", "link", "stream", "scry", "pipeline", "demo"]  # module names
+ORDER = ["serve", "observe", "assert_", "send", "cap", "info", "top", "link", "stream", "scry",
+         "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:
@@ -35,6 +36,7 @@ examples:
   dataspace assert '<Present "alice">'    hold an assertion until Ctrl-C
   dataspace send '<Says "alice" "hi">'    send a message
   dataspace cap mint                      print the server's root capability
+  dataspace top                           live connections and rates (serve --http)
   dataspace demo                          simulated users chatting, in process
   dataspace COMMAND --help                help on one command
 """
