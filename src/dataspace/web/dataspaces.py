@@ -36,11 +36,20 @@ from typing import Any
 from aiohttp import web
 
 from ..dataspace import OBSERVE, Entity, Subscription, TurnTooLarge, fresh_handle
-from ..pattern import Bind, Pattern, PatternError, from_preserves, from_value_syntax, instantiate
+from ..pattern import (
+    Bind,
+    Pattern,
+    PatternError,
+    from_preserves,
+    from_value_syntax,
+    instantiate,
+    match,
+)
 from ..pattern import to_preserves as pattern_value
 from ..protocol.relay import RemoteEntity
 from ..protocol.sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, Opaque
 from ..values import Embedded, ParseError, Record, Sequence, Symbol, Value, parse, stringify
+from ..values import key as strict_key
 from .auth import Access, ApiError
 from .context import WebContext, guarded, json_response
 
@@ -324,29 +333,47 @@ def subscriptions(ctx: WebContext, name: str, ds: Any, access: Access) -> dict[s
             "patterns": rows}
 
 
-def list_assertions(ds: Any, view: View, limit: int) -> tuple[list[dict[str, Any]], int]:
-    """The rows of the matches of ``view`` now (at most ``limit``) and how many there are.
-    A hidden observer reads them from the index (nothing is asserted: the links and the
-    other observers see nothing of it)."""
-    found: list[tuple[Value, ...]] = []
+async def list_assertions(ds: Any, view: View, limit: int, slice_s: float = 0.005
+                          ) -> tuple[list[dict[str, Any]], int]:
+    """The rows of the matches of ``view`` now (the first ``limit`` found, sorted by
+    their text) and how many there are.
+
+    The dataspace's distinct values are matched against the pattern in slices of
+    ``slice_s`` seconds, letting the broker's connections run in between (a scan of
+    100,000 values takes a fraction of a second in all); nothing is asserted or
+    installed, so links and producers see nothing of it.  A value retracted during the
+    scan is left out."""
+    values = ds.assertions()
+    pattern = view.observed
+    admin = view.admin
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + slice_s
+    found: dict[Any, tuple[Value, ...]] = {}
+    for i, v in enumerate(values):
+        caps = match(pattern, v)
+        if caps is not None:
+            # Whole values are distinct already; captures are told once per distinct tuple.
+            k = i if admin else strict_key(Sequence(caps))
+            if k not in found:
+                found[k] = caps
+        if i % 256 == 255 and loop.time() >= deadline:
+            await asyncio.sleep(0)
+            deadline = loop.time() + slice_s
+    rows: list[dict[str, Any]] = []
     count = 0
-
-    def on_assert(*caps: Value) -> None:
-        nonlocal count
+    inner = view.inner
+    for caps in found.values():
+        if view.admin and caps[0] not in ds:
+            continue  # retracted meanwhile
+        if inner is not None and inner.apply(Sequence(caps)) is None:
+            continue  # the caveats on what the observer is told drop it
         count += 1
-        if len(found) < limit:
-            found.append(caps)
-
-    ds.observe_hidden(view.observed, on_assert=on_assert).cancel()
-    rows = []
-    for caps in found:
-        row = view.row(caps)
-        if row is None:
-            count -= 1
-            continue
-        if view.admin:
-            row["copies"] = ds.count(caps[0])
-        rows.append(row)
+        if len(rows) < limit:
+            row = view.row(caps)
+            if row is not None:
+                if view.admin:
+                    row["copies"] = ds.count(caps[0])
+                rows.append(row)
     rows.sort(key=lambda r: r.get("value") or r.get("match") or "")
     return rows, count
 
@@ -463,7 +490,7 @@ def setup(app: web.Application, ctx: WebContext) -> None:
         pattern = parse_user_pattern(request.query.get("pattern"))
         limit = _limit(request)
         view = View(access, pattern)
-        rows, count = list_assertions(ds, view, limit)
+        rows, count = await list_assertions(ds, view, limit)
         return json_response({"dataspace": name, "scope": access.scope, **view.describe(),
                               "count": count, "limit": limit, "truncated": count > len(rows),
                               "assertions": rows})
