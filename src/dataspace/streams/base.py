@@ -46,6 +46,7 @@ __all__ = [
     "TailerInfo",
     "Transaction",
     "RESERVED_PREFIX",
+    "check_lock_name",
     "check_stream_name",
     "check_user_name",
     "is_reserved",
@@ -159,6 +160,14 @@ def check_stream_name(name: str) -> str:
             f"invalid stream name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
             "(starting with a letter, digit or _)"
         )
+    return name
+
+
+def check_lock_name(name: str) -> str:
+    """``name`` if it can name a :meth:`Store.lock` (1-220 characters, no control
+    characters: ``graph:`` and any graph name), else ``ValueError``."""
+    if not isinstance(name, str) or not 0 < len(name) <= 220 or any(ord(c) < 32 for c in name):
+        raise ValueError(f"invalid lock name {name!r}: 1-220 characters, no control characters")
     return name
 
 

@@ -74,6 +74,7 @@ from .base import (
     StreamNotFound,
     TailerInfo,
     Transaction,
+    check_lock_name,
     check_stream_name,
     check_tailer_name,
     encode_value,
@@ -829,7 +830,7 @@ class PostgresStore(Store):
         """A session advisory lock on a connection of its own (released by the server when
         that session ends: the holder released it, exited or died)."""
         self._check_open()
-        check_stream_name(name)
+        check_lock_name(name)
         key = _lock_key(name)
         conn = self._connect()
         try:

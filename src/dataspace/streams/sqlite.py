@@ -56,6 +56,7 @@ from .base import (
     StreamNotFound,
     TailerInfo,
     Transaction,
+    check_lock_name,
     check_stream_name,
     check_tailer_name,
     encode_value,
@@ -278,7 +279,7 @@ class SQLiteStore(Store):
     # -- locks ----------------------------------------------------------------------------
 
     def _lock_file(self, name: str) -> Path:
-        check_stream_name(name)
+        check_lock_name(name)
         return self.path.with_name(self.path.name + "-locks") / (name.replace("/", "%2F") + ".lock")
 
     def lock(self, name: str) -> SQLiteLock:
