@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from broker_support import async_test, running_server, tcp_address
 from dataspace.broker.server import SyncGate
 from dataspace.client import connect
@@ -79,8 +81,14 @@ async def test_sync_waits_for_the_recorder(tmp_path):
         store.close()
 
 
-def test_acknowledged_messages_survive_kill_9_of_a_recording_server(tmp_path):
-    result = asyncio.run(run(20, seed=20261124, base=tmp_path))
-    assert result.kills == 20
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_acknowledged_messages_survive_kill_9_of_a_recording_server(tmp_path, backend, request):
+    """20 kills on the SQLite store, 8 on PostgreSQL (serve --record with its store in the
+    configuration file)."""
+    kills, store = 20, None
+    if backend == "postgresql":
+        kills, store = 8, request.getfixturevalue("pg_url")
+    result = asyncio.run(run(kills, seed=20261124, base=tmp_path, store=store))
+    assert result.kills == kills
     assert result.acknowledged > 0
     assert result.problems == []

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import random
@@ -61,8 +62,9 @@ class CrashResult:
 class _Server:
     """``dataspace serve --record ...`` in a subprocess, restartable on the same port."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, store: str | None = None) -> None:
         self.data_dir = data_dir
+        self.store = store
         self.port = 0
         self.proc: asyncio.subprocess.Process | None = None
         self.sturdyref: SturdyRef | None = None
@@ -71,9 +73,15 @@ class _Server:
         args = [sys.executable, "-m", "dataspace.cli", "serve", "--tcp",
                 f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir),
                 "--record", f"{STREAM}:<Says $who $text>"]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.store:
+            # The store's URL (maybe with a password) goes in a configuration file, not on
+            # the command line.
+            cfg = self.data_dir.parent / "store.pr"
+            cfg.write_text(f"{{store: {json.dumps(self.store)}}}")
+            args += ["--config", str(cfg)]
         self.proc = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
         )
         assert self.proc.stdout is not None and self.proc.stderr is not None
         line = (await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT)).decode()
@@ -112,9 +120,9 @@ class _Server:
                 await p.wait()
 
 
-def _recorded(data_dir: Path) -> Counter[int]:
+def _recorded(location: Path | str) -> Counter[int]:
     """How many times each number is in the stream."""
-    store = open_store(data_dir)
+    store = open_store(location)
     try:
         out: Counter[int] = Counter()
         if not store.has_stream(STREAM):
@@ -164,11 +172,12 @@ async def _round(server: _Server, first: int, rng: random.Random,
 
 
 async def run(kills: int, *, seed: int, base: Path,
-              say: Callable[[str], None] = lambda s: None) -> CrashResult:
-    """Kill a recording server ``kills`` times and check the stream after each kill."""
+              say: Callable[[str], None] = lambda s: None, store: str | None = None) -> CrashResult:
+    """Kill a recording server ``kills`` times and check the stream after each kill;
+    ``store``: the store's URL (default: the data directory's SQLite store)."""
     rng = random.Random(seed)
     result = CrashResult()
-    server = _Server(base / "data")
+    server = _Server(base / "data", store)
     acked: list[int] = []
     n = 0
     last_line = time.monotonic()
@@ -178,7 +187,7 @@ async def run(kills: int, *, seed: int, base: Path,
             await server.start()
             n = await _round(server, n, rng, acked)
             result.kills = k + 1
-            counts = _recorded(server.data_dir)
+            counts = _recorded(store or server.data_dir)
             missing = [i for i in acked if counts[i] == 0]
             twice = sorted(i for i, c in counts.items() if c > 1)
             if missing:
@@ -216,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     ap.add_argument("--dir", help="keep the data directory here (default: a temporary one, "
                     "removed when the run passes)")
+    ap.add_argument("--store", metavar="URL",
+                    help="record into this store (e.g. an empty PostgreSQL database) instead "
+                    "of the data directory's")
     args = ap.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dataspace-reccrash-"))
@@ -226,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
 
     say(f"recording crash test: {args.kills} kills, seed {seed}, data in {base}")
-    result = asyncio.run(run(args.kills, seed=seed, base=base, say=say))
+    result = asyncio.run(run(args.kills, seed=seed, base=base, say=say, store=args.store))
     ok = not result.problems and result.kills == args.kills
     for p in result.problems[:10]:
         say(f"PROBLEM: {p}")

@@ -556,7 +556,10 @@ class PostgresStore(Store):
         self._check_open()
         tx = getattr(self._local, "tx", None)
         if tx is not None:
-            yield tx._conn
+            try:
+                yield tx._conn
+            except psycopg.Error as e:
+                raise self._fail(e) from None
             return
         try:
             with self._pool.connection() as conn:
