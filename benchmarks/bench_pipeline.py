@@ -17,6 +17,12 @@ Measured, all with durable commits (SQLite WAL, synchronous=FULL: every commit f
    appender process writes the sources (10,000 per transaction) while the graph runs in
    this process, timed from the first append to the last output committed (target:
    <= 30 s).  Also: the processing time alone, over pre-loaded sources.
+5. The same 1-in/1-out processor (exactly-once and at-most-once) and the pre-loaded
+   join -> fork (200,000 messages by default) on the PostgreSQL store, side by side: a
+   PostgreSQL server started for the run on loopback (Debian's server binaries; the
+   store's own commits are synchronous, the test server itself runs without fsync, so
+   this measures the store's protocol and queries, not the disk).  ``--no-postgres``
+   skips it; it is skipped with a note where no server binaries are installed.
 """
 
 from __future__ import annotations
@@ -55,10 +61,28 @@ def transform(v: Record) -> Record:
     return Record._make(OUT, (v.fields[0], v.fields[2] + 1))
 
 
-def one_in_one_out(datas: list[bytes], guarantee: str, batch: int) -> tuple[float, int]:
+class Postgres:
+    """A fresh database per measurement on one throwaway server (dataspace.streams.pgserver)."""
+
+    def __init__(self) -> None:
+        from dataspace.streams.pgserver import TempPostgres
+
+        self.server = TempPostgres().start()
+        self.n = 0
+
+    def fresh(self) -> str:
+        self.n += 1
+        return self.server.create_database(f"bench_{self.n}")
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def one_in_one_out(datas: list[bytes], guarantee: str, batch: int, url: str | None = None,
+                   ) -> tuple[float, int]:
     d = tempfile.mkdtemp(prefix="bench-pipeline-")
     try:
-        with open_store(d) as store:
+        with open_store(url or d) as store:
             with store.transaction() as tx:
                 tx.append_encoded("in", datas)
             g = Graph("bench")
@@ -109,7 +133,8 @@ def raw_inserts(datas: list[bytes], rows_per_tx: int = 1000) -> float:
 
 
 def _produce(directory: str, n: int, chunk: int) -> None:
-    """The appender process: both sources, alternating chunks, one transaction each."""
+    """The appender process: both sources, alternating chunks, one transaction each
+    (``directory``: a data directory or a store URL)."""
     with open_store(directory) as store:
         for lo in range(0, n, chunk):
             for s in ("left", "right"):
@@ -183,15 +208,15 @@ def join_fork_end_to_end(n: int, batch: int) -> float:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def join_fork_preloaded(n: int, batch: int) -> tuple[float, float]:
+def join_fork_preloaded(n: int, batch: int, url: str | None = None) -> tuple[float, float]:
     """Load the sources first (one process), then time the processing alone."""
     d = tempfile.mkdtemp(prefix="bench-joinfork-")
     try:
         settle()
         t0 = time.perf_counter()
-        _produce(d, n, 100_000)
+        _produce(url or d, n, 100_000)
         load = time.perf_counter() - t0
-        with open_store(d) as store:
+        with open_store(url or d) as store:
             with LocalEngine(_graph(), store, batch=batch) as e:
                 e.start()
                 settle()
@@ -210,10 +235,13 @@ def main() -> int:
     ap.add_argument("--join-fork", type=int, default=1_000_000, help="join -> fork messages (default 1,000,000)")
     ap.add_argument("--batch", type=int, default=1000, help="message sets per step (default 1000)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N for 1-in/1-out (default 3)")
+    ap.add_argument("--pg-join-fork", type=int, default=200_000,
+                    help="join -> fork messages on PostgreSQL (default 200,000)")
+    ap.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL store")
     ap.add_argument("--quick", action="store_true", help="small sizes, one repetition")
     args = ap.parse_args()
     if args.quick:
-        args.messages, args.join_fork, args.repeat = 30_000, 100_000, 1
+        args.messages, args.join_fork, args.repeat, args.pg_join_fork = 30_000, 100_000, 1, 30_000
     m = args.messages
     print(f"pipeline benchmark: {m:,} messages 1-in/1-out (best of {args.repeat}), "
           f"{args.join_fork:,} through join -> fork; durable commits (fsync); "
@@ -252,7 +280,41 @@ def main() -> int:
     print(f"                     {e2e:6.1f} s{target}")
     print(f"  pre-loaded sources: load {load:.1f} s ({2 * n / load:,.0f} messages/s), then process "
           f"{proc:.1f} s ({n / proc:,.0f} pairs/s)")
+    if not args.no_postgres:
+        postgres(args, datas, m / eo, m / amo, 2 * n / load, n / proc)
     return 0
+
+
+def postgres(args: argparse.Namespace, datas: list[bytes], sq_eo: float, sq_amo: float,
+             sq_load: float, sq_pairs: float) -> None:
+    """Section 5: the PostgreSQL store beside the SQLite figures above."""
+    from dataspace.streams.pgserver import PostgresNotFound
+
+    print()
+    try:
+        pg = Postgres()
+    except PostgresNotFound as e:
+        print(f"PostgreSQL store: skipped ({e})")
+        return
+    try:
+        m = len(datas)
+        eo = amo = float("inf")
+        for _ in range(args.repeat):
+            eo = min(eo, one_in_one_out(datas, "exactly-once", args.batch, pg.fresh())[0])
+            amo = min(amo, one_in_one_out(datas, "at-most-once", args.batch, pg.fresh())[0])
+        n = args.pg_join_fork
+        load, proc = join_fork_preloaded(n, args.batch, pg.fresh())
+        version = pg.server.execute("postgres", "SHOW server_version")[0][0]
+    finally:
+        pg.stop()
+    print(f"PostgreSQL store (server {version} on loopback), side by side with SQLite above")
+    print("                                              PostgreSQL       SQLite   ratio")
+    rows = [("1-in/1-out exactly-once, messages/s", m / eo, sq_eo),
+            ("1-in/1-out at-most-once, messages/s", m / amo, sq_amo),
+            (f"join -> fork load ({n:,}), messages/s", 2 * n / load, sq_load),
+            (f"join -> fork process ({n:,}), pairs/s", n / proc, sq_pairs)]
+    for name, a, b in rows:
+        print(f"  {name:<42} {a:>10,.0f}   {b:>10,.0f}   {a / b:5.0%}")
 
 
 if __name__ == "__main__":
