@@ -265,8 +265,9 @@ class Relay:
         """Turns (packets of events) received from the peer and applied."""
         self.messages_in = 0
         """Messages the peer sent (``<M ...>`` events received)."""
-        self.messages_out = 0
-        """Messages delivered to the peer (its observers hearing a message)."""
+        # Events sent that are not messages to the peer's observers (``messages_out`` is
+        # the rest of ``events_out``: the message path, the hottest, counts nothing more).
+        self._other_out = 0
         self.sync_gate: Callable[[Callable[[], None]], bool] | None = None
         """When set, the answer to each of the peer's syncs is passed to it first:
         ``sync_gate(answer)`` returns True to hold the answer (and calls ``answer()``
@@ -867,6 +868,7 @@ class Relay:
                 ex.count += 1
                 pins.append(ex)
             self._out[handle] = pins
+            self._other_out += 1
             self._emit(proxy.oid_bytes, _HDR_A, c[1] + self._encode_int(handle))
             return
         self._pins = pins
@@ -880,6 +882,7 @@ class Relay:
             self._pins = None
         self._acache = (value, vbody, pins[1:]) if type(value) is Sequence else None
         self._out[handle] = pins
+        self._other_out += 1
         self._emit(proxy.oid_bytes, _HDR_A, vbody + self._encode_int(handle))
 
     def _send_retract(self, proxy: RemoteEntity, handle: int) -> None:
@@ -889,6 +892,7 @@ class Relay:
         if pins is None:
             return
         self._drop_pins(pins)
+        self._other_out += 1
         self._emit(proxy.oid_bytes, _HDR_R, self._encode_int(handle))
 
     def _send_message(self, proxy: RemoteEntity, value: Value) -> None:
@@ -914,11 +918,11 @@ class Relay:
                 log.warning("%s: cannot send message %s: %s", self.name, short(value), e)
                 return
             _cached = (value, body) if type(value) is Sequence and not self._embedded_out else None
-        self.messages_out += 1
         self._emit(proxy.oid_bytes, _HDR_M, body)
 
     def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
-        if not self.closed:
+        if not self.closed:  # a sync's answer
+            self._other_out += 1
             self._emit(oid_bytes, _HDR_M, body)
 
     def _answer_sync(self, oid_bytes: bytes) -> None:
@@ -931,6 +935,7 @@ class Relay:
         """Queue ``<S #:peer>`` to ``proxy``: the peer answers by sending ``#t`` to ``peer``
         (exported transiently) once it has processed everything sent before."""
         if not self.closed:
+            self._other_out += 1
             self._emit(proxy.oid_bytes, _HDR_S, self._body(Embedded(peer)))
 
     def _seal(self) -> None:
@@ -1037,6 +1042,11 @@ class Relay:
                 log.exception("%s: retracting handle %d on close failed", self.name, lh)
 
     # -- inspection ----------------------------------------------------------------------
+
+    @property
+    def messages_out(self) -> int:
+        """Messages delivered to the peer (its observers hearing a message)."""
+        return self.events_out - self._other_out
 
     @property
     def observers(self) -> int:
