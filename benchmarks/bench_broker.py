@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from dataspace.client import RemoteDataspace, connect
+from dataspace.progress import Progress
 from dataspace.values import Record, Symbol
 
 MSG = Symbol("Msg")
@@ -387,14 +388,17 @@ async def main(args: argparse.Namespace) -> None:
     n_ar = 10_000 if args.quick else 50_000
     clients = 200 if args.quick else 1_000
     rep = args.repeat
+    # A bar with the time left on a terminal (standard error), plain lines in a log.
+    bar = Progress(sys.stderr, total=11, what="steps", verb="benchmark", rate=False)
+    out = bar.echo
 
     srv = OurServer().start()
     red = RedisServer().start()
     try:
-        print(f"dataspace broker benchmark (server pid {srv.proc.pid}, Python "  # type: ignore[union-attr]
+        out(f"dataspace broker benchmark (server pid {srv.proc.pid}, Python "  # type: ignore[union-attr]
               f"{sys.version.split()[0]}, {os.cpu_count()} CPUs); best of {rep}")
-        print()
-        print("(a) messages/s (1 -> 10: each message reaches all 10 subscribers; "
+        out()
+        out("(a) messages/s (1 -> 10: each message reaches all 10 subscribers; "
               "deliveries/s = 10x)")
         rows = [
             ("1 -> 1, batched turns (100/turn)", ours_fanout, (n, 1, 100), redis_fanout, (n, 1, True),
@@ -411,45 +415,51 @@ async def main(args: argparse.Namespace) -> None:
             ours = await best(rep, lambda fn=fn, fa=fa: fn(srv, *fa))
             theirs = await best(rep, lambda rfn=rfn, ra=ra: rfn(red.port, *ra))
             results[label] = ours
-            print(f"  {label:36s} dataspace {ours:>10,.0f}   redis ({rlabel:13s}) {theirs:>9,.0f}"
+            bar.advance(note=label)
+            out(f"  {label:36s} dataspace {ours:>10,.0f}   redis ({rlabel:13s}) {theirs:>9,.0f}"
                   f"   ratio {ours / theirs:5.1f}x")
         redis_one = await best(rep, lambda: redis_fanout(red.port, n_one // 5, 1, False))
         redis_pipe = await best(rep, lambda: redis_fanout(red.port, n, 1, True))
-        print(f"  targets: >= 100,000/s batched (got {results[rows[0][0]]:,.0f}), "
+        bar.advance(note="redis references")
+        out(f"  targets: >= 100,000/s batched (got {results[rows[0][0]]:,.0f}), "
               f">= 30,000/s one per packet (got {results[rows[1][0]]:,.0f})")
-        print(f"  vs redis-py: batched/pipelined {results[rows[0][0]] / redis_pipe:.1f}x, "
+        out(f"  vs redis-py: batched/pipelined {results[rows[0][0]] / redis_pipe:.1f}x, "
               f"one per packet/one at a time {results[rows[1][0]] / redis_one:.1f}x")
-        print()
-        print("(b) assertions + retractions/s (observer sees every change)")
+        out()
+        out("(b) assertions + retractions/s (observer sees every change)")
         ar = await best(rep, lambda: ours_assert_retract(srv, n_ar, 100))
+        bar.advance(note="assertions, batched")
         ar1 = await best(rep, lambda: ours_assert_retract(srv, n_ar // 5, 1))
-        print(f"  batched turns (100/turn)             {ar:>10,.0f}")
-        print(f"  one per packet                       {ar1:>10,.0f}")
-        print()
-        print("(c) request/response round trip through the server (one outstanding)")
+        bar.advance(note="assertions, one per packet")
+        out(f"  batched turns (100/turn)             {ar:>10,.0f}")
+        out(f"  one per packet                       {ar1:>10,.0f}")
+        out()
+        out("(c) request/response round trip through the server (one outstanding)")
         lat = await ours_latency(srv, n_lat)
         rlat = await redis_latency(red.port, n_lat)
-        print(f"  dataspace  p50 {pct(lat, 50) * 1e6:7.0f} µs   p99 {pct(lat, 99) * 1e6:7.0f} µs"
+        bar.advance(note="round trips")
+        out(f"  dataspace  p50 {pct(lat, 50) * 1e6:7.0f} µs   p99 {pct(lat, 99) * 1e6:7.0f} µs"
               f"   mean {statistics.fmean(lat) * 1e6:7.0f} µs")
-        print(f"  redis      p50 {pct(rlat, 50) * 1e6:7.0f} µs   p99 {pct(rlat, 99) * 1e6:7.0f} µs"
+        out(f"  redis      p50 {pct(rlat, 50) * 1e6:7.0f} µs   p99 {pct(rlat, 99) * 1e6:7.0f} µs"
               f"   mean {statistics.fmean(rlat) * 1e6:7.0f} µs")
-        print(f"  ratio (redis / dataspace, higher is better for us): p50 "
+        out(f"  ratio (redis / dataspace, higher is better for us): p50 "
               f"{pct(rlat, 50) / pct(lat, 50):.2f}x  p99 {pct(rlat, 99) / pct(lat, 99):.2f}x")
-        print()
+        out()
     finally:
         srv.stop()
         red.stop()
-    print(f"(d) server memory, {clients:,} clients x 10 assertions (a fresh server)")
+    out(f"(d) server memory, {clients:,} clients x 10 assertions (a fresh server)")
     fresh = OurServer().start()
     try:
         before, after = await ours_memory(fresh, clients, 10)
-        print(f"  RSS idle {before / 1024:6.1f} MiB, with the clients {after / 1024:6.1f} MiB: "
+        bar.advance(note="memory")
+        out(f"  RSS idle {before / 1024:6.1f} MiB, with the clients {after / 1024:6.1f} MiB: "
               f"{(after - before) / clients:.1f} KiB per client")
     finally:
         fresh.stop()
-    print()
+    out()
     n_ack = 300 if args.quick else 2_000
-    print(f"(e) durable acknowledgement: send + sync() per message ({n_ack:,} per client)")
+    out(f"(e) durable acknowledgement: send + sync() per message ({n_ack:,} per client)")
     plain = OurServer().start()
     recording = OurServer("--record", "chat:<Says $who $text>").start()
     try:
@@ -458,16 +468,18 @@ async def main(args: argparse.Namespace) -> None:
                 await ours_acked(s, n_ack // clients_n if clients_n > 1 else n_ack, clients_n)
                 for s in (plain, recording)
             ]
-            print(f"  {clients_n:2d} client(s)  plain    {p_rate:>8,.0f} acked msgs/s   "
+            out(f"  {clients_n:2d} client(s)  plain    {p_rate:>8,.0f} acked msgs/s   "
                   f"p50 {pct(p_rtt, 50) * 1e6:6.0f} µs  p99 {pct(p_rtt, 99) * 1e6:6.0f} µs")
-            print(f"               recorded {r_rate:>8,.0f} acked msgs/s   "
+            out(f"               recorded {r_rate:>8,.0f} acked msgs/s   "
                   f"p50 {pct(r_rtt, 50) * 1e6:6.0f} µs  p99 {pct(r_rtt, 99) * 1e6:6.0f} µs"
                   f"   ({r_rate / p_rate:.0%} of plain)")
+            bar.advance(note=f"durable acknowledgement, {clients_n} client(s)")
     finally:
         plain.stop()
         recording.stop()
-    print()
-    print("command: .venv/bin/python benchmarks/bench_broker.py" + (" --quick" if args.quick else ""))
+    out()
+    out("command: .venv/bin/python benchmarks/bench_broker.py" + (" --quick" if args.quick else ""))
+    bar.finish()
 
 
 if __name__ == "__main__":

@@ -88,3 +88,18 @@ def test_pipeline_progress_says_when_the_lag_will_be_caught_up():
     assert format_progress(stats, 50.0).endswith("| 50 msg/s, catching up: ETA 0:10")
     idle = [ProcStats("p", "map", 100, 100, 0, 3, {"in": 0})]
     assert format_progress(idle, 50.0).endswith("| 50 msg/s")
+
+
+def test_other_output_does_not_garble_the_bar():
+    now = [0.0]
+    bar_out, other = Out(True), Out(False)
+    p = Progress(bar_out, total=4, what="steps", rate=False, clock=lambda: now[0], redraw=0.0)
+    p.advance()
+    p.echo("a result", file=other)
+    assert other.text == "a result\n"
+    # The bar was cleared (spaces over it), then drawn again.
+    assert bar_out.text.count("[######") == 2 and "\r" + " " * 10 in bar_out.text
+    plain = Out(False)
+    q = Progress(plain, total=4, clock=lambda: now[0])
+    q.echo("x", file=plain)
+    assert plain.text == "x\n"

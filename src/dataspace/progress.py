@@ -177,6 +177,21 @@ class Progress:
             self.out.write("\n")
         self.out.flush()
 
+    def echo(self, text: str = "", file: TextIO | Any = None) -> None:
+        """Print a line of other output (default: standard output) without garbling the
+        bar: on a terminal the bar is cleared, the line printed, the bar drawn again."""
+        f = sys.stdout if file is None else file
+        if self.tty and self._width and not self.quiet and not self._finished:
+            self.out.write("\r" + " " * self._width + "\r")
+            self.out.flush()
+            f.write(text + "\n")
+            f.flush()
+            self._width = 0
+            self._draw(False)
+            return
+        f.write(text + "\n")
+        f.flush()
+
     def finish(self, note: str | None = None) -> None:
         """The work ended (done or not): the last line is written (on a terminal the
         line is closed with a newline)."""
