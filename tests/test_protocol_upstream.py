@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dataspace.pattern import match, parse_pattern
@@ -199,6 +199,10 @@ def run(ops, seed, eager, loss, dup, delay) -> Link:
 @settings(max_examples=400, deadline=None)
 @given(OPS, st.integers(0, 1 << 30), st.sampled_from([0.0, 0.2, 0.5]),
        st.sampled_from([0.0, 0.3]), st.sampled_from([0.0, 0.3]))
+# Reordered requests: a reset entry buried after its ancestor was pruned with it.
+@example([("sub", 0), ("sub", 1)] + [("sub", 0)] * 10
+         + [("sub", 5), ("sub", 6), ("unsub", 5), ("unsub", 6), ("sub", 5), ("unsub", 5)],
+         0, 0.0, 0.0, 0.3)
 def test_eager_producer_converges_to_the_canonical_set(ops, seed, loss, dup, delay):
     link = run(ops, seed, True, loss, dup, delay)
     # From now on nothing is lost (duplicates and reordering go on): within bounded

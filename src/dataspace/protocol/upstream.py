@@ -350,8 +350,11 @@ class _Trie:
         while n.parent is not None and n.flags is None and not n.kids and not n.canon:
             p = n.parent
             path, item = n.chain[-1]
-            t = p.kids[path]
-            del t[_item_key(item)]
+            key = _item_key(item)
+            t = p.kids.get(path)
+            if t is None or t.get(key) is not n:
+                return  # already gone (pruned with a descendant, or buried twice)
+            del t[key]
             if not t:
                 del p.kids[path]
             n = p
