@@ -305,3 +305,99 @@ def test_the_producer_trie_is_bounded():
         for i in range(10):
             p.on_request(Record(Symbol("subscribe"), [i, 0, chain_to_value(
                 pattern_chain(parse_pattern(f"<n {i}>")))]))
+
+
+# -- retransmission ----------------------------------------------------------------------
+
+
+def chains(n: int) -> list:
+    return [pattern_chain(parse_pattern(f'<Says "user-{i}" $t>')) for i in range(n)]
+
+
+def test_a_request_is_stamped_with_the_time_it_was_made():
+    # A link idle since t=0: a subscription made at t=100 is due for resending at 101,
+    # not at once (it used to carry the last time seen, and went out twice).
+    s = Subscriber(rto=1.0, rto_max=10.0)
+    p = Producer()
+    s.start(0.0)
+    for m in s.take_outgoing():  # the root artifact's reset: nothing is wanted yet
+        p.on_request(m)
+    for m in p.take_outgoing():
+        s.on_confirm(m, 0.1)
+    assert s.next_deadline() is None
+    (c,) = chains(1)
+    s.add_interest(c, 100.0)
+    assert len(s.take_outgoing()) == 1
+    assert s.next_deadline() == pytest.approx(101.0)
+    s.tick(100.5)
+    assert s.take_outgoing() == [] and s.stats.retransmissions == 0
+    s.remove_interest(c, 200.0)  # unconfirmed still: the reset replaces the subscribe
+    assert [m.label for m in s.take_outgoing()] == [Symbol("reset")]
+    s.tick(200.5)
+    assert s.take_outgoing() == [] and s.stats.retransmissions == 0
+    s.tick(201.0)
+    assert [m.label for m in s.take_outgoing()] == [Symbol("reset")]
+    assert s.stats.retransmissions == 1
+
+
+def test_every_request_counted_is_a_request_sent():
+    # What the link does when it connects: a new session, then the interest it has.
+    s = Subscriber()
+    s.start(0.0)
+    for c in chains(3):
+        s.add_interest(c, 0.0)
+    s.start(1.0)  # and a reconnection before anything was taken
+    assert s.stats.requests_sent == len(s.take_outgoing()) == 3
+
+
+def test_a_backlog_being_confirmed_is_not_resent():
+    # A reconnection subscribes 2,000 chains at once; the producer confirms 100 every
+    # 0.1 s, so the last confirm comes 2 s later, well after the 1 s timeout.  While
+    # confirms keep coming nothing is resent (TCP's rule: an ACK of new data restarts
+    # the timer); the producer ends up with exactly one request per chain.
+    s = Subscriber(rto=1.0, rto_max=10.0)
+    p = Producer()
+    s.start(0.0)
+    for c in chains(2000):
+        s.add_interest(c, 0.0)
+    backlog = list(s.take_outgoing())
+    now = 0.0
+    for _ in range(200):
+        if not backlog:
+            break
+        now += 0.1
+        batch, backlog = backlog[:100], backlog[100:]
+        for m in batch:
+            p.on_request(m)
+        for m in p.take_outgoing():
+            s.on_confirm(m, now)
+        s.tick(now)
+        backlog += s.take_outgoing()
+    assert p.requests == 2000 + 1  # each subscription once, and the root artifact's reset
+    assert s.stats.retransmissions == 0
+    assert not s.summary().pending
+
+
+def test_a_lost_request_is_resent_even_while_others_are_confirmed():
+    # Progress elsewhere delays a resend, but never beyond rto_max past its deadline.
+    s = Subscriber(rto=1.0, rto_max=5.0)
+    p = Producer()
+    s.start(0.0)
+    lost, *others = chains(200)
+    s.add_interest(lost, 0.0)
+    s.take_outgoing()  # lost on the way
+    now, resent = 0.0, None
+    for c in others:
+        now += 0.1
+        s.add_interest(c, now)
+        for m in s.take_outgoing():
+            if m.fields[2] == chain_to_value(lost):
+                resent = now
+                break
+            p.on_request(m)
+        if resent is not None:
+            break
+        for m in p.take_outgoing():
+            s.on_confirm(m, now)
+        s.tick(now)
+    assert resent is not None and 1.0 + 5.0 <= resent <= 1.0 + 5.0 + 0.2

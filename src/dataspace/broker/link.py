@@ -199,9 +199,9 @@ class LinkSession:
 
     def start(self) -> None:
         now = time.monotonic()
-        for chain in self.hub.interest_for(self):
-            self.sub.add_interest(chain)
         self.sub.start(now)
+        for chain in self.hub.interest_for(self):
+            self.sub.add_interest(chain, now)
         self.prod.start()
         self.flush_control()
         self.hub.announce()
@@ -452,7 +452,7 @@ class LinkHub:
         if e is None:
             self._interest[k] = [chain, 1]
             for s in self.sessions:
-                s.sub.add_interest(chain)
+                s.sub.add_interest(chain, time.monotonic())
                 s.flush_control()
         else:
             e[1] += 1
@@ -466,7 +466,7 @@ class LinkHub:
         if e[1] <= 0:
             del self._interest[k]
             for s in self.sessions:
-                s.sub.remove_interest(e[0])
+                s.sub.remove_interest(e[0], time.monotonic())
                 s.flush_control()
 
     def interest_for(self, session: LinkSession) -> list[Chain]:
@@ -488,13 +488,13 @@ class LinkHub:
             session.wants[k] = chain
             for s in self.sessions:
                 if s is not session:
-                    s.sub.add_interest(chain)
+                    s.sub.add_interest(chain, time.monotonic())
                     s.flush_control()
         elif had and not positive:
             del session.wants[k]
             for s in self.sessions:
                 if s is not session:
-                    s.sub.remove_interest(chain)
+                    s.sub.remove_interest(chain, time.monotonic())
                     s.flush_control()
         for v in self._candidates(chain):
             vk = key(v)
@@ -590,7 +590,7 @@ class LinkHub:
             self.sessions.remove(session)
         for chain in session.wants.values():
             for s in self.sessions:
-                s.sub.remove_interest(chain)
+                s.sub.remove_interest(chain, time.monotonic())
                 s.flush_control()
         session.wants.clear()
         session.retract_injected()

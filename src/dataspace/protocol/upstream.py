@@ -36,7 +36,10 @@ its structure, dictionaries and their contents excepted) is what REJECT uses.
   would copy every assertion across at each reconnection).  ``eager=False`` is the
   seed's lazy mode: at most one subscription request per producer message.
 * *Retransmission*: a request unconfirmed after ``rto`` seconds is sent again (doubling
-  up to ``rto_max``).  Requests carry a sequence number and the lowest one still
+  up to ``rto_max``) -- but, as TCP restarts its timer whenever an ACK covers new data,
+  not while CONFIRMs keep arriving for other requests (the producer is working through
+  a backlog, such as the one round of a reconnection), unless the request is overdue by
+  more than ``rto_max``.  Requests carry a sequence number and the lowest one still
   unconfirmed; the producer ignores what is older than the latest it applied for that
   chain, and drops whatever is below that low mark, so duplicated, delayed and
   reordered requests are harmless.
@@ -295,6 +298,7 @@ class _Node:
         "seq",
         "unc",
         "unc_kids",
+        "wire",
     )
 
     def __init__(self, parent: _Node | None, chain: Chain) -> None:
@@ -308,6 +312,7 @@ class _Node:
         self.kind: Symbol | None = None  # the request in flight
         self.sent_at = 0.0
         self.rto = 0.0
+        self.wire: Value | None = None  # chain_to_value(chain), made once when first sent
         # Subscriber: entries in this subtree not covered by a SUBSCRIBED entry on the
         # way up to this node's parent ("unc"), and the sum of it over the children.
         self.unc = 0
@@ -426,6 +431,7 @@ class Subscriber:
         self._seq = 0
         self.stats = SubscriberStats()
         self._now = 0.0
+        self._progress = float("-inf")  # when a CONFIRM last completed a pending request
         self.start(0.0)
 
     # -- sessions ---------------------------------------------------------------------
@@ -435,11 +441,13 @@ class Subscriber:
         the root artifact forwarding messages.  Canonical entries are kept, unsynchronized;
         artifacts go; with ``eager``, every canonical entry is subscribed once."""
         self._now = now
+        self.stats.requests_sent -= len(self._out)  # queued, never taken: never sent
         self._out.clear()
         self._pending.clear()
         self._by_time.clear()
         self._by_seq.clear()
         self._seq = 0
+        self._progress = float("-inf")
         for n in list(self.trie.entries()):
             n.kind = None
             if n.canon:
@@ -467,8 +475,11 @@ class Subscriber:
 
     # -- local interest -----------------------------------------------------------------
 
-    def add_interest(self, chain: Chain) -> None:
-        """The user subscribes to ``chain`` (counted: several patterns may share it)."""
+    def add_interest(self, chain: Chain, now: float | None = None) -> None:
+        """The user subscribes to ``chain`` (counted: several patterns may share it).
+        ``now`` stamps the request it may send (default: the last time given)."""
+        if now is not None:
+            self._now = now
         n = self.trie.make(chain)
         n.canon += 1
         if n.canon > 1:
@@ -487,8 +498,10 @@ class Subscriber:
                 # The root artifact forwards messages only: ask for everything.
                 self._request(n, SUBSCRIBE)
 
-    def remove_interest(self, chain: Chain) -> None:
+    def remove_interest(self, chain: Chain, now: float | None = None) -> None:
         """The user no longer subscribes to ``chain`` (one of its counted interests)."""
+        if now is not None:
+            self._now = now
         n = self.trie.find(chain)
         if n is None or n.canon == 0:
             return
@@ -561,6 +574,7 @@ class Subscriber:
         if n is None or n.kind is not kind or n.seq != seq:
             return  # stale or duplicated: that request is superseded or done
         self._pending.discard(n)
+        self._progress = now
         n.kind = None
         f = n.flags
         assert f is not None
@@ -623,16 +637,32 @@ class Subscriber:
 
     def _send(self, n: _Node) -> None:
         assert n.kind is not None
-        self._out.append(Record(n.kind, [n.seq, self._low(), chain_to_value(n.chain)]))
+        wire = n.wire
+        if wire is None:
+            wire = n.wire = chain_to_value(n.chain)
+        self._out.append(Record(n.kind, [n.seq, self._low(), wire]))
         self.stats.requests_sent += 1
+
+    def _horizon(self, now: float) -> float:
+        """Requests whose deadline is at or before this are resent.  While CONFIRMs keep
+        completing requests (within ``rto`` of now) the producer is working through a
+        backlog, not losing requests: as TCP restarts its timer on an ACK of new data,
+        nothing is resent then, unless it is overdue by more than ``rto_max``."""
+        if now >= self._progress + self.rto0:
+            return now
+        return now - self.rto_max
 
     def tick(self, now: float) -> None:
         """Resend what has waited too long for its CONFIRM."""
         self._now = now
         h = self._by_time
-        while h and h[0][0] <= now:
+        horizon = self._horizon(now)
+        while h and h[0][0] <= horizon:
             _t, seq, n = heapq.heappop(h)
-            if not self._live(n, seq) or n.sent_at + n.rto > now:
+            if not self._live(n, seq):
+                continue
+            if n.sent_at + n.rto > horizon:  # not due after all: keep it
+                heapq.heappush(h, (n.sent_at + n.rto, seq, n))
                 continue
             n.sent_at = now
             n.rto = min(n.rto * 2, self.rto_max)
@@ -645,7 +675,10 @@ class Subscriber:
         h = self._by_time
         while h and not self._live(h[0][2], h[0][1]):
             heapq.heappop(h)
-        return h[0][0] if h else None
+        if not h:
+            return None
+        due = h[0][0]
+        return min(max(due, self._progress + self.rto0), due + self.rto_max)
 
     def take_outgoing(self) -> list[Value]:
         """Requests to send to the producer, in order."""
