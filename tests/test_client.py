@@ -263,3 +263,17 @@ async def test_captured_references_print_readably(tmp_path, capsys):
         assert capsys.readouterr().out == f"10 {k_text}\n"
         await producer.close()
         await consumer.close()
+
+
+@async_test
+async def test_cancelling_a_task_that_is_closing_a_client_cancels_it(tmp_path):
+    # Ctrl-C under asyncio.run cancels the main task; if that task is in close(), the
+    # cancellation must go on up (close() used to swallow it, and the program carried on).
+    async with running_server(tmp_path) as server:
+        ds = await connect(tcp_address(server), data_dir=tmp_path / "data")
+        closing = asyncio.ensure_future(ds.close())
+        await asyncio.sleep(0)  # let close() start waiting
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(closing, 10.0)
+        await ds.close()  # and closing again afterwards is harmless

@@ -419,9 +419,16 @@ class RemoteDataspace(_DataspaceBase):
         if conn is not None:
             self._hub.flush(None)
             conn.close("client closed")
-        if self._task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(self._task, 5.0)
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            # asyncio.wait, not wait_for: the connection task's own end (an error, its
+            # cancellation) is not ours to raise, but *our* cancellation (Ctrl-C under
+            # asyncio.run) must go on up rather than be swallowed here.
+            await asyncio.wait({task}, timeout=5.0)
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled():
+                task.exception()  # retrieved: an error is logged by the task itself
 
     async def __aenter__(self) -> RemoteDataspace:
         return self
