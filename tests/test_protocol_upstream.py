@@ -401,3 +401,24 @@ def test_a_lost_request_is_resent_even_while_others_are_confirmed():
             s.on_confirm(m, now)
         s.tick(now)
     assert resent is not None and 1.0 + 5.0 <= resent <= 1.0 + 5.0 + 0.2
+
+
+# -- the producer's decision, differential ----------------------------------------------------
+
+
+CHAINS = [pattern_chain(p) for p in PATTERNS] + [value_chain(v)[:k] for v in VALUES for k in (1, 2, 3)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["subscribe", "reject", "reset"]),
+                          st.integers(0, len(CHAINS) - 1)), max_size=30),
+       st.lists(values, max_size=10))
+def test_the_producers_one_walk_decides_as_its_definition(requests, extra):
+    # forward() is a single walk that stops at the first good entry; forward_reference()
+    # is the rule as written (every matching entry, then a search for negatives below).
+    p = Producer()
+    for seq, (kind, i) in enumerate(requests):
+        p.on_request(Record(Symbol(kind), [seq, 0, chain_to_value(CHAINS[i])]))
+    for v in [*VALUES, *extra]:
+        for assertion in (False, True):
+            assert p.forward(v, assertion) == p.forward_reference(v, assertion), (v, p.entries())

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..pattern import Arr, Bind, Dict, Discard, Lit, Pattern, Rec
-from ..values import Dictionary, Record, Sequence, Symbol, Value, key
+from ..values import Dictionary, Embedded, Record, Sequence, Set, Symbol, Value, key
 
 __all__ = [
     "CANONICAL",
@@ -395,6 +395,50 @@ class _Trie:
             stack.extend(n.children())
 
 
+_NONE, _NEGATIVE, _YES = 0, 1, 2
+_ARR_KEY, _DICT_KEY = ("arr",), ("dict",)
+_PLAIN_NOINT = frozenset({str, bytes, Symbol, Record, Sequence, Set, Dictionary, Embedded})
+"""Types whose strict key (:func:`key`) is the value itself."""
+
+
+def _decide(n: _Node, v: Value, skip: _Node | None) -> int:
+    """The producer's rule on the entries under ``n`` (which ``v`` matches): _YES if some
+    POSITIVE entry (not ``skip``) has no NEGATIVE one below it that ``v`` matches, else
+    _NEGATIVE if such a negative is there, else _NONE.  One walk, no lists: this runs
+    for every message a link may forward."""
+    below = _NONE
+    kids = n.kids
+    if kids:
+        for path, table in kids.items():
+            x = _at(v, path) if path else v
+            if x is _MISSING:
+                continue
+            t = type(x)
+            if t is Record:
+                lab = x.label
+                k: tuple[Any, ...] = ("rec", lab if type(lab) in _PLAIN_NOINT else key(lab))
+            elif t is Sequence:
+                k = _ARR_KEY
+            elif t is Dictionary:
+                k = _DICT_KEY
+            else:
+                k = ("lit", x if t in _PLAIN_NOINT else key(x))
+            c = table.get(k)
+            if c is not None:
+                r = _decide(c, v, skip)
+                if r == _YES:
+                    return _YES
+                below |= r
+    f = n.flags
+    if f is None:
+        return below
+    if f == 0:
+        return _NEGATIVE
+    if below == _NONE and n is not skip:
+        return _YES
+    return below
+
+
 # ---------------------------------------------------------------------------------------
 # The subscriber (S)
 
@@ -680,6 +724,15 @@ class Subscriber:
         due = h[0][0]
         return min(max(due, self._progress + self.rto0), due + self.rto_max)
 
+    @property
+    def settled(self) -> bool:
+        """Eager, nothing pending and no root artifact: the producer's entries are this
+        side's canonical ones (and the negatives it was told of), so whatever it sends
+        on an ordered transport is wanted (:meth:`received` would say so, and ask
+        nothing) -- a host may skip :meth:`received` for messages then."""
+        root = self.trie.root
+        return self.eager and not self._pending and (root.flags is None or root.canon > 0)
+
     def take_outgoing(self) -> list[Value]:
         """Requests to send to the producer, in order."""
         out, self._out = self._out, []
@@ -763,6 +816,7 @@ class Producer:
         self._out: list[Value] = []
         self.low = 0
         self.count = 0
+        self.positives = 0  # POSITIVE entries (the root artifact included): 0, nothing crosses
         self.requests = 0
         self._tombs: deque[_Node] = deque()
         self.start()
@@ -773,6 +827,7 @@ class Producer:
         self.trie.root.flags = POSITIVE
         self.trie.root.explicit = False
         self.count = 1
+        self.positives = 1
         self.low = 0
         self._out.clear()
         self._tombs.clear()
@@ -817,6 +872,7 @@ class Producer:
             n.flags = POSITIVE if after else 0
             n.explicit = bool(after)
         n.seq = seq
+        self.positives += bool(n.flags) - bool(had)
         self._confirm(kind, seq, raw)
         return chain if n.flags != had or kind is SUBSCRIBE else None
 
@@ -839,9 +895,13 @@ class Producer:
     def forward(self, value: Value, assertion: bool = False) -> bool:
         """Whether ``value`` crosses the link: it falls under a POSITIVE entry with no
         more specific NEGATIVE one (for an assertion, not the root artifact alone)."""
+        root = self.trie.root
+        skip = root if assertion and not root.explicit else None
+        return _decide(root, value, skip) == _YES
+
+    def forward_reference(self, value: Value, assertion: bool = False) -> bool:
+        """:meth:`forward` by its definition, over every matching entry (for tests)."""
         found = self.trie.matching(value)
-        if not found:
-            return False
         for e in found:
             if not e.flags:
                 continue
