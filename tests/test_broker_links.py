@@ -121,6 +121,39 @@ async def test_messages_and_assertions_cross_both_ways(tmp_path):
 
 
 @async_test
+async def test_a_side_nobody_across_wants_from_hears_no_messages_until_someone_does(tmp_path):
+    # d's messages are wanted by no one on u: d's link does not even hear them (no
+    # callback per message); once u observes, they cross -- and nothing ever echoes back.
+    async with linked(tmp_path, "u", "d", links={"d": ["u"]}) as s:
+        cd, cu = await client(s["d"]), await client(s["u"])
+        on_d, on_u = Changes(), Changes()
+        cd.observe("<Says $who $text>", **on_d.kw())
+        await cd.sync()
+        watch = LinkWatch(s["d"], s["u"])
+        await watch.settled()
+        hub_d, hub_u = next(iter(s["d"].links.values())), next(iter(s["u"].links.values()))
+        assert hub_u.tapping and not hub_d.tapping
+        for i in range(3):
+            cu.send(parse(f'<Says "u" "{i}">'))
+        await on_d.until(lambda c: len(c.messages()) == 3)
+        cu.observe("<Says $who $text>", **on_u.kw())
+        await cu.sync()
+        await watch.until(lambda rows: all(r.get("pending") == 0 for r in rows)
+                          and hub_d.tapping)
+        cd.send(parse('<Says "d" "up">'))
+        cu.send(parse('<Says "u" "down">'))
+        await on_u.until(lambda c: ("d", "up") in c.messages())
+        await on_d.until(lambda c: ("u", "down") in c.messages())
+        for c in (cd, cu, cd, cu):
+            await c.sync()
+        assert on_d.messages()[:3] == [("u", "0"), ("u", "1"), ("u", "2")]
+        assert sorted(on_d.messages()[3:]) == [("d", "up"), ("u", "down")]
+        assert sorted(on_u.messages()) == [("d", "up"), ("u", "down")]
+        for c in (cd, cu):
+            await c.close()
+
+
+@async_test
 async def test_an_assertion_made_on_both_sides_goes_only_when_both_retract(tmp_path):
     async with linked(tmp_path, "u", "d", links={"d": ["u"]}) as s:
         cd, cu = await client(s["d"]), await client(s["u"])

@@ -210,13 +210,20 @@ class LinkSession:
         if not self.closed and self.ctl_out is not None:
             self.ctl_out.on_message(v)
 
-    def flush_control(self) -> None:
+    def flush_control(self, changed: bool = True) -> None:
+        """Send what the two machines queued; then, if anything was sent or ``changed``
+        (a request was answered), re-arm the timer and tell the monitors.  The data path
+        passes ``changed=False``: a message that asks nothing costs nothing here."""
+        sent = False
         for m in self.sub.take_outgoing():
             self.send_control(m)
+            sent = True
         for m in self.prod.take_outgoing():
             self.send_control(m)
-        self.hub.schedule_tick()
-        self.hub.notify()
+            sent = True
+        if sent or changed:
+            self.hub.schedule_tick()
+            self.hub.notify()
 
     def fail(self, why: str) -> None:
         """Close the link with an error (the connection is closed too)."""
@@ -285,13 +292,19 @@ class LinkSession:
         if self.closed or not self.ready:
             return
         self.counters["messages_received"] += 1
-        wanted = self.sub.received(v, time.monotonic())
-        self.flush_control()
+        hub = self.hub
+        sub = self.sub
+        if not sub.settled:  # settled: the peer forwards only what we asked for
+            wanted = sub.received(v, time.monotonic())
+            self.flush_control(changed=False)
+        else:
+            wanted = True
         if not wanted:
             self.counters["messages_dropped"] += 1
             return
-        self.echo.append(v)
-        self.hub.ds.send(v)
+        if hub.tapping:  # the catch-all hears it, and must know it as ours
+            self.echo.append(v)
+        hub.ds.send(v)
 
     def on_data_assert(self, v: Value, handle: int) -> None:
         if self.closed or handle in self.injected:
@@ -300,7 +313,7 @@ class LinkSession:
             return  # not a Preserves value we can hold
         self.counters["assertions_received"] += 1
         self.sub.received(v, time.monotonic())
-        self.flush_control()
+        self.flush_control(changed=False)
         k = key(v)
         n = self.injected_count.get(k, 0)
         self.injected_count[k] = n + 1
@@ -418,6 +431,8 @@ class LinkHub:
         self._watched: dict[Any, int] = {}
         self._catch_all: Subscription | None = None
         self._tick: asyncio.TimerHandle | None = None
+        self._tick_at = 0.0
+        self.tapping = False  # see _tap_messages
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
         self.on_change: list[Callable[[], Any]] = []
@@ -481,6 +496,7 @@ class LinkHub:
     def producer_changed(self, session: LinkSession, chain: Chain) -> None:
         """The peer of ``session`` asked for (or dropped) ``chain``: pass it on to the other
         links, and re-decide the assertions it covers."""
+        self._tap_messages()
         k = chain_key(chain)
         positive = session.prod.wants(chain)
         had = k in session.wants
@@ -514,17 +530,34 @@ class LinkHub:
         """With the first link: watch local interest and everything asserted and sent
         here; with the last one gone, stop (a server without links pays nothing)."""
         if self._catch_all is None and self.sessions:
-            sub = self.ds.observe_hidden("$v", on_assert=self._added, on_retract=self._removed,
-                                         on_message=self._message)
+            sub = self.ds.observe_hidden("$v", on_assert=self._added, on_retract=self._removed)
             self._catch_all = sub
             self.ds.watch_counts(self._count_changed)
+            self._tap_messages()
         elif self._catch_all is not None and not self.sessions:
             self._catch_all.cancel()
             self._catch_all = None
+            self._tap_messages()
             self.ds.watch_counts(None)
             self._present.clear()
             self._by_head.clear()
             self._watched.clear()
+
+    def _tap_messages(self) -> None:
+        """Hear the messages sent here only while some peer may want one (its producer
+        has a POSITIVE entry): a link whose peer wants nothing from this side costs this
+        side's messages no callback.  Messages injected from a link are remembered (the
+        echo queues) only while tapping; when it stops, those queues are dropped."""
+        sub = self._catch_all
+        on = sub is not None and any(s.prod.positives for s in self.sessions)
+        if on == self.tapping:
+            return
+        self.tapping = on
+        if sub is not None:
+            sub.on_message = self._message if on else None
+        if not on:
+            for s in self.sessions:
+                s.echo.clear()
 
     def _added(self, v: Value) -> None:
         k = key(v)
@@ -573,6 +606,7 @@ class LinkHub:
         self.sessions.append(session)
         self._ensure_catch_all()
         session.start()
+        self._tap_messages()
         self.write_status()
 
     def ready(self, session: LinkSession) -> None:
@@ -599,6 +633,7 @@ class LinkHub:
             if s is session:
                 del self._requests[h]
         self._ensure_catch_all()
+        self._tap_messages()
         self.announce()
         log.info("link %s: down", session.name)
         self.write_status()
@@ -698,10 +733,13 @@ class LinkHub:
         deadlines = [d for s in self.sessions if (d := s.sub.next_deadline()) is not None]
         if not deadlines:
             return
-        delay = max(0.0, min(deadlines) - time.monotonic())
+        when = min(deadlines)
         if self._tick is not None:
+            if self._tick_at <= when:
+                return  # the timer set goes off first, and re-arms itself then
             self._tick.cancel()
-        self._tick = self.loop.call_later(delay, self._on_tick)
+        self._tick_at = when
+        self._tick = self.loop.call_later(max(0.0, when - time.monotonic()), self._on_tick)
 
     def _on_tick(self) -> None:
         self._tick = None
