@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import os
 import select
 import signal
 import sys
@@ -17,6 +18,7 @@ from ..progress import Progress
 from ..streams import StoreError, StoreNotFound, check_user_name
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..streams.copy import CopyRefused, copy_streams
+from ..streams.transfer import ImportStopped, Input, export_stream, import_stream, text_values
 from ..values import ParseError, stringify
 from ..values.text import parse_many
 from ._store import add_store_argument, open_data_store
@@ -34,6 +36,9 @@ examples:
   dataspace stream ls --store postgresql://app@db.example/app     a PostgreSQL store
   dataspace stream copy ~/.local/share/dataspace postgresql://app@db.example/app
                                                     move every stream to PostgreSQL
+  dataspace stream export chat chat.pr              a stream to a file (text; --format binary)
+  dataspace stream export chat --from 100 --to 199  entries 100..199 to stdout
+  dataspace stream import chat2 chat.pr             append an export's (or plain) values
 
 Every subcommand takes --store URL: a data directory or .sqlite3 file, sqlite:PATH, or
 postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (the password also from PGPASSWORD or
@@ -132,7 +137,73 @@ def register(sub: Any) -> None:
                     help="seconds between progress lines when not on a terminal (default 2)")
     cp.set_defaults(func=run_copy)
 
+    ex = ss.add_parser(
+        "export", parents=[common], help="write a stream's entries to a file (text or binary)",
+        description="Write the entries of a stream to FILE (default '-': standard output) "
+        "in the export format: a header, then one <entry INDEX VALUE> record per entry "
+        "(<entry INDEX VALUE META> when it has metadata) -- in Preserves text, one per line "
+        "(--format text, the default), or as canonical binary encodings one after the other "
+        "(--format binary).  'dataspace stream import' reads it back.  Progress goes to "
+        "standard error: a bar on a terminal, otherwise a line every --interval seconds; "
+        "standard output holds only the export.  A FILE is written whole or not at all "
+        "(FILE.part, renamed at the end).",
+        epilog="examples:\n"
+        "  dataspace stream export chat chat.pr                  the whole stream, as text\n"
+        "  dataspace stream export chat --from 100 --to 199      entries 100..199 to stdout\n"
+        "  dataspace stream export chat chat.bin --format binary\n"
+        "  dataspace stream export chat - | dataspace stream import chat2 --store postgresql://app@db/app",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ex.add_argument("name", metavar="STREAM")
+    ex.add_argument("file", nargs="?", default="-", metavar="FILE",
+                    help="where to write ('-', the default: standard output)")
+    ex.add_argument("--from", dest="start", type=int, metavar="N",
+                    help="the first index to export (default: the first stored)")
+    ex.add_argument("--to", dest="to", type=int, metavar="N",
+                    help="the last index to export, included (default: the last when the "
+                    "export starts)")
+    ex.add_argument("--format", choices=("text", "binary"), default="text",
+                    help="Preserves text, one entry per line (default), or binary")
+    _progress_arguments(ex)
+    ex.set_defaults(func=run_export)
+
+    im = ss.add_parser(
+        "import", parents=[common], help="append the values of a file (an export, or plain values)",
+        description="Append to STREAM the values of FILE (default '-': standard input): "
+        "an export ('dataspace stream export': a header, then <entry INDEX VALUE> records) "
+        "or plain values, one per line or spanning lines, as 'stream append NAME -' reads "
+        "them.  Text or binary Preserves, told apart by the first byte (--format says which "
+        "instead).  Values are written in transactions of --batch-size entries; bad input "
+        "stops the import with its line (text) or byte offset (binary): the batches before "
+        "it stay, nothing of the batch that holds it is written, and the message says what "
+        "was imported.  Progress goes to standard error.  The stream is created if needed.",
+        epilog="examples:\n"
+        "  dataspace stream import chat chat.pr                  append an export's values\n"
+        "  dataspace stream import chat chat.pr --keep-indices   ...at their own indices\n"
+        "  printf '<n 1>\\n<n 2>\\n' | dataspace stream import nums    plain values from stdin\n"
+        "  dataspace stream import chat chat.bin --store postgresql://app@db.example/app\n"
+        "\nexit status: 0 imported; 1 bad input or a store error (one line on stderr, with "
+        "what was imported);\n2 bad arguments; 130 interrupted (Ctrl-C)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    im.add_argument("name", metavar="STREAM")
+    im.add_argument("file", nargs="?", default="-", metavar="FILE",
+                    help="what to read ('-', the default: standard input)")
+    im.add_argument("--format", choices=("auto", "text", "binary"), default="auto",
+                    help="the input's encoding (default: auto, by its first byte)")
+    im.add_argument("--batch-size", type=int, default=10_000, metavar="N",
+                    help="entries per transaction (default 10000)")
+    im.add_argument("--keep-indices", action="store_true",
+                    help="put each entry of an export at its own index (they must be at or "
+                    "after the stream's next index) instead of appending at the end")
+    _progress_arguments(im)
+    im.set_defaults(func=run_import)
+
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _progress_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds between progress lines when not on a terminal (default 2)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
 def _store(args: argparse.Namespace, create: bool = False) -> Any:
@@ -222,37 +293,14 @@ def run_info(args: argparse.Namespace) -> int:
 
 def _read_stdin_batches(stream: Any) -> Any:
     """Yield lists of values from stdin as they arrive (a batch per burst of lines)."""
-    pending = ""
     batch: list[Any] = []
     fd_ok = True
     try:
         fileno = stream.fileno()
     except (OSError, AttributeError, ValueError):
         fd_ok = False
-    lineno = 0
-    first = 1  # the line of stdin where `pending` starts
-    while True:
-        line = stream.readline()
-        if not line:
-            break
-        lineno += 1
-        if not pending:
-            first = lineno
-        pending += line
-        if not pending.strip():
-            pending = ""
-            continue
-        try:
-            batch.extend(parse_many(pending))
-            pending = ""
-        except ParseError as e:
-            if type(e).__name__ in ("ParseShort", "ParseEOF"):
-                continue  # a value spanning lines
-            if e.line is None:
-                raise ValueError(f"stdin line {lineno}: {e}") from e
-            raise ValueError(
-                f"stdin line {first + e.line - 1}, column {e.column}: {e.reason}"
-            ) from e
+    for values in text_values(iter(stream.readline, ""), "stdin"):
+        batch.extend(v for _line, v in values)
         more = False
         if fd_ok and len(batch) < 1000:
             try:
@@ -262,8 +310,6 @@ def _read_stdin_batches(stream: Any) -> Any:
         if not more or len(batch) >= 1000:
             yield batch
             batch = []
-    if pending.strip():
-        raise ValueError(f"stdin ends inside a value: {pending.strip()[:60]!r}")
     if batch:
         yield batch
 
@@ -463,3 +509,132 @@ def run_copy(args: argparse.Namespace) -> int:
 
 def _plural(n: int, one: str, many: str | None = None) -> str:
     return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+# -- export and import ---------------------------------------------------------------------------
+
+
+def run_export(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        print("dataspace stream export: --interval must be > 0", file=sys.stderr)
+        return 2
+    if args.start is not None and args.start < 0:
+        print("dataspace stream export: --from must be >= 0", file=sys.stderr)
+        return 2
+    if args.to is not None and args.to < (args.start or 0):
+        print("dataspace stream export: --to must be >= --from (both are included)",
+              file=sys.stderr)
+        return 2
+    to_stdout = args.file == "-"
+    # Data on a terminal shows its own progress; a bar beside it would garble it.
+    quiet = args.quiet or (to_stdout and sys.stdout.isatty())
+    progress = Progress(sys.stderr, what="entries", verb="exported", interval=args.interval,
+                        quiet=quiet)
+    try:
+        with _store(args) as store:
+            if not store.has_stream(args.name):
+                return _fail(f"no stream named {args.name!r} (dataspace stream ls lists them)")
+            stop = None if args.to is None else args.to + 1
+            with _output(args.file) as out:
+                r = export_stream(store, args.name, out, fmt=args.format, start=args.start or 0,
+                                  stop=stop, progress=progress)
+            progress.finish()
+    except BrokenPipeError:
+        # The reader went away (`... | head`): not an error; keep Python quiet at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except (StoreError, OSError, ValueError) as e:
+        if progress.done:
+            progress.finish()
+        if isinstance(e, OSError) and e.strerror:
+            return _fail(f"export: cannot write {args.file}: {e.strerror}")
+        return _fail(f"export: {e}")
+    where = "standard output" if to_stdout else args.file
+    rng = "" if r.first is None else f" (indices {r.first}..{r.last})"
+    print(f"dataspace stream: exported {_plural(r.entries, 'entry', 'entries')} of "
+          f"{args.name}{rng} to {where}", file=sys.stderr)
+    return 0
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[Any]:
+    """Standard output's bytes for '-'; else the file PATH, written as PATH.part and
+    renamed when complete (a device or a pipe named by PATH is written directly)."""
+    if path == "-":
+        sys.stdout.flush()
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    if os.path.exists(path) and not os.path.isfile(path):
+        with open(path, "wb") as f:
+            yield f
+        return
+    part = path + ".part"
+    try:
+        with open(part, "wb") as f:
+            yield f
+        os.replace(part, path)
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
+
+
+def run_import(args: argparse.Namespace) -> int:
+    if args.interval <= 0 or args.batch_size < 1:
+        print("dataspace stream import: --interval must be > 0 and --batch-size >= 1",
+              file=sys.stderr)
+        return 2
+    try:
+        check_user_name(args.name)
+    except ValueError as e:
+        return _fail(str(e))
+    source = "stdin" if args.file == "-" else args.file
+    try:
+        f = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+    except OSError as e:
+        return _fail(f"import: cannot read {args.file}: {e.strerror}")
+    progress = Progress(sys.stderr, what="entries", verb="imported", interval=args.interval,
+                        quiet=args.quiet)
+    try:
+        size = os.fstat(f.fileno()).st_size if os.path.isfile(args.file) else None
+    except (OSError, ValueError):
+        size = None
+    try:
+        inp = Input(f, args.format, source)
+
+        def report(done: int) -> None:
+            if not size:
+                progress(done)
+            elif inp.consumed < size:  # the total, estimated from the share read so far
+                progress(done, max(round(done * size / max(inp.consumed, 1)), done + 1))
+
+        with _store(args, create=True) as store:
+            r = import_stream(store, args.name, inp, batch_size=args.batch_size,
+                              keep_indices=args.keep_indices, progress=report)
+            if size:
+                progress(r.entries, r.entries)
+            progress.finish()
+    except ImportStopped as e:
+        r = e.result
+        if r.entries:
+            progress.finish()
+        done = "nothing was imported" if not r.entries else (
+            f"imported {_plural(r.entries, 'entry', 'entries')} to {args.name} "
+            f"(indices {r.first}..{r.last}) before it")
+        if r.entries and e.resume:
+            done += f", nothing from {e.resume} on"
+        if isinstance(e.error, KeyboardInterrupt):
+            print(f"\ndataspace stream: import interrupted; {done}", file=sys.stderr)
+            return 130
+        return _fail(f"import: {e}; {done}")
+    except (StoreError, OSError, ValueError) as e:
+        if progress.done:
+            progress.finish()
+        return _fail(f"import: {e}")
+    finally:
+        if f is not sys.stdin.buffer:
+            f.close()
+    rng = "" if r.first is None else f" (indices {r.first}..{r.last})"
+    print(f"imported {_plural(r.entries, 'entry', 'entries')} to {args.name}{rng}")
+    return 0
