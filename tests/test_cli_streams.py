@@ -81,6 +81,15 @@ def test_create_sets_retention(data_dir, capsys):
     assert "retention keep all" in capsys.readouterr().out
 
 
+def test_tail_of_a_stream_that_lost_its_first_entries_warns_of_nothing(data_dir):
+    """`stream tail` once started at next - N even below the first stored index, and the
+    tailer logged a warning that entries were removed before being read."""
+    main(["stream", "append", "logs", *[str(i) for i in range(6)]])
+    main(["stream", "create", "logs", "--max-count", "3"])
+    r = cli("stream", "tail", "logs")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "3  3\n4  4\n5  5\n", "")
+
+
 def test_errors_are_clear(data_dir, capsys):
     assert main(["stream", "ls"]) == 0
     assert "no streams yet" in capsys.readouterr().out

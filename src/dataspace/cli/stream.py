@@ -394,7 +394,10 @@ def run_tail(args: argparse.Namespace) -> int:
         elif args.start is not None:
             t = store.tailer(args.name, start=args.start)
         else:
-            t = store.tailer(args.name, start=max(0, store.next_index(args.name) - args.lines))
+            # The last N of what is stored: not below the first stored index (retention,
+            # or an import with --keep-indices), which the tailer would warn of as lost.
+            first = store.first_index(args.name) or 0
+            t = store.tailer(args.name, start=max(first, store.next_index(args.name) - args.lines))
         while batch := t.read(1000):
             for e in batch:
                 _print(e, args)
