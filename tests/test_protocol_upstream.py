@@ -111,8 +111,9 @@ class Channel:
 
 
 class Link:
-    def __init__(self, rnd: random.Random, eager: bool, loss: float, dup: float, delay: float):
-        self.s = Subscriber(eager=eager, rto=0.1, rto_max=1.0)
+    def __init__(self, rnd: random.Random, eager: bool, loss: float, dup: float, delay: float,
+                 window: int = 1000):
+        self.s = Subscriber(eager=eager, rto=0.1, rto_max=1.0, window=window)
         self.p = Producer()
         self.up = Channel(rnd, loss, dup, delay)     # requests
         self.down = Channel(rnd, loss, dup, delay)   # confirms and data
@@ -181,8 +182,8 @@ OPS = st.lists(st.one_of(
 ), max_size=60)
 
 
-def run(ops, seed, eager, loss, dup, delay) -> Link:
-    link = Link(random.Random(seed), eager, loss, dup, delay)
+def run(ops, seed, eager, loss, dup, delay, window=1000) -> Link:
+    link = Link(random.Random(seed), eager, loss, dup, delay, window)
     link.s.start(0.0)
     link.flush()
     for op, arg in ops:
@@ -198,13 +199,13 @@ def run(ops, seed, eager, loss, dup, delay) -> Link:
 
 @settings(max_examples=400, deadline=None)
 @given(OPS, st.integers(0, 1 << 30), st.sampled_from([0.0, 0.2, 0.5]),
-       st.sampled_from([0.0, 0.3]), st.sampled_from([0.0, 0.3]))
+       st.sampled_from([0.0, 0.3]), st.sampled_from([0.0, 0.3]), st.sampled_from([1000, 1, 2]))
 # Reordered requests: a reset entry buried after its ancestor was pruned with it.
 @example([("sub", 0), ("sub", 1)] + [("sub", 0)] * 10
          + [("sub", 5), ("sub", 6), ("unsub", 5), ("unsub", 6), ("sub", 5), ("unsub", 5)],
-         0, 0.0, 0.0, 0.3)
-def test_eager_producer_converges_to_the_canonical_set(ops, seed, loss, dup, delay):
-    link = run(ops, seed, True, loss, dup, delay)
+         0, 0.0, 0.0, 0.3, 1000)
+def test_eager_producer_converges_to_the_canonical_set(ops, seed, loss, dup, delay, window):
+    link = run(ops, seed, True, loss, dup, delay, window)
     # From now on nothing is lost (duplicates and reordering go on): within bounded
     # simulated time every request is confirmed and the tries agree.
     link.up.loss = link.down.loss = 0.0
@@ -422,3 +423,20 @@ def test_the_producers_one_walk_decides_as_its_definition(requests, extra):
     for v in [*VALUES, *extra]:
         for assertion in (False, True):
             assert p.forward(v, assertion) == p.forward_reference(v, assertion), (v, p.entries())
+
+
+def test_at_most_a_window_of_requests_is_in_flight():
+    s = Subscriber(window=100)
+    p = Producer()
+    s.start(0.0)
+    for c in chains(250):
+        s.add_interest(c, 0.0)
+    first = s.take_outgoing()
+    assert len(first) == 100 and s.summary().pending == 251  # and the root artifact's reset
+    for m in first[:10]:
+        p.on_request(m)
+    for m in p.take_outgoing():
+        s.on_confirm(m, 0.1)
+    assert len(s.take_outgoing()) == 10  # ten confirmed, ten more go
+    s.tick(5.0)  # only what was sent is ever resent
+    assert len(s.take_outgoing()) == 100 and s.stats.requests_sent == 210

@@ -292,6 +292,7 @@ class _Node:
         "flags",
         "kids",
         "kind",
+        "out",
         "parent",
         "rto",
         "sent_at",
@@ -313,6 +314,7 @@ class _Node:
         self.sent_at = 0.0
         self.rto = 0.0
         self.wire: Value | None = None  # chain_to_value(chain), made once when first sent
+        self.out = False  # subscriber: the request in flight has been sent (not waiting)
         # Subscriber: entries in this subtree not covered by a SUBSCRIBED entry on the
         # way up to this node's parent ("unc"), and the sum of it over the children.
         self.unc = 0
@@ -460,8 +462,15 @@ class SubscriberStats:
 class Subscriber:
     """The subscriber's machine of seed 001 (see the module docstring)."""
 
-    def __init__(self, *, eager: bool = True, rto: float = 1.0, rto_max: float = 30.0) -> None:
+    def __init__(self, *, eager: bool = True, rto: float = 1.0, rto_max: float = 30.0,
+                 window: int = 1000) -> None:
         self.eager = eager
+        self.window = window
+        """Requests sent and not yet confirmed, at most; more wait their turn (a
+        reconnection's round of 10,000 goes out as confirmations come back, so none waits
+        long enough to be resent)."""
+        self._inflight = 0
+        self._waiting: deque[tuple[int, _Node]] = deque()
         self.rto0 = rto
         self.rto_max = rto_max
         self.trie = _Trie()
@@ -487,7 +496,11 @@ class Subscriber:
         self._now = now
         self.stats.requests_sent -= len(self._out)  # queued, never taken: never sent
         self._out.clear()
+        for n in self._pending:
+            n.out = False
         self._pending.clear()
+        self._inflight = 0
+        self._waiting.clear()
         self._by_time.clear()
         self._by_seq.clear()
         self._seq = 0
@@ -614,10 +627,17 @@ class Subscriber:
         """A ``<confirm KIND SEQ CHAIN>`` arrived; raises :class:`UpstreamError` if malformed."""
         self._now = now
         kind, seq, chain = _read_confirm(msg)
+        self._confirmed(kind, seq, chain, now)
+        self._release()
+
+    def _confirmed(self, kind: Symbol, seq: int, chain: Chain, now: float) -> None:
         n = self.trie.find(chain)
         if n is None or n.kind is not kind or n.seq != seq:
             return  # stale or duplicated: that request is superseded or done
         self._pending.discard(n)
+        if n.out:
+            n.out = False
+            self._inflight -= 1
         self._progress = now
         n.kind = None
         f = n.flags
@@ -663,12 +683,32 @@ class Subscriber:
         else:
             n.flags = f | PENDING
         self._changed(n)
-        n.rto = self.rto0
-        n.sent_at = self._now
+        if n.out:  # it replaces a request in flight, whose CONFIRM will be stale
+            n.out = False
+            self._inflight -= 1
         self._pending.add(n)
         heapq.heappush(self._by_seq, (n.seq, n))
+        if self._waiting or self._inflight >= self.window:
+            self._waiting.append((n.seq, n))
+            self._release()  # (room may have been made above)
+        else:
+            self._transmit(n)
+
+    def _transmit(self, n: _Node) -> None:
+        n.out = True
+        self._inflight += 1
+        n.rto = self.rto0
+        n.sent_at = self._now
         heapq.heappush(self._by_time, (n.sent_at + n.rto, n.seq, n))
         self._send(n)
+
+    def _release(self) -> None:
+        """Send waiting requests while the window has room (superseded ones are skipped)."""
+        w = self._waiting
+        while w and self._inflight < self.window:
+            seq, n = w.popleft()
+            if self._live(n, seq) and not n.out:
+                self._transmit(n)
 
     def _live(self, n: _Node, seq: int) -> bool:
         return n in self._pending and n.seq == seq
