@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from .datadir import ROOT_STURDYREF, resolve_data_dir
-from .dataspace import _MISSING, OBSERVE, Entity, Facet, Handle, _DataspaceBase, fresh_handle
+from .dataspace import _MISSING, Entity, Facet, Handle, _DataspaceBase, fresh_handle
 from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
 from .net.connection import Connection, connect_stream
 from .net.flow import FlowLimits, Hub
 from .net.websocket import connect_ws
-from .pattern import Pattern, as_pattern, to_preserves
+from .pattern import Pattern
 from .protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE
 from .protocol.relay import Relay, RelayLimits, RemoteEntity
 from .protocol.sturdy import SturdyError, SturdyRef
@@ -492,27 +492,21 @@ class RemoteDataspace(_DataspaceBase):
         """Observe ``pattern`` (as :meth:`Dataspace.observe`): ``on_assert(*captures)``
         once per distinct capture tuple as matches appear, ``on_retract(*captures)`` when
         the last goes, ``on_message(*captures)`` per matching message."""
-        pat = as_pattern(pattern)
-        sub = RemoteSubscription(self, pat, on_assert, on_retract, on_message, self._facet)
-        self._subs.add(sub)
-        if self._facet is not None:
-            self._facet.subscriptions.add(sub)
-        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub.entity))))
-        return sub
+        return self._subscribe(pattern, on_assert, on_retract, on_message)
 
     def during(self, pattern: Pattern | str | Value, setup: Callable[..., Any]) -> RemoteSubscription:
         """For each distinct match run ``setup(*captures)`` in a facet; what it asserts
         and observes (and the callable it may return) ends when the match goes."""
-        pat = as_pattern(pattern)
-        sub = RemoteSubscription(self, pat, None, None, None, self._facet)
-        sub._during = {}
-        sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
-        sub.on_retract = lambda *caps: self._stop_during(sub, caps)
+        return self._subscribe(pattern, None, None, None, setup)
+
+    def _new_subscription(self, pat: Pattern, on_assert: Any, on_retract: Any,
+                          on_message: Any) -> RemoteSubscription:
+        sub = RemoteSubscription(self, pat, on_assert, on_retract, on_message, self._facet)
         self._subs.add(sub)
-        if self._facet is not None:
-            self._facet.subscriptions.add(sub)
-        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub.entity))))
         return sub
+
+    def _observer_of(self, sub: Any) -> Any:
+        return sub.entity
 
     def _apply(
         self, added: dict[Handle, Value], removed: list[tuple[Handle, Value]], messages: list[Value]

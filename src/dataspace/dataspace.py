@@ -361,6 +361,32 @@ class _DataspaceBase:
         """A subscription ended (hook for subclasses that track them: a hidden one of the
         in-process Dataspace leaves the index here)."""
 
+    def _new_subscription(self, pat: Pattern, on_assert: Any, on_retract: Any,
+                          on_message: Any) -> Any:
+        """A subscription object of this kind of dataspace (hook for subclasses)."""
+        raise NotImplementedError
+
+    def _observer_of(self, sub: Any) -> Any:
+        """What ``<Observe PATTERN #:observer>`` embeds for ``sub`` (hook)."""
+        return sub
+
+    def _subscribe(self, pattern: Pattern | str | Value, on_assert: Any, on_retract: Any,
+                   on_message: Any, setup: Callable[..., Any] | None = None) -> Any:
+        """observe() and during(), once for both kinds of dataspace: a subscription in
+        the current facet, asserted as ``<Observe PATTERN #:observer>``; with ``setup``,
+        a facet per distinct match (see during())."""
+        pat = as_pattern(pattern)
+        sub = self._new_subscription(pat, on_assert, on_retract, on_message)
+        if setup is not None:
+            sub._during = {}
+            sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
+            sub.on_retract = lambda *caps: self._stop_during(sub, caps)
+        if self._facet is not None:
+            self._facet.subscriptions.add(sub)
+        observe = Record._make(OBSERVE, (to_preserves(pat), Embedded(self._observer_of(sub))))
+        sub.handle = self.assert_(observe)
+        return sub
+
     def _cancel(self, sub: Any) -> None:
         if not sub.live:
             return
@@ -522,12 +548,11 @@ class Dataspace(_DataspaceBase):
         when the last one giving those captures goes, and ``on_message(*captures)`` for
         each matching message.
         """
-        pat = as_pattern(pattern)
-        sub = Subscription(self, pat, on_assert, on_retract, on_message, self._facet)
-        if self._facet is not None:
-            self._facet.subscriptions.add(sub)
-        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
-        return sub
+        return self._subscribe(pattern, on_assert, on_retract, on_message)
+
+    def _new_subscription(self, pat: Pattern, on_assert: Any, on_retract: Any,
+                          on_message: Any) -> Subscription:
+        return Subscription(self, pat, on_assert, on_retract, on_message, self._facet)
 
     def observe_hidden(
         self,
@@ -560,15 +585,7 @@ class Dataspace(_DataspaceBase):
         What ``setup`` asserts and observes lives until the matching assertion is
         retracted; if ``setup`` returns a callable, it is called then too.
         """
-        pat = as_pattern(pattern)
-        sub = Subscription(self, pat, None, None, None, self._facet)
-        sub._during = {}
-        sub.on_assert = lambda *caps: self._start_facet(sub, caps, setup)
-        sub.on_retract = lambda *caps: self._stop_during(sub, caps)
-        if self._facet is not None:
-            self._facet.subscriptions.add(sub)
-        sub.handle = self.assert_(Record._make(OBSERVE, (to_preserves(pat), Embedded(sub))))
-        return sub
+        return self._subscribe(pattern, None, None, None, setup)
 
     def _after_turn(self) -> None:
         if self._queue and not self._dispatching:
