@@ -78,3 +78,22 @@ def store(store_url):
     s = open_store(store_url)
     yield s
     s.close()
+
+
+# -- a Spark standalone cluster on loopback (tests/spark_cluster.py) ---------------------------
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """One standalone Master and Worker for the whole run, the Worker unable to see the
+    tests' data (its own mount namespace, a tmpfs over the pytest base directory).  Like
+    the PostgreSQL server, it is part of what is tested: what it needs missing fails."""
+    from spark_cluster import Cluster, can_unshare
+
+    why = can_unshare()
+    if why:
+        pytest.fail(f"the cluster tests need a Spark worker that cannot see the driver's data: {why}",
+                    pytrace=False)
+    cluster = Cluster(tmp_path_factory.getbasetemp()).start()
+    yield cluster
+    cluster.stop()
