@@ -129,6 +129,7 @@ def register(sub: Any) -> None:
     rt.add_argument("--format", choices=("parquet", "json"), default=None,
                     help="output format (default: from --out's extension, else parquet)")
     rt.add_argument("--data-dir", metavar="DIR", help=DATA_DIR_HELP)
+    add_store_argument(rt)
     rt.add_argument("--master", default="local[*]", metavar="URL", help="Spark master")
     rt.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting (repeatable)")
@@ -354,6 +355,11 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
                       f"processors, {args.guarantee}, {where}, store {store.display})"
                       + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""),
                       flush=True)
+            if spark and getattr(engine, "read_on", "executor") == "driver":
+                print(f"dataspace pipeline: the driver does all the reading: the executors of "
+                      f"{engine.spark.sparkContext.master} cannot open an SQLite store (a "  # type: ignore[attr-defined]
+                      "file on this machine); a PostgreSQL store (--store postgresql://USER@HOST"
+                      "/DATABASE) lets the executors do it", file=sys.stderr, flush=True)
             stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
                                progress_interval=args.interval)
         progress.end()
@@ -477,7 +483,7 @@ def run_route(args: argparse.Namespace) -> int:
     try:
         patterns = load_patterns(args.patterns)
         data_dir = resolve_data_dir(args.data_dir, create=False)
-        find_values(args.values, data_dir)
+        find_values(args.values, data_dir, store=args.store)
     except (RouteError, OSError) as e:
         return _fail(str(e), 2)
     problem = _java_ok()
@@ -493,7 +499,7 @@ def run_route(args: argparse.Namespace) -> int:
                                  log_file=data_dir / "spark" / "spark.log")
     try:
         n_values, n_matches = route_to(spark, patterns, args.values, args.out,
-                                       data_dir=data_dir, fmt=args.format)
+                                       data_dir=data_dir, fmt=args.format, store=args.store)
     except (RouteError, StoreError) as e:
         return _fail(str(e))
     finally:

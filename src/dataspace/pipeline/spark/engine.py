@@ -47,7 +47,7 @@ from ..engine import Engine, EngineError, ProcStats, claim_graph
 from ..exactly_once import backing_stream, recover, resume
 from ..graph import Graph, Processor
 from ._store import store_options
-from .session import SparkSetupError, get_session, is_local
+from .session import SparkSetupError, get_session, read_on
 from .sink import ProcSpec, encode_spec
 from .status import checkpoint_state, default_data_dir_for, store_graph_dir
 
@@ -153,6 +153,9 @@ class SparkEngine(Engine):
         self._lock: StoreLock | None = None
         self.created_session = False
         self._progress_t = 0.0
+        self.read_on = "executor"
+        """Where the queries read the store: ``executor``, or ``driver`` for an SQLite
+        store on a cluster (its executors cannot open the driver's file); set by start."""
 
     # -- start ---------------------------------------------------------------------------
 
@@ -185,6 +188,11 @@ class SparkEngine(Engine):
                 from .session import _register
 
                 _register(self.spark)
+            master = self.spark.sparkContext.master
+            self.read_on = read_on(master, self.store_url)
+            if self.read_on == "driver":
+                log.info("%s: the driver reads every batch (an SQLite store on %s); a "
+                         "PostgreSQL store lets the executors read", self.graph.name, master)
         except BaseException:
             self.close()
             raise
@@ -261,7 +269,7 @@ class SparkEngine(Engine):
             "decode": "true" if decode else "false",
             "includeMeta": "true" if meta else "false",
             "includeTime": "true" if q.p.kind == "dataframe" else "false",
-            "readOn": "executor" if is_local(self.spark.sparkContext.master) else "driver",
+            "readOn": self.read_on,
             "waitMs": str(self.wait_ms),
         }
         if q.first_batch is not None:

@@ -6,6 +6,7 @@
     spark, _ = get_session()
     matches = route(spark, ["<Says $who _>", "<Present $who>"], "chat", data_dir=DATA_DIR)
     matches.show()          # pattern, index, captures, captures_text
+    route(spark, patterns, "chat", store="postgresql://app@db/app")   # a store by URL
 
 The patterns (concise syntax, :func:`dataspace.pattern.parse_pattern`) are broadcast;
 every Python worker builds the skeleton index (:class:`dataspace.index.Index`) of all of
@@ -174,43 +175,57 @@ def _match_batches(bc: Any, key: str, text_captures: bool, batches: Iterator[Any
 # -- the job ---------------------------------------------------------------------------------
 
 
-def find_values(source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> tuple[Path, str | None]:
+def find_values(source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None,
+                *, store: str | None = None) -> tuple[Path | str, str | None]:
     """Where the values to route are, checked without Spark: ``(dataset path, None)``
-    when ``source`` is a path that exists, else ``(store file, stream)`` for the stream
-    ``source`` of the store in ``data_dir``.  :class:`RouteError` names what is missing."""
+    when ``source`` is a path that exists, else ``(store URL or file, stream)`` for the
+    stream ``source`` of ``store`` (a store URL) or of the store in ``data_dir``.
+    :class:`RouteError` names what is missing."""
     p = Path(source)
     if p.exists():
         return p, None
-    if data_dir is None:
-        raise RouteError(f"{source}: no such file or directory, and no data directory to find "
-                         "a stream of that name in")
-    from ...datadir import store_file
+    from ...datadir import mask_url, store_file
     from ...streams import StoreError, open_store
 
-    db = store_file(data_dir, create=False)
-    if not db.exists():
-        raise RouteError(f"{source}: no such file or directory, and no stream store in {data_dir}")
+    where: Path | str
+    if store is not None:
+        where, shown = store, mask_url(store)
+    elif data_dir is None:
+        raise RouteError(f"{source}: no such file or directory, and no data directory to find "
+                         "a stream of that name in")
+    else:
+        where = shown = store_file(data_dir, create=False)
+        if not where.exists():
+            raise RouteError(f"{source}: no such file or directory, and no stream store in {data_dir}")
     try:
-        with open_store(db, create=False) as store:
-            known = store.has_stream(str(source))
-    except StoreError as e:
+        with open_store(where, create=False) as st:
+            known = st.has_stream(str(source))
+    except (StoreError, ValueError) as e:
         raise RouteError(str(e)) from None
     if not known:
         raise RouteError(f"{source}: no such file or directory, nor a stream of that name "
-                         f"in {db} (dataspace stream ls lists them)")
-    return db, str(source)
+                         f"in {shown} (dataspace stream ls lists them)")
+    return where, str(source)
 
 
-def values_frame(spark: Any, source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> Any:
+def values_frame(spark: Any, source: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None,
+                 *, store: str | None = None) -> Any:
     """Values to route: a Parquet/JSON dataset (file or directory) when ``source`` is a
-    path that exists, otherwise the stream ``source`` of the store in ``data_dir``
-    (:func:`find_values`).  The frame has ``index`` and ``value`` (or ``text``) columns."""
+    path that exists, otherwise the stream ``source`` of ``store`` (a store URL) or of
+    the store in ``data_dir`` (:func:`find_values`).  The frame has ``index`` and
+    ``value`` (or ``text``) columns.  On a cluster the executors read a PostgreSQL
+    store; an SQLite store is read by the driver (:func:`.session.read_on`)."""
     from pyspark.sql import functions as F
 
-    p, stream = find_values(source, data_dir)
+    from ._store import store_options, store_url
+    from .session import read_on
+
+    p, stream = find_values(source, data_dir, store=store)
     if stream is not None:
-        return (spark.read.format("dataspace").option("path", str(p)).option("stream", stream)
-                .option("decode", "false").load().select("index", "value"))
+        url = store_url(p)
+        return (spark.read.format("dataspace").options(**store_options(url))
+                .option("readOn", read_on(spark.sparkContext.master, url))
+                .option("stream", stream).option("decode", "false").load().select("index", "value"))
     files = [p] if p.is_file() else sorted(x for x in p.rglob("*") if x.is_file())
     suffixes = {x.suffix.lower() for x in files}
     if ".json" in suffixes or ".jsonl" in suffixes or p.suffix.lower() in (".json", ".jsonl"):
@@ -233,6 +248,7 @@ def route(
     values: Any,
     *,
     data_dir: str | os.PathLike[str] | None = None,
+    store: str | None = None,
     text_captures: bool = True,
 ) -> Any:
     """Match ``values`` (a DataFrame with ``index`` and ``value``/``text`` columns, a
@@ -244,7 +260,7 @@ def route(
     else:
         pats = [(str(n), p) if isinstance(p, str) else (str(p[0]), str(p[1]))
                 for n, p in enumerate(patterns)]
-    vdf = values if hasattr(values, "mapInArrow") else values_frame(spark, values, data_dir)
+    vdf = values if hasattr(values, "mapInArrow") else values_frame(spark, values, data_dir, store=store)
     # The table's content is the cache key: a job with the same patterns reuses the
     # broadcast and the index each worker built for an earlier job.
     key = hashlib.blake2b(repr(pats).encode(), digest_size=16).hexdigest()
@@ -264,10 +280,12 @@ def route(
 
 
 def route_to(spark: Any, patterns: Sequence[tuple[str, str]], source: str, out: str,
-             *, data_dir: str | os.PathLike[str] | None = None, fmt: str | None = None) -> tuple[int, int]:
+             *, data_dir: str | os.PathLike[str] | None = None, fmt: str | None = None,
+             store: str | None = None) -> tuple[int, int]:
     """Run :func:`route` and write the matches to ``out`` (Parquet, or JSON by format or
-    extension); returns (values read, matches written)."""
-    vdf = values_frame(spark, source, data_dir)
+    extension); returns (values read, matches written).  On a cluster ``out`` must be
+    where the executors write and the driver reads alike (HDFS, S3, a shared mount)."""
+    vdf = values_frame(spark, source, data_dir, store=store)
     n_values = vdf.count()
     res = route(spark, patterns, vdf)
     fmt = fmt or ("json" if str(out).lower().endswith((".json", ".jsonl")) else "parquet")

@@ -12,7 +12,13 @@ Classic failures this module prevents:
   differ).
 * **The package is not importable on workers**: in local mode workers run this
   interpreter (its ``site-packages`` has the package); for a cluster master,
-  :func:`ship_package` zips the ``dataspace`` package and adds it with ``addPyFile``.
+  :func:`ship_package` zips the ``dataspace`` package and adds it with ``addPyFile``
+  (the zip is removed when the session ends: :func:`stop_session`, or at exit).
+* **Executors that cannot open the store**: an SQLite store is a file on the driver's
+  machine; :func:`read_on` says where a cluster's reads go (the executors with a
+  PostgreSQL store, else the driver), and :func:`register` tells the connector the
+  master, so that it refuses ``readOn=executor`` on an SQLite store of a cluster
+  before a job starts.
 * **log4j noise on the user's terminal**: the JVM's own output goes to a log file
   (:data:`DEFAULT_LOG`, or the one given) and log4j logs errors only; ``verbose`` keeps
   Spark's usual warnings on the terminal.  The Spark UI is off unless asked for.
@@ -20,6 +26,7 @@ Classic failures this module prevents:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -46,7 +53,9 @@ __all__ = [
     "get_session",
     "is_local",
     "java_version",
+    "read_on",
     "register",
+    "remove_shipped",
     "ship_package",
     "stop_session",
 ]
@@ -76,6 +85,7 @@ logger.utils.level = error
 
 _lock = threading.Lock()
 _created: SparkSession | None = None
+_shipped: list[Path] = []  # directories of package zips added to sessions of this process
 
 
 class SparkSetupError(RuntimeError):
@@ -123,6 +133,15 @@ def check_java() -> int:
 def is_local(master: str) -> bool:
     """Whether ``master`` runs everything in this machine's JVM (``local``, ``local[N]``)."""
     return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
+
+
+def read_on(master: str, store_url: str) -> str:
+    """Where the connector reads a store for a session on ``master``: ``executor`` in
+    local mode or with a PostgreSQL store (every machine reaches the server), else
+    ``driver`` (an SQLite store is a file only the driver's machine has)."""
+    from ._store import is_postgres
+
+    return "executor" if is_local(master) or is_postgres(store_url) else "driver"
 
 
 def _log4j_file(level: str) -> str:
@@ -266,7 +285,11 @@ def register(spark: SparkSession) -> None:
 
     errors.install()
     if not getattr(spark, "_dataspace_registered", False):
-        spark.dataSource.register(DataspaceDataSource)
+        # The class goes to the planner's Python process (pickled by value, being made
+        # here) with the master, which that process cannot ask Spark for.
+        cls = type(DataspaceDataSource.__name__, (DataspaceDataSource,),
+                   {"master": spark.sparkContext.master, "__module__": DataspaceDataSource.__module__})
+        spark.dataSource.register(cls)
         spark._dataspace_registered = True  # type: ignore[attr-defined]
 
 
@@ -282,15 +305,28 @@ def stop_session() -> None:
                 _created.stop()
             finally:
                 _created = None
+                remove_shipped()
+
+
+def remove_shipped() -> None:
+    """Remove the package zips :func:`ship_package` made in this process (at the end of
+    the session that uses them; also at exit, for sessions stopped otherwise)."""
+    while _shipped:
+        shutil.rmtree(_shipped.pop(), ignore_errors=True)
+
+
+atexit.register(remove_shipped)
 
 
 def ship_package(spark: SparkSession) -> str:
     """Zip the ``dataspace`` package and add it to the session (``addPyFile``), so that
-    cluster workers can import it; returns the zip's path."""
+    cluster workers can import it; returns the zip's path.  Spark serves the file from
+    there for the session's life; :func:`stop_session` (or the exit) removes it."""
     import dataspace
 
     root = Path(dataspace.__file__).resolve().parent
     d = Path(tempfile.mkdtemp(prefix="dataspace-pyfiles-"))
+    _shipped.append(d)
     zpath = d / "dataspace.zip"
     with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as z:
         for f in sorted(root.rglob("*.py")):

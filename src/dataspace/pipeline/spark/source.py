@@ -548,16 +548,33 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # -- the data source ---------------------------------------------------------------------
 
 
+def _executors_reach(master: str, url: str) -> bool:
+    """Whether the executors of ``master`` can open the store at ``url``."""
+    from .session import read_on
+
+    return read_on(master, url) == "executor"
+
+
 class DataspaceDataSource(DataSource):
     """``format("dataspace")``: streams of a dataspace store, batch and streaming, read
     and write (see :mod:`dataspace.pipeline.spark.source` and ``.sink``)."""
+
+    master: str | None = None
+    """The session's master, set by ``session.register`` (None: not known)."""
 
     @classmethod
     def name(cls) -> str:
         return "dataspace"
 
     def _options(self) -> SourceOptions:
-        return parse_options(self.options)
+        o = parse_options(self.options)
+        if o.read_on == "executor" and self.master and not _executors_reach(self.master, o.path):
+            raise OptionError(
+                f"readOn=executor: the executors of {self.master} cannot open the SQLite store "
+                f"{o.path} (a file on the driver's machine); give them a PostgreSQL store, "
+                ".option('store', 'postgresql://USER@HOST/DATABASE'), or read on the driver "
+                "with .option('readOn', 'driver')")
+        return o
 
     def schema(self) -> str:
         if self.options.get("stream") or self.options.get("streams"):
