@@ -285,7 +285,8 @@ def test_a_stray_message_is_rejected_then_the_negative_goes():
 
 
 @pytest.mark.parametrize("bad", [
-    "<confirm subscribe 1>", "<confirm odd 1 []>", '<confirm subscribe "x" []>', "<hello>",
+    "<confirm subscribe>", "<confirm subscribe 1 []>", "<confirm odd 1>", '<confirm subscribe "x">',
+    "<hello>",
 ])
 def test_bad_confirms_are_refused(bad):
     with pytest.raises(UpstreamError):
@@ -426,17 +427,55 @@ def test_the_producers_one_walk_decides_as_its_definition(requests, extra):
 
 
 def test_at_most_a_window_of_requests_is_in_flight():
+    # Slow start: 32 requests first, one more per request confirmed, never over the window.
     s = Subscriber(window=100)
     p = Producer()
     s.start(0.0)
     for c in chains(250):
         s.add_interest(c, 0.0)
-    first = s.take_outgoing()
-    assert len(first) == 100 and s.summary().pending == 251  # and the root artifact's reset
-    for m in first[:10]:
-        p.on_request(m)
-    for m in p.take_outgoing():
-        s.on_confirm(m, 0.1)
-    assert len(s.take_outgoing()) == 10  # ten confirmed, ten more go
-    s.tick(5.0)  # only what was sent is ever resent
-    assert len(s.take_outgoing()) == 100 and s.stats.requests_sent == 210
+    out = s.take_outgoing()
+    assert len(out) == Subscriber.INITIAL_WINDOW and s.summary().pending == 251  # + root reset
+    now, in_flight, most = 0.0, len(out), len(out)
+    for _ in range(100):
+        if not out:
+            break
+        now += 0.01
+        for m in out:
+            p.on_request(m)
+        for m in p.take_outgoing():
+            s.on_confirm(m, now)
+            in_flight -= 1
+        out = s.take_outgoing()
+        in_flight += len(out)
+        most = max(most, in_flight)
+    assert most == 100 and in_flight == 0 and not s.summary().pending
+    assert s.stats.requests_sent == 251 and s.stats.retransmissions == 0
+
+
+def test_the_timeout_follows_the_round_trips():
+    # A producer 3 s away (3x the initial timeout): the first requests are resent, the
+    # timer backs off, and once a round trip is measured the timeout covers it -- the
+    # later requests go out once each.
+    s = Subscriber(rto=1.0, rto_max=30.0)
+    p = Producer()
+    s.start(0.0)
+    wire: list = []  # (arrival time, request)
+    answers: list = []  # (arrival time, confirm)
+    now = 0.0
+    for i, c in enumerate(chains(40)):
+        s.add_interest(c, now)
+        for _ in range(10):  # 1 s in steps of 0.1
+            now = round(now + 0.1, 6)
+            s.tick(now)
+            wire += [(now + 1.5, m) for m in s.take_outgoing()]
+            for t, m in [x for x in wire if x[0] <= now]:
+                p.on_request(m)
+                answers += [(t + 1.5, a) for a in p.take_outgoing()]
+            wire = [x for x in wire if x[0] > now]
+            for _t, a in [x for x in answers if x[0] <= now]:
+                s.on_confirm(a, now)
+            answers = [x for x in answers if x[0] > now]
+        if i == 20:
+            before = s.stats.retransmissions
+    assert 3.0 <= s.timeout < 8.0
+    assert before > 0 and s.stats.retransmissions == before  # none in the last 20 s

@@ -13,7 +13,7 @@ each side is the *subscriber* of what it wants from the other and the *producer*
 the other wants, and sends to the other's entities:
 
 ``control``  Syndicate messages: the seed's requests ``<subscribe SEQ LOW CHAIN>``,
-             ``<reject ...>``, ``<reset ...>`` and answers ``<confirm KIND SEQ CHAIN>``;
+             ``<reject ...>``, ``<reset ...>`` and answers ``<confirm KIND SEQ>``;
              ``<link-reach [SERVER-ID ...]>``, the servers reachable through the sender
              (a link that would close a cycle is refused); ``<link-refused MESSAGE>``.
 ``data``     the values themselves: a message as a message, an assertion as an
@@ -549,7 +549,12 @@ class LinkHub:
         side's messages no callback.  Messages injected from a link are remembered (the
         echo queues) only while tapping; when it stops, those queues are dropped."""
         sub = self._catch_all
-        on = sub is not None and any(s.prod.positives for s in self.sessions)
+        on = False
+        if sub is not None:
+            for s in self.sessions:
+                if s.prod.positives:
+                    on = True
+                    break
         if on == self.tapping:
             return
         self.tapping = on

@@ -297,6 +297,7 @@ class _Node:
         "rto",
         "sent_at",
         "seq",
+        "tries",
         "unc",
         "unc_kids",
         "wire",
@@ -315,6 +316,7 @@ class _Node:
         self.rto = 0.0
         self.wire: Value | None = None  # chain_to_value(chain), made once when first sent
         self.out = False  # subscriber: the request in flight has been sent (not waiting)
+        self.tries = 0    # subscriber: times the request in flight was sent
         # Subscriber: entries in this subtree not covered by a SUBSCRIBED entry on the
         # way up to this node's parent ("unc"), and the sum of it over the children.
         self.unc = 0
@@ -462,6 +464,8 @@ class SubscriberStats:
 class Subscriber:
     """The subscriber's machine of seed 001 (see the module docstring)."""
 
+    INITIAL_WINDOW = 32
+
     def __init__(self, *, eager: bool = True, rto: float = 1.0, rto_max: float = 30.0,
                  window: int = 1000) -> None:
         self.eager = eager
@@ -471,6 +475,16 @@ class Subscriber:
         long enough to be resent)."""
         self._inflight = 0
         self._waiting: deque[tuple[int, _Node]] = deque()
+        # As TCP does: a congestion window that starts small and grows by one per
+        # request confirmed at its first sending (so the first round trips are measured
+        # before a large round goes out), and a timeout from the measured round trips
+        # (RFC 6298: SRTT + 4 RTTVAR, at least ``rto``), both kept across sessions.
+        self._cwnd = float(min(self.INITIAL_WINDOW, window))
+        self._srtt: float | None = None
+        self._rttvar = 0.0
+        self._rto = rto
+        # The pending request of each seq: a CONFIRM names its request by seq alone.
+        self._by_number: dict[int, _Node] = {}
         self.rto0 = rto
         self.rto_max = rto_max
         self.trie = _Trie()
@@ -499,6 +513,7 @@ class Subscriber:
         for n in self._pending:
             n.out = False
         self._pending.clear()
+        self._by_number.clear()
         self._inflight = 0
         self._waiting.clear()
         self._by_time.clear()
@@ -624,20 +639,23 @@ class Subscriber:
         return wanted
 
     def on_confirm(self, msg: Value, now: float) -> None:
-        """A ``<confirm KIND SEQ CHAIN>`` arrived; raises :class:`UpstreamError` if malformed."""
+        """A ``<confirm KIND SEQ>`` arrived; raises :class:`UpstreamError` if malformed."""
         self._now = now
-        kind, seq, chain = _read_confirm(msg)
-        self._confirmed(kind, seq, chain, now)
+        kind, seq = _read_confirm(msg)
+        self._confirmed(kind, seq, now)
         self._release()
 
-    def _confirmed(self, kind: Symbol, seq: int, chain: Chain, now: float) -> None:
-        n = self.trie.find(chain)
+    def _confirmed(self, kind: Symbol, seq: int, now: float) -> None:
+        n = self._by_number.get(seq)
         if n is None or n.kind is not kind or n.seq != seq:
             return  # stale or duplicated: that request is superseded or done
+        del self._by_number[seq]
         self._pending.discard(n)
         if n.out:
             n.out = False
             self._inflight -= 1
+            if n.tries == 1:  # Karn: a resent request's round trip is ambiguous
+                self._sample(now - n.sent_at)
         self._progress = now
         n.kind = None
         f = n.flags
@@ -674,7 +692,10 @@ class Subscriber:
     # -- requests and retransmission ----------------------------------------------------
 
     def _request(self, n: _Node, kind: Symbol) -> None:
+        if n in self._pending:  # superseded: the CONFIRM of the old seq will be stale
+            self._by_number.pop(n.seq, None)
         n.seq = self._seq
+        self._by_number[n.seq] = n
         self._seq += 1
         n.kind = kind
         f = n.flags or 0
@@ -688,16 +709,36 @@ class Subscriber:
             self._inflight -= 1
         self._pending.add(n)
         heapq.heappush(self._by_seq, (n.seq, n))
-        if self._waiting or self._inflight >= self.window:
+        if self._waiting or not self._room():
             self._waiting.append((n.seq, n))
             self._release()  # (room may have been made above)
         else:
             self._transmit(n)
 
+    def _sample(self, rtt: float) -> None:
+        """A measured round trip: update the timeout, and open the window by one."""
+        if self._srtt is None:
+            self._srtt, self._rttvar = rtt, rtt / 2
+        else:
+            self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - rtt)
+            self._srtt = 0.875 * self._srtt + 0.125 * rtt
+        self._rto = min(self.rto_max, max(self.rto0, self._srtt + 4 * self._rttvar))
+        if self._cwnd < self.window:
+            self._cwnd += 1
+
+    @property
+    def timeout(self) -> float:
+        """The current retransmission timeout (seconds), before any backing off."""
+        return self._rto
+
+    def _room(self) -> bool:
+        return self._inflight < min(self.window, int(self._cwnd))
+
     def _transmit(self, n: _Node) -> None:
         n.out = True
+        n.tries = 1
         self._inflight += 1
-        n.rto = self.rto0
+        n.rto = self._rto
         n.sent_at = self._now
         heapq.heappush(self._by_time, (n.sent_at + n.rto, n.seq, n))
         self._send(n)
@@ -705,7 +746,7 @@ class Subscriber:
     def _release(self) -> None:
         """Send waiting requests while the window has room (superseded ones are skipped)."""
         w = self._waiting
-        while w and self._inflight < self.window:
+        while w and self._room():
             seq, n = w.popleft()
             if self._live(n, seq) and not n.out:
                 self._transmit(n)
@@ -741,6 +782,7 @@ class Subscriber:
         self._now = now
         h = self._by_time
         horizon = self._horizon(now)
+        resent = False
         while h and h[0][0] <= horizon:
             _t, seq, n = heapq.heappop(h)
             if not self._live(n, seq):
@@ -750,9 +792,14 @@ class Subscriber:
                 continue
             n.sent_at = now
             n.rto = min(n.rto * 2, self.rto_max)
+            n.tries += 1
+            resent = True
             self.stats.retransmissions += 1
             self._send(n)
             heapq.heappush(h, (n.sent_at + n.rto, n.seq, n))
+        if resent:  # a loss, or a peer slower than we thought: start small, wait longer
+            self._cwnd = float(min(self.INITIAL_WINDOW, self.window))
+            self._rto = min(self.rto_max, self._rto * 2)
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` has something to do, if ever."""
@@ -830,12 +877,12 @@ class Subscriber:
         return s
 
 
-def _read_confirm(msg: Value) -> tuple[Symbol, int, Chain]:
-    if (type(msg) is not Record or msg.label != CONFIRM or len(msg.fields) != 3
+def _read_confirm(msg: Value) -> tuple[Symbol, int]:
+    if (type(msg) is not Record or msg.label != CONFIRM or len(msg.fields) != 2
             or msg.fields[0] not in REQUESTS or type(msg.fields[1]) is not int):
-        raise UpstreamError("expected <confirm subscribe|reject|reset SEQ CHAIN>")
+        raise UpstreamError("expected <confirm subscribe|reject|reset SEQ>")
     kind = next(k for k in REQUESTS if k == msg.fields[0])
-    return kind, msg.fields[1], chain_from_value(msg.fields[2])
+    return kind, msg.fields[1]
 
 
 # ---------------------------------------------------------------------------------------
@@ -892,7 +939,7 @@ class Producer:
         if n is not None and n.seq > seq:
             return None  # superseded by a later request for the same chain
         if n is not None and n.seq == seq:
-            self._confirm(kind, seq, raw)  # a duplicate: its CONFIRM may have been lost
+            self._confirm(kind, seq)  # a duplicate: its CONFIRM may have been lost
             return None
         if n is None:
             if self.count >= self.max_entries:
@@ -913,7 +960,7 @@ class Producer:
             n.explicit = bool(after)
         n.seq = seq
         self.positives += bool(n.flags) - bool(had)
-        self._confirm(kind, seq, raw)
+        self._confirm(kind, seq)
         return chain if n.flags != had or kind is SUBSCRIBE else None
 
     def _bury(self) -> None:
@@ -925,8 +972,8 @@ class Producer:
             if n.flags is None and n.seq < self.low:
                 self.trie.prune(n)
 
-    def _confirm(self, kind: Symbol, seq: int, raw: Value) -> None:
-        self._out.append(Record(CONFIRM, [kind, seq, raw]))
+    def _confirm(self, kind: Symbol, seq: int) -> None:
+        self._out.append(Record(CONFIRM, [kind, seq]))
 
     def take_outgoing(self) -> list[Value]:
         out, self._out = self._out, []
