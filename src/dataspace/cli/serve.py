@@ -30,7 +30,8 @@ examples:
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
   dataspace serve --record 'chat:<Says $who $text>' --store postgresql://app@db.example/app
                                                record into a PostgreSQL store
-  dataspace serve --http 127.0.0.1:7480        metrics and JSON endpoints (`dataspace top`)
+  dataspace serve --http 127.0.0.1:7480        the web inspector on http://127.0.0.1:7480/, metrics
+                                               and JSON endpoints (`dataspace top`)
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
                                                share the root dataspace with another server
                                                presence messages, assertions and retractions
@@ -77,10 +78,11 @@ def register(sub: Any) -> None:
                    help="serve the --publish'ed streams to remote readers over UDP "
                    "(`dataspace scry follow udp://HOST:PORT/STREAM`; docs/scry.md)")
     p.add_argument("--http", metavar="HOST:PORT",
-                   help="the HTTP port: /metrics (Prometheus), /healthz, the JSON endpoints "
-                   "under /api/ (a capability of the server as a bearer token: `dataspace "
-                   "info` and `dataspace top` read them) and the scry gateway for "
-                   "--publish'ed streams (docs/http.md, docs/operations.md)")
+                   help="the HTTP port: the web inspector (open http://HOST:PORT/ in a "
+                   "browser), /metrics (Prometheus), /healthz, the JSON endpoints under /api/ "
+                   "(a capability of the server as a bearer token: `dataspace info` and "
+                   "`dataspace top` read them) and the scry gateway for --publish'ed streams "
+                   "(docs/http.md, docs/operations.md)")
     p.add_argument("--http-open", action="store_true", default=None,
                    help="serve /metrics and /api/ without a token (allowed on a loopback "
                    "--http address only)")
@@ -285,7 +287,8 @@ async def _serve(cfg: ServerConfig) -> int:
                       "for a capability of the server as a bearer token")
             print(f"dataspace serve: HTTP on {http.url} (scry gateway for: "
                   f"{', '.join(cfg.publish) or 'no stream; give --publish STREAM'}; "
-                  f"/metrics and /api/ {access})", file=sys.stderr, flush=True)
+                  f"/metrics and /api/ {access}); the web inspector: open {http.url} in a "
+                  "browser", file=sys.stderr, flush=True)
         if recorders and store is not None:
             print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.display}",
                   file=sys.stderr, flush=True)

@@ -3,8 +3,8 @@
 One aiohttp application on the broker's event loop, assembled from route modules
 (:mod:`dataspace.web.app`): the scry gateway (:mod:`dataspace.web.scry`: published
 streams read by path, as long polls and Server-Sent Events), the server's state
-(:mod:`.broker`), the dataspaces (:mod:`.dataspaces`), the stream store (:mod:`.streams`)
-and ``/metrics`` (:mod:`.metrics`); bearer tokens are capabilities of the server
+(:mod:`.broker`), the dataspaces (:mod:`.dataspaces`), the stream store (:mod:`.streams`),
+``/metrics`` (:mod:`.metrics`) and the web inspector's pages (:mod:`.inspector`); bearer tokens are capabilities of the server
 (:mod:`.auth`).  See docs/http.md and docs/operations.md.
 """
 

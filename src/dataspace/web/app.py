@@ -2,9 +2,9 @@
 
 The application is assembled from *route modules*: each is an object (usually a Python
 module) with a ``setup(app, ctx)`` function that adds its routes, its startup and
-shutdown hooks and its state to the :class:`aiohttp.web.Application`.  Today there is
-one, the scry gateway (:mod:`dataspace.web.scry`); metrics, JSON endpoints and the
-inspector pages are added the same way, each in its own module::
+shutdown hooks and its state to the :class:`aiohttp.web.Application`.  They are the
+scry gateway (:mod:`dataspace.web.scry`), metrics, the JSON endpoints and the
+inspector's pages (:mod:`dataspace.web.inspector`), each in its own module::
 
     server = await start_http("127.0.0.1", 7480, store=store, publish=["chat"],
                               server=broker, modules=[scry, metrics])
@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ..streams.base import Store, check_stream_name
-from . import broker, dataspaces, metrics, scry, streams
+from . import broker, dataspaces, inspector, metrics, scry, streams
 from .auth import is_loopback
 from .context import CONTEXT, RouteModule, WebContext, errors_middleware, headers_middleware
 
@@ -53,11 +53,13 @@ class _QuietBadRequests(logging.Filter):
 _server_log = logging.getLogger("dataspace.web.server")
 _server_log.addFilter(_QuietBadRequests())
 
-DEFAULT_MODULES: tuple[RouteModule, ...] = (scry, broker, dataspaces, streams, metrics)
+DEFAULT_MODULES: tuple[RouteModule, ...] = (scry, broker, dataspaces, streams, metrics,
+                                            inspector)
 """The route modules :func:`start_http` serves unless told otherwise: the scry gateway,
 the server's state (``/healthz``, ``/api/server``, ``/api/connections``, ``/api/links``),
 the dataspaces (``/api/subscriptions``, ``/api/assertions``, ``/api/watch``), the stream
-store (``/api/streams``, ``/api/pipelines``, ``/api/stream/NAME``) and ``/metrics``."""
+store (``/api/streams``, ``/api/pipelines``, ``/api/stream/NAME``), ``/metrics`` and the
+web inspector's pages (``/``, ``/inspector/PAGE``)."""
 
 
 def make_app(ctx: WebContext, modules: Iterable[RouteModule] | None = None) -> web.Application:
