@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup postgresql run demo test lint bench bench-spark bench-link soak soak-spark soak-record soak-broker clean
+.PHONY: setup postgresql chromium run demo test lint bench bench-spark bench-link soak soak-spark soak-record soak-broker clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,8 +46,25 @@ postgresql:
 	  fi; \
 	fi
 
+# The web inspector's tests drive a real browser: Debian's Chromium (/usr/bin/chromium),
+# through Playwright (pinned in the test extra; its own browser download is not used).
+# Installed here with apt-get when missing and we are root; otherwise those tests fail
+# saying how to get it.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && ! command -v chromium >/dev/null 2>&1 \
+	    && [ -z "$$DATASPACE_CHROMIUM" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Chromium (apt-get install chromium) for the web inspector's tests ..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends chromium >/dev/null; \
+	  else \
+	    echo "no Chromium: install it (apt-get install chromium) or the web inspector's" \
+	         "tests fail"; \
+	  fi; \
+	fi
+
 ## The whole test suite (lint first: a lint error fails the build like a test).
-test: setup postgresql
+test: setup postgresql chromium
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -q
 
@@ -87,4 +104,4 @@ soak-broker: setup
 	$(BIN)/python -m dataspace.broker.soak --seconds 600
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis test-artifacts

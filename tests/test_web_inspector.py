@@ -1,0 +1,451 @@
+"""The web inspector in a real browser: Debian's headless Chromium driven by Playwright,
+against `dataspace serve --http` in a subprocess, with real clients (`dataspace assert`,
+`dataspace send`) in subprocesses and a pipeline run by the local engine on the server's
+store.
+
+The tests assert what a person sees on the page, waiting on the page's content with a
+bounded timeout (never on sleeps, never on "network idle": the pages keep event streams
+open).  Each test saves a screenshot of its page in test-artifacts/inspector/ at the
+repository's root (DATASPACE_TEST_ARTIFACTS overrides it); the path is printed.
+
+Chromium missing fails these tests (it is installed by `make test` and .ci/run as root:
+`apt-get install chromium`); they are never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PY = sys.executable
+TIMEOUT = 20.0
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("DATASPACE_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "inspector"
+CHROMIUM_ARGS = ["--headless", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+
+
+def chromium_path() -> str:
+    """The system Chromium (DATASPACE_CHROMIUM, /usr/bin/chromium or chromium on PATH)."""
+    for c in (os.environ.get("DATASPACE_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+              shutil.which("chromium-browser")):
+        if c and os.access(c, os.X_OK):
+            return c
+    pytest.fail("the inspector's tests drive Debian's Chromium, and it is not installed: run "
+                "`apt-get install chromium` (`make test` and .ci/run do so when run as root), "
+                "or set DATASPACE_CHROMIUM to a Chromium binary", pytrace=False)
+
+
+# ------------------------------------------------------------------------------------
+# Processes: `dataspace serve` and its clients, output read by a thread
+
+
+class Proc:
+    """A subprocess whose output (stdout and stderr) is collected line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.p = subprocess.Popen([PY, "-m", "dataspace.cli", *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True,
+                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self.ended = False
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def wait_line(self, pattern: str, timeout: float = TIMEOUT) -> re.Match[str]:
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                for s in self.lines:
+                    m = rx.search(s)
+                    if m:
+                        return m
+                left = deadline - time.monotonic()
+                if self.ended or left <= 0:
+                    raise AssertionError(f"{self.args[0]} did not print {pattern!r}; it printed: "
+                                         + "\n".join(self.lines))
+                self.cond.wait(left)
+
+    def kill9(self) -> None:
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait(TIMEOUT)
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(TIMEOUT)
+
+
+class Server:
+    """`dataspace serve --http 127.0.0.1:0` (and ``extra``) on loopback."""
+
+    def __init__(self, data_dir: Path, *extra: str) -> None:
+        self.data_dir = data_dir
+        self.proc = Proc("serve", "--tcp", "127.0.0.1:0", "--data-dir", str(data_dir),
+                         "--http", "127.0.0.1:0", *extra)
+        self.token = self.proc.wait_line(r"^sturdyref: (.*)$").group(1).strip()
+        self.address = self.proc.wait_line(r"listening on (127\.0\.0\.1:\d+)").group(1)
+        self.url = self.proc.wait_line(r"HTTP on (http://127\.0\.0\.1:\d+/)").group(1)
+        self.proc.wait_line("Ctrl-C stops the server")
+
+    def client(self, command: str, *args: str) -> Proc:
+        return Proc(command, *args, "--server", self.address, "--data-dir", str(self.data_dir))
+
+    def send(self, *values: str) -> None:
+        r = subprocess.run([PY, "-m", "dataspace.cli", "send", *values, "--server", self.address,
+                            "--data-dir", str(self.data_dir)],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Any]:
+    started: list[Any] = []
+
+    def start(*extra: str) -> Server:
+        s = Server(tmp_path / f"data{len(started)}", *extra)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.proc.stop()
+
+
+@pytest.fixture
+def clients() -> Iterator[list[Proc]]:
+    procs: list[Proc] = []
+    yield procs
+    for p in procs:
+        if p.p.poll() is None:
+            p.p.kill()
+            p.p.wait(TIMEOUT)
+
+
+# ------------------------------------------------------------------------------------
+# The browser: one Chromium for the module, a fresh context (no cookies) per test
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.fail("Playwright is not installed: pip install -e '.[test]' (make setup)",
+                    pytrace=False)
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, timeout=TIMEOUT * 1000)
+        yield b
+        b.close()
+
+
+class Page:
+    """A page of a fresh browser context; ``errors`` collects script errors."""
+
+    def __init__(self, browser: Any, name: str) -> None:
+        self.name = name
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.page = self.context.new_page()
+        self.page.set_default_timeout(10_000)
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def goto(self, url: str) -> Any:
+        # Never "networkidle": the pages keep event streams open.
+        self.page.goto(url, wait_until="domcontentloaded")
+        return self.page
+
+    def screenshot(self, suffix: str = "") -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{self.name}{suffix}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        print(f"screenshot: {path}")
+        return path
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Page]:
+    name = request.node.name.removeprefix("test_")
+    p = Page(browser, name)
+    (ARTIFACTS / f"{name}-failed.png").unlink(missing_ok=True)
+    failures = request.session.testsfailed
+    yield p
+    if request.session.testsfailed > failures:  # the test failed: show what the page showed
+        p.screenshot("-failed")
+    p.context.close()
+    assert not p.errors, f"script errors on the page: {p.errors}"
+
+
+def expect(x: Any) -> Any:
+    from playwright.sync_api import expect as pw_expect
+
+    return pw_expect(x)
+
+
+# ------------------------------------------------------------------------------------
+# The tests
+
+
+def test_an_assertion_appears_within_a_second_and_goes_when_its_client_is_killed(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    srv = serve()  # tokens required: the page asks for one
+    pg = page.goto(srv.url + "inspector/dataspace?pattern=" + "%3CPresent%20%24who%3E")
+    expect(pg.locator("#login")).to_be_visible()
+    pg.fill("#token", '<ref {oid: "root" sig: #x"' + "00" * 16 + '"}>')
+    pg.click("#login button[type=submit]")
+    expect(pg.locator("#login-error")).to_contain_text("not a capability of this server")
+    pg.fill("#token", srv.token)
+    pg.click("#login button[type=submit]")  # sets the cookie and reloads the page
+    expect(pg.locator("#status")).to_have_text("live")
+    expect(pg.locator("#login")).to_be_hidden()
+    expect(pg.locator("#who")).to_contain_text("admin")
+    expect(pg.locator("#pattern")).to_have_value("<Present $who>")
+    rows = pg.locator("#assertions td.value")
+    expect(rows).to_have_count(0)
+
+    alice = srv.client("assert", '<Present "alice">')
+    clients.append(alice)
+    alice.wait_line("asserted")  # the server has it (the client synced)
+    t0 = time.monotonic()
+    expect(rows).to_have_text(['<Present "alice">'], timeout=1000)
+    print(f"shown {time.monotonic() - t0:.3f} s after the client's sync")
+    expect(pg.locator("#count")).to_have_text("1 matching")
+    page.screenshot()
+
+    alice.kill9()
+    expect(rows).to_have_count(0, timeout=5000)
+    expect(pg.locator("#count")).to_have_text("0 matching")
+    expect(pg.locator("#status")).to_have_text("live")
+    page.screenshot("-after-kill")
+
+
+def test_values_with_angle_brackets_show_as_text_and_references_readably(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    srv = serve("--http-open")  # an open server needs no token
+    note = '<Note "a <b>bold</b> & <script>window.hacked = 1</script> <Present \\"x\\">">'
+    c = srv.client("assert", note, '<Present "bob">')
+    clients.append(c)
+    c.wait_line("asserted")
+    pg = page.goto(srv.url + "inspector/dataspace")
+    expect(pg.locator("#login")).to_be_hidden()
+    expect(pg.locator("#who")).to_contain_text("open")
+    expect(pg.locator("#pattern")).to_have_value("_")
+    values = pg.locator("#assertions td.value")
+    expect(values.filter(has_text=re.compile("^<Note"))).to_have_text([note])
+    expect(values.filter(has_text=re.compile("^<Present"))).to_have_text(['<Present "bob">'])
+    # Nothing of the value became markup.
+    assert pg.locator("#assertions b, #assertions script, #assertions Present").count() == 0
+    assert pg.evaluate("window.hacked") is None
+    # The page's own watch is an <Observe ...> whose observer is a reference, shown readably.
+    emb = pg.locator("#assertions .pv-emb").first
+    expect(emb).to_have_text(re.compile(r'^#:<object "_Watcher">$'))
+    # The captures column and the patterns observed are text too.
+    pg.fill("#pattern", "<Note $text>")
+    pg.click("#go")
+    expect(pg.locator("#assertions td.captures")).to_have_text(
+        ['"a <b>bold</b> & <script>window.hacked = 1</script> <Present \\"x\\">"'])
+    expect(pg.locator("#status")).to_have_text("live")
+    page.screenshot()
+
+
+def test_a_message_sent_to_a_typed_pattern_appears_in_the_observe_console(
+        serve: Any, page: Page) -> None:
+    srv = serve("--http-open")
+    pg = page.goto(srv.url + "inspector/observe")
+    pg.fill("#pattern", '<Says "dan" $text>')
+    pg.click("#go")
+    expect(pg.locator("#status")).to_have_text("live")
+    expect(pg.locator("#events li").last).to_contain_text("synced: 0 current matches")
+    srv.send('<Says "eve" "not for this pattern">', '<Says "dan" "hello <world>">')
+    got = pg.locator('#events li[data-kind="!"] .v')
+    expect(got).to_have_text(['<Says "dan" "hello <world>">'], timeout=2000)
+    expect(pg.locator("#events")).not_to_contain_text("eve")
+    page.screenshot()
+
+
+def test_a_bad_pattern_shows_the_parsers_message_with_the_position(
+        serve: Any, page: Page) -> None:
+    srv = serve("--http-open")
+    pg = page.goto(srv.url + "inspector/observe")
+    expect(pg.locator("#status")).to_have_text("live")  # the default pattern
+    pg.fill("#pattern", '<Says "dan" $text')
+    pg.click("#go")
+    err = pg.locator("#pattern-error .pattern-error")
+    expect(err).to_be_visible()
+    expect(err).to_contain_text("bad pattern: text ended inside '<' opened at position 0")
+    expect(err).to_contain_text("(line 1, column 18)")
+    expect(err.locator("pre.caret .src")).to_have_text('<Says "dan" $text')
+    # The caret stands under the column the parser named (column 18: after the text).
+    mark = err.locator("pre.caret .mark").text_content() or ""
+    assert mark == " " * 17 + "^", repr(mark)
+    expect(pg.locator("#status")).to_have_text("stopped")
+    page.screenshot()
+    # The same on the dataspace browser; a good pattern afterwards clears it.
+    pg = page.goto(srv.url + "inspector/dataspace")
+    pg.fill("#pattern", "<Present [$x")
+    pg.click("#go")
+    expect(pg.locator("#pattern-error")).to_contain_text("bad pattern:")
+    expect(pg.locator("#pattern-error pre.caret .mark")).to_have_count(1)
+    pg.fill("#pattern", "<Present $x>")
+    pg.click("#go")
+    expect(pg.locator("#status")).to_have_text("live")
+    expect(pg.locator("#pattern-error")).to_be_empty()
+
+
+def test_the_pipeline_page_shows_lag_falling_as_the_pipeline_catches_up(
+        serve: Any, page: Page) -> None:
+    from dataspace.pipeline import Graph
+    from dataspace.pipeline.local import LocalEngine
+    from dataspace.streams import open_store
+    from dataspace.values import parse
+
+    srv = serve("--http-open")
+    store = open_store(srv.data_dir)  # the server's own store, from this process
+    try:
+        g = Graph("shout")
+        g.source("words")
+        g.map("upper", "words", "loud", lambda s: s.upper())
+        g.map("count", "loud", "lengths", lambda s: len(s))
+        store.append_many("words", [parse(f'"w{i}"') for i in range(20)])
+        with LocalEngine(g, store) as eng:
+            eng.run(until_idle=True)
+        store.append_many("words", [parse(f'"x{i}"') for i in range(30)])
+
+        pg = page.goto(srv.url + "inspector/pipelines")
+        lag = pg.locator('svg.graph g.edge[data-from="words"][data-to="upper"] text.edge-lag')
+        expect(lag).to_have_text("lag 30", timeout=5000)
+        expect(pg.locator('svg.graph g.edge[data-from="loud"][data-to="count"] text.edge-lag')
+               ).to_have_text("lag 0")
+        expect(pg.locator('[data-graph="shout"] .lag-total')).to_have_text("total lag 30")
+        page.screenshot("-behind")
+
+        # Ten entries a step, one step per round: the page follows the lag down.
+        with LocalEngine(g, store, batch=10, commit="each-write") as eng:
+            eng.start()
+            eng.run_round()
+            expect(lag).to_have_text("lag 20", timeout=5000)
+            eng.run_round()
+            expect(lag).to_have_text("lag 10", timeout=5000)
+            eng.run(until_idle=True)
+        expect(lag).to_have_text("lag 0", timeout=5000)
+        expect(pg.locator('[data-graph="shout"] .lag-total')).to_have_text("total lag 0")
+        expect(pg.locator('svg.graph g.node[data-name="lengths"] text.sub')
+               ).to_have_text("50 entries · output")
+        page.screenshot()
+    finally:
+        store.close()
+
+
+def test_every_page_shows_the_server(serve: Any, clients: list[Proc], page: Page) -> None:
+    srv = serve("--http-open", "--record", "chat:<Says $who $text>")
+    c = srv.client("assert", '<Present "alice">')
+    clients.append(c)
+    c.wait_line("asserted")
+    srv.send('<Says "alice" "hi">', '<Says "bob" "hello <there>">', '<Says "carol" "bye">')
+
+    pg = page.goto(srv.url)
+    expect(pg.locator("main .pages a")).to_have_count(7)
+    expect(pg.locator(".health")).to_contain_text("ready")
+    page.screenshot()
+    for link in pg.locator("#nav a").all():
+        href = link.get_attribute("href") or ""
+        assert re.fullmatch(r"/inspector/[a-z]+", href), href
+
+    pg = page.goto(srv.url + "inspector/overview")
+    expect(pg.locator('.counter[data-key="connections"] .counter-value')).to_have_text("1")
+    expect(pg.locator('.counter[data-key="connections"] svg.spark polyline')).to_have_count(2)
+    expect(pg.locator("main")).to_contain_text("chat<Says $who $text>3")  # the recorder
+    page.screenshot("-overview")
+
+    pg = page.goto(srv.url + "inspector/connections")
+    expect(pg.locator("table.connections tbody tr")).to_have_count(1)
+    expect(pg.locator("table.connections tbody tr")).to_contain_text("127.0.0.1:")
+    page.screenshot("-connections")
+
+    pg = page.goto(srv.url + "inspector/streams")
+    pg.get_by_role("link", name="chat", exact=True).click()
+    entries = pg.locator("#entries td.value")
+    expect(entries).to_have_text(['<Says "alice" "hi">', '<Says "bob" "hello <there>">',
+                                  '<Says "carol" "bye">'])
+    pg.fill("#search", "BOB")
+    expect(entries).to_have_text(['<Says "bob" "hello <there>">'])
+    srv.send('<Says "bob" "again">', '<Says "dan" "not bob">')  # followed live
+    expect(entries).to_have_text(['<Says "bob" "hello <there>">', '<Says "bob" "again">',
+                                  '<Says "dan" "not bob">'])
+    page.screenshot("-streams")
+
+    pg = page.goto(srv.url + "inspector/links")
+    expect(pg.locator("main")).to_contain_text("No links.")
+    page.screenshot("-links")
+
+
+def test_pages_are_utf8_from_this_server_only() -> None:
+    """Every file of the inspector is UTF-8 with its type; nothing is loaded from another
+    host, and the script never parses server text as HTML."""
+    from dataspace.web import inspector
+
+    static = Path(inspector.__file__).with_name("static")
+    html = (static / "inspector.html").read_text("utf-8")
+    for ref in re.findall(r'(?:src|href)="([^"]*)"', html):
+        assert ref.startswith("/") or ref == "data:,", ref
+    js = (static / "inspector.js").read_text("utf-8")
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(",
+                 "new Function"):
+        assert sink not in js, sink
+    assert not re.search(r"https?://(?!www\.w3\.org/2000/svg)", js + html)
+    css = (static / "inspector.css").read_text("utf-8")
+    assert "url(" not in css and "@import" not in css
+
+
+def test_pages_are_served_with_their_types(serve: Any) -> None:
+    srv = serve()
+
+    def get(path: str) -> tuple[int, dict[str, str], bytes]:
+        try:
+            with urllib.request.urlopen(srv.url + path, timeout=TIMEOUT) as r:
+                return r.status, dict(r.headers), r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), e.read()
+
+    for path in ("", "inspector/overview", "inspector/pipelines"):
+        status, headers, body = get(path)
+        assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8", path
+        assert "default-src 'none'" in headers["Content-Security-Policy"]
+        assert b'<meta charset="utf-8">' in body
+    status, headers, _ = get("inspector/static/inspector.js")
+    assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
+    status, headers, _ = get("inspector/static/inspector.css")
+    assert status == 200 and headers["Content-Type"] == "text/css; charset=utf-8"
+    assert get("inspector/nope")[0] == 404
+    assert get("inspector/static/nope.js")[0] == 404
+    # The pages hold no data; the API behind them still asks for the token.
+    assert get("api/server")[0] == 401
