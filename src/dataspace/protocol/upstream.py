@@ -35,14 +35,15 @@ its structure, dictionaries and their contents excepted) is what REJECT uses.
   confirmed, and is then RESET as in the seed; it never forwards *assertions* (that
   would copy every assertion across at each reconnection).  ``eager=False`` is the
   seed's lazy mode: at most one subscription request per producer message.
-* *Retransmission*: a request unconfirmed after ``rto`` seconds is sent again (doubling
-  up to ``rto_max``) -- but, as TCP restarts its timer whenever an ACK covers new data,
-  not while CONFIRMs keep arriving for other requests (the producer is working through
-  a backlog, such as the one round of a reconnection), unless the request is overdue by
-  more than ``rto_max``.  Requests carry a sequence number and the lowest one still
-  unconfirmed; the producer ignores what is older than the latest it applied for that
-  chain, and drops whatever is below that low mark, so duplicated, delayed and
-  reordered requests are harmless.
+* *Retransmission and pacing*, as TCP does them: a request unconfirmed within the
+  timeout is sent again (doubling up to ``rto_max``); the timeout follows the measured
+  round trips (SRTT + 4 RTTVAR, at least ``rto``; Karn's rule); nothing is resent while
+  CONFIRMs keep arriving for other requests, unless overdue by more than ``rto_max``;
+  at most a window of requests is in flight (starting at 32, opening by one per request
+  confirmed, up to ``window``), the rest wait.  Requests carry a sequence number and the
+  lowest one still unconfirmed; the producer ignores what is older than the latest it
+  applied for that chain, and drops whatever is below that low mark, so duplicated,
+  delayed and reordered requests are harmless.  A CONFIRM names its request by number.
 * *Unsubscribing* (not in the seed): the entry loses CANONICAL; if the producer has it,
   it is RESET; then steps 2-3 of the seed run from its parent (so the root artifact,
   or a negative, can go when nothing under it needs it).
