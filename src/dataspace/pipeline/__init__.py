@@ -22,10 +22,14 @@
 * :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).
 """
 
-from .engine import DEFAULT_ENGINE, ENGINES, Engine, EngineError, ProcStats, get_engine
-from .exactly_once import delivery_hash
-from .graph import Context, Delivery, Graph, GraphError, Message, Processor
-from .local import Crash, LocalEngine
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine import DEFAULT_ENGINE, ENGINES, Engine, EngineError, ProcStats, get_engine
+    from .exactly_once import delivery_hash
+    from .graph import Context, Delivery, Graph, GraphError, Message, Processor
+    from .local import Crash, LocalEngine
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -44,3 +48,36 @@ __all__ = [
     "delivery_hash",
     "get_engine",
 ]
+
+_WHERE = {
+    "DEFAULT_ENGINE": "engine",
+    "ENGINES": "engine",
+    "Engine": "engine",
+    "EngineError": "engine",
+    "ProcStats": "engine",
+    "get_engine": "engine",
+    "delivery_hash": "exactly_once",
+    "Context": "graph",
+    "Delivery": "graph",
+    "Graph": "graph",
+    "GraphError": "graph",
+    "Message": "graph",
+    "Processor": "graph",
+    "Crash": "local",
+    "LocalEngine": "local",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Submodules load on first use: a process that needs one part (a Spark worker reading
+    # a stream) does not pay for importing every other part.
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

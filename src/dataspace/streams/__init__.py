@@ -22,6 +22,9 @@
 * :mod:`.recorder` -- dataspace to stream (:class:`Recorder`) and back (:class:`Emitter`).
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .base import (
     MAX_VALUE_SIZE,
     Entry,
@@ -40,18 +43,20 @@ from .base import (
     check_user_name,
     is_reserved,
 )
-from .open import open_store
-from .recorder import (
-    Emitter,
-    Recorder,
-    RecorderSpec,
-    parse_recorder_spec,
-    recorder_specs,
-    start_recorders,
-    stop_recorders,
-)
-from .sqlite import SQLiteStore
-from .tailer import Tailer
+
+if TYPE_CHECKING:
+    from .open import open_store
+    from .recorder import (
+        Emitter,
+        Recorder,
+        RecorderSpec,
+        parse_recorder_spec,
+        recorder_specs,
+        start_recorders,
+        stop_recorders,
+    )
+    from .sqlite import SQLiteStore
+    from .tailer import Tailer
 
 __all__ = [
     "MAX_VALUE_SIZE",
@@ -81,3 +86,31 @@ __all__ = [
     "start_recorders",
     "stop_recorders",
 ]
+
+_WHERE = {
+    "open_store": "open",
+    "Emitter": "recorder",
+    "Recorder": "recorder",
+    "RecorderSpec": "recorder",
+    "parse_recorder_spec": "recorder",
+    "recorder_specs": "recorder",
+    "start_recorders": "recorder",
+    "stop_recorders": "recorder",
+    "SQLiteStore": "sqlite",
+    "Tailer": "tailer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Submodules load on first use: a process that needs one part (a Spark worker reading
+    # a stream) does not pay for importing every other part.
+    mod = _WHERE.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
