@@ -449,3 +449,31 @@ def test_pages_are_served_with_their_types(serve: Any) -> None:
     assert get("inspector/static/nope.js")[0] == 404
     # The pages hold no data; the API behind them still asks for the token.
     assert get("api/server")[0] == 401
+
+
+def test_a_token_with_caveats_sees_what_they_allow(serve: Any, clients: list[Proc],
+                                                   page: Page) -> None:
+    srv = serve()
+    r = subprocess.run([PY, "-m", "dataspace.cli", "cap", "attenuate", srv.token,
+                        "--only", "<rec Observe [<_> <_>]>"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    observer_only = r.stdout.strip()
+    c = srv.client("assert", '<Present "alice">')
+    clients.append(c)
+    c.wait_line("asserted")
+    pg = page.goto(srv.url + "inspector/dataspace?pattern=%3CPresent%20%24who%3E")
+    pg.fill("#token", observer_only)
+    pg.click("#login button[type=submit]")
+    expect(pg.locator("#who")).to_have_text(re.compile("dataspace:root"))
+    expect(pg.locator("#status")).to_have_text("live")
+    # What its subscription would be told: the captures, references hidden.
+    expect(pg.locator("#assertions td.value")).to_have_text(['<Present "alice">'])
+    pg = page.goto(srv.url + "inspector/streams")
+    expect(pg.locator(".error-box")).to_contain_text("needs the server's root capability")
+    pg = page.goto(srv.url + "inspector/connections")
+    expect(pg.locator("p.count")).to_contain_text("1 connection")
+    expect(pg.locator("p.count")).to_contain_text("connection details need the root capability")
+    page.screenshot()
+    pg.click("#signout")
+    expect(pg.locator("#login")).to_be_visible()

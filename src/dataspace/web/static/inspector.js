@@ -565,7 +565,8 @@
         });
       });
       out.replaceChildren(h("p", { class: "count" }, `${last.count} connection${last.count === 1 ? "" : "s"}`,
-        last.note ? h("span", { class: "note" }, " · ", last.note) : null), h("div", { class: "scroll" }, t));
+        last.note ? h("span", { class: "note" }, " · ", last.note) : null),
+        last.note ? "" : h("div", { class: "scroll" }, t)); // a dataspace's token: the count only
     };
     every(2000, async () => {
       try { last = await api("/api/connections"); render(); } catch (e) { out.replaceChildren(errorBox(e)); }
