@@ -479,3 +479,24 @@ def test_the_timeout_follows_the_round_trips():
             before = s.stats.retransmissions
     assert 3.0 <= s.timeout < 8.0
     assert before > 0 and s.stats.retransmissions == before  # none in the last 20 s
+
+
+def test_a_new_session_starts_with_a_small_window_again():
+    # A reconnection's round of 500 goes out 32 at a time at first, however wide the
+    # window had grown before the cut.
+    s = Subscriber(window=1000)
+    p = Producer()
+    s.start(0.0)
+    for c in chains(500):
+        s.add_interest(c, 0.0)
+    for _ in range(100):
+        out = s.take_outgoing()
+        if not out:
+            break
+        for m in out:
+            p.on_request(m)
+        for m in p.take_outgoing():
+            s.on_confirm(m, 0.01)
+    assert not s.summary().pending
+    s.start(1.0)
+    assert len(s.take_outgoing()) == Subscriber.INITIAL_WINDOW

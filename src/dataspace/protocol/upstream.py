@@ -479,7 +479,7 @@ class Subscriber:
         # As TCP does: a congestion window that starts small and grows by one per
         # request confirmed at its first sending (so the first round trips are measured
         # before a large round goes out), and a timeout from the measured round trips
-        # (RFC 6298: SRTT + 4 RTTVAR, at least ``rto``), both kept across sessions.
+        # (RFC 6298: SRTT + 4 RTTVAR, at least ``rto``; kept across sessions).
         self._cwnd = float(min(self.INITIAL_WINDOW, window))
         self._srtt: float | None = None
         self._rttvar = 0.0
@@ -517,6 +517,9 @@ class Subscriber:
         self._by_number.clear()
         self._inflight = 0
         self._waiting.clear()
+        # A new connection starts slow, as TCP does after a restart; the timeout learned
+        # from the peer is kept.
+        self._cwnd = float(min(self.INITIAL_WINDOW, self.window))
         self._by_time.clear()
         self._by_seq.clear()
         self._seq = 0
