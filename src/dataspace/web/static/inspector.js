@@ -781,7 +781,8 @@
       const body = h("tbody", { id: "entries" });
       const info = h("span", { class: "note" });
       const more = h("button", { type: "button", class: "secondary", hidden: true }, "Older");
-      let next = null, before = null, gen = 0;
+      let next = null, before = null, gen = 0, summary = "";
+      const tell = () => { info.textContent = `${body.children.length} shown${summary}`; };
       const row = (e) => h("tr", null, h("td", { class: "num" }, String(e.index)), h("td", { class: "time" }, fmtTime(e.time)),
         h("td", { class: "value" }, pv(e.value), e.meta ? h("div", { class: "meta" }, "meta ", pv(e.meta)) : null));
       const params = (extra) => {
@@ -801,7 +802,8 @@
           next = d.next;
           before = d.next_before;
           more.hidden = before == null;
-          info.textContent = `${d.entries.length} shown of ${d.next - (d.first ?? d.next)} (indices ${d.first ?? "–"} to ${d.next - 1})` + (d.search ? `, matching “${d.search}”` : "");
+          summary = ` of ${d.next - (d.first ?? d.next)} (indices ${d.first ?? "–"} to ${d.next - 1})` + (d.search ? `, matching “${d.search}”` : "");
+          tell();
         } catch (e) {
           info.textContent = "";
           body.replaceChildren(h("tr", null, h("td", { colspan: 3 }, errorBox(e))));
@@ -814,6 +816,7 @@
           body.prepend(...d.entries.map(row));
           before = d.next_before;
           more.hidden = before == null;
+          tell();
         } catch (e) { info.textContent = e.message; }
       });
       let typing = null;
@@ -831,9 +834,12 @@
         const g = gen;
         const d = await api(url({ from: next, limit: 1000 }));
         if (g !== gen) return;
-        if (d.entries.length) body.append(...d.entries.map(row));
         next = d.next_from ?? d.next;
+        if (!d.entries.length) return;
+        body.append(...d.entries.map(row));
         while (body.children.length > 2000) body.firstChild.remove();
+        summary = ` (followed up to index ${next - 1})` + (search.value ? `, matching “${search.value}”` : "");
+        tell();
       });
     };
     if (selected) showTail(selected);
@@ -883,7 +889,7 @@
     const { nodes, pos, width, height } = layout(graph);
     const marker = `arrow-${idx}`;
     const root = svg("svg", { class: "graph", viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": `graph ${graph.graph}` },
-      svg("defs", null, svg("marker", { id: marker, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" },
+      svg("defs", null, svg("marker", { id: marker, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 9, markerHeight: 9, markerUnits: "userSpaceOnUse", orient: "auto-start-reverse" },
         svg("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrow" }))));
     for (const e of graph.edges) {
       const a = pos.get(e.from), b = pos.get(e.to);
@@ -905,7 +911,7 @@
       const p = pos.get(id);
       const d = n.data;
       const sub = n.kind === "processor"
-        ? `lag ${d.lag} · ${d.steps} step${d.steps === 1 ? "" : "s"}`
+        ? `processor · lag ${d.lag}`
         : (d.length != null ? `${d.length} entr${d.length === 1 ? "y" : "ies"} · ${d.role}` : d.role);
       const name = id.length > 20 ? id.slice(0, 19) + "…" : id;
       root.append(svg("g", { class: `node ${n.kind} role-${d.role || "processor"}`, "data-name": id, transform: `translate(${p.x},${p.y})` },
@@ -936,7 +942,7 @@
           { key: "name", label: "processor" },
           { key: "inputs", label: "inputs (position / next, lag)", render: (p) => p.inputs.map((r) => `${r.stream} ${r.position ?? "?"} / ${r.next ?? "?"} (lag ${r.lag ?? "?"})`).join("; ") },
           { key: "outputs", label: "outputs", render: (p) => [...p.outputs, ...p.error_streams.map((s) => s + " (errors)")].join(", ") },
-          { key: "steps", label: "records", num: true },
+          { key: "steps", label: "backing records", num: true, title: "records of its exactly-once state (snapshots, attempts) kept in its backing stream" },
           { key: "last_step", label: "last step", render: (p) => p.last_step ? `${p.last_step.kind} at ${fmtTime(p.last_step.time)}` : "–" },
           { key: "lag", label: "lag", num: true },
         ], g.processors))));
