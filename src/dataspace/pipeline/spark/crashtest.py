@@ -30,10 +30,18 @@ Kill points (:mod:`.faults`; the N-th time any process of the run gets there):
     python -m dataspace.pipeline.spark.crashtest --kills 200    # the soak (make soak-spark)
 
 The test suite (tests/test_spark_crash.py) calls :func:`run_campaign`.
+
+**On a cluster** (``master="spark://..."``, a PostgreSQL ``store``): the driver is killed
+as above; the executor points ``read`` and ``write`` kill the *worker's* session instead
+-- the Worker, its executor and the executor's Python workers -- in the middle of a
+batch, while the driver lives on: Spark runs the batch's tasks again on the executor of
+the Worker that replaces it (``worker_sid`` names the session to kill; the fault
+counters must be in ``fault_base``, a directory the worker sees too).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import random
@@ -45,13 +53,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..crashtest import _line, _stderr, build_graph, drive, harness_main, spawn_child, verify
+from ..crashtest import (
+    STORE_ENV,
+    _line,
+    _location,
+    _stderr,
+    build_graph,
+    drive,
+    harness_main,
+    spawn_child,
+    verify,
+)
 from .faults import ENV, kill_session, session_pids
 
-__all__ = ["CHOSEN", "CampaignResult", "child", "main", "run_campaign", "soak"]
+__all__ = ["CHOSEN", "EXECUTOR_POINTS", "CampaignResult", "child", "main", "run_campaign", "soak"]
 
 CHOSEN = ("source", "partitions", "read", "write", "sink", "commit-inside", "commit-after")
 """The chosen kill points (see the module docstring)."""
+
+EXECUTOR_POINTS = ("read", "write")
+"""The points reached on executors: on a cluster they kill the worker, not the driver."""
+
+MASTER_ENV = "DATASPACE_CRASH_MASTER"
+CONF_ENV = "DATASPACE_CRASH_SPARK_CONF"
+EXECUTOR_SID_ENV = f"{ENV}_EXECUTOR_SID"
 
 
 # -- the child -------------------------------------------------------------------------------
@@ -63,10 +88,17 @@ def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
     from .engine import SparkEngine
 
     os.environ[f"{ENV}_SID"] = str(os.getsid(0))  # the fault points may kill this session
-    store = open_store(directory)
-    engine = SparkEngine(build_graph(directory), store, master="local[2]", batch=batch,
-                         partition_rows=max(1, batch // 2), wait_ms=50,
-                         log_file=os.path.join(directory, "spark.log"))
+    conf = json.loads(os.environ.get(CONF_ENV) or "{}")
+    if os.environ.get(ENV) and os.environ.get(EXECUTOR_SID_ENV):
+        # A cluster's executors inherit the worker's environment, not ours: the fault goes
+        # to them as the application's executorEnv, naming the worker's session to kill.
+        for k, v in ((ENV, os.environ[ENV]), (f"{ENV}_DIR", os.environ.get(f"{ENV}_DIR", "")),
+                     (f"{ENV}_SID", os.environ[EXECUTOR_SID_ENV])):
+            conf[f"spark.executorEnv.{k}"] = v
+    store = open_store(_location(directory))
+    engine = SparkEngine(build_graph(directory), store, master=os.environ.get(MASTER_ENV) or "local[2]",
+                         batch=batch, partition_rows=max(1, batch // 2), wait_ms=50, conf=conf,
+                         data_dir=directory, log_file=os.path.join(directory, "spark.log"))
     return drive(engine, store, directory, n, seed, run,
                  lambda stats: _line(f"progress {sum(s.steps for s in stats)}"), 0.5)
 
@@ -89,9 +121,11 @@ class CampaignResult:
 
 
 def _spawn(directory: str, n: int, seed: int, run: int, batch: int, fault: str | None,
-           fault_dir: str) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
+           fault_dir: str, extra_env: dict[str, str] | None = None,
+           ) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
     env = dict(os.environ)
     env.pop(ENV, None)
+    env.update(extra_env or {})
     if fault:
         env[ENV] = fault
         env[f"{ENV}_DIR"] = fault_dir
@@ -144,11 +178,25 @@ def run_campaign(
     max_nth: int = 1,
     timeout: float = 240.0,
     say: Callable[[str], None] | None = None,
+    store: str | None = None,
+    master: str | None = None,
+    conf: dict[str, str] | None = None,
+    worker_sid: Callable[[], int] | None = None,
+    fault_base: str | None = None,
 ) -> CampaignResult:
     """Kill the child ``kills`` times -- at the points of ``plan`` in order (default: each
     chosen point once, then random moments), the first to ``max_nth``-th time a run
-    gets there -- then let one run finish and verify."""
+    gets there -- then let one run finish and verify.
+
+    ``store`` (a URL; default the directory's SQLite store), ``master`` and ``conf``
+    are the child's; with ``worker_sid`` (the current Spark worker's session) the
+    executor points kill the worker instead of the driver (see the module docstring)."""
     rng = random.Random(f"{seed}:spark-kills")
+    extra_env = {STORE_ENV: store} if store else {}
+    if master:
+        extra_env[MASTER_ENV] = master
+    if conf:
+        extra_env[CONF_ENV] = json.dumps(conf)
     plan = list(plan) if plan is not None else [*CHOSEN, "startup", "random", "random"]
     res = CampaignResult(directory, messages, seed)
     t0 = time.monotonic()
@@ -159,8 +207,13 @@ def run_campaign(
         fault = None
         if point in CHOSEN:
             fault = f"{point}:{rng.randint(1, max_nth)}"
-        fault_dir = tempfile.mkdtemp(prefix="faults-", dir=directory)
-        proc, lines = _spawn(directory, messages, seed, res.runs, batch, fault, fault_dir)
+        fault_dir = tempfile.mkdtemp(prefix="faults-", dir=fault_base or directory)
+        remote = worker_sid is not None and point in EXECUTOR_POINTS
+        env = dict(extra_env)
+        if remote:
+            assert worker_sid is not None
+            env[EXECUTOR_SID_ENV] = str(worker_sid())
+        proc, lines = _spawn(directory, messages, seed, res.runs, batch, fault, fault_dir, env)
         res.runs += 1
         attempts += 1
         killed = finished = False
@@ -204,6 +257,8 @@ def run_campaign(
         finally:
             if not _reap(proc, 60.0):
                 res.problems.append(f"run {res.runs}: processes of the killed driver would not die")
+        if remote and fault and _fired(fault_dir, fault):
+            killed = True  # the worker with its executor, mid-batch; the driver carried on
         if killed:
             res.kills += 1
             res.points[point or "?"] = res.points.get(point or "?", 0) + 1
@@ -221,9 +276,19 @@ def run_campaign(
         if res.kills < kills:
             res.problems.append(f"the work finished after {res.kills} of {kills} kills: use more "
                                 "--messages")
-        res.problems += verify(directory, messages, seed)
+        res.problems += verify(directory, messages, seed, store)
     res.seconds = time.monotonic() - t0
     return res
+
+
+def _fired(fault_dir: str, fault: str) -> bool:
+    """Whether the fault ``POINT:N`` was reached N times (its counter file)."""
+    name, _, n = fault.partition(":")
+    try:
+        with open(os.path.join(fault_dir, f"{name}.count"), encoding="ascii") as f:
+            return int(f.read().strip() or 0) >= int(n or 1)
+    except (OSError, ValueError):
+        return False
 
 
 def soak(kills: int, *, base: str, seed: int, campaign_kills: int = 20,
