@@ -157,7 +157,6 @@ class Cluster:
         try:
             self._start_master()
             self._start_worker()
-            self.check_hidden()
         except BaseException:
             self.stop()
             raise
@@ -195,6 +194,7 @@ class Cluster:
         ui = f":{self.worker_ui_port}"
         self._wait(lambda s: any(w.get("state") == "ALIVE" and str(w.get("webuiaddress", "")).endswith(ui)
                                  for w in s.get("workers", [])), proc, "worker")
+        self.check_hidden(proc.pid)
         with self._cv:
             self.worker = proc
             self.workers_started += 1
@@ -226,15 +226,18 @@ class Cluster:
         logs = sorted((self.scratch / "logs").glob(f"{what}*.log"), key=lambda p: p.stat().st_mtime)
         return logs[-1].read_text(errors="replace")[-n:] if logs else "(no log)"
 
-    def check_hidden(self) -> None:
-        """Prove that the worker does not see the hidden directory: a marker written there
-        now is absent through the worker's root; one in the shared directory is present."""
-        assert self.worker is not None
+    def check_hidden(self, pid: int | None = None) -> None:
+        """Prove that the worker (``pid``, default the current one) does not see the hidden
+        directory: a marker written there now is absent through the worker's root; one in
+        the shared directory is present."""
+        if pid is None:
+            assert self.worker is not None
+            pid = self.worker.pid
         marker = self.hidden / f"driver-only-{os.getpid()}"
         marker.write_text("the worker must not see this\n")
         shared = self.shared / "visible"
         shared.write_text("the worker sees this\n")
-        root = f"/proc/{self.worker.pid}/root"
+        root = f"/proc/{pid}/root"
         if os.path.exists(root + str(marker)):
             raise ClusterError(f"the worker sees {marker}: the mount namespace does not hide it")
         if not os.path.exists(root + str(shared)):
@@ -300,15 +303,29 @@ class Cluster:
         self.stop()
 
 
-def pg_connections_of(sid: int, port: int) -> list[int]:
-    """The processes of session ``sid`` holding a TCP connection to the PostgreSQL server
-    on ``port`` (from ``ss``): which side of the cluster talks to the store."""
+def store_clients_in_session(sid: int, url: str) -> list[int]:
+    """The processes of session ``sid`` connected to the PostgreSQL database of ``url``
+    (its ``pg_stat_activity`` client ports, matched to processes with ``ss``): which side
+    of the cluster talks to the store."""
     import re
+    import urllib.parse
 
-    out = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{port} )"],
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        ports = {int(p) for (p,) in c.execute(
+            "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid() AND client_port IS NOT NULL")}
+    server = urllib.parse.urlsplit(url).port or 5432
+    out = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{server} )"],
                          capture_output=True, text=True, timeout=30, check=True).stdout
+    pids = set()
+    for line in out.splitlines():
+        m = re.search(r"\S+:(\d+)\s+\S+:\d+\s+users:\(\(.*?pid=(\d+)", line)
+        if m and int(m.group(1)) in ports:
+            pids.add(int(m.group(2)))
     mine = []
-    for pid in sorted({int(p) for p in re.findall(r"pid=(\d+)", out)}):
+    for pid in sorted(pids):
         try:
             if os.getsid(pid) == sid:
                 mine.append(pid)
@@ -318,12 +335,21 @@ def pg_connections_of(sid: int, port: int) -> list[int]:
 
 
 def can_unshare() -> str | None:
-    """None when this process may create mount namespaces, else why not."""
-    if os.geteuid() != 0:
-        return "the cluster tests hide the driver's data from the worker with unshare -m: run as root"
+    """None when this process may hide a directory in a mount namespace of its own (what
+    the worker needs), else why not."""
     if shutil.which("unshare") is None:
         return "unshare (util-linux) is not installed"
+    with tempfile.TemporaryDirectory(prefix="dataspace-unshare-") as d:
+        try:
+            r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                                'mount -t tmpfs tmpfs "$0"', d],
+                               capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"unshare -m failed: {e}"
+    if r.returncode != 0:
+        return (f"unshare -m with a tmpfs mount failed ({r.stderr.strip() or r.returncode}): run "
+                "as root, in a container with CAP_SYS_ADMIN")
     return None
 
 
-__all__ = ["Cluster", "ClusterError", "can_unshare", "free_port", "pg_connections_of", "spark_home"]
+__all__ = ["Cluster", "ClusterError", "can_unshare", "free_port", "store_clients_in_session", "spark_home"]
