@@ -141,3 +141,23 @@ def test_route_checks_its_inputs_before_starting_spark(tmp_path, capsys, monkeyp
         f"{tmp_path / 'data' / 'streams.sqlite3'} (dataspace stream ls lists them)\n")
     assert main([*argv, "--values", "chat"]) == 1  # good inputs: now Java is missing
     assert "Java 17 or newer is needed for Spark" in capsys.readouterr().err
+
+
+def test_route_command_reads_a_store_by_url(spark, pg_url, tmp_path, capsys):
+    """--store URL: the stream comes from that store (here PostgreSQL, which a cluster's
+    executors read themselves); a missing stream is named with the password masked."""
+    from dataspace.pipeline.spark._store import split_password
+
+    with open_store(pg_url) as s:
+        s.append_many("chat", [Record(Symbol("Says"), ["alice", "hi"]), Record(Symbol("Present"), [1])])
+    (tmp_path / "p.txt").write_text("<Says $who _>\n")
+    out = tmp_path / "m.parquet"
+    argv = ["pipeline", "route", "--patterns", str(tmp_path / "p.txt"), "--store", pg_url,
+            "--out", str(out)]
+    assert main([*argv, "--values", "chat"]) == 0
+    assert "2 values, 1 matches" in capsys.readouterr().out
+    assert [r["captures_text"] for r in spark.read.parquet(str(out)).collect()] == [['"alice"']]
+    assert main([*argv, "--values", "chta"]) == 2
+    err = capsys.readouterr().err
+    assert "nor a stream of that name in postgresql://" in err
+    assert split_password(pg_url)[1] not in err
