@@ -304,10 +304,10 @@ class Cluster:
 
 
 def store_clients_in_session(sid: int, url: str) -> list[int]:
-    """The processes of session ``sid`` connected to the PostgreSQL database of ``url``
-    (its ``pg_stat_activity`` client ports, matched to processes with ``ss``): which side
-    of the cluster talks to the store."""
-    import re
+    """The processes of session ``sid`` connected to the PostgreSQL database of ``url``:
+    the server's client ports of that database (``pg_stat_activity``) matched to sockets
+    (``/proc/net/tcp*``) and the sockets to processes (``/proc/PID/fd``).  Which side of
+    the cluster talks to the store."""
     import urllib.parse
 
     import psycopg
@@ -317,21 +317,30 @@ def store_clients_in_session(sid: int, url: str) -> list[int]:
             "SELECT client_port FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid() AND client_port IS NOT NULL")}
     server = urllib.parse.urlsplit(url).port or 5432
-    out = subprocess.run(["ss", "-Htnp", "state", "established", f"( dport = :{server} )"],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
-    pids = set()
-    for line in out.splitlines():
-        m = re.search(r"\S+:(\d+)\s+\S+:\d+\s+users:\(\(.*?pid=(\d+)", line)
-        if m and int(m.group(1)) in ports:
-            pids.add(int(m.group(2)))
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table, encoding="ascii") as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                local, remote, state, inode = cols[1], cols[2], cols[3], cols[9]
+                if (state == "01" and int(local.rsplit(":", 1)[1], 16) in ports
+                        and int(remote.rsplit(":", 1)[1], 16) == server):
+                    inodes.add(f"socket:[{inode}]")
     mine = []
-    for pid in sorted(pids):
-        try:
-            if os.getsid(pid) == sid:
+    for pid in _session_pids(sid):
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{pid}/fd")
+            if any(_readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in fds):
                 mine.append(pid)
-        except OSError:
-            continue
     return mine
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def can_unshare() -> str | None:
