@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -92,6 +93,15 @@ def _wait_session_gone(sid: int, timeout: float) -> bool:
                 select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             finally:
                 os.close(fd)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process goes (a pytest killed by a
+    timeout must not leave a cluster behind; the JVM keeps it across the execs)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class ClusterError(RuntimeError):
@@ -168,7 +178,8 @@ class Cluster:
     def _spawn(self, args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(log, "ab") as out:  # the child has its own copy of the descriptor
             return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    env=env, cwd=self.scratch, start_new_session=True)
+                                    env=env, cwd=self.scratch, start_new_session=True,
+                                    preexec_fn=_die_with_parent)
 
     def _start_master(self) -> None:
         cls = str(spark_home() / "bin" / "spark-class")
