@@ -955,11 +955,13 @@ class PostgresStore(Store):
 # -- transactions ------------------------------------------------------------------------------
 
 
+# The arrays go in binary (%b): psycopg's text form escapes every bytea element with a
+# regular expression (about 7 us a value: 1.3 s of a 100,000-row commit).
 _INSERT = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value) "
-           "SELECT %s, %s + o - 1, %s + o - 1, %s, v FROM unnest(%s::bytea[]) WITH ORDINALITY AS u(v, o)")
+           "SELECT %s, %s + o - 1, %s + o - 1, %s, v FROM unnest(%b::bytea[]) WITH ORDINALITY AS u(v, o)")
 _INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
                 "SELECT %s, %s + o - 1, %s + o - 1, %s, v, m "
-                "FROM unnest(%s::bytea[], %s::bytea[]) WITH ORDINALITY AS u(v, m, o)")
+                "FROM unnest(%b::bytea[], %b::bytea[]) WITH ORDINALITY AS u(v, m, o)")
 _UPSERT_TAILER = (f"INSERT INTO {_T} (stream, name, position, updated_ns) VALUES (%s, %s, %s, %s) "
                   "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
                   "updated_ns = excluded.updated_ns")
@@ -1146,8 +1148,8 @@ class PostgresTransaction(Transaction):
             self._copy_base = self._seq
         idx, times, values, metas, order = (list(c) for c in zip(*rows))
         self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
-                "SELECT %s, i, %s + o, t, v, m FROM unnest(%s::bigint[], %s::bigint[], "
-                "%s::bytea[], %s::bytea[], %s::bigint[]) AS u(i, t, v, m, o)",
+                "SELECT %s, i, %s + o, t, v, m FROM unnest(%b::bigint[], %b::bigint[], "
+                "%b::bytea[], %b::bytea[], %b::bigint[]) AS u(i, t, v, m, o)",
                 (sid, self._copy_base, idx, times, values, metas, order))
         self._seq = max(self._seq, self._copy_base + max(order) + 1)
         self._next[sid] = rows[-1][0] + 1
