@@ -224,7 +224,10 @@ class SparkEngine(Engine):
         if not ck.exists():
             return
         n, c, ranges = checkpoint_state(ck)
-        if n is None or ranges is None:
+        if n is None:
+            _clear_unfinished_first_batch(ck)
+            return
+        if ranges is None:
             return
         step = None if rec.starts is None else {s: (rec.starts[s], rec.ends[s]) for s in rec.starts}  # type: ignore[index]
         in_flight = c is None or c < n
@@ -517,6 +520,23 @@ class SparkEngine(Engine):
             lock, self._lock = self._lock, None
             with contextlib.suppress(Exception):
                 lock.release()
+
+
+def _clear_unfinished_first_batch(ck: Path) -> None:
+    """Remove what a killed driver left of a checkpoint's first offset-log entry.
+
+    Spark writes an entry to a hidden temporary file and renames it; a driver killed
+    between the two leaves the temporary file, and Spark refuses to start batch 0 in an
+    offset log that is not empty (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY).  Without
+    any entry no batch ever ran, so the leftovers carry nothing."""
+    for sub in ("offsets", "commits"):
+        d = ck / sub
+        with contextlib.suppress(OSError):
+            for name in os.listdir(d):
+                if name.startswith(".") and (name.endswith(".tmp") or name.endswith(".tmp.crc")):
+                    log.info("%s: removing %s, left by a driver killed while writing it", ck, name)
+                    with contextlib.suppress(OSError):
+                        os.unlink(d / name)
 
 
 def _active(query: Any) -> bool:
