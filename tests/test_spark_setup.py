@@ -7,7 +7,9 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -138,3 +140,31 @@ def test_sessions_from_python_log_where_the_docs_say():
     text = " ".join(doc.split())
     assert ("`get_session(log_file=...)` from Python (default `$TMPDIR/dataspace-spark-UID/spark.log`, "
             "`dataspace.pipeline.spark.session.DEFAULT_LOG`") in text
+
+
+def test_shipped_zips_are_removed_with_the_session_and_after_a_kill(tmp_path, monkeypatch):
+    """The zip goes at the session's end (remove_shipped, called by stop_session and at
+    exit); one left by a process killed with SIGKILL goes at the next ship_package."""
+    from dataspace.pipeline.spark import session
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    orphan = tmp_path / f"dataspace-pyfiles-{dead}-abc"
+    alive = tmp_path / f"dataspace-pyfiles-{os.getppid()}-abc"
+    for d in (orphan, alive):
+        d.mkdir()
+
+    class FakeContext:
+        def addPyFile(self, path: str) -> None:
+            pass
+
+    class FakeSession:
+        sparkContext = FakeContext()
+
+    monkeypatch.setattr(session, "_shipped", [])
+    path = Path(ship_package(FakeSession()))  # type: ignore[arg-type]
+    assert path.parent.parent == tmp_path and path.exists()
+    assert not orphan.exists() and alive.exists()
+    session.remove_shipped()
+    assert not path.parent.exists() and alive.exists()

@@ -385,14 +385,31 @@ def remove_shipped() -> None:
 atexit.register(remove_shipped)
 
 
+def _remove_orphans() -> None:
+    """Remove the package zips left by processes that are gone (named after their pid)."""
+    base = Path(tempfile.gettempdir())
+    for d in base.glob("dataspace-pyfiles-*-*"):
+        pid = d.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:  # alive (another user's): not ours to remove
+            continue
+
+
 def ship_package(spark: SparkSession) -> str:
     """Zip the ``dataspace`` package and add it to the session (``addPyFile``), so that
     cluster workers can import it; returns the zip's path.  Spark serves the file from
-    there for the session's life; :func:`stop_session` (or the exit) removes it."""
+    there for the session's life; :func:`stop_session` (or the exit) removes it, and the
+    next call removes those of processes that died without an exit (SIGKILL)."""
     import dataspace
 
     root = Path(dataspace.__file__).resolve().parent
-    d = Path(tempfile.mkdtemp(prefix="dataspace-pyfiles-"))
+    _remove_orphans()
+    d = Path(tempfile.mkdtemp(prefix=f"dataspace-pyfiles-{os.getpid()}-"))
     _shipped.append(d)
     zpath = d / "dataspace.zip"
     with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as z:
