@@ -23,13 +23,10 @@ recovery component of seed 002):
 * the store holds an interrupted step of the local engine (recovery 1b/1c/3b): the first
   batch is pinned to exactly that step, so it is retried with the same delivery hash.
 
-Every query runs continuously (``latestOffset`` sleeps on the store's wake-ups while
-idle), all at once, until :meth:`stop`; ``run(until_idle=True)`` runs the same way the
-queries of the processors that have input or are downstream of one, and stops them when
-no processor has input (one query start-up each, overlapping, rather than one after the
-other; a downstream batch starts as soon as its input is committed).  DataFrame
-processors then finish with ``Trigger.AvailableNow`` (which runs a batch a moved
-watermark owes), and what that writes starts another round.
+``run(until_idle=True)`` runs the processors one after the other in topological order,
+each with ``Trigger.AvailableNow``, and repeats until no processor has input; otherwise
+every query runs continuously (``latestOffset`` sleeps on the store's wake-ups while
+idle) until :meth:`stop`.
 """
 
 from __future__ import annotations
@@ -59,7 +56,6 @@ __all__ = ["SparkEngine"]
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 100_000
-_IDLE_CHECK = 0.1  # seconds between an until-idle run's checks of the store
 
 
 class _Query:
@@ -394,93 +390,26 @@ class SparkEngine(Engine):
 
     def _until_idle(self, stop: threading.Event, on_progress: Any, interval: float) -> None:
         while not stop.is_set() and not self._stop.is_set():
-            live = self._reachable()
-            if not live or all(q.failed for q in live):
-                return
-            if len(live) == 1:  # nothing downstream: Spark's own end of input ends it
-                self._available_now(live[0], stop, on_progress, interval)
-                q = live[0]
-                if q.first_batch is not None and self._delivered_first(q):
-                    q.first_batch = None
-                if q.failed or q.first_batch is not None:
-                    return
-                continue
-            self._run_live(live, stop, on_progress, interval)
-            self._stop_queries()
-            # A DataFrame processor may owe a batch without new input (a watermark that
-            # moved closes windows): each finishes with Trigger.AvailableNow, which runs
-            # it, and whatever that writes starts another round.
-            for q in live:
-                if q.p.kind == "dataframe" and not q.failed:
-                    self._available_now(q, stop, on_progress, interval)
-
-    def _available_now(self, q: _Query, stop: threading.Event, on_progress: Any,
-                       interval: float) -> None:
-        """Run ``q`` with ``Trigger.AvailableNow`` until it ends."""
-        if stop.is_set() or self._stop.is_set():
-            return
-        self._start_query(q, available_now=True)
-        while q.query.isActive:
-            with contextlib.suppress(Exception):  # a failure: see _check
-                q.query.awaitTermination(min(interval, 1.0))
-            self._remember(q)
-            self._tick(on_progress, interval)
-            if stop.is_set() or self._stop.is_set():
-                q.query.stop()
-        self._remember(q)
-        self._check(q)
-
-    def _run_live(self, live: list[_Query], stop: threading.Event, on_progress: Any,
-                  interval: float) -> None:
-        """Run the queries of ``live`` at once until no processor has input."""
-        for q in live:
-            if stop.is_set() or self._stop.is_set():
-                return
-            if not q.failed:
-                self._start_query(q, available_now=False)
-        quiet = 0
-        while not stop.is_set() and not self._stop.is_set():
-            stop.wait(_IDLE_CHECK)
-            for q in live:
+            ran = False
+            for q in self.queries:
+                if stop.is_set() or self._stop.is_set():
+                    break
+                if not self._has_input(q):
+                    continue
+                ran = True
+                self._start_query(q, available_now=True)
+                while q.query.isActive:
+                    with contextlib.suppress(Exception):  # a failure: see _check
+                        q.query.awaitTermination(min(interval, 1.0))
+                    self._remember(q)
+                    self._tick(on_progress, interval)
+                    if stop.is_set() or self._stop.is_set():
+                        q.query.stop()
                 self._remember(q)
                 self._check(q)
-                if q.first_batch is not None and self._delivered_first(q):
-                    q.first_batch = None
-            self._tick(on_progress, interval)
-            # Idle twice in a row: a batch that committed its input moved the positions
-            # in the same transaction, so nothing is left to read; a query stopped after
-            # our commit but before Spark's commit log re-runs that batch next time and
-            # writes nothing.
-            nexts = self.store.next_indices()
-            quiet = quiet + 1 if not any(self._has_input(q, nexts) for q in live) else 0
-            if quiet >= 2 or all(q.failed for q in live):
-                return
-
-    def _reachable(self) -> list[_Query]:
-        """The queries an until-idle run starts: processors with input now, and those
-        downstream of one (through their outputs and the error stream)."""
-        nexts = self.store.next_indices()
-        live = [q for q in self.queries if self._has_input(q, nexts)]
-        fed: set[str] = set()
-        grew = True
-        while grew:
-            grew = False
-            for q in live:
-                fed.update(q.p.outputs)
-                if self.graph.error_stream:
-                    fed.add(self.graph.error_stream)
-            for q in self.queries:
-                if q not in live and not q.failed and any(s in fed for s in q.p.inputs):
-                    live.append(q)
-                    grew = True
-        return [q for q in self.queries if q in live]  # topological order
-
-    def _delivered_first(self, q: _Query) -> bool:
-        """Whether the pinned first step (an interrupted step to retry) is committed."""
-        assert q.first_batch is not None
-        rec = recover(self.store, q.id)
-        return (not rec.retry and rec.starts == q.first_batch["starts"]
-                and rec.ends == q.first_batch["ends"])
+                q.first_batch = None
+            if not ran or all(q.failed for q in self.queries):
+                break
 
     def _continuous(self, stop: threading.Event, on_progress: Any, interval: float) -> None:
         for q in self.queries:
