@@ -475,6 +475,7 @@ def commit_step(
     errors: Sequence[tuple[bytes, Mapping[str, int] | bytes]] = (),
     error_stream: str | None = None,
     order: Sequence[str] | None = None,
+    hashed: bool = False,
 ) -> bool:
     """Write one step of ``proc_id`` -- inputs ``[starts, ends)``, already computed -- in
     the transaction ``tx``, as the persistence component does; returns False and writes
@@ -485,7 +486,8 @@ def commit_step(
     already encoded metadata without a hash, as :meth:`MetaEncoder.suffix` ``(None)``
     ends it: the step's hash is spliced in);
     ``errors`` are encoded error records for ``error_stream``; ``order`` is an alts step's
-    input per message set.  The snapshot is written unless it is the pending retry's, the
+    input per message set; ``hashed``: the encoded metadata ends with this step's hash
+    already (whoever made it knew the step) and is written as it is.  The snapshot is written unless it is the pending retry's, the
     tailers (named ``proc_id``) move to ``ends``, and the attempt record and the messages
     (with ``{src, hash}`` metadata) follow.  This is the commit of a Spark micro-batch:
     a re-commit of the same batch after a crash between our commit and Spark's commit log
@@ -513,7 +515,7 @@ def commit_step(
         out = []
         for _data, src in items:
             if type(src) is bytes:  # encoded already, without a hash: add this step's
-                out.append(src[:-2] + suffix)
+                out.append(src if hashed else src[:-2] + suffix)
             elif not src:
                 out.append(no_src)
             elif len(src) == 1:

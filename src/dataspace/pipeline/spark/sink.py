@@ -59,7 +59,15 @@ from pyspark.sql.types import StructType
 
 from ...streams.base import MAX_VALUE_SIZE, check_user_name
 from ...values import Dictionary, Sequence, Symbol, decode, encode, parse
-from ..exactly_once import Recovery, Resume, commit_step, delivery_hash, recover, resume
+from ..exactly_once import (
+    MetaEncoder,
+    Recovery,
+    Resume,
+    commit_step,
+    delivery_hash,
+    recover,
+    resume,
+)
 from ..graph import Graph, Processor
 from . import faults
 from ._store import location_option, store_for
@@ -150,6 +158,7 @@ class BatchPart(WriterCommitMessage):
     rows: dict[str, list[tuple[Any, ...]]] | None = None
     order: list[str] | None = None
     consumed: int = 0
+    hash: bytes | None = None  # the delivery hash the outputs' metadata ends with, if any
 
 
 _INPUT_COLUMNS = frozenset({"stream", "index", "seq", "value", "meta"})
@@ -208,20 +217,21 @@ def _unhandled(spec: ProcSpec, u: Any) -> CommitError:
     return CommitError(f"{type(u.exc).__name__}: {u.exc} (at {where})")
 
 
-def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]]) -> BatchPart:
-    """Apply a pure function to one partition's rows."""
+def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]], h: bytes | None = None) -> BatchPart:
+    """Apply a pure function to one partition's rows; with the batch's delivery hash
+    ``h`` the outputs' metadata is complete (the commit then writes it as it is)."""
     from ..local import _Unhandled
 
     rows, order = _inputs(cols, spec)
     ins = spec.processor.inputs
-    part = BatchPart(consumed=sum(len(r) for r in rows))
+    part = BatchPart(consumed=sum(len(r) for r in rows), hash=h)
     if spec.processor.reads_alts:
         part.order = [ins[k] for k in order or []]
     if not any(rows):
         return part
     proc = _runner(spec)
     try:
-        outs, errs, _n = proc._run(rows, order, None, False)
+        outs, errs, _n = proc._run(rows, order, h, h is not None)
     except _Unhandled as u:
         raise _unhandled(spec, u) from u.exc
     part.outputs = {s: (list(d), list(m)) for s, (d, m) in outs.items()}
@@ -451,7 +461,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         cols = _columns(iterator, _INPUT_COLUMNS if runs else None)
         faults.point("write")
         if spec is not None and spec.on_executors:
-            return run_on_executor(spec, cols)
+            return run_on_executor(spec, cols, self._task_hash())
         if spec is not None and spec.on_driver:
             rows, order = _inputs(cols, spec)
             return BatchPart(rows=dict(zip(spec.processor.inputs, rows)),
@@ -461,6 +471,22 @@ class StreamWriter(DataSourceStreamArrowWriter):
             return BatchPart()
         datas, srcs = rows_to_values(cols, self.inputs)
         return BatchPart(outputs={self.outputs[0]: (datas, srcs)})
+
+    def _task_hash(self) -> bytes | None:
+        """The delivery hash of the micro-batch this write task is part of, from Spark's
+        offset log when the task can read it (the checkpoint on a file system it sees, as
+        in local mode), else None (the commit adds the hash).  The commit checks it."""
+        try:
+            from pyspark import TaskContext
+
+            tc = TaskContext.get()
+            bid = None if tc is None else tc.getLocalProperty("streaming.sql.batchId")
+            if bid is None or self.checkpoint is None:
+                return None
+            starts, ends = batch_offsets(self.checkpoint, int(bid))
+        except (CommitError, ValueError, OSError):
+            return None
+        return delivery_hash(self.pid, starts, ends)
 
     # -- the driver ---------------------------------------------------------------------------
 
@@ -482,13 +508,18 @@ class StreamWriter(DataSourceStreamArrowWriter):
         outputs: dict[str, list[tuple[bytes, Any]]] = {}
         errors: list[tuple[bytes, Any]] = []
         order: list[str] | None = None
+        hashed = False
         if spec is not None and spec.on_driver:
             outputs, errors, order = self._run_on_driver(spec, parts, starts, ends)
         else:
+            h = delivery_hash(pid, starts, ends)
+            hashed = bool(parts) and all(part.hash == h for part in parts)
             for part in parts:
+                unhash = _unhasher(part.hash) if not hashed and part.hash is not None else None
                 for s, (datas, srcs) in part.outputs.items():
-                    outputs.setdefault(s, []).extend(zip(datas, srcs))
-                errors.extend(zip(*part.errors))
+                    outputs.setdefault(s, []).extend(zip(datas, srcs if unhash is None else map(unhash, srcs)))
+                e_datas, e_metas = part.errors
+                errors.extend(zip(e_datas, e_metas if unhash is None else map(unhash, e_metas)))
                 if part.order is not None:
                     order = (order or []) + part.order
         if spec is not None and spec.processor.reads_alts and order is None:
@@ -502,7 +533,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         try:
             wrote = commit_step(tx, pid, starts, ends, ordered, errors=errors,
                                 error_stream=self.error_stream,
-                                order=order if spec is not None and spec.processor.reads_alts else None)
+                                order=order if spec is not None and spec.processor.reads_alts else None,
+                                hashed=hashed)
             faults.point("commit-inside")
         except BaseException:
             tx.rollback()
@@ -546,6 +578,18 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.info("%s: batch %s aborted; nothing was written", self.pid, batchId)
+
+
+def _unhasher(h: bytes) -> Any:
+    """Metadata ending with hash ``h`` -> the same without a hash (the form the commit
+    completes), for a task whose hash is not the batch's (it read another checkpoint)."""
+    enc = MetaEncoder(())
+    cut, tail = len(enc.suffix(h)), enc.suffix(None)
+
+    def unhash(m: Any) -> Any:
+        return m[:-cut] + tail if type(m) is bytes else m
+
+    return unhash
 
 
 def _add_totals(d: str, batch: int, consumed: int, produced: int, errors: int) -> None:
