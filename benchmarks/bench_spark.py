@@ -383,8 +383,8 @@ def section5(spark: Any, datas: list[bytes], batch: int, n: int = 5) -> None:
     work = n * alone.steady
     log.info("   wall %.2fs; its %d batches' work %.2fs (%d x one processor's %.2fs of batches "
              "alone): %.2fx (target <= 2x)", wall, batches, work, n, alone.steady, wall / work)
-    log.info("   (the batches overlap: their own durations add up to %.2fs; one query start-up "
-             "per processor in sequence would add %d x %.2fs)", durations, n,
+    log.info("   (Spark's own durations of its batches add up to %.2fs; the rest is mostly "
+             "%d query start-ups, one per processor in sequence, %.2fs each alone)", durations, n,
              alone.total - alone.steady)
 
 
