@@ -10,8 +10,9 @@ send messages, record them into durable streams and run exactly-once pipelines o
 alice hi
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .dataspace import OBSERVE, Dataspace, Entity, Facet, Handle, Subscription
@@ -73,16 +74,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Submodules load on first use: a process that needs one part (a Spark worker reading
-    # a stream) does not pay for importing every other part.
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _WHERE)

@@ -22,8 +22,9 @@
 * :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .engine import DEFAULT_ENGINE, ENGINES, Engine, EngineError, ProcStats, get_engine
@@ -68,16 +69,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Submodules load on first use: a process that needs one part (a Spark worker reading
-    # a stream) does not pay for importing every other part.
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _WHERE)

@@ -22,9 +22,9 @@
 * :mod:`.recorder` -- dataspace to stream (:class:`Recorder`) and back (:class:`Emitter`).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import (
     MAX_VALUE_SIZE,
     Entry,
@@ -101,16 +101,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # Submodules load on first use: a process that needs one part (a Spark worker reading
-    # a stream) does not pay for importing every other part.
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _WHERE)

@@ -17,8 +17,7 @@ Spark; the names below are loaded on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..._lazy import lazy_exports
 
 __all__ = [
     "SparkEngine",
@@ -43,8 +42,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    mod = _WHERE.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+__getattr__, __dir__ = lazy_exports(globals(), _WHERE)
