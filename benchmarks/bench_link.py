@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from dataspace.client import RemoteDataspace, connect
+from dataspace.progress import Progress
 from dataspace.values import Decoder, Record, Sequence, Symbol
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
@@ -818,11 +819,28 @@ def us(x: float) -> str:
     return f"{x * 1e6:,.1f} µs" if abs(x) < 1e-5 else f"{x * 1e6:,.0f} µs"
 
 
+BAR: Progress | None = None
+"""The steps done, with the time left: a bar on standard error at a terminal, plain
+lines in a log (the figures go to standard output either way)."""
+
+
+def say(text: str = "") -> None:
+    if BAR is not None:
+        BAR.echo(text)
+    else:
+        print(text, flush=True)
+
+
+def step(note: str) -> None:
+    if BAR is not None:
+        BAR.advance(note=note)
+
+
 async def section_1(srv: dict[str, Any], args: argparse.Namespace) -> None:
     users, per_user = 101, (40 if args.quick else 200)
     pair, px = srv["pair1"], srv["px1"]
     total = users * per_user
-    print(f"(1) link efficiency: {total:,} messages <Says \"user-N\" TEXT> published on U "
+    say(f"(1) link efficiency: {total:,} messages <Says \"user-N\" TEXT> published on U "
           f"({users} users x {per_user}), the subscriber on D wanting one user "
           f"(<Says \"user-{WANTED}\" $text>) or all (<Says $who $text>); bytes on the link, "
           f"both ways, from the subscription to the last message (a counting proxy between D and U)")
@@ -836,25 +854,26 @@ async def section_1(srv: dict[str, Any], args: argparse.Namespace) -> None:
                                       True, 2)
         rows.append(("NATS", n_one, n_all))
     for name, one, every in rows:
-        print(f"  {name:9s} wants 1%: {one['all']['total']:>7,} B (subscribing "
+        say(f"  {name:9s} wants 1%: {one['all']['total']:>7,} B (subscribing "
               f"{one['subscribe']['total']:,} B + {one['received']} messages "
               f"{one['data']['total']:,} B);  wants all: {every['all']['total']:>9,} B "
               f"({every['received']:,} messages)  ->  {one['all']['total'] / every['all']['total']:.2%}"
               f"  (data alone {one['data']['total'] / every['data']['total']:.2%})")
     ratio = e_one["all"]["total"] / e_all["all"]["total"]
-    print(f"  target: dataspace <= 3%: {ratio:.2%}, {'met' if ratio <= 0.03 else 'MISSED'} "
+    say(f"  target: dataspace <= 3%: {ratio:.2%}, {'met' if ratio <= 0.03 else 'MISSED'} "
           f"(ideal: 1% plus the subscription traffic); each subscriber received exactly the "
           f"messages it wanted, once")
     c1 = e_one["all"]["dn_counts"] + e_one["all"]["up_counts"]
-    print(f"  dataspace, 1% run, events on the link: {c1['messages']:,} data messages, "
+    say(f"  dataspace, 1% run, events on the link: {c1['messages']:,} data messages, "
           f"{c1['control']} control messages ({c1['subscribe']} subscribe, {c1['reject']} "
           f"reject, {c1['reset']} reset, {c1['confirm']} confirm)")
     if srv["nats"]:
-        print(f"  bytes dataspace / NATS: wants 1% {e_one['all']['total'] / n_one['all']['total']:.2f}x,"
+        say(f"  bytes dataspace / NATS: wants 1% {e_one['all']['total'] / n_one['all']['total']:.2f}x,"
               f" wants all {e_all['all']['total'] / n_all['all']['total']:.2f}x (per forwarded "
               f"message: dataspace {e_all['data']['total'] / e_all['received']:.1f} B, NATS "
               f"{n_all['data']['total'] / n_all['received']:.1f} B)")
-    print()
+    step("link efficiency")
+    say()
 
 
 async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
@@ -862,7 +881,7 @@ async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
     n_lat = 300 if args.quick else 2_000
     rep = 1 if args.quick else args.repeat
     pair, u2, d2, lone = srv["pair2"], srv["u2"], srv["d2"], srv["alone"]
-    print(f"(2) throughput of wanted messages U -> D ({n:,} <Says \"user-{WANTED}\" TEXT>, "
+    say(f"(2) throughput of wanted messages U -> D ({n:,} <Says \"user-{WANTED}\" TEXT>, "
           f"best of {rep}) vs publisher and subscriber on one server alone; a direct link; "
           f"server CPU per message (least of the runs)")
     sub_l, pub_l = await d2.connect(), await u2.connect()
@@ -882,7 +901,7 @@ async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
                                     [lone], n)
         ratios.append(lr / ar)
         linked_rates[label] = lr
-        print(f"  dataspace {label:25s} linked {lr:>8,.0f}/s  one server {ar:>8,.0f}/s  "
+        say(f"  dataspace {label:25s} linked {lr:>8,.0f}/s  one server {ar:>8,.0f}/s  "
               f"ratio {lr / ar:.2f}x;  CPU/msg U {us(cu)} + D {us(cd)} vs {us(ca)}")
     for c in (sub_l, pub_l, sub_s, pub_s):
         await c.close()
@@ -900,19 +919,20 @@ async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
                               "the leaf's interest to reach the hub", subjects=True)
         nl, (cu, cd) = await best_rate(rep, lambda: nats_rate(npub_l, ncnt_l, n), [hub2, leaf2], n)
         ns, (ca,) = await best_rate(rep, lambda: nats_rate(npub_s, ncnt_s, n), [nlone], n)
-        print(f"  NATS      {'publish loop (buffered)':25s} linked {nl:>8,.0f}/s  one server "
+        say(f"  NATS      {'publish loop (buffered)':25s} linked {nl:>8,.0f}/s  one server "
               f"{ns:>8,.0f}/s  ratio {nl / ns:.2f}x;  CPU/msg hub {us(cu)} + leaf {us(cd)} vs "
               f"{us(ca)}")
         for c in (nsub_l, npub_l, nsub_s, npub_s):
             await c.close()
-        print(f"  linked, dataspace / NATS: batched {linked_rates['batched turns (100/turn)'] / nl:.2f}x, "
+        say(f"  linked, dataspace / NATS: batched {linked_rates['batched turns (100/turn)'] / nl:.2f}x, "
               f"one per packet {linked_rates['one message per packet'] / nl:.2f}x (NATS: as fast "
               f"as its nats-py clients in this process go, linked or not)")
     worst = min(ratios)
-    print(f"  target: linked >= 0.7x one server: {worst:.2f}x at worst, "
+    say(f"  target: linked >= 0.7x one server: {worst:.2f}x at worst, "
           f"{'met' if worst >= 0.7 else 'MISSED'}")
-    print()
-    print(f"    request/response round trips ({n_lat:,}, one outstanding): requester on D, "
+    say()
+    step("throughput")
+    say(f"    request/response round trips ({n_lat:,}, one outstanding): requester on D, "
           f"responder on U (the round trip crosses the link twice) vs both on one server")
     rq, rs = await d2.connect(), await u2.connect()
     lat_l = await ours_latency(rq, rs, n_lat, lambda: pair.settled(1, 1))
@@ -934,12 +954,13 @@ async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
             await c.close()
         lats.append(("NATS", nlat_l, nlat_s))
     for name, ll, ls in lats:
-        print(f"  {name:9s} linked p50 {us(pct(ll, 50)):>7s} p99 {us(pct(ll, 99)):>8s} | one "
+        say(f"  {name:9s} linked p50 {us(pct(ll, 50)):>7s} p99 {us(pct(ll, 99)):>8s} | one "
               f"server p50 {us(pct(ls, 50)):>7s} p99 {us(pct(ls, 99)):>8s} | added per hop "
               f"p50 {us((pct(ll, 50) - pct(ls, 50)) / 2):>7s} p99 "
               f"{us((pct(ll, 99) - pct(ls, 99)) / 2):>8s}")
+    step("latency")
     await pair.settled(0)
-    print()
+    say()
 
 
 def _churn_line(name: str, phase: str, x: dict[str, Any], n: int) -> str:
@@ -962,32 +983,33 @@ def _churn_line(name: str, phase: str, x: dict[str, Any], n: int) -> str:
 async def section_3(srv: dict[str, Any], args: argparse.Namespace) -> None:
     sizes = [500, 2_000] if args.quick else [1_000, 10_000]
     conns = 10
-    print(f"(3) subscription churn: distinct subscriptions <Says \"user-I\" $text> made on D "
+    say(f"(3) subscription churn: distinct subscriptions <Says \"user-I\" $text> made on D "
           f"({conns} connections), the link cut and re-established (D redials), then every one "
           f"cancelled; each phase until U's producer trie has converged (bounded by "
           f"--churn-timeout {args.churn_timeout:.0f} s); ideal for dataspace: 2 control messages "
           f"per change (a request and its CONFIRM), for NATS 1")
     results = []
     for n in sizes:
-        print(f"  {n:,} subscriptions")
+        say(f"  {n:,} subscriptions")
         if srv["nats"]:
             r = await nats_churn(srv["hub1"], srv["leaf1"], srv["npx1"], n, conns,
                                  args.churn_timeout)
             for phase, x in r.items():
-                print(_churn_line("NATS", phase, x, n))
+                say(_churn_line("NATS", phase, x, n))
         ours = await ours_churn(srv["pair1"], srv["px1"], n, conns, args.churn_timeout)
         results.append((n, ours))
         for phase, x in ours.items():
-            print(_churn_line("dataspace", phase, x, n))
+            say(_churn_line("dataspace", phase, x, n))
         for phase, x in ours.items():
             if x["converged"] is not None:
-                print(f"    dataspace {phase:11s} links.json: D sent {x['status_requests']:,} "
+                say(f"    dataspace {phase:11s} links.json: D sent {x['status_requests']:,} "
                       f"requests ({x['retransmissions']:,} retransmitted), U sent "
                       f"{x['u_requests']:,}; seen converged after {x['seen']:.2f} s")
+        step(f"churn of {n:,}")
         if any(x["converged"] is None for x in ours.values()):
-            print("    (stopping the churn here: the servers are still busy)")
+            say("    (stopping the churn here: the servers are still busy)")
             break
-    print()
+    say()
 
 
 async def start_servers(srv: dict[str, Any], sections: set[str], nats: bool) -> None:
@@ -1031,6 +1053,9 @@ async def main(args: argparse.Namespace) -> None:
         except ImportError:
             raise SystemExit(NATS_PY_HINT) from None
     srv: dict[str, Any] = {"all": Servers(), "nats": nats}
+    global BAR
+    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
+                   total=("1" in sections) + 2 * ("2" in sections) + 2 * ("3" in sections))
     t0 = time.perf_counter()
     try:
         await start_servers(srv, sections, nats)
@@ -1038,12 +1063,12 @@ async def main(args: argparse.Namespace) -> None:
         if nats:
             version = subprocess.run([NATS_SERVER, "--version"], capture_output=True,
                                      text=True).stdout.strip()
-        print(f"linked brokers benchmark (Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
+        say(f"linked brokers benchmark (Python {sys.version.split()[0]}, {os.cpu_count()} CPUs"
               + (f"; NATS: {version}, a hub and a leaf node, nats-py client" if nats else "")
               + ")")
-        print("U = the upstream server (the publisher's), D = the downstream server linked to U "
+        say("U = the upstream server (the publisher's), D = the downstream server linked to U "
               "(the subscribers'); NATS: U = the hub, D = the leaf node")
-        print()
+        say()
         for name, fn in (("1", section_1), ("2", section_2), ("3", section_3)):
             if name in sections:
                 await fn(srv, args)
@@ -1053,7 +1078,8 @@ async def main(args: argparse.Namespace) -> None:
         await srv["all"].close()
         for p in list(_LIVE):  # one that failed to start
             p.stop()
-    print(f"({time.perf_counter() - t0:.0f} s) command: .venv/bin/python benchmarks/bench_link.py"
+    BAR.finish()
+    say(f"({time.perf_counter() - t0:.0f} s) command: .venv/bin/python benchmarks/bench_link.py"
           + (" --quick" if args.quick else "") + (" --no-nats" if args.no_nats else "")
           + (f" --sections {args.sections}" if args.sections != "1,2,3" else ""))
 
