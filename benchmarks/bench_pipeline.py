@@ -38,12 +38,29 @@ import time
 
 from dataspace.pipeline import Graph, LocalEngine
 from dataspace.pipeline.exactly_once import MetaEncoder, delivery_hash
+from dataspace.progress import Progress
 from dataspace.streams import open_store
 from dataspace.values import Record, Symbol, encode
 
 SAYS = Symbol("Says")
 OUT = Symbol("Out")
 PAIR = Symbol("Pair")
+
+BAR: Progress | None = None
+"""The steps done, with the time left: a bar on standard error at a terminal, plain
+lines in a log (the figures go to standard output either way)."""
+
+
+def say(text: str = "") -> None:
+    if BAR is not None:
+        BAR.echo(text)
+    else:
+        print(text, flush=True)
+
+
+def step(note: str) -> None:
+    if BAR is not None:
+        BAR.advance(note=note)
 
 
 def settle() -> None:
@@ -243,45 +260,58 @@ def main() -> int:
     if args.quick:
         args.messages, args.join_fork, args.repeat, args.pg_join_fork = 30_000, 100_000, 1, 30_000
     m = args.messages
-    print(f"pipeline benchmark: {m:,} messages 1-in/1-out (best of {args.repeat}), "
+    global BAR
+    # Steps: each repetition's four runs, the two join -> fork runs, and on PostgreSQL
+    # each repetition's two runs and the join -> fork.
+    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
+                   total=4 * args.repeat + 2 + (not args.no_postgres) * (2 * args.repeat + 1))
+    say(f"pipeline benchmark: {m:,} messages 1-in/1-out (best of {args.repeat}), "
           f"{args.join_fork:,} through join -> fork; durable commits (fsync); "
           f"batch {args.batch}; python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}")
     datas = inputs(m)
     eo = amo = raw = minimal = float("inf")
     eo_commits = amo_commits = 0
-    for _ in range(args.repeat):  # interleaved, so machine noise hits both alike
+    for i in range(args.repeat):  # interleaved, so machine noise hits both alike
+        run = f"run {i + 1}/{args.repeat}"
         t, c = one_in_one_out(datas, "exactly-once", args.batch)
         if t < eo:
             eo, eo_commits = t, c
+        step(f"1-in/1-out exactly-once, {run}")
         t, c = one_in_one_out(datas, "at-most-once", args.batch)
         if t < amo:
             amo, amo_commits = t, c
+        step(f"1-in/1-out at-most-once, {run}")
         raw = min(raw, raw_inserts(datas))
+        step(f"raw SQLite inserts, {run}")
         minimal = min(minimal, raw_minimal(m))
-    print()
-    print("1-in/1-out processor                          messages/s   commits")
-    print(f"  exactly-once (default)                      {m / eo:>10,.0f}   {eo_commits:>7}")
-    print(f"  at-most-once, same graph                    {m / amo:>10,.0f}   {amo_commits:>7}")
-    print(f"  raw batched SQLite inserts, same rows       {m / raw:>10,.0f}   {m // 1000:>7}"
+        step(f"raw SQLite inserts, minimal rows, {run}")
+    say()
+    say("1-in/1-out processor                          messages/s   commits")
+    say(f"  exactly-once (default)                      {m / eo:>10,.0f}   {eo_commits:>7}")
+    say(f"  at-most-once, same graph                    {m / amo:>10,.0f}   {amo_commits:>7}")
+    say(f"  raw batched SQLite inserts, same rows       {m / raw:>10,.0f}   {m // 1000:>7}"
           "   (storage ceiling, rows/s)")
-    print(f"  raw batched SQLite inserts, minimal rows    {m / minimal:>10,.0f}   {m // 1000:>7}"
+    say(f"  raw batched SQLite inserts, minimal rows    {m / minimal:>10,.0f}   {m // 1000:>7}"
           "   (integer key + 20-byte blob, rows/s)")
     ratio = amo / eo
-    print(f"  exactly-once / at-most-once: {ratio:.0%} (target >= 80%)   "
+    say(f"  exactly-once / at-most-once: {ratio:.0%} (target >= 80%)   "
           f"exactly-once / raw: {raw / eo:.0%}   target >= 100,000 msg/s: "
           f"{'met' if m / eo >= 100_000 else 'NOT met'}")
     n = args.join_fork
     e2e = join_fork_end_to_end(n, args.batch)
+    step("join -> fork, end to end")
     load, proc = join_fork_preloaded(n, args.batch)
-    print()
-    print(f"join -> fork, {n:,} messages (2 x {n:,} in, {n:,} pairs, 2 x {n:,} out)")
-    print("  end to end: an appender process writes both sources while the graph runs")
+    step("join -> fork, pre-loaded")
+    say()
+    say(f"join -> fork, {n:,} messages (2 x {n:,} in, {n:,} pairs, 2 x {n:,} out)")
+    say("  end to end: an appender process writes both sources while the graph runs")
     target = f"   (target <= 30 s: {'met' if e2e <= 30 else 'NOT met'})" if n == 1_000_000 else ""
-    print(f"                     {e2e:6.1f} s{target}")
-    print(f"  pre-loaded sources: load {load:.1f} s ({2 * n / load:,.0f} messages/s), then process "
+    say(f"                     {e2e:6.1f} s{target}")
+    say(f"  pre-loaded sources: load {load:.1f} s ({2 * n / load:,.0f} messages/s), then process "
           f"{proc:.1f} s ({n / proc:,.0f} pairs/s)")
     if not args.no_postgres:
         postgres(args, datas, m / eo, m / amo, 2 * n / load, n / proc)
+    BAR.finish()
     return 0
 
 
@@ -290,31 +320,37 @@ def postgres(args: argparse.Namespace, datas: list[bytes], sq_eo: float, sq_amo:
     """Section 5: the PostgreSQL store beside the SQLite figures above."""
     from dataspace.streams.pgserver import PostgresNotFound
 
-    print()
+    say()
     try:
         pg = Postgres()
     except PostgresNotFound as e:
-        print(f"PostgreSQL store: skipped ({e})")
+        say(f"PostgreSQL store: skipped ({e})")
+        if BAR is not None and BAR.total is not None:
+            BAR.update(BAR.done, BAR.total - (2 * args.repeat + 1))
         return
     try:
         m = len(datas)
         eo = amo = float("inf")
-        for _ in range(args.repeat):
+        for i in range(args.repeat):
+            run = f"run {i + 1}/{args.repeat}"
             eo = min(eo, one_in_one_out(datas, "exactly-once", args.batch, pg.fresh())[0])
+            step(f"PostgreSQL: 1-in/1-out exactly-once, {run}")
             amo = min(amo, one_in_one_out(datas, "at-most-once", args.batch, pg.fresh())[0])
+            step(f"PostgreSQL: 1-in/1-out at-most-once, {run}")
         n = args.pg_join_fork
         load, proc = join_fork_preloaded(n, args.batch, pg.fresh())
+        step("PostgreSQL: join -> fork, pre-loaded")
         version = pg.server.execute("postgres", "SHOW server_version")[0][0]
     finally:
         pg.stop()
-    print(f"PostgreSQL store (server {version} on loopback), side by side with SQLite above")
-    print("                                              PostgreSQL       SQLite   ratio")
+    say(f"PostgreSQL store (server {version} on loopback), side by side with SQLite above")
+    say("                                              PostgreSQL       SQLite   ratio")
     rows = [("1-in/1-out exactly-once, messages/s", m / eo, sq_eo),
             ("1-in/1-out at-most-once, messages/s", m / amo, sq_amo),
             (f"join -> fork load ({n:,}), messages/s", 2 * n / load, sq_load),
             (f"join -> fork process ({n:,}), pairs/s", n / proc, sq_pairs)]
     for name, a, b in rows:
-        print(f"  {name:<42} {a:>10,.0f}   {b:>10,.0f}   {a / b:5.0%}")
+        say(f"  {name:<42} {a:>10,.0f}   {b:>10,.0f}   {a / b:5.0%}")
 
 
 if __name__ == "__main__":
