@@ -33,6 +33,7 @@ import argparse
 import sys
 import time
 
+from dataspace.progress import Progress
 from dataspace.protocol.scry import FixedPoll, HazardPoll, PoissonPoll
 from dataspace.protocol.scrysim import SimResult, simulate, trace
 
@@ -42,6 +43,22 @@ METHODS = {
     "bcast-1s": (lambda: FixedPoll(1.0), True),
     "naive-1s": (lambda: FixedPoll(1.0), False),
 }
+
+BAR: Progress | None = None
+"""The steps done, with the time left: a bar on standard error at a terminal, plain
+lines in a log (the figures go to standard output either way)."""
+
+
+def say(text: str = "") -> None:
+    if BAR is not None:
+        BAR.echo(text)
+    else:
+        print(text, flush=True)
+
+
+def step(note: str) -> None:
+    if BAR is not None:
+        BAR.advance(note=note)
 
 
 def run(kind: str, readers: int, loss: float, method: str, seed: int, duration: float) -> SimResult:
@@ -64,12 +81,17 @@ def main() -> None:
     args = ap.parse_args()
     duration = 300.0 if args.quick else 1800.0
     reader_counts = (1, 20) if args.quick else (1, 20, 200)
-    print(f"scry benchmark: seeded traces of {duration:.0f} s (seed {args.seed}), Python "
+    global BAR
+    # Steps: every simulation (3 traces x readers x losses x methods) and the targets' run.
+    per_trace = sum(len(METHODS) * (1 if r == 200 else 3) for r in reader_counts)
+    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
+                   total=3 * per_trace + 1)
+    say(f"scry benchmark: seeded traces of {duration:.0f} s (seed {args.seed}), Python "
           f"{sys.version.split()[0]}; the real machines in simulated time")
     for kind in ("bursty", "steady", "idle"):
         n = len(trace(kind, args.seed, duration))
-        print(f"\n{kind} trace: {n} entries")
-        print(f"  {'readers':>7} {'loss':>5}  {'method':10} {'req/entry/reader':>17} "
+        say(f"\n{kind} trace: {n} entries")
+        say(f"  {'readers':>7} {'loss':>5}  {'method':10} {'req/entry/reader':>17} "
               f"{'p50':>9} {'p99':>9} {'pub CPU/req':>12} {'store reads':>12} {'premature':>10}")
         for readers in reader_counts:
             for loss in (0.0, 0.1, 0.3):
@@ -79,21 +101,23 @@ def main() -> None:
                     t0 = time.perf_counter()
                     r = run(kind, readers, loss, method, args.seed, duration)
                     cpu = r.publisher_seconds / max(1, r.publisher_requests) * 1e6
-                    print(f"  {readers:>7} {loss:>5.0%}  {method:10} "
+                    say(f"  {readers:>7} {loss:>5.0%}  {method:10} "
                           f"{r.requests_per_entry_per_reader:>17.2f} "
                           f"{r.pct(50) * 1000:>7.1f}ms {r.pct(99) * 1000:>7.0f}ms "
                           f"{cpu:>10.1f}µs {r.store_reads:>12,} {r.premature:>10,}"
-                          + (f"   ({time.perf_counter() - t0:.1f} s)" if readers == 200 else ""),
-                          flush=True)
+                          + (f"   ({time.perf_counter() - t0:.1f} s)" if readers == 200 else ""))
+                    step(f"{kind}, {readers} readers, {loss:.0%} loss, {method}")
     # The targets of issue 11: bursty trace, 20 readers, 10% loss.
     r = run("bursty", 20, 0.1, "adaptive", args.seed, duration)
+    step("targets: bursty, 20 readers, 10% loss, adaptive")
     ok = (r.requests_per_entry_per_reader <= 1.5 and r.pct(50) <= 0.020 and r.pct(99) <= 1.5)
-    print(f"\ntargets (bursty, 20 readers, 10% loss): <= 1.5 requests per entry per reader "
+    say(f"\ntargets (bursty, 20 readers, 10% loss): <= 1.5 requests per entry per reader "
           f"(got {r.requests_per_entry_per_reader:.2f}), p50 <= 20 ms (got "
           f"{r.pct(50) * 1000:.1f} ms), p99 <= 1.5 s (got {r.pct(99):.2f} s), every entry "
           f"once in order (yes), store reads {r.store_reads} for {r.entries} entries and "
           f"{r.premature:,} premature requests: {'MET' if ok else 'NOT MET'}")
-    print("\ncommand: .venv/bin/python benchmarks/bench_scry.py" + (" --quick" if args.quick else ""))
+    say("\ncommand: .venv/bin/python benchmarks/bench_scry.py" + (" --quick" if args.quick else ""))
+    BAR.finish()
 
 
 if __name__ == "__main__":
