@@ -56,6 +56,7 @@ import time
 from typing import Any
 
 from dataspace.pipeline import Graph
+from dataspace.progress import Progress
 from dataspace.streams import open_store
 from dataspace.values import Record, Symbol, decode, encode
 
@@ -64,6 +65,39 @@ OUT = Symbol("Out")
 ORDER = Symbol("order")
 
 log = logging.getLogger("bench_spark")
+
+BAR: Progress | None = None
+"""The steps done, with the time left: a bar on standard error at a terminal, plain
+lines in a log (the figures go to standard output either way; section 6's driver
+processes have none)."""
+
+
+def say(text: str = "") -> None:
+    if BAR is not None:
+        BAR.echo(text)
+    else:
+        print(text, flush=True)
+
+
+def step(note: str) -> None:
+    if BAR is not None:
+        BAR.advance(note=note)
+
+
+def skip(n: int) -> None:
+    """``n`` steps that will not run (a store or a cluster that is not there)."""
+    if BAR is not None and BAR.total is not None:
+        BAR.update(BAR.done, BAR.total - n)
+
+
+class _SayHandler(logging.Handler):
+    """The figures (this file's log lines) to standard output, through the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            say(self.format(record))
+        except Exception:
+            self.handleError(record)
 
 
 def transform(v: Record) -> Record:
@@ -259,25 +293,34 @@ def main() -> None:
     if args.child:
         cluster_child(args, m, batch)
         return
-    t = time.perf_counter()
-    spark, _ = get_session(args.master, app_name="bench_spark")
-    log.info("Spark %s on %s (%s cores); session start %.1fs", spark.version,
-             spark.sparkContext.master, spark.sparkContext.defaultParallelism,
-             time.perf_counter() - t)
-    datas = inputs(m)
+    global BAR
+    # Steps: the session, then each section's measured runs (see the step() calls).
+    steps = {"1": 1 + 2 * (2 + (not args.no_postgres)), "2": 2, "3": 4, "4": 2, "5": 3}
+    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
+                   total=1 + sum(n for k, n in steps.items() if k in args.only) + 2 * args.cluster)
+    try:
+        t = time.perf_counter()
+        spark, _ = get_session(args.master, app_name="bench_spark")
+        step("Spark session")
+        log.info("Spark %s on %s (%s cores); session start %.1fs", spark.version,
+                 spark.sparkContext.master, spark.sparkContext.defaultParallelism,
+                 time.perf_counter() - t)
+        datas = inputs(m)
 
-    if "1" in args.only:
-        section1(spark, datas, m, batch, not args.no_postgres)
-    if "2" in args.only:
-        section2(spark, args.quick)
-    if "3" in args.only:
-        section3(spark, datas, m)
-    if "4" in args.only:
-        section4(spark, routing_rows)
-    if "5" in args.only:
-        section5(spark, datas[:m // 2], batch)
-    if args.cluster:
-        section6(args, m, batch)
+        if "1" in args.only:
+            section1(spark, datas, m, batch, not args.no_postgres)
+        if "2" in args.only:
+            section2(spark, args.quick)
+        if "3" in args.only:
+            section3(spark, datas, m)
+        if "4" in args.only:
+            section4(spark, routing_rows)
+        if "5" in args.only:
+            section5(spark, datas[:m // 2], batch)
+        if args.cluster:
+            section6(args, m, batch)
+    finally:
+        BAR.finish()
 
 
 class _Postgres:
@@ -307,16 +350,21 @@ def section1(spark: Any, datas: list[bytes], m: int, batch: int, postgres: bool)
             pg = _Postgres()
         except PostgresNotFound as e:
             log.info("   PostgreSQL store: skipped (%s)", e)
+            skip(2)
     try:
         native(spark, datas[:batch], batch)  # warm up every path (Python workers, daemons)
         ours(spark, datas[:batch], batch)
+        step("1: warm-up")
         # Interleaved, so that a busy moment of the machine touches every path alike.
         runs: dict[str, list[Run]] = {"native": [], "sqlite": [], "postgres": []}
-        for _ in range(2):
+        for i in range(2):
             runs["native"].append(native(spark, datas, batch))
+            step(f"1: native, run {i + 1}/2")
             runs["sqlite"].append(ours(spark, datas, batch))
+            step(f"1: ours on SQLite, run {i + 1}/2")
             if pg is not None:
                 runs["postgres"].append(ours(spark, datas, batch, pg.fresh()))
+                step(f"1: ours on PostgreSQL, run {i + 1}/2")
     finally:
         if pg is not None:
             pg.stop()
@@ -344,7 +392,10 @@ def section1(spark: Any, datas: list[bytes], m: int, batch: int, postgres: bool)
 def section2(spark: Any, quick: bool) -> None:
     k = 10 if quick else 20
     tiny = inputs(k)
-    r_o, r_n = ours(spark, tiny, 1), native(spark, tiny, 1)
+    r_o = ours(spark, tiny, 1)
+    step("2: ours, one-row batches")
+    r_n = native(spark, tiny, 1)
+    step("2: native, one-row batches")
     t_ours, b_ours = r_o.steady, len(r_o.batches)
     t_nat, b_nat = r_n.steady, len(r_n.batches)
     log.info(f"\n2. per-micro-batch overhead ({k} one-row batches, Spark's duration of each)")
@@ -355,9 +406,12 @@ def section2(spark: Any, quick: bool) -> None:
 def section3(spark: Any, datas: list[bytes], m: int) -> None:
     log.info(f"\n3. read path: spark.read.format('dataspace') of {m:,} rows into the no-op sink")
     for decode_cols in (False, True):
-        ta = min(read_path(spark, datas, True, decode_cols) for _ in range(2))
-        tt = min(read_path(spark, datas, False, decode_cols) for _ in range(2))
         what = "with decoded columns (text, label, fields)" if decode_cols else "raw columns (index, time, value...)"
+        cols = "decoded" if decode_cols else "raw"
+        ta = min(read_path(spark, datas, True, decode_cols) for _ in range(2))
+        step(f"3: read, Arrow, {cols} columns")
+        tt = min(read_path(spark, datas, False, decode_cols) for _ in range(2))
+        step(f"3: read, tuples, {cols} columns")
         log.info(f"   {what}: Arrow {m / ta:,.0f} rows/s, tuples {m / tt:,.0f} rows/s ({tt / ta:.1f}x)")
 
 
@@ -367,8 +421,10 @@ def section4(spark: Any, routing_rows: int) -> None:
     per_row = {}
     for p in (1_000, 100_000):
         first, warm, n = routing(spark, routing_rows, p)
+        build = index_build(p)
+        step(f"4: routing, {p:,} patterns")
         per_row[p] = warm / routing_rows
-        log.info(f"   {p:>7,} patterns: index build {index_build(p):.2f}s per worker; first job "
+        log.info(f"   {p:>7,} patterns: index build {build:.2f}s per worker; first job "
               f"{first:.2f}s, warm job {warm:.2f}s = {warm / routing_rows * 1e6:.1f} us/row ({n:,} matches)")
     log.info(f"   cost per row, 100,000 vs 1,000 patterns: {per_row[100_000] / per_row[1_000]:.2f}x  (target <= 1.5x)")
 
@@ -378,8 +434,11 @@ def section5(spark: Any, datas: list[bytes], batch: int, n: int = 5) -> None:
     log.info("\n5. pipeline run --until-idle of a chain of %d maps, %s messages, micro-batches of %s",
              n, f"{m:,}", f"{batch:,}")
     chain(spark, datas[:batch // 10], batch, n)  # warm-up
+    step("5: warm-up")
     wall, durations, batches = chain(spark, datas, batch, n)
+    step(f"5: chain of {n} maps")
     alone = ours(spark, datas, batch)  # one processor's batches over the same messages
+    step("5: one processor alone")
     work = n * alone.steady
     log.info("   wall %.2fs; its %d batches' work %.2fs (%d x one processor's %.2fs of batches "
              "alone): %.2fx (target <= 2x)", wall, batches, work, n, alone.steady, wall / work)
@@ -399,6 +458,7 @@ def section6(args: argparse.Namespace, m: int, batch: int) -> None:
     why = can_unshare()
     if why:
         log.info("   skipped: %s", why)
+        skip(2)
         return
     pg = _Postgres()
     hidden = tempfile.mkdtemp(prefix="bench-hidden-")
@@ -418,6 +478,7 @@ def section6(args: argparse.Namespace, m: int, batch: int) -> None:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
                                    env=cluster.driver_env(PYTHONPATH=here))
                 got = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+                step(f"6: {name}")
                 if r.returncode != 0 or not got:
                     log.info("   %s failed: %s", name, (r.stderr or r.stdout)[-1500:])
                     return
@@ -447,5 +508,5 @@ def cluster_child(args: argparse.Namespace, m: int, batch: int) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[_SayHandler()])
     main()
