@@ -23,13 +23,26 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 @pytest.fixture(scope="session")
-def spark():
+def spark_session():
     """One SparkSession (local[2]) shared by every Spark test of the run."""
     from dataspace.pipeline.spark.session import get_session, stop_session
 
     session, _created = get_session("local[2]", app_name="dataspace tests")
     yield session
     stop_session()
+
+
+@pytest.fixture
+def spark(spark_session):
+    """The shared session, made the JVM's active and default one for this test's thread:
+    Spark looks a Python data source up for a write (DataFrameWriter.save) in the active
+    session, which an earlier test's Spark work in other threads can leave unset here
+    (DATA_SOURCE_NOT_FOUND in the full suite, never alone)."""
+    jvm = spark_session.sparkContext._jvm
+    jss = spark_session._jsparkSession
+    jvm.org.apache.spark.sql.SparkSession.setActiveSession(jss)
+    jvm.org.apache.spark.sql.SparkSession.setDefaultSession(jss)
+    return spark_session
 
 
 # -- stream stores: every store test runs on SQLite and on a real PostgreSQL server ----------
