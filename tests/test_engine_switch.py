@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dataspace.pipeline import LocalEngine
@@ -190,7 +190,10 @@ RUNS = st.one_of(
 )
 
 
-@settings(max_examples=6, deadline=None)
+# The spark fixture is function-scoped only to make the shared session the active one;
+# using it once for all the examples of this test is what is meant.
+@settings(max_examples=6, deadline=None, suppress_health_check=[
+    HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.lists(RUNS, min_size=2, max_size=7), st.randoms(use_true_random=False))
 def test_any_sequence_of_engines_and_guarantees_keeps_exactly_once(spark, tmp_path_factory,
                                                                    program, rnd):
