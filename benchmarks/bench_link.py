@@ -64,8 +64,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench_steps import finish, say, start_steps, step
 from dataspace.client import RemoteDataspace, connect
-from dataspace.progress import Progress
 from dataspace.values import Decoder, Record, Sequence, Symbol
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
@@ -819,23 +819,6 @@ def us(x: float) -> str:
     return f"{x * 1e6:,.1f} µs" if abs(x) < 1e-5 else f"{x * 1e6:,.0f} µs"
 
 
-BAR: Progress | None = None
-"""The steps done, with the time left: a bar on standard error at a terminal, plain
-lines in a log (the figures go to standard output either way)."""
-
-
-def say(text: str = "") -> None:
-    if BAR is not None:
-        BAR.echo(text)
-    else:
-        print(text, flush=True)
-
-
-def step(note: str) -> None:
-    if BAR is not None:
-        BAR.advance(note=note)
-
-
 async def section_1(srv: dict[str, Any], args: argparse.Namespace) -> None:
     users, per_user = 101, (40 if args.quick else 200)
     pair, px = srv["pair1"], srv["px1"]
@@ -1053,9 +1036,7 @@ async def main(args: argparse.Namespace) -> None:
         except ImportError:
             raise SystemExit(NATS_PY_HINT) from None
     srv: dict[str, Any] = {"all": Servers(), "nats": nats}
-    global BAR
-    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
-                   total=("1" in sections) + 2 * ("2" in sections) + 2 * ("3" in sections))
+    start_steps(("1" in sections) + 2 * ("2" in sections) + 2 * ("3" in sections))
     t0 = time.perf_counter()
     try:
         await start_servers(srv, sections, nats)
@@ -1078,7 +1059,7 @@ async def main(args: argparse.Namespace) -> None:
         await srv["all"].close()
         for p in list(_LIVE):  # one that failed to start
             p.stop()
-    BAR.finish()
+    finish()
     say(f"({time.perf_counter() - t0:.0f} s) command: .venv/bin/python benchmarks/bench_link.py"
           + (" --quick" if args.quick else "") + (" --no-nats" if args.no_nats else "")
           + (f" --sections {args.sections}" if args.sections != "1,2,3" else ""))

@@ -36,32 +36,15 @@ import sys
 import tempfile
 import time
 
+from bench_steps import finish, say, skip, start_steps, step
 from dataspace.pipeline import Graph, LocalEngine
 from dataspace.pipeline.exactly_once import MetaEncoder, delivery_hash
-from dataspace.progress import Progress
 from dataspace.streams import open_store
 from dataspace.values import Record, Symbol, encode
 
 SAYS = Symbol("Says")
 OUT = Symbol("Out")
 PAIR = Symbol("Pair")
-
-BAR: Progress | None = None
-"""The steps done, with the time left: a bar on standard error at a terminal, plain
-lines in a log (the figures go to standard output either way)."""
-
-
-def say(text: str = "") -> None:
-    if BAR is not None:
-        BAR.echo(text)
-    else:
-        print(text, flush=True)
-
-
-def step(note: str) -> None:
-    if BAR is not None:
-        BAR.advance(note=note)
-
 
 def settle() -> None:
     """Start each measurement from the same state: the previous run's files written back
@@ -260,11 +243,9 @@ def main() -> int:
     if args.quick:
         args.messages, args.join_fork, args.repeat, args.pg_join_fork = 30_000, 100_000, 1, 30_000
     m = args.messages
-    global BAR
     # Steps: each repetition's four runs, the two join -> fork runs, and on PostgreSQL
     # each repetition's two runs and the join -> fork.
-    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
-                   total=4 * args.repeat + 2 + (not args.no_postgres) * (2 * args.repeat + 1))
+    start_steps(4 * args.repeat + 2 + (not args.no_postgres) * (2 * args.repeat + 1))
     say(f"pipeline benchmark: {m:,} messages 1-in/1-out (best of {args.repeat}), "
           f"{args.join_fork:,} through join -> fork; durable commits (fsync); "
           f"batch {args.batch}; python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}")
@@ -311,7 +292,7 @@ def main() -> int:
           f"{proc:.1f} s ({n / proc:,.0f} pairs/s)")
     if not args.no_postgres:
         postgres(args, datas, m / eo, m / amo, 2 * n / load, n / proc)
-    BAR.finish()
+    finish()
     return 0
 
 
@@ -325,8 +306,7 @@ def postgres(args: argparse.Namespace, datas: list[bytes], sq_eo: float, sq_amo:
         pg = Postgres()
     except PostgresNotFound as e:
         say(f"PostgreSQL store: skipped ({e})")
-        if BAR is not None and BAR.total is not None:
-            BAR.update(BAR.done, BAR.total - (2 * args.repeat + 1))
+        skip(2 * args.repeat + 1)
         return
     try:
         m = len(datas)

@@ -33,7 +33,7 @@ import argparse
 import sys
 import time
 
-from dataspace.progress import Progress
+from bench_steps import finish, say, start_steps, step
 from dataspace.protocol.scry import FixedPoll, HazardPoll, PoissonPoll
 from dataspace.protocol.scrysim import SimResult, simulate, trace
 
@@ -43,23 +43,6 @@ METHODS = {
     "bcast-1s": (lambda: FixedPoll(1.0), True),
     "naive-1s": (lambda: FixedPoll(1.0), False),
 }
-
-BAR: Progress | None = None
-"""The steps done, with the time left: a bar on standard error at a terminal, plain
-lines in a log (the figures go to standard output either way)."""
-
-
-def say(text: str = "") -> None:
-    if BAR is not None:
-        BAR.echo(text)
-    else:
-        print(text, flush=True)
-
-
-def step(note: str) -> None:
-    if BAR is not None:
-        BAR.advance(note=note)
-
 
 def run(kind: str, readers: int, loss: float, method: str, seed: int, duration: float) -> SimResult:
     poll, bcast = METHODS[method]
@@ -81,11 +64,9 @@ def main() -> None:
     args = ap.parse_args()
     duration = 300.0 if args.quick else 1800.0
     reader_counts = (1, 20) if args.quick else (1, 20, 200)
-    global BAR
     # Steps: every simulation (3 traces x readers x losses x methods) and the targets' run.
     per_trace = sum(len(METHODS) * (1 if r == 200 else 3) for r in reader_counts)
-    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
-                   total=3 * per_trace + 1)
+    start_steps(3 * per_trace + 1)
     say(f"scry benchmark: seeded traces of {duration:.0f} s (seed {args.seed}), Python "
           f"{sys.version.split()[0]}; the real machines in simulated time")
     for kind in ("bursty", "steady", "idle"):
@@ -117,7 +98,7 @@ def main() -> None:
           f"once in order (yes), store reads {r.store_reads} for {r.entries} entries and "
           f"{r.premature:,} premature requests: {'MET' if ok else 'NOT MET'}")
     say("\ncommand: .venv/bin/python benchmarks/bench_scry.py" + (" --quick" if args.quick else ""))
-    BAR.finish()
+    finish()
 
 
 if __name__ == "__main__":

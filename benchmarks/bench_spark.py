@@ -55,8 +55,8 @@ import tempfile
 import time
 from typing import Any
 
+from bench_steps import finish, say, skip, start_steps, step
 from dataspace.pipeline import Graph
-from dataspace.progress import Progress
 from dataspace.streams import open_store
 from dataspace.values import Record, Symbol, decode, encode
 
@@ -65,30 +65,6 @@ OUT = Symbol("Out")
 ORDER = Symbol("order")
 
 log = logging.getLogger("bench_spark")
-
-BAR: Progress | None = None
-"""The steps done, with the time left: a bar on standard error at a terminal, plain
-lines in a log (the figures go to standard output either way; section 6's driver
-processes have none)."""
-
-
-def say(text: str = "") -> None:
-    if BAR is not None:
-        BAR.echo(text)
-    else:
-        print(text, flush=True)
-
-
-def step(note: str) -> None:
-    if BAR is not None:
-        BAR.advance(note=note)
-
-
-def skip(n: int) -> None:
-    """``n`` steps that will not run (a store or a cluster that is not there)."""
-    if BAR is not None and BAR.total is not None:
-        BAR.update(BAR.done, BAR.total - n)
-
 
 class _SayHandler(logging.Handler):
     """The figures (this file's log lines) to standard output, through the bar."""
@@ -293,11 +269,9 @@ def main() -> None:
     if args.child:
         cluster_child(args, m, batch)
         return
-    global BAR
     # Steps: the session, then each section's measured runs (see the step() calls).
     steps = {"1": 1 + 2 * (2 + (not args.no_postgres)), "2": 2, "3": 4, "4": 2, "5": 3}
-    BAR = Progress(sys.stderr, what="steps", verb="benchmark", rate=False,
-                   total=1 + sum(n for k, n in steps.items() if k in args.only) + 2 * args.cluster)
+    start_steps(1 + sum(n for k, n in steps.items() if k in args.only) + 2 * args.cluster)
     try:
         t = time.perf_counter()
         spark, _ = get_session(args.master, app_name="bench_spark")
@@ -320,7 +294,7 @@ def main() -> None:
         if args.cluster:
             section6(args, m, batch)
     finally:
-        BAR.finish()
+        finish()
 
 
 class _Postgres:
