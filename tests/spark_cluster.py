@@ -49,27 +49,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _session_pids(sid: int) -> list[int]:
-    """The live (not zombie) processes of session ``sid``."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
-            out.append(int(name))
-    return out
-
-
 def _kill_session(sid: int) -> None:
     from dataspace.pipeline.spark.faults import kill_session
 
     kill_session(sid)
+
+
+def _session_pids(sid: int) -> list[int]:
+    from dataspace.pipeline.spark.faults import session_pids
+
+    return session_pids(sid)
 
 
 def _wait_session_gone(sid: int, timeout: float) -> bool:

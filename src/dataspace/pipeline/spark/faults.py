@@ -69,7 +69,8 @@ def point(name: str) -> None:
 
 
 def session_pids(sid: int) -> list[int]:
-    """Every process of session ``sid`` (Linux: from /proc)."""
+    """Every live process of session ``sid`` (Linux: from /proc; zombies, already dead
+    and only waiting to be reaped, are left out)."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -80,7 +81,7 @@ def session_pids(sid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != b"Z":
             out.append(int(name))
     return out
 
