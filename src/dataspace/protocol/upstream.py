@@ -484,13 +484,13 @@ class Subscriber:
         self._srtt: float | None = None
         self._rttvar = 0.0
         self._rto = rto
-        # The pending request of each seq: a CONFIRM names its request by seq alone.
+        # The pending requests, by seq (a CONFIRM names its request by seq alone): a node
+        # is pending when it is here under its current seq.
         self._by_number: dict[int, _Node] = {}
         self.rto0 = rto
         self.rto_max = rto_max
         self.trie = _Trie()
         self._out: list[Value] = []
-        self._pending: set[_Node] = set()
         # Heaps over the pending requests (stale entries skipped when met): by deadline,
         # for tick/next_deadline, and by seq, for the low mark -- O(log n) per request,
         # so a reconnection subscribing 10,000 prefixes costs no more than 10,000 requests.
@@ -511,9 +511,8 @@ class Subscriber:
         self._now = now
         self.stats.requests_sent -= len(self._out)  # queued, never taken: never sent
         self._out.clear()
-        for n in self._pending:
+        for n in self._by_number.values():
             n.out = False
-        self._pending.clear()
         self._by_number.clear()
         self._inflight = 0
         self._waiting.clear()
@@ -654,7 +653,6 @@ class Subscriber:
         if n is None or n.kind is not kind or n.seq != seq:
             return  # stale or duplicated: that request is superseded or done
         del self._by_number[seq]
-        self._pending.discard(n)
         if n.out:
             n.out = False
             self._inflight -= 1
@@ -696,8 +694,8 @@ class Subscriber:
     # -- requests and retransmission ----------------------------------------------------
 
     def _request(self, n: _Node, kind: Symbol) -> None:
-        if n in self._pending:  # superseded: the CONFIRM of the old seq will be stale
-            self._by_number.pop(n.seq, None)
+        if self._by_number.get(n.seq) is n:  # superseded: the old seq's CONFIRM is stale
+            del self._by_number[n.seq]
         n.seq = self._seq
         self._by_number[n.seq] = n
         self._seq += 1
@@ -711,7 +709,6 @@ class Subscriber:
         if n.out:  # it replaces a request in flight, whose CONFIRM will be stale
             n.out = False
             self._inflight -= 1
-        self._pending.add(n)
         heapq.heappush(self._by_seq, (n.seq, n))
         if self._waiting or not self._room():
             self._waiting.append((n.seq, n))
@@ -756,7 +753,7 @@ class Subscriber:
                 self._transmit(n)
 
     def _live(self, n: _Node, seq: int) -> bool:
-        return n in self._pending and n.seq == seq
+        return n.seq == seq and self._by_number.get(seq) is n
 
     def _low(self) -> int:
         h = self._by_seq
@@ -822,7 +819,7 @@ class Subscriber:
         on an ordered transport is wanted (:meth:`received` would say so, and ask
         nothing) -- a host may skip :meth:`received` for messages then."""
         root = self.trie.root
-        return self.eager and not self._pending and (root.flags is None or root.canon > 0)
+        return self.eager and not self._by_number and (root.flags is None or root.canon > 0)
 
     def take_outgoing(self) -> list[Value]:
         """Requests to send to the producer, in order."""
