@@ -462,3 +462,87 @@ def test_events_to_a_withdrawn_oid_are_dropped_not_a_protocol_error():
     # An OID this side never issued is still a protocol error.
     relay.receive_data(turn((exported + 100, Message("forged"))))
     assert relay.closed and "unknown OID" in relay.error[0]
+
+
+# -- Turn packets split across reads -------------------------------------------------------
+
+
+def _event(kind: str, i: int, v: object) -> bytes:
+    """One event's bytes: canonical (the fast path's), annotated or unknown (the
+    decoder's), a sync, or an assertion with an embedded reference."""
+    if kind == "M":
+        return encode_packet(Sequence([0, Record(Symbol("M"), [v])]))
+    if kind == "A":
+        return encode_packet(Sequence([0, Record(Symbol("A"), [v, 100 + i])]))
+    if kind == "E":  # an observer: an embedded reference (the rewriting path)
+        obs = observe(parse("<bind <_>>"), 7)
+        return encode_packet(Sequence([0, Record(Symbol("A"), [obs, 100 + i])]))
+    if kind == "S":
+        return encode_packet(Sequence([0, Record(Symbol("S"), [Embedded(WireRef(True, 9))])]))
+    if kind == "N":  # annotated: not canonical, the decoder reads it
+        return b"\x85" + encode("note") + encode_packet(Sequence([0, Record(Symbol("M"), [v])]))
+    return encode_packet(Sequence([0, Record(Symbol("X"), [v])]))  # "X": a malformed event
+
+
+def _split_results(packets_: list[bytes], cuts: list[int]) -> list[object]:
+    stream = b"".join(packets_)
+    results = []
+    bounds = sorted({c % (len(stream) + 1) for c in cuts})
+    for pieces in ([stream], [stream[a:b] for a, b in zip([0, *bounds], [*bounds, len(stream)])]):
+        relay = Relay(turn=Dataspace("t").turn, name="test")
+        rec = Recorder()
+        relay.export_at(0, rec)
+        out = []
+        for piece in pieces:
+            relay.receive_data(piece)
+            out += relay.take_packets()
+        handles: dict[object, int] = {}
+        log = [(k, handles.setdefault(v, len(handles)) if k == "-" else repr(v))
+               for k, v in rec.log]
+        answers = [parse_packet(decode(p, embedded=WireRef.from_value)) for p in out]
+        answers = events_of([a for a in answers if isinstance(a, Turn)])
+        results.append((relay.closed, relay.error and relay.error[1], log, answers,
+                        relay.packets_in))
+    return results
+
+
+@settings(max_examples=80)
+@given(st.lists(st.lists(st.tuples(st.sampled_from("MMMAESNX"), values), min_size=1, max_size=6),
+                min_size=1, max_size=5),
+       st.lists(st.integers(min_value=0, max_value=10_000), max_size=12))
+def test_turn_split_anywhere_has_the_effects_of_the_whole(pkts, cuts):
+    """A Turn packet the input ends inside is read on when the rest comes (fast path
+    and decoder mixed, event by event): the effects, answers and errors are those of
+    the whole input read at once."""
+    data = [b"\xb5" + b"".join(_event(k, i, v) for i, (k, v) in enumerate(p)) + b"\x84"
+            for p in pkts]
+    whole, split = _split_results(data, cuts)
+    assert whole == split
+
+
+def test_turn_split_across_reads_is_not_decoded_again():
+    """A canonical Turn packet larger than one read (a busy link's) is read by the fast
+    path where each read stops, never handed whole to the streaming decoder (which
+    would decode it again from its start: many times the cost)."""
+    relay, _ds = server()
+    relay.receive_data(turn((0, Assert(observe(SAYS_PAT, 5), 1))))
+    relay.take_packets()
+    generic: list[object] = []
+    relay._packet = generic.append  # type: ignore[method-assign]
+    big = turn(*[(0, Message(parse(f'<Says "u" "{i:05d} hello there">'))) for i in range(2000)])
+    for i in range(0, len(big), 4096):
+        relay.receive_data(big[i:i + 4096])
+        if i + 4096 < len(big):
+            assert packets(relay) == []  # one turn: nothing before the packet ends
+            assert 0 < relay.buffered <= i + 4096
+    assert generic == [] and relay.packets_in == 2 and relay.buffered == 0
+    assert len(events_of(packets(relay))) == 2000
+
+
+def test_turn_split_across_reads_keeps_the_packet_limit():
+    relay, ds = server(RelayLimits(max_packet_size=1000))
+    big = turn(*[(0, Message("x" * 50)) for _ in range(40)])  # about 2,300 bytes
+    relay.receive_data(big[:600])
+    assert not relay.closed
+    relay.receive_data(big[600:1200])
+    assert_failed(relay, ds, "max_value_size")

@@ -48,6 +48,7 @@ from ..dataspace import OBSERVE, Entity, TurnTooLarge, fresh_handle
 from ..values import (
     DecodeError,
     Decoder,
+    DecodeShort,
     DecodeTooLarge,
     Dictionary,
     Embedded,
@@ -84,6 +85,8 @@ _B_TRUE = b"\x81"
 # The last message body encoded, as (value, body): one object, so that relays in
 # different threads never pair one value with another's body (see Relay._send_message).
 _cached: tuple[Any, bytes] | None = None
+_PARTIAL = -2
+"""What the fast path returns when the input ends inside a Turn packet."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +224,11 @@ class Relay:
         self.input_paused = False
         """True when :attr:`should_yield` stopped the reading of buffered input."""
         self._pending_input = b""
+        # A Turn packet begun in an earlier chunk, read on the fast path: its events so
+        # far, whether they held embedded references, and its bytes before the event
+        # being read (which, when it is incomplete too, the decoder holds).
+        self._part: tuple[list[tuple[int, int, Any, Any]], bool, int] | None = None
+        self._cut = 0  # where _fast_events stopped (the start of the event it could not read)
         # Peer handles of the live <Observe ...> assertions it made.
         self._observing: set[int] = set()
         self.name = name
@@ -309,13 +317,25 @@ class Relay:
         buf = data if type(data) is bytes else bytes(data)
         if self.input_paused:
             # Not expected (the host stops reading meanwhile): keep it, in order.
-            if self._pending_input or not self._decoder.buffered:
+            if self._pending_input or not self._decoder.buffered or self._part is not None:
                 self._pending_input += buf
             else:
                 self._decoder.feed(buf)
             return
+        p = 0
+        n = len(buf)
         dec = self._decoder
-        if dec.buffered:
+        if self._part is not None:
+            # A Turn packet begun in an earlier chunk: go on reading it where it stopped
+            # (a packet larger than one read -- a busy link's -- would otherwise be
+            # decoded again from its start by the streaming decoder).
+            p = self._go_on(buf)
+            if p < 0 or p >= n:
+                return
+            if self._yield_now():
+                self._pending_input = buf[p:]
+                return
+        elif dec.buffered:
             # A packet begun in an earlier chunk: the streaming decoder (whose scan is
             # resumable, so bytes trickling in cost linear time) completes it; what
             # follows it in this chunk goes back to the fast path.
@@ -329,27 +349,28 @@ class Relay:
             if v is None:
                 return
             rest = dec.buffered
-            if rest > len(buf):  # pragma: no cover - the packet ended inside this chunk
+            if rest > n:  # pragma: no cover - the packet ended inside this chunk
                 self._decode_loop()
                 return
             self._decoder = self._new_decoder()
             self._packet(v)
             if not rest:
                 return
-            buf = buf[len(buf) - rest :]
+            p = n - rest
             if self._yield_now():
-                self._pending_input = buf
+                self._pending_input = buf[p:]
                 return
-        # Fast path: complete, canonical Turn packets are framed and read here.  The
-        # first packet that is not (incomplete, another kind, malformed) and all that
-        # follows it in this chunk go to the streaming decoder.
-        p = 0
-        n = len(buf)
+        # Fast path: complete, canonical Turn packets are framed and read here (one that
+        # the chunk ends inside is kept, and read on when the rest comes).  The first
+        # packet that is not (another kind, malformed) and all that follows it in this
+        # chunk go to the streaming decoder.
         while p < n:
             if self.closed:
                 return
             q = self._fast_turn(buf, p)
             if q < 0:
+                if q == _PARTIAL:
+                    return  # the packet goes on in the next chunk
                 self._decoder.feed(buf[p:] if p else buf)
                 self._decode_loop()
                 return
@@ -433,36 +454,59 @@ class Relay:
         self._packet(v)
 
     def _fast_turn(self, buf: bytes, p: int, whole: bool = False) -> int:
-        """Read and apply the Turn packet at ``buf[p]`` if it is complete and canonical.
+        """Read and apply the Turn packet at ``buf[p]`` if it is canonical.
 
-        Returns the offset after it, or -1 (nothing applied) when it is not: then the
-        generic decoder reads it (and reports any error).  Event envelopes
-        ``[oid <A|R|M|S ...>]`` are checked byte by byte; assertions, bodies and handles
-        go through the same reader (and limits) as the decoder uses.  With ``whole``, the
-        packet must also end exactly at the end of ``buf``.
+        Returns the offset after it; or -1 (nothing applied) when it is not canonical
+        (another kind of packet, malformed): then the generic decoder reads it (and
+        reports any error); or ``_PARTIAL`` when ``buf`` ends inside it: then the events
+        read so far are kept and :meth:`_go_on` reads the rest when it comes.  Event
+        envelopes ``[oid <A|R|M|S ...>]`` are checked byte by byte; assertions, bodies and
+        handles go through the same reader (and limits) as the decoder uses.  With
+        ``whole``, the packet must also end exactly at the end of ``buf``.
         """
         if buf[p] != 0xB5:
             return -1
-        start = p
-        read = self._read
-        events: list[tuple[int, int, Any, Any]] = []
         self._saw_embedded = False
+        events: list[tuple[int, int, Any, Any]] = []
+        q = self._fast_events(buf, p + 1, events)
+        if q < 0:
+            if q == _PARTIAL and not whole:
+                # Keep what is read; the decoder takes the incomplete event (its scan
+                # resumes as bytes come, and refuses one too large as soon as it can).
+                cut = self._cut
+                self._part = (events, self._saw_embedded, cut - p)
+                q = self._go_on(buf, cut, True)
+                return _PARTIAL if q < 0 else q
+            return -1
+        if q - p > self.limits.max_packet_size or (whole and q != len(buf)):
+            return -1
+        self.packets_in += 1
+        if events:
+            self._turn_in(events, self._saw_embedded)
+        return q
+
+    def _fast_events(self, buf: bytes, p: int, events: list[tuple[int, int, Any, Any]]) -> int:
+        """Read the events of a Turn packet from ``buf[p]`` (an event boundary) into
+        ``events``; returns the offset after the packet's end, or -1 at an event the fast
+        path does not read, or ``_PARTIAL`` when ``buf`` ends first.  Either way
+        :attr:`_cut` is then where that event starts."""
+        read = self._read
+        e = p
         try:
-            p += 1
             while True:
+                e = p
                 t = buf[p]
                 if t == 0x84:
-                    p += 1
-                    break
+                    return p + 1
                 if t != 0xB5 or buf[p + 1] != 0xB0:
-                    return -1
+                    break
                 ln = buf[p + 2]
                 if ln > 8:
-                    return -1
+                    break
                 q = p + 3 + ln
                 oid = int.from_bytes(buf[p + 3 : q], "big", signed=True)
                 if buf[q] != 0xB4 or buf[q + 1] != 0xB3 or buf[q + 2] != 1:
-                    return -1
+                    break
                 k = buf[q + 3]
                 p = q + 4
                 if k == 0x4D or k == 0x52 or k == 0x53:  # M, R, S: one field
@@ -472,19 +516,92 @@ class Relay:
                     a, p = read(buf, p, 3)
                     b, p = read(buf, p, 3)
                 else:
-                    return -1
+                    break
                 if buf[p] != 0x84 or buf[p + 1] != 0x84:
-                    return -1
+                    break
                 p += 2
                 events.append((oid, k, a, b))
-        except (IndexError, DecodeError, RecursionError):
-            return -1  # incomplete or malformed: the decoder decides
-        if p - start > self.limits.max_packet_size or (whole and p != len(buf)):
-            return -1
-        self.packets_in += 1
-        if events:
-            self._turn_in(events, self._saw_embedded)
-        return p
+        except (IndexError, DecodeShort):
+            self._cut = e
+            return _PARTIAL  # a read past the end: the bytes stop first
+        except (DecodeError, RecursionError):
+            pass  # malformed, or too deep: the decoder decides
+        self._cut = e
+        return -1
+
+    def _too_large(self) -> None:
+        self._part = None
+        self._decode_failed(DecodeTooLarge(
+            f"value longer than max_value_size ({self.limits.max_packet_size} bytes)", 0))
+
+    def _go_on(self, buf: bytes, p: int = 0, generic: bool = False) -> int:
+        """Read more of the Turn packet begun earlier (:attr:`_part`) from ``buf[p:]``:
+        the events the fast path reads are read so, any other (incomplete, or not
+        canonical: ``generic``) by the decoder, one event at a time.  Applies the packet
+        when it ends and returns the offset after it in ``buf``; -1 when ``buf`` ends
+        first (the state is kept) or the relay failed."""
+        assert self._part is not None
+        events, emb, size = self._part
+        self._part = None
+        limit = self.limits.max_packet_size
+        n = len(buf)
+        while True:
+            dec = self._decoder
+            if dec.buffered or generic:
+                if not dec.buffered:  # a new event: the rest of the packet's budget
+                    dec = self._decoder = Decoder(embedded=self._wireref_in,
+                                                  max_value_size=max(1, limit - size))
+                before = dec.buffered
+                dec.feed(buf[p:] if p else buf)
+                self._saw_embedded = emb
+                try:
+                    ev = dec.try_next()
+                except DecodeTooLarge:
+                    self._too_large()
+                    return -1
+                except DecodeError as e:
+                    self._decode_failed(e)
+                    return -1
+                if ev is None:
+                    self._part = (events, emb, size)
+                    if size + dec.buffered > limit:
+                        self._too_large()
+                    return -1
+                emb = self._saw_embedded
+                rest = dec.buffered
+                self._decoder = self._new_decoder()
+                size += before + n - p - rest
+                p = n - rest
+                generic = False
+                try:
+                    events.append(_envelope(ev))
+                except ProtocolError as e:
+                    # Events before the bad one are applied first, as when decoded.
+                    self.packets_in += 1
+                    if events:
+                        self._turn_in(events, emb)
+                    self.fail(e.message, e.detail)
+                    return -1
+                continue
+            if p >= n:
+                self._part = (events, emb, size)
+                return -1
+            self._saw_embedded = emb
+            q = self._fast_events(buf, p, events)
+            emb = self._saw_embedded
+            if q < 0:  # the event at _cut is the decoder's: not canonical, or incomplete
+                size += self._cut - p
+                p = self._cut
+                generic = True
+                continue
+            size += q - p
+            if size > limit:
+                self._too_large()
+                return -1
+            self.packets_in += 1
+            if events:
+                self._turn_in(events, emb)
+            return q
 
     def _decode_failed(self, e: DecodeError) -> None:
         cause = e.__cause__
@@ -496,7 +613,8 @@ class Relay:
     @property
     def buffered(self) -> int:
         """Bytes received but not yet forming a complete packet."""
-        return self._decoder.buffered
+        part = self._part
+        return self._decoder.buffered + (part[2] if part is not None else 0)
 
     def _packet(self, v: Value) -> None:
         self.packets_in += 1
