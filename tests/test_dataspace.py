@@ -275,3 +275,54 @@ def test_during_keeps_confusable_captures_apart():
     ds.retract(h1)
     got = [(e, type(x)) for e, x in log.take()]
     assert got == [("start", int), ("start", bool), ("stop", int)]
+
+
+def test_message_tap_hears_each_turn_once_in_order_after_its_deliveries():
+    ds = Dataspace()
+    ds.max_turn_events = 1000  # the server's metered path
+    log = Log()
+    ds.observe("<Says $who $text>", on_message=log.add("obs"))
+    ds.tap_messages(lambda msgs: log.items.append(("tap", *msgs)))
+    with ds.turn():
+        ds.assert_(p('<Present "a">'))
+        ds.send(p('<Says "a" "1">'))
+        ds.send(p('<Other>'))  # nothing observes it: the tap hears it all the same
+        ds.send(p('<Says "a" "2">'))
+    assert log.take() == [("obs", "a", "1"), ("obs", "a", "2"),
+                          ("tap", p('<Says "a" "1">'), p("<Other>"), p('<Says "a" "2">'))]
+    ds.send(p('<Says "b" "3">'))  # outside a turn: a turn of its own
+    ds.max_turn_events = None
+    ds.send(p('<Says "c" "4">'))
+    assert log.take() == [("obs", "b", "3"), ("tap", p('<Says "b" "3">')),
+                          ("obs", "c", "4"), ("tap", p('<Says "c" "4">'))]
+    ds.tap_messages(None)
+    ds.send(p('<Says "d" "5">'))
+    assert log.take() == [("obs", "d", "5")]
+
+
+def test_a_message_sent_by_a_callback_reaches_the_tap_after_the_one_that_caused_it():
+    ds = Dataspace()
+    seen = []
+    ds.observe("<Ping $n>", on_message=lambda n: ds.send(p(f"<Pong {n}>")))
+    ds.tap_messages(lambda msgs: seen.append(list(msgs)))
+    with ds.turn():
+        ds.send(p("<Ping 1>"))
+        ds.send(p("<Ping 2>"))
+    assert seen == [[p("<Ping 1>"), p("<Ping 2>")], [p("<Pong 1>")], [p("<Pong 2>")]]
+
+
+def test_hidden_observer_without_on_message_is_not_matched_by_messages():
+    ds = Dataspace()
+    log = Log()
+    ds.observe_hidden("$v", on_assert=log.add("+"), on_retract=log.add("-"))
+    h = ds.assert_(p('<Present "a">'))
+    ds.send(p('<Says "a" "hi">'))
+    ds.retract(h)
+    assert log.take() == [("+", p('<Present "a">')), ("-", p('<Present "a">'))]
+    fire: list = []
+    ds.index.sink, sink = fire, ds.index.sink
+    try:
+        ds.index.send_message(p('<Says "a" "hi">'))
+    finally:
+        ds.index.sink = sink
+    assert fire == []  # no delivery queued at all: messages cost such an observer nothing

@@ -458,6 +458,7 @@ class Dataspace(_DataspaceBase):
         # Count watches (see watch_counts): strict keys watched -> watchers, and the hook.
         self._watch: dict[Any, int] = {}
         self._watch_fn: Callable[[Value], Any] | None = None
+        self._tap: Callable[[Any], Any] | None = None  # see tap_messages
         self.max_turn_events: int | None = None
         """When set, a turn (or an action outside a turn) that would deliver more events
         than this to observers is undone and raises :class:`TurnTooLarge` (a server sets
@@ -531,6 +532,8 @@ class Dataspace(_DataspaceBase):
             self._apply_metered({}, (), (value,))
         else:
             self.index.send_message(value)
+            if self._tap is not None:
+                self._queue.append(("x", (self._tap,), ((value,),)))
         if self._queue and not self._dispatching:
             self._dispatch()
 
@@ -563,11 +566,13 @@ class Dataspace(_DataspaceBase):
     ) -> Subscription:
         """:meth:`observe` without asserting ``<Observe ...>``: for the server's own
         machinery (links), which must not show up as interest in the dataspace or in what
-        its clients see.  Takes effect at once, even inside a turn."""
+        its clients see.  Takes effect at once, even inside a turn.  Without
+        ``on_message`` it hears assertions only, and messages do not reach it at all
+        (see :meth:`tap_messages` for those)."""
         pat = as_pattern(pattern)
         sub = Subscription(self, pat, on_assert, on_retract, on_message, None)
         self._hidden.add(sub)
-        self.index.add_handler(pat, sub)
+        self.index.add_handler(pat, sub, messages=on_message is not None)
         if self._queue and not self._dispatching:
             self._dispatch()
         return sub
@@ -586,6 +591,16 @@ class Dataspace(_DataspaceBase):
         retracted; if ``setup`` returns a callable, it is called then too.
         """
         return self._subscribe(pattern, None, None, None, setup)
+
+    def tap_messages(self, fn: Callable[[Any], Any] | None) -> None:
+        """Have ``fn(messages)`` hear every message sent here from now on (None: stop),
+        the messages of one turn at once (a sequence, in the order sent), whether or not
+        anything observes them.  It is queued with the turn's deliveries (after those of
+        its own messages), so it runs in order with them and is isolated like any
+        callback.  For a server's links, which forward messages: one call per turn and
+        no matching, where an observer of everything would cost a match and a callback
+        per message."""
+        self._tap = fn
 
     def _after_turn(self) -> None:
         if self._queue and not self._dispatching:
@@ -777,8 +792,12 @@ class Dataspace(_DataspaceBase):
                 self._uninstall_observer(v)
         for _h, v in removed:
             self._remove(v)
-        for m in messages:
-            self.index.send_message(m)
+        if messages:
+            send = self.index.send_message
+            for m in messages:
+                send(m)
+            if self._tap is not None:
+                self._queue.append(("x", (self._tap,), (messages,)))
 
     def _apply_metered(self, added: Any, removed: Any, messages: Any) -> None:
         """:meth:`_apply` counting the deliveries that additions and messages queue; past
@@ -813,6 +832,8 @@ class Dataspace(_DataspaceBase):
                     used += _queued_cost(q, n)
                     if used > limit:
                         raise TurnTooLarge(limit)
+            if messages and self._tap is not None:
+                q.append(("x", (self._tap,), (messages,)))
         except TurnTooLarge:
             for kind, v, info in reversed(done):
                 if kind == "a":

@@ -132,8 +132,8 @@ class _Leaf:
         self.hlist = tuple(self.handlers.values())
         flat: list[Any] = []
         for h in self.hlist:
-            if h.cbs:
-                flat += (h.project, h.cbs)
+            if h.mcbs:
+                flat += (h.project, h.mcbs)
         if flat:
             grp.msg[ck] = tuple(flat)
         else:
@@ -144,7 +144,7 @@ _NO = object()  # "no entry" in a handler's first-entry slot
 
 
 class _Handler:
-    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "project")
+    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "project")
 
     def __init__(self, project: Callable[[Value], Any]) -> None:
         self.project = project
@@ -156,8 +156,13 @@ class _Handler:
         self.c1: tuple[Any, ...] | None = None
         self.bag: dict[Any, tuple[Any, ...]] = {}
         self.extra: dict[Any, int] = {}
-        self.callbacks: dict[Callback, None] = {}
+        self.callbacks: dict[Callback, bool] = {}  # callback -> hears messages
         self.cbs: tuple[Callback, ...] = ()  # the callbacks, as a tuple for firing
+        self.mcbs: tuple[Callback, ...] = ()  # those that hear messages
+
+    def set_callbacks(self) -> None:
+        self.cbs = tuple(self.callbacks)
+        self.mcbs = tuple(cb for cb, m in self.callbacks.items() if m)
 
 
 # ---------------------------------------------------------------------------------------
@@ -361,9 +366,11 @@ class Index:
             kinds = node.kinds
         return node
 
-    def add_handler(self, pattern: Pattern, callback: Callback) -> None:
+    def add_handler(self, pattern: Pattern, callback: Callback, messages: bool = True) -> None:
         """Install ``callback`` for ``pattern``; it hears ``"+"`` at once for every
-        distinct capture tuple of the assertions already present."""
+        distinct capture tuple of the assertions already present.  With ``messages``
+        False it hears assertions only (a message never reaches it: it costs messages
+        nothing)."""
         self._enter()
         try:
             skel = skeleton(pattern)
@@ -415,8 +422,8 @@ class Index:
                         _bag_add(handler, r[0], r[1])
             if callback in handler.callbacks:
                 return
-            handler.callbacks[callback] = None
-            handler.cbs = tuple(handler.callbacks)
+            handler.callbacks[callback] = messages
+            handler.set_callbacks()
             leaf.refresh(grp, cvals)
             initial = list(handler.bag.values())
             if handler.k1 is not _NO:
@@ -455,7 +462,7 @@ class Index:
             if handler is None or callback not in handler.callbacks:
                 return
             del handler.callbacks[callback]
-            handler.cbs = tuple(handler.callbacks)
+            handler.set_callbacks()
             if handler.callbacks:
                 leaf.refresh(grp, cvals)
                 return
@@ -836,10 +843,13 @@ def _msg_visit(
     node: _Node, stack: list[Any], v: Value, fire: list[Any], cont: _Continuation
 ) -> None:
     for grp in cont.table.values():
+        msg = grp.msg
+        if not msg:
+            continue  # assertion-only handlers
         ck = grp.project(v)
         if ck is None:
             continue
-        m = grp.msg.get(ck)
+        m = msg.get(ck)
         if m is None:
             continue
         r = m[0](v)

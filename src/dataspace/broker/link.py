@@ -341,18 +341,27 @@ class LinkSession:
 
     # -- data to the peer ---------------------------------------------------------------
 
-    def forward_message(self, v: Value) -> None:
+    def forward_messages(self, msgs: Any) -> None:
+        """The messages of one turn here (a sequence): forward those the peer wants."""
         echo = self.echo
-        if echo and echo[0] is v:
-            echo.popleft()  # it came from this link: never back
-            return
-        if not self.ready:
-            return
-        if self.prod.forward(v):
-            self.counters["messages_forwarded"] += 1
-            self.data_out.on_message(v)
-        else:
-            self.counters["messages_suppressed"] += 1
+        ready = self.ready
+        decide = self.prod.forward
+        out = self.data_out
+        fwd = sup = 0
+        for v in msgs:
+            if echo and echo[0] is v:
+                echo.popleft()  # it came from this link: never back
+                continue
+            if not ready:
+                continue
+            if decide(v):
+                fwd += 1
+                out.on_message(v)
+            else:
+                sup += 1
+        c = self.counters
+        c["messages_forwarded"] += fwd
+        c["messages_suppressed"] += sup
 
     def reassess(self, k: Any, v: Value | None, count: int) -> None:
         """Forward or withdraw one assertion (``count``: its copies here)."""
@@ -530,6 +539,7 @@ class LinkHub:
         """With the first link: watch local interest and everything asserted and sent
         here; with the last one gone, stop (a server without links pays nothing)."""
         if self._catch_all is None and self.sessions:
+            # Assertions only: messages come through the dataspace's tap, a turn's at once.
             sub = self.ds.observe_hidden("$v", on_assert=self._added, on_retract=self._removed)
             self._catch_all = sub
             self.ds.watch_counts(self._count_changed)
@@ -544,13 +554,13 @@ class LinkHub:
             self._watched.clear()
 
     def _tap_messages(self) -> None:
-        """Hear the messages sent here only while some peer may want one (its producer
-        has a POSITIVE entry): a link whose peer wants nothing from this side costs this
-        side's messages no callback.  Messages injected from a link are remembered (the
-        echo queues) only while tapping; when it stops, those queues are dropped."""
-        sub = self._catch_all
+        """Hear the messages sent here (the dataspace's tap: a turn's messages at once)
+        only while some peer may want one (its producer has a POSITIVE entry): a link
+        whose peer wants nothing from this side costs this side's messages nothing.
+        Messages injected from a link are remembered (the echo queues) only while
+        tapping; when it stops, those queues are dropped."""
         on = False
-        if sub is not None:
+        if self._catch_all is not None:
             for s in self.sessions:
                 if s.prod.positives:
                     on = True
@@ -558,8 +568,7 @@ class LinkHub:
         if on == self.tapping:
             return
         self.tapping = on
-        if sub is not None:
-            sub.on_message = self._message if on else None
+        self.ds.tap_messages(self._messages if on else None)
         if not on:
             for s in self.sessions:
                 s.echo.clear()
@@ -583,9 +592,9 @@ class LinkHub:
         for s in self.sessions:
             s.reassess(k, None, 0)
 
-    def _message(self, v: Value) -> None:
+    def _messages(self, msgs: Any) -> None:
         for s in self.sessions:
-            s.forward_message(v)
+            s.forward_messages(msgs)
 
     def watch(self, k: Any, delta: int) -> None:
         n = self._watched.get(k, 0) + delta
