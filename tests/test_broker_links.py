@@ -505,3 +505,58 @@ async def test_serve_prints_link_events(tmp_path):
             await kill(proc)
     finally:
         await u.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# The forwarding path, without sockets: what a turn of messages costs the link
+
+
+def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in():
+    """U forwards the messages of a publisher's turn with one call of the dataspace's tap
+    (no match and no callback per message), in one packet on the link, each as the bytes
+    it was received in (not encoded again: an integer written in two bytes where one
+    would do stays so)."""
+    from dataspace.broker.link import LINK_REACH, LINK_RELAY_LIMITS, LinkHub, LinkSession
+    from dataspace.dataspace import Dataspace, DataspaceEntity
+    from dataspace.pattern import parse_pattern
+    from dataspace.protocol.gatekeeper import Bindings
+    from dataspace.protocol.relay import Relay
+    from dataspace.protocol.upstream import Subscriber, pattern_chain
+    from dataspace.values import Sequence, encode
+
+    loop = asyncio.new_event_loop()
+    try:
+        ds = Dataspace("u")
+        ds.max_turn_events = 100_000
+        hub = LinkHub(ds, server_id="u", bindings=Bindings(), loop=loop)
+        link = Relay(limits=LINK_RELAY_LIMITS, turn=ds.turn)  # U's end of the link
+        s = LinkSession(hub, "from d", "d", link, dialed=False)
+        s.ctl_out, s.data_out = link.import_ref(10), link.import_ref(11)
+        hub.begin(s)
+        sub = Subscriber()  # D's machine: D wants <Says "user-7" _>
+        sub.start(0.0)
+        sub.add_interest(pattern_chain(parse_pattern('<Says "user-7" $text>')), 0.0)
+        for request in sub.take_outgoing():
+            s.on_control(request)
+        s.on_control(Record(LINK_REACH, [Sequence(["d"])]))
+        link.take_packets()
+        taps: list[int] = []
+        inner = hub._messages
+        hub.ds.tap_messages(lambda msgs: (taps.append(len(msgs)), inner(msgs)))
+
+        pub = Relay(turn=ds.turn)  # the publisher's connection on U
+        pub.export_at(1, DataspaceEntity(ds))
+        odd = b"\xb4\xb3\x04Says\xb1\x06user-7\xb0\x02\x00\x05\x84"  # <Says "user-7" 5>
+        bodies = [encode(parse(f'<Says "user-7" "{i}">')) for i in range(49)] + [odd]
+        packet = b"\xb5" + b"".join(b"\xb5\xb0\x01\x01\xb4\xb3\x01M" + b + b"\x84\x84"
+                                    for b in bodies) + b"\x84"
+        pub.receive_data(packet)
+        assert taps == [50]
+        out = link.take_packets()
+        assert len(out) == 1
+        assert out[0] == b"\xb5" + b"".join(b"\xb5\xb0\x01\x0b\xb4\xb3\x01M" + b + b"\x84\x84"
+                                            for b in bodies) + b"\x84"
+        assert s.counters["messages_forwarded"] == 50
+    finally:
+        hub.close()
+        loop.close()

@@ -56,7 +56,7 @@ from ..net.flow import FlowLimits, Hub
 from ..net.websocket import connect_ws
 from ..pattern import Bind, PatternError, from_preserves
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings
-from ..protocol.relay import Relay, RelayLimits
+from ..protocol.relay import Relay, RelayLimits, keep_received
 from ..protocol.sturdy import SturdyError, SturdyRef, validate
 from ..protocol.upstream import (
     CONFIRM,
@@ -569,6 +569,7 @@ class LinkHub:
             return
         self.tapping = on
         self.ds.tap_messages(self._messages if on else None)
+        keep_received(on)  # forward messages as the bytes they came in
         if not on:
             for s in self.sessions:
                 s.echo.clear()

@@ -62,7 +62,7 @@ from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
-__all__ = ["Quota", "Relay", "RelayLimits", "RemoteEntity"]
+__all__ = ["Quota", "Relay", "RelayLimits", "RemoteEntity", "keep_received"]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,23 @@ _B_TRUE = b"\x81"
 _cached: tuple[Any, bytes] | None = None
 _PARTIAL = -2
 """What the fast path returns when the input ends inside a Turn packet."""
+# The encodings of the messages of the Turn packets being applied, by the id of the value
+# read (kept with it, so an id is never reused meanwhile): a message forwarded unchanged
+# (a linked server's) goes out as the bytes it came in, not encoded again.  Only while
+# some user wants it (keep_received), and emptied after each packet is applied.
+_received: dict[int, tuple[Any, bytes]] = {}
+_keeping = 0
+
+
+def keep_received(on: bool) -> None:
+    """Count one more (``on``) or one fewer user wanting the relays of this process to keep
+    the encoding of each message they receive while its turn is applied, so that
+    :class:`RemoteEntity` sends that same message, unchanged, as those bytes.  A server's
+    links turn it on while they forward messages."""
+    global _keeping
+    _keeping = max(0, _keeping + (1 if on else -1))
+    if not _keeping:
+        _received.clear()
 
 
 @dataclass(frozen=True)
@@ -483,6 +500,8 @@ class Relay:
         self.packets_in += 1
         if events:
             self._turn_in(events, self._saw_embedded)
+            if _received:
+                _received.clear()
         return q
 
     def _fast_events(self, buf: bytes, p: int, events: list[tuple[int, int, Any, Any]]) -> int:
@@ -491,6 +510,7 @@ class Relay:
         path does not read, or ``_PARTIAL`` when ``buf`` ends first.  Either way
         :attr:`_cut` is then where that event starts."""
         read = self._read
+        keep = _keeping
         e = p
         try:
             while True:
@@ -509,7 +529,12 @@ class Relay:
                     break
                 k = buf[q + 3]
                 p = q + 4
-                if k == 0x4D or k == 0x52 or k == 0x53:  # M, R, S: one field
+                if k == 0x4D:  # M: its body
+                    a, p = read(buf, q + 4, 3)
+                    b = None
+                    if keep:
+                        _received[id(a)] = (a, buf[q + 4 : p])
+                elif k == 0x52 or k == 0x53:  # R, S: one field
                     a, p = read(buf, p, 3)
                     b = None
                 elif k == 0x41:  # A: assertion, handle
@@ -601,6 +626,8 @@ class Relay:
             self.packets_in += 1
             if events:
                 self._turn_in(events, emb)
+                if _received:
+                    _received.clear()
             return q
 
     def _decode_failed(self, e: DecodeError) -> None:
@@ -1016,6 +1043,11 @@ class Relay:
     def _send_message(self, proxy: RemoteEntity, value: Value) -> None:
         if self.closed:
             return
+        if _received:
+            r = _received.get(id(value))
+            if r is not None and r[0] is value:  # forwarded as it came in
+                self._emit(proxy.oid_bytes, _HDR_M, r[1])
+                return
         # Fan-out: every observer of a message gets a sequence of the *same* captured
         # objects; without embedded references their encoding is the same, so it is
         # made once (a one-entry cache shared by all relays).
