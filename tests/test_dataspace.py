@@ -326,3 +326,10 @@ def test_hidden_observer_without_on_message_is_not_matched_by_messages():
     finally:
         ds.index.sink = sink
     assert fire == []  # no delivery queued at all: messages cost such an observer nothing
+    assert not ds.index.root.cont.has_msg  # not even a visit of its node
+    sub = ds.observe_hidden("$v", on_message=log.add("!"))
+    assert ds.index.root.cont.has_msg
+    ds.send(p("<x>"))
+    assert log.take() == [("!", p("<x>"))]
+    sub.cancel()
+    assert not ds.index.root.cont.has_msg

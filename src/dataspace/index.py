@@ -94,11 +94,15 @@ class _Node:
 
 
 class _Continuation:
-    __slots__ = ("cache", "table")
+    __slots__ = ("cache", "has_msg", "table")
 
     def __init__(self) -> None:
         self.cache: dict[int, None] = {}  # ids of the assertions that reach here
         self.table: dict[Any, _ConstGroup] = {}
+        self.has_msg = False  # some handler here hears messages
+
+    def refresh_msg(self) -> None:
+        self.has_msg = any(grp.msg for grp in self.table.values())
 
 
 class _ConstGroup:
@@ -425,6 +429,7 @@ class Index:
             handler.callbacks[callback] = messages
             handler.set_callbacks()
             leaf.refresh(grp, cvals)
+            cont.refresh_msg()
             initial = list(handler.bag.values())
             if handler.k1 is not _NO:
                 initial.append(handler.c1)
@@ -465,6 +470,7 @@ class Index:
             handler.set_callbacks()
             if handler.callbacks:
                 leaf.refresh(grp, cvals)
+                cont.refresh_msg()
                 return
             del leaf.handlers[capkey]
             entry = node.compiled[capkey]
@@ -478,6 +484,7 @@ class Index:
             if grp.nhandlers == 0:
                 # No handler needs these constants any more: drop the group and its leaves.
                 del cont.table[ckey]
+            cont.refresh_msg()
             self._prune(node)
         finally:
             self._busy = False
@@ -734,7 +741,7 @@ def _del_root(root: _Node, vid: int, v: Value, fire: list[Any]) -> None:
 
 
 def _msg_root(root: _Node, v: Value, fire: list[Any]) -> None:
-    if root.cont.table:
+    if root.cont.has_msg:  # (a server's links observe everything, assertions only)
         _msg_visit(_EMPTY_NODE, [v], v, fire, root.cont)
     if root.move_list:
         nxt = root.move_list[0][2].get(classof(v))
