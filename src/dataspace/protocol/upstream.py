@@ -409,13 +409,26 @@ _PLAIN_NOINT = frozenset({str, bytes, Symbol, Record, Sequence, Set, Dictionary,
 def _decide(n: _Node, v: Value, skip: _Node | None) -> int:
     """The producer's rule on the entries under ``n`` (which ``v`` matches): _YES if some
     POSITIVE entry (not ``skip``) has no NEGATIVE one below it that ``v`` matches, else
-    _NEGATIVE if such a negative is there, else _NONE.  One walk, no lists: this runs
-    for every message a link may forward."""
+    _NEGATIVE if such a negative is there, else _NONE.  One walk, no lists, a leaf
+    decided without a call: this runs for every message a link may forward."""
     below = _NONE
     kids = n.kids
     if kids:
         for path, table in kids.items():
-            x = _at(v, path) if path else v
+            x = v
+            for i in path:  # _at, inline
+                t = type(x)
+                if t is Record:
+                    f = x.fields
+                    if i >= len(f):
+                        x = _MISSING
+                        break
+                    x = f[i]
+                elif t is Sequence and i < len(x):
+                    x = x[i]
+                else:
+                    x = _MISSING
+                    break
             if x is _MISSING:
                 continue
             t = type(x)
@@ -429,11 +442,17 @@ def _decide(n: _Node, v: Value, skip: _Node | None) -> int:
             else:
                 k = ("lit", x if t in _PLAIN_NOINT else key(x))
             c = table.get(k)
-            if c is not None:
+            if c is None:
+                continue
+            if c.kids:
                 r = _decide(c, v, skip)
-                if r == _YES:
-                    return _YES
-                below |= r
+            else:  # a leaf: its own entry decides
+                cf = c.flags
+                r = (_NONE if cf is None else _NEGATIVE if cf == 0
+                     else _YES if c is not skip else _NONE)
+            if r == _YES:
+                return _YES
+            below |= r
     f = n.flags
     if f is None:
         return below
