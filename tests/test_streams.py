@@ -546,6 +546,99 @@ def test_copy_in_keeps_indices_times_and_metadata(store):
         tx.copy_in("dst", [(4, 0, b"\x84", None, 0)])
 
 
+def test_staged_rows_are_invisible_until_a_transaction_takes_them(store):
+    store.append("out", "before")
+    e = [encode(x) for x in range(5)]
+    m = [encode(parse("{h: #x\"0102\"}")), None, encode(1), encode(2), encode(3)]
+    store.stage("p1", "p1/a", {"out": (e[:2], m[:2]), "err": (e[4:], m[4:])})
+    store.stage("p1", "p1/b", {"out": (e[2:4], m[2:4])})
+    store.stage("p2", "p2/a", {"out": (e[:1], m[:1])})
+    with pytest.raises(StoreError, match="staged already"):
+        store.stage("p1", "p1/a", {"out": (e[:1], m[:1])})
+    assert [x.index for x in store.read("out")] == [0] and not store.has_stream("err")
+    seq0 = store.read("out")[0].seq
+    with store.transaction() as tx:
+        assert tx.append_staged("out", [("p1/b", 2), ("p1/a", 2)]) == 1  # in the order given
+        tx.append("mid", 9)
+        assert tx.append_staged("err", [("p1/a", 1)]) == 0
+        assert tx.drop_staged("p1") == 5
+    got = store.read("out")
+    assert [(x.index, x.data, x.meta_data) for x in got[1:]] == [
+        (1, e[2], m[2]), (2, e[3], m[3]), (3, e[0], m[0]), (4, e[1], m[1])]
+    seqs = [x.seq for x in got] + [store.read("mid")[0].seq, store.read("err")[0].seq]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 7 and seqs[0] == seq0  # commit order
+    assert store.read("err")[0].data == e[4]
+    assert store.next_index("out") == 5
+    # Dropped: taking them again fails and leaves nothing; another owner's rows are kept.
+    with pytest.raises(StoreError, match="missing"), store.transaction() as tx:
+        tx.append("out", "x")
+        tx.append_staged("out", [("p1/a", 2)])
+    assert store.next_index("out") == 5
+    with pytest.raises(StoreError, match="1, not 2"), store.transaction() as tx:
+        tx.append_staged("out", [("p2/a", 2)])
+    with store.transaction() as tx:  # metadata ending in another hash: the suffix replaced
+        tx.append_staged("out", [("p2/a", 1)], meta_cut=3, meta_suffix=b"\x00\xff\x84")
+        assert tx.drop_staged("p2") == 1 and tx.drop_staged("nobody") == 0
+    assert store.read("out")[5].meta_data == m[0][:-3] + b"\x00\xff\x84"
+    assert store.check() == []
+    store.collect_staged()  # frees the space of what was dropped (if the store defers it)
+    assert store.collect_staged() == 0
+
+
+def test_a_transaction_without_staging_never_needs_the_staging_table(store):
+    with store.transaction() as tx:
+        assert tx.drop_staged("p") == 0
+        assert tx.append_staged("out", []) == 0
+    with pytest.raises(StoreError, match="no staged rows"), store.transaction() as tx:
+        tx.append_staged("out", [("t", 1)])
+
+
+def _shard_tables(path) -> list[str]:
+    con = sqlite3.connect(str(path))
+    try:
+        return sorted(r[0] for r in con.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 't[0-9]*'"))
+    finally:
+        con.close()
+
+
+def test_sqlite_staging_shards_let_stagers_work_in_parallel_and_are_collected(tmp_path):
+    from dataspace.streams.sqlite import STAGE_SHARDS
+
+    store = open_store(tmp_path)
+    try:
+        rows = {"out": ([encode(1), encode(2)], [None, None])}
+        # A stager holding a shard's lock does not make another wait: it takes the next.
+        blocker = store._stage_conn(os.getpid() % STAGE_SHARDS)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            store.stage("p", "p/b", rows)  # no wait (the busy timeout is 30 s)
+        finally:
+            blocker.execute("ROLLBACK")
+        busy = store.stage_path(os.getpid() % STAGE_SHARDS)
+        used = store.stage_path((os.getpid() + 1) % STAGE_SHARDS)
+        assert _shard_tables(used) == ["t1"] and (not busy.exists() or _shard_tables(busy) == [])
+        store.stage("p", "p/c", rows)  # the free first shard again
+        with store.transaction() as tx:
+            assert tx.append_staged("out", [("p/b", 2), ("p/c", 2)]) == 0
+            assert tx.drop_staged("p") == 4
+        assert [e.value for e in store.read("out")] == [1, 2, 1, 2]
+        # Dropped parts' tables wait for collect_staged; ids are not reused meanwhile.
+        assert _shard_tables(busy) == ["t1"]
+        store.stage("p", "p/d", rows)
+        assert _shard_tables(busy) == ["t1", "t2"]
+        assert store.collect_staged() == 2  # t1 in each shard; p/d's table stays
+        assert _shard_tables(busy) == ["t2"] and _shard_tables(used) == []
+        with store.transaction() as tx:
+            assert tx.append_staged("out", [("p/d", 2)]) == 4
+    finally:
+        store.close()
+    # The staging files are beside the store; the store itself is sound and ours.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith("-stage", 0, -1)) == sorted(
+        {busy.name, used.name})
+    assert open_store(tmp_path).check() == []
+
+
 # -- locks ------------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -395,6 +395,23 @@ class Transaction(ABC):
         below it are never used, as after retention removed entries."""
 
     @abstractmethod
+    def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
+                      meta_cut: int = 0, meta_suffix: bytes = b"") -> int:
+        """Append rows written earlier by :meth:`Store.stage` -- the rows of ``stream``
+        staged under each ``(token, count)`` of ``staged``, in that order and in their
+        order within a token -- as this transaction's appends (indices, ``seq``, append
+        time, retention as :meth:`append_encoded`); returns the first index.  With
+        ``meta_cut``, each staged metadata's last ``meta_cut`` bytes are replaced by
+        ``meta_suffix``.  The rows are copied inside the store (they do not pass through
+        this process).  :class:`StoreError` if a token has not exactly ``count`` rows of
+        ``stream`` staged (staged rows are not durable until this commit takes them)."""
+
+    @abstractmethod
+    def drop_staged(self, owner: str) -> int:
+        """Delete every row staged by ``owner`` (taken or not); returns how many.  A store
+        may free their space later, in :meth:`Store.collect_staged`."""
+
+    @abstractmethod
     def commit(self) -> None:
         """Make everything durable and visible (then wake readers everywhere)."""
 
@@ -636,6 +653,25 @@ class Store(ABC):
             self.wait_change(gen, remaining)
 
     # -- maintenance ----------------------------------------------------------------------
+
+    # -- staging (rows written ahead, made visible by a later transaction) ----------------
+
+    @abstractmethod
+    def stage(self, owner: str, token: str,
+              rows: Mapping[str, tuple[Sequence[bytes], Sequence[bytes | None]]]) -> None:
+        """Write ``rows`` -- per stream, encoded values and their metadata -- aside under
+        ``token`` (unique per writer and attempt; ``owner``: who will take or drop them),
+        in a transaction of its own, invisible to every reader: no index, no ``seq``,
+        no wake-up.  A later transaction appends them with
+        :meth:`Transaction.append_staged` (the Spark sink's write tasks stage a batch's
+        outputs; the batch's commit takes them); :meth:`Transaction.drop_staged` removes
+        what an owner left behind.  Staged rows are not made durable."""
+
+    def collect_staged(self) -> int:
+        """Free the space of staged rows that transactions dropped, if the store defers
+        that (outside every transaction, so it may run in the background while others
+        write); returns how many parts were freed."""
+        return 0
 
     @abstractmethod
     def apply_retention(self, now_ns: int | None = None) -> int:

@@ -54,7 +54,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..datadir import mask_url
@@ -894,6 +894,40 @@ class PostgresStore(Store):
         """How other processes' commits wake readers: ``listen`` (LISTEN/NOTIFY)."""
         return "listen"
 
+    # -- staging ------------------------------------------------------------------------
+
+    def stage(self, owner: str, token: str,
+              rows: Mapping[str, tuple[Sequence[bytes], Sequence[bytes | None]]]) -> None:
+        """Each stream's rows go into an UNLOGGED table of their own (``staged_ID``,
+        registered in ``staged``), in a transaction that does not wait for the flush
+        (``synchronous_commit = off``) nor take the commit-order lock; the commit takes
+        them with ``INSERT ... SELECT`` and drops the table.  Rows lost by a server crash
+        are missed by the commit's count check, which then fails the batch."""
+        import psycopg
+
+        with self._conn() as conn:
+            if getattr(self._local, "tx", None) is not None:
+                raise StoreError("stage() inside a transaction")
+            try:
+                with conn.transaction():
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                    _ensure_staged(conn)
+                    cur = conn.cursor(binary=True)
+                    for stream, (datas, metas) in rows.items():
+                        if len(metas) != len(datas):
+                            raise ValueError("stage: datas and metas differ in length")
+                        tid = cur.execute(
+                            f"INSERT INTO {_STAGED} (owner, token, stream, count) "
+                            "VALUES (%s, %s, %s, %s) RETURNING id",
+                            (owner, token, stream, len(datas))).fetchone()[0]
+                        cur.execute(f"CREATE UNLOGGED TABLE {SCHEMA}.staged_{int(tid)} "
+                                    "(k int NOT NULL, value bytea NOT NULL, meta bytea)")
+                        cur.execute(f"INSERT INTO {SCHEMA}.staged_{int(tid)} (k, value, meta) "
+                                    "SELECT o - 1, v, m FROM unnest(%b::bytea[], %b::bytea[]) "
+                                    "WITH ORDINALITY AS u(v, m, o)", (list(datas), list(metas)))
+            except psycopg.errors.UniqueViolation:
+                raise StoreError(f"stage: token {token!r} was staged already") from None
+
     # -- maintenance ----------------------------------------------------------------------
 
     def apply_retention(self, now_ns: int | None = None) -> int:
@@ -965,6 +999,19 @@ _INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
 _UPSERT_TAILER = (f"INSERT INTO {_T} (stream, name, position, updated_ns) VALUES (%s, %s, %s, %s) "
                   "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
                   "updated_ns = excluded.updated_ns")
+
+
+_STAGED = f"{SCHEMA}.staged"
+
+
+def _ensure_staged(conn: Any) -> None:
+    """The registry of staged rows (Store.stage), created on first use (stores made
+    before staging existed lack it; the schema lock keeps two creators apart)."""
+    if conn.execute("SELECT to_regclass(%s)", (_STAGED,)).fetchone()[0] is None:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INIT_LOCK,))
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {_STAGED} (id bigint GENERATED ALWAYS AS "
+                     "IDENTITY PRIMARY KEY, owner text NOT NULL, token text NOT NULL, "
+                     "stream text NOT NULL, count bigint NOT NULL, UNIQUE (token, stream))")
 
 
 def _retain(conn: Any, sid: int, nxt: int, max_count: int | None, max_age_ms: int | None,
@@ -1135,6 +1182,51 @@ class PostgresTransaction(Transaction):
         self._seq += n
         self._next[sid] = first + n
         return first
+
+    def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
+                      meta_cut: int = 0, meta_suffix: bytes = b"") -> int:
+        sid, first = self._writable(stream)
+        total = sum(n for _t, n in staged)
+        if total == 0:
+            return first
+        if first + total > MAX_INDEX:
+            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        if self._q("SELECT to_regclass(%s)", (_STAGED,)).fetchone()[0] is None:
+            raise StoreError(f"stream {stream!r}: no staged rows in {self._store.display} (lost?)")
+        t = self._time = time.time_ns()
+        meta = ("meta" if not meta_cut else
+                "CASE WHEN meta IS NULL THEN NULL ELSE "
+                "substring(meta FROM 1 FOR length(meta) - %s) || %s END")
+        at = first
+        for token, n in staged:
+            row = self._q(f"SELECT id, count FROM {_STAGED} WHERE token = %s AND stream = %s",
+                          (token, stream)).fetchone()
+            if row is None or row[1] != n:
+                raise StoreError(
+                    f"stream {stream!r}: the staged rows of {token!r} are "
+                    f"{'missing' if row is None else f'{row[1]}, not {n}'}; nothing was appended")
+            params: tuple[Any, ...] = (sid, at, self._seq + (at - first), t)
+            if meta_cut:
+                params += (meta_cut, meta_suffix)
+            cur = self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
+                          f"SELECT %s, %s + k, %s + k, %s, value, {meta} "
+                          f"FROM {SCHEMA}.staged_{int(row[0])}", params)
+            if cur.rowcount != n:
+                raise StoreError(f"stream {stream!r}: {cur.rowcount} staged rows of {token!r}, "
+                                 f"not {n} (lost in a server crash?); nothing was appended")
+            at += n
+        self._seq += total
+        self._next[sid] = at
+        return first
+
+    def drop_staged(self, owner: str) -> int:
+        if self._q("SELECT to_regclass(%s)", (_STAGED,)).fetchone()[0] is None:
+            return 0
+        rows = self._q(f"DELETE FROM {_STAGED} WHERE owner = %s RETURNING id, count",
+                       (owner,)).fetchall()
+        for tid, _n in rows:
+            self._q(f"DROP TABLE IF EXISTS {SCHEMA}.staged_{int(tid)}")
+        return sum(int(n) for _t, n in rows)
 
     def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
         if not rows:

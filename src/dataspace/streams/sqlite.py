@@ -36,6 +36,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,7 @@ from .base import (
 )
 from .wakeup import Notifier, get_notifier, release_notifier
 
-__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "SQLiteStore", "open_store"]
+__all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "STAGE_SHARDS", "SQLiteStore", "open_store"]
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,21 @@ PRAGMA user_version = {SCHEMA_VERSION};
 """
 
 _TABLES = {"streams", "entries", "tailers", "store_meta"}
+
+STAGE_SHARDS = 4
+"""Files that rows staged ahead of a commit go into (Store.stage): parallel tasks each
+find one whose lock is free."""
+
+# In each shard: a registry, and a table per (token, stream), ``t<id>``: ids are never
+# reused (AUTOINCREMENT), as a dropped part's table may wait for collect_staged.
+_STAGED_DDL = """CREATE TABLE IF NOT EXISTS staged (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL,
+    token TEXT NOT NULL,
+    stream TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    UNIQUE (token, stream)
+)"""
 
 
 def open_store(
@@ -167,6 +183,9 @@ class SQLiteStore(Store):
         self._ids: dict[str, int] = {}
         self._closed = False
         self._in_tx = False
+        self._busy_timeout = busy_timeout
+        self._stage_conns: dict[int, sqlite3.Connection] = {}  # shard -> connection (stage)
+        self._attached: set[int] = set()  # shards attached to the main connection
         self._conn = self._open(create, busy_timeout)
         self._notifier: Notifier | None = get_notifier(self.path)
 
@@ -354,6 +373,8 @@ class SQLiteStore(Store):
             self._check_open()
             if self._in_tx:
                 raise StoreError("transactions do not nest")
+            if len(self._attached) < STAGE_SHARDS:
+                self._attach_shards()
             self._exec("BEGIN IMMEDIATE")
             self._in_tx = True
         except BaseException:
@@ -604,6 +625,126 @@ class SQLiteStore(Store):
         self._notifier.generation()
         return self._notifier.mode
 
+    # -- staging ------------------------------------------------------------------------
+
+    def stage_path(self, shard: int) -> Path:
+        """The file of staging shard ``shard`` (beside the store)."""
+        return self.path.with_name(f"{self.path.name}-stage{shard}")
+
+    def _attach_shards(self) -> None:
+        """Attach the staging shards that exist to the main connection (outside a
+        transaction: SQLite attaches only there), for the transactions that take or
+        drop staged rows."""
+        for k in range(STAGE_SHARDS):
+            if k not in self._attached and self.stage_path(k).exists():
+                try:
+                    self._conn.execute(f"ATTACH DATABASE ? AS stage{k}", (str(self.stage_path(k)),))
+                    self._conn.execute(f"PRAGMA stage{k}.journal_mode = TRUNCATE")
+                    self._conn.execute(f"PRAGMA stage{k}.synchronous = OFF")
+                except sqlite3.Error as e:
+                    raise StoreError(f"cannot open the staging file {self.stage_path(k)}: {e}") from e
+                self._attached.add(k)
+
+    def _stage_conn(self, k: int) -> sqlite3.Connection:
+        conn = self._stage_conns.get(k)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(str(self.stage_path(k)), isolation_level=None,
+                                       check_same_thread=False, timeout=self._busy_timeout)
+                conn.execute("PRAGMA journal_mode = TRUNCATE")
+                conn.execute("PRAGMA synchronous = OFF")
+            except sqlite3.Error as e:
+                raise StoreError(f"cannot open the staging file {self.stage_path(k)}: {e}") from e
+            self._stage_conns[k] = conn
+        return conn
+
+    def stage(self, owner: str, token: str,
+              rows: Mapping[str, tuple[Sequence[bytes], Sequence[bytes | None]]]) -> None:
+        """Staged rows go into one of :data:`STAGE_SHARDS` files beside the store
+        (``streams.sqlite3-stageN``: never synced, nothing there is durable), the first
+        whose lock is free, so that parallel tasks do not queue for one lock; each
+        stream's rows in a table of their own, registered in the shard's ``staged``
+        table.  The main connection attaches the shards; a commit takes the rows with
+        ``INSERT ... SELECT`` and drops their tables."""
+        with self._lock:
+            self._check_open()
+            first = os.getpid() % STAGE_SHARDS
+            order = [(first + k) % STAGE_SHARDS for k in range(STAGE_SHARDS)]
+            conn = None
+            for k in order:  # a free shard, without waiting...
+                c = self._stage_conn(k)
+                c.execute("PRAGMA busy_timeout = 0")
+                try:
+                    c.execute("BEGIN IMMEDIATE")
+                    conn = c
+                except sqlite3.OperationalError:
+                    continue
+                finally:
+                    c.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+                break
+            if conn is None:  # ...else wait for the first
+                conn = self._stage_conn(first)
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as e:
+                    raise StoreError(f"{self.stage_path(first)} stayed locked: {e}") from e
+            try:
+                conn.execute(_STAGED_DDL)
+                for stream, (datas, metas) in rows.items():
+                    if len(metas) != len(datas):
+                        raise ValueError("stage: datas and metas differ in length")
+                    tid = conn.execute(
+                        "INSERT INTO staged (owner, token, stream, count) VALUES (?, ?, ?, ?)",
+                        (owner, token, stream, len(datas))).lastrowid
+                    conn.execute(f"CREATE TABLE t{tid} (k INTEGER PRIMARY KEY, value BLOB NOT NULL, "
+                                 "meta BLOB)")
+                    conn.executemany(f"INSERT INTO t{tid} (k, value, meta) VALUES (?, ?, ?)",
+                                     zip(itertools.count(), datas, metas))
+                conn.execute("COMMIT")
+            except BaseException as e:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.IntegrityError):
+                    raise StoreError(f"stage: token {token!r} was staged already") from None
+                if isinstance(e, sqlite3.Error):
+                    raise StoreError(f"stage: {e} ({self.stage_path(first).parent})") from e
+                raise
+
+    def collect_staged(self) -> int:
+        """Drop the tables of staged rows no registry row names any more, shard by
+        shard, each with a connection of its own and only if its lock is free (a shard
+        in use is collected next time)."""
+        freed = 0
+        for k in range(STAGE_SHARDS):
+            path = self.stage_path(k)
+            if not path.exists():
+                continue
+            try:
+                conn = sqlite3.connect(str(path), isolation_level=None, timeout=0)
+            except sqlite3.Error:
+                continue
+            try:
+                conn.execute("PRAGMA journal_mode = TRUNCATE")
+                conn.execute("PRAGMA synchronous = OFF")
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    names = [r[0] for r in conn.execute(
+                        "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 't[0-9]*' "
+                        "AND CAST(substr(name, 2) AS INTEGER) NOT IN (SELECT id FROM staged)")]
+                    for name in names:
+                        conn.execute(f"DROP TABLE {name}")
+                    conn.execute("COMMIT")
+                    freed += len(names)
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError:
+                continue  # busy, or no registry yet
+            finally:
+                conn.close()
+        return freed
+
     # -- maintenance ----------------------------------------------------------------------
 
     def apply_retention(self, now_ns: int | None = None) -> int:
@@ -651,6 +792,10 @@ class SQLiteStore(Store):
             if self._closed:
                 return
             self._closed = True
+            for c in self._stage_conns.values():
+                with contextlib.suppress(sqlite3.Error):
+                    c.close()
+            self._stage_conns.clear()
             try:
                 self._conn.close()
             finally:
@@ -946,6 +1091,69 @@ class SQLiteTransaction(Transaction):
             "updated_ns = excluded.updated_ns",
             rows,
         )
+
+    def _find_staged(self, token: str, stream: str) -> tuple[int, int, int] | None:
+        """(shard, table id, count) of ``token``'s rows of ``stream``, or None."""
+        store = self._store
+        for k in sorted(store._attached):
+            row = store._exec(f"SELECT id, count FROM stage{k}.staged WHERE token = ? AND stream = ?",
+                              (token, stream)).fetchone()
+            if row is not None:
+                return k, row[0], row[1]
+        return None
+
+    def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
+                      meta_cut: int = 0, meta_suffix: bytes = b"") -> int:
+        sid = self._sid(stream, create=True)
+        first = self._next_of(sid)
+        store = self._store
+        total = sum(n for _t, n in staged)
+        if total == 0:
+            return first
+        if first + total > MAX_INDEX:
+            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        if not store._attached:
+            raise StoreError(f"stream {stream!r}: no staged rows beside {store.path} (lost?)")
+        seq = self._seq
+        if seq is None:
+            seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+        t = self._time = time.time_ns()
+        meta = ("meta" if not meta_cut else
+                "CASE WHEN meta IS NULL THEN NULL ELSE "
+                "CAST(substr(meta, 1, length(meta) - ?) || ? AS BLOB) END")
+        at = first
+        for token, n in staged:
+            found = self._find_staged(token, stream)
+            if found is None or found[2] != n:
+                raise StoreError(
+                    f"stream {stream!r}: the staged rows of {token!r} are "
+                    f"{'missing' if found is None else f'{found[2]}, not {n}'}; nothing was appended")
+            k, tid, _n = found
+            params: tuple[Any, ...] = (sid, at, seq + (at - first), t)
+            if meta_cut:
+                params += (meta_cut, meta_suffix)
+            cur = store._exec(
+                f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta) "
+                f"SELECT ?, ? + k, ? + k, ?, value, {meta} FROM stage{k}.t{tid}", params)
+            if cur.rowcount != n:
+                raise StoreError(f"stream {stream!r}: {cur.rowcount} staged rows of {token!r}, not {n}")
+            at += n
+        self._seq = seq + total
+        self._next[sid] = at
+        return first
+
+    def drop_staged(self, owner: str) -> int:
+        # The registry rows go now; the tables, whose dropping costs about as much as
+        # writing them, when Store.collect_staged next runs (in the background).
+        store = self._store
+        dropped = 0
+        for k in sorted(store._attached):
+            n = store._exec(f"SELECT sum(count) FROM stage{k}.staged WHERE owner = ?",
+                            (owner,)).fetchone()[0]
+            if n is not None:
+                store._exec(f"DELETE FROM stage{k}.staged WHERE owner = ?", (owner,))
+                dropped += n
+        return dropped
 
     def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
         if not rows:
