@@ -36,6 +36,21 @@ def one_line_error(fn: Any) -> str:
     return ""
 
 
+def staged_parts(url: str) -> dict[str, int]:
+    """What the read tasks staged in the PostgreSQL store (only they call Store.stage):
+    parts ever registered (the registry's identity sequence keeps counting after the
+    commits delete its rows) and parts or tables left over (the commits take them)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        seq = c.execute("SELECT pg_get_serial_sequence('dataspace.staged', 'id')").fetchone()[0]
+        last, called = c.execute(f"SELECT last_value, is_called FROM {seq}").fetchone()
+        left = c.execute("SELECT count(*) FROM dataspace.staged").fetchone()[0]
+        tables = c.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'dataspace' "
+                           "AND tablename LIKE 'staged\\_%'").fetchone()[0]
+    return {"registered": last if called else 0, "left": left, "tables_left": tables}
+
+
 def main(config_path: str) -> int:
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
@@ -64,6 +79,7 @@ def main(config_path: str) -> int:
         runs[run["name"]] = entry = {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()}
         if run.get("store"):  # who holds the store's connections: the executors read
             entry["executor_clients"] = store_clients_in_session(cfg["worker_sid"], run["store"])
+            entry["staged"] = staged_parts(run["store"])
     res["pipeline_runs"] = runs
 
     # Batch read on the executors, from PostgreSQL.

@@ -1,6 +1,7 @@
 """Pipelines on a Spark standalone cluster (tests/spark_cluster.py: a Master and a Worker on
 loopback, the Worker unable to see the driver's data) with a PostgreSQL store: the
-executors do the reading (readOn=executor) and run the functions, the driver commits.
+executors do the reading (readOn=executor), run the functions and stage the outputs in
+the store; the driver's commit makes them visible.
 
 A process has one SparkSession (the run's own is local[2]), so the cluster's drivers are
 processes of their own: tests/cluster_driver.py, once, for ``dataspace pipeline run``
@@ -197,6 +198,10 @@ def test_pipeline_run_on_the_cluster_reads_and_works_on_the_executors(driver_run
     assert f"engine spark on {spark_cluster.master_url}" in run["stdout"]
     assert "driver does all the reading" not in run["stderr"]
     assert run["executor_clients"], "no connection to the graph's store from the worker's processes"
+    # ...and the writing: the read tasks of map, join and alts staged their outputs (the
+    # commits took every part: nothing is left), so no output went through the driver.
+    staged = run["staged"]
+    assert staged["registered"] >= 3 and staged["left"] == staged["tables_left"] == 0, staged
     with open_store(stores["postgresql"]) as store:
         assert [e.value for e in store.read("doubled")] == [2 * i for i in NUMS]
         assert [e.value for e in store.read("where")] == [False] * len(NUMS)
@@ -228,10 +233,10 @@ def test_sigkills_of_the_driver_and_of_the_worker_on_the_cluster(spark_cluster, 
     lines: list[str] = []
     before = spark_cluster.workers_started
     res = run_campaign(str(tmp_path), kills=2, messages=100, seed=11, batch=40,
-                       plan=["commit-inside", "write"], store=pg_url,
+                       plan=["commit-inside", "stage"], store=pg_url,
                        master=spark_cluster.master_url, conf=spark_cluster.conf(),
                        worker_sid=lambda: spark_cluster.worker_sid,
                        fault_base=str(spark_cluster.shared), say=lines.append)
     assert res.problems == [], "\n".join(lines + res.problems)
-    assert res.points == {"commit-inside": 1, "write": 1}, res.points
+    assert res.points == {"commit-inside": 1, "stage": 1}, res.points
     spark_cluster.wait_workers(before + 1)

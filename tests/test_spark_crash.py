@@ -1,6 +1,6 @@
 """SIGKILL crash test of the Spark engine: the whole driver -- Python driver, JVM with its
 executors, Spark's Python workers -- is killed at each chosen point (a source callback,
-planning, an executor read and write, after a sink's side effect, inside our commit,
+planning, an executor read, staging and write, after a sink's side effect, inside our commit,
 between our commit and Spark's commit log), during start-up and at random moments; after
 each kill it restarts; at the end the outputs must be exactly the expected multisets.
 The long run is ``python -m dataspace.pipeline.spark.crashtest --kills 200`` (``make

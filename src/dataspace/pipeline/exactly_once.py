@@ -61,6 +61,7 @@ __all__ = [
     "parse_record",
     "recover",
     "Resume",
+    "Staged",
     "close_interrupted",
     "resume",
     "snapshot_record",
@@ -465,14 +466,42 @@ def _find_snapshot(reader: Reader, stream: str, recs: list[Any], proc_id: str) -
 # -- a whole step in one transaction (for engines that compute elsewhere: Spark) -----------
 
 
+@dataclass(frozen=True)
+class Staged:
+    """Outputs written ahead with :meth:`Store.stage` (by Spark's tasks): per part, its
+    token, how many rows, and the delivery hash their metadata ends with (None: the
+    unhashed form).  Its length is the number of rows."""
+
+    parts: tuple[tuple[str, int, bytes | None], ...]
+
+    def __len__(self) -> int:
+        return sum(n for _t, n, _h in self.parts)
+
+
+def _append_staged(tx: Any, stream: str, staged: Staged, h: bytes, suffix: bytes) -> None:
+    """Append ``staged`` to ``stream`` with this step's hash ``h`` in every metadata
+    (rewritten inside the store where a part's differs)."""
+    run: list[tuple[str, int]] = []
+    cut = 0
+    for token, n, hh in staged.parts:
+        c = 0 if hh == h else len(MetaEncoder(()).suffix(hh))
+        if run and c != cut:
+            tx.append_staged(stream, run, meta_cut=cut, meta_suffix=suffix if cut else b"")
+            run = []
+        run.append((token, n))
+        cut = c
+    if run:
+        tx.append_staged(stream, run, meta_cut=cut, meta_suffix=suffix if cut else b"")
+
+
 def commit_step(
     tx: Any,
     proc_id: str,
     starts: Mapping[str, int],
     ends: Mapping[str, int],
-    outputs: Mapping[str, Sequence[tuple[bytes, Mapping[str, int] | bytes]]],
+    outputs: Mapping[str, Sequence[tuple[bytes, Mapping[str, int] | bytes]] | Staged],
     *,
-    errors: Sequence[tuple[bytes, Mapping[str, int] | bytes]] = (),
+    errors: Sequence[tuple[bytes, Mapping[str, int] | bytes]] | Staged = (),
     error_stream: str | None = None,
     order: Sequence[str] | None = None,
     hashed: bool = False,
@@ -487,7 +516,8 @@ def commit_step(
     ends it: the step's hash is spliced in);
     ``errors`` are encoded error records for ``error_stream``; ``order`` is an alts step's
     input per message set; ``hashed``: the encoded metadata ends with this step's hash
-    already (whoever made it knew the step) and is written as it is.  The snapshot is written unless it is the pending retry's, the
+    already (whoever made it knew the step) and is written as it is.  Outputs and errors
+    may be :class:`Staged` instead: rows the store holds aside, appended inside it.  The snapshot is written unless it is the pending retry's, the
     tailers (named ``proc_id``) move to ``ends``, and the attempt record and the messages
     (with ``{src, hash}`` metadata) follow.  This is the commit of a Spark micro-batch:
     a re-commit of the same batch after a crash between our commit and Spark's commit log
@@ -538,8 +568,14 @@ def commit_step(
         rec_v = attempt_record(ATTEMPT_NIL, h)
     tx.append_encoded(backing, [encode(rec_v)])
     for s, items in written.items():
-        tx.append_encoded(s, [d for d, _src in items], metas(items))
+        if isinstance(items, Staged):
+            _append_staged(tx, s, items, h, suffix)
+        else:
+            tx.append_encoded(s, [d for d, _src in items], metas(items))
     if errors:
         assert error_stream is not None
-        tx.append_encoded(error_stream, [d for d, _src in errors], metas(errors))
+        if isinstance(errors, Staged):
+            _append_staged(tx, error_stream, errors, h, suffix)
+        else:
+            tx.append_encoded(error_stream, [d for d, _src in errors], metas(errors))
     return True

@@ -16,6 +16,7 @@ Kill points (:mod:`.faults`; the N-th time any process of the run gets there):
 ``source``         the stream reader's ``latestOffset`` (driver)
 ``partitions``     planning a batch, after Spark logged its offsets (driver)
 ``read``           a partition being read (executor)
+``stage``          a read task has staged its outputs, not yet committed (executor)
 ``write``          a write task, rows in hand (executor)
 ``sink``           a side-effecting function has run, our commit not yet (driver)
 ``commit-inside``  our commit's writes done, not committed (driver)
@@ -32,7 +33,7 @@ Kill points (:mod:`.faults`; the N-th time any process of the run gets there):
 The test suite (tests/test_spark_crash.py) calls :func:`run_campaign`.
 
 **On a cluster** (``master="spark://..."``, a PostgreSQL ``store``): the driver is killed
-as above; the executor points ``read`` and ``write`` kill the *worker's* session instead
+as above; the executor points ``read``, ``stage`` and ``write`` kill the *worker's* session instead
 -- the Worker, its executor and the executor's Python workers -- in the middle of a
 batch, while the driver lives on: Spark runs the batch's tasks again on the executor of
 the Worker that replaces it (``worker_sid`` names the session to kill; the fault
@@ -68,10 +69,10 @@ from .faults import ENV, kill_session, session_pids
 
 __all__ = ["CHOSEN", "EXECUTOR_POINTS", "CampaignResult", "child", "main", "run_campaign", "soak"]
 
-CHOSEN = ("source", "partitions", "read", "write", "sink", "commit-inside", "commit-after")
+CHOSEN = ("source", "partitions", "read", "stage", "write", "sink", "commit-inside", "commit-after")
 """The chosen kill points (see the module docstring)."""
 
-EXECUTOR_POINTS = ("read", "write")
+EXECUTOR_POINTS = ("read", "stage", "write")
 """The points reached on executors: on a cluster they kill the worker, not the driver."""
 
 MASTER_ENV = "DATASPACE_CRASH_MASTER"

@@ -128,6 +128,7 @@ class SparkEngine(Engine):
         wait_ms: int = 250,
         backing_keep: int = 1000,
         data_dir: str | os.PathLike[str] | None = None,
+        staged: bool = True,
     ) -> None:
         super().__init__(graph, store)
         if guarantee != "exactly-once":
@@ -153,6 +154,10 @@ class SparkEngine(Engine):
         self._lock: StoreLock | None = None
         self.created_session = False
         self._progress_t = 0.0
+        self.staged = staged
+        """Pure processors (map, join, alts, fork) run in the read tasks, which stage
+        their outputs in the store for the commit to take (nothing goes through Spark);
+        False: the rows go through Spark to the write tasks, the outputs to the driver."""
         self.read_on = "executor"
         """Where the queries read the store: ``executor``, or ``driver`` for an SQLite
         store on a cluster (its executors cannot open the driver's file); set by start."""
@@ -311,8 +316,6 @@ class SparkEngine(Engine):
             if out is None or not hasattr(out, "writeStream"):
                 raise EngineError(f"dataframe {p.name!r}: the function must return a DataFrame, "
                                   f"not {type(out).__name__}")
-        else:
-            out = self._source(q, p.inputs, q.mode, False, p.messages)
         try:
             packed = encode_spec(spec)
         except Exception as e:
@@ -321,6 +324,10 @@ class SparkEngine(Engine):
                 f"({type(e).__name__}: {e}); functions run in other processes, so they must "
                 "be picklable -- open connections and locks inside the function, not around it"
             ) from e
+        if p.kind != "dataframe":
+            staged = self.staged and spec.on_executors and self.read_on == "executor"
+            out = self._source(q, p.inputs, q.mode, False, p.messages,
+                               {"processor": packed} if staged else None)
         w = (out.writeStream.format("dataspace")
              .options(**store_options(self.store_url))
              .option("processor", packed)

@@ -2,7 +2,8 @@
 
 The connector calls :func:`point` at chosen places: ``source`` (the stream reader's
 ``latestOffset``, on the driver), ``partitions`` (planning a batch, on the driver),
-``read`` (a partition's read, on an executor), ``write`` (a write task, on an
+``read`` (a partition's read, on an executor), ``stage`` (a read task of a pure
+processor has staged its outputs, on an executor), ``write`` (a write task, on an
 executor), ``sink`` (a side-effecting function has run, before our commit),
 ``commit-inside`` (our commit's writes are done but not committed) and ``commit-after``
 (our commit is durable, Spark's commit log not yet written).
@@ -28,7 +29,7 @@ import signal
 __all__ = ["ENV", "POINTS", "kill_session", "point", "session_pids"]
 
 ENV = "DATASPACE_SPARK_FAULT"
-POINTS = ("source", "partitions", "read", "write", "sink", "commit-inside", "commit-after")
+POINTS = ("source", "partitions", "read", "stage", "write", "sink", "commit-inside", "commit-after")
 
 _spec: dict[str, int] | None = None
 

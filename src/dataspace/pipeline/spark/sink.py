@@ -8,9 +8,18 @@
 ``store`` is a store URL (a data directory, ``sqlite:PATH``, ``postgresql://...``);
 ``path`` is its older name, kept for SQLite stores.
 
-**How a micro-batch is committed.**  Write tasks (executors) turn their rows into encoded
-output messages and send them to the driver in their commit messages; they write
-nothing.  The driver's :meth:`StreamWriter.commit` then
+**Where the work is done.**  For the engine's pure processors (map, join, alts, fork) the
+*read* tasks do everything (:func:`stage_partition`): they read their index ranges from
+the store, apply the function with the local engine's step code, and *stage* the outputs
+and error records in the store (:meth:`~dataspace.streams.base.Store.stage`: written
+aside under a token of the task attempt, invisible to readers); the one row each passes
+on names what it staged, and the write task hands that to the commit.  So the data never
+goes through Spark or the driver, and on a cluster with a PostgreSQL store the executors
+do the reading and the writing.  Otherwise (DataFrame processors, the ``stream`` option)
+write tasks turn their rows into encoded output messages and send them to the driver in
+their commit messages.
+
+**How a micro-batch is committed.**  The driver's :meth:`StreamWriter.commit`
 
 1. reads the batch's offsets -- the start and end index of every dataspace input -- from
    Spark's offset log (``CKPT/offsets/<batchId>``, written by Spark *before* the batch ran,
@@ -21,7 +30,10 @@ nothing.  The driver's :meth:`StreamWriter.commit` then
    commit log, and Spark is re-running the batch;
 3. otherwise writes the outputs, the error records, the snapshot, the attempt record
    and the tailer positions in **one store transaction**
-   (:func:`~dataspace.pipeline.exactly_once.commit_step`).
+   (:func:`~dataspace.pipeline.exactly_once.commit_step`); staged outputs are appended
+   inside the store (``INSERT ... SELECT``) by the tokens of the successful task
+   attempts, each checked for its row count, and everything the processor staged is
+   dropped in the same transaction (attempts that lost, batches that never committed).
 
 So a batch is in the store once or not at all, whatever is killed when.  The store also
 refuses a batch that does not start where the processor's last delivered step ended (a
@@ -45,9 +57,11 @@ import decimal
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -63,6 +77,7 @@ from ..exactly_once import (
     MetaEncoder,
     Recovery,
     Resume,
+    Staged,
     commit_step,
     delivery_hash,
     recover,
@@ -159,9 +174,12 @@ class BatchPart(WriterCommitMessage):
     order: list[str] | None = None
     consumed: int = 0
     hash: bytes | None = None  # the delivery hash the outputs' metadata ends with, if any
+    staged: dict[str, list[tuple[str, int, bytes | None]]] | None = None
+    """Outputs (and error records, under the error stream's name) the task staged in the
+    store instead of carrying them: per stream, (token, rows, hash) parts."""
 
 
-_INPUT_COLUMNS = frozenset({"stream", "index", "seq", "value", "meta"})
+_INPUT_COLUMNS = frozenset({"stream", "index", "seq", "value", "meta", "staged"})
 
 
 def _columns(batches: Iterator[Any], wanted: frozenset[str] | None = None) -> dict[str, list[Any]]:
@@ -192,6 +210,14 @@ def _inputs(cols: dict[str, list[Any]], spec: ProcSpec) -> tuple[list[list[tuple
         rows[k].append((i, q, v, m))
     for r in rows:
         r.sort()
+    return rows, _order(rows, spec)
+
+
+def _order(rows: list[list[tuple[Any, ...]]], spec: ProcSpec) -> list[int] | None:
+    """The alts order of rows per input (input number per message set, commit order);
+    None for other kinds, after checking that a join's inputs line up."""
+    p = spec.processor
+    ins = p.inputs
     order = None
     if p.reads_alts:
         order = [k for _q, k in sorted((row[1], k) for k, r in enumerate(rows) for row in r)]
@@ -200,7 +226,7 @@ def _inputs(cols: dict[str, list[Any]], spec: ProcSpec) -> tuple[list[list[tuple
         if len(n) > 1:
             raise CommitError(f"{spec.proc_id}: a join task got unequal inputs "
                               f"({', '.join(f'{s}: {len(r)}' for s, r in zip(ins, rows))})")
-    return rows, order
+    return order
 
 
 def _output_name(name: str) -> str:
@@ -220,9 +246,14 @@ def _unhandled(spec: ProcSpec, u: Any) -> CommitError:
 def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]], h: bytes | None = None) -> BatchPart:
     """Apply a pure function to one partition's rows; with the batch's delivery hash
     ``h`` the outputs' metadata is complete (the commit then writes it as it is)."""
+    rows, order = _inputs(cols, spec)
+    return _apply(spec, rows, order, h)
+
+
+def _apply(spec: ProcSpec, rows: list[list[tuple[Any, ...]]], order: list[int] | None,
+           h: bytes | None) -> BatchPart:
     from ..local import _Unhandled
 
-    rows, order = _inputs(cols, spec)
     ins = spec.processor.inputs
     part = BatchPart(consumed=sum(len(r) for r in rows), hash=h)
     if spec.processor.reads_alts:
@@ -237,6 +268,110 @@ def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]], h: bytes | None 
     part.outputs = {s: (list(d), list(m)) for s, (d, m) in outs.items()}
     part.errors = (list(errs[0]), list(errs[1]))
     return part
+
+
+# -- staged writes: the read task computes and writes, the commit makes it visible ------------
+
+_specs: dict[str, ProcSpec] = {}
+
+
+def spec_of(text: str) -> ProcSpec:
+    """The processor spec of an option string, decoded once per worker process."""
+    spec = _specs.get(text)
+    if spec is None:
+        if len(_specs) > 64:
+            _specs.clear()
+        spec = _specs[text] = decode_spec(text)
+    return spec
+
+
+def stage_partition(url: str, spec: ProcSpec, ranges: list[tuple[str, int, int]],
+                    starts: Mapping[str, int], ends: Mapping[str, int]) -> bytes:
+    """Run a pure processor over one partition of a micro-batch -- its index ranges of
+    the batch ``starts`` to ``ends`` -- where the rows are read, and stage the outputs
+    and error records in the store under a token of this task attempt: nothing of the
+    data goes through Spark.  Returns the pickled :class:`BatchPart` naming the staged
+    rows, which the write task hands to the commit (one row per partition)."""
+    import pickle
+    import uuid
+
+    store = store_for(url)
+    meta = spec.processor.messages
+    ins = spec.processor.inputs
+    rows_in: list[list[tuple[Any, ...]]] = [[] for _ in ins]
+    for s, a, b in ranges:
+        if s not in ins:
+            raise CommitError(f"{spec.proc_id}: a range of stream {s!r}, not an input")
+        c = store.read_columns(s, a, b, meta=meta)  # in index order
+        faults.point("read")
+        rows_in[ins.index(s)] += zip(c.indices, c.seqs, c.values,
+                                     c.metas if meta else repeat(None))
+    h = delivery_hash(spec.proc_id, starts, ends)
+    part = _apply(spec, rows_in, _order(rows_in, spec), h)
+    rows: dict[str, tuple[list[bytes], list[Any]]] = {s: o for s, o in part.outputs.items() if o[0]}
+    if part.errors[0]:
+        if spec.error_stream is None or spec.error_stream in rows:
+            raise CommitError(f"{spec.proc_id}: error records without an error stream")
+        rows[spec.error_stream] = part.errors
+    token = f"{spec.proc_id}/{uuid.uuid4().hex}"
+    if rows:
+        store.stage(spec.proc_id, token, rows)
+    faults.point("stage")
+    summary = BatchPart(order=part.order, consumed=part.consumed, hash=h,
+                        staged={s: [(token, len(d), h)] for s, (d, _m) in rows.items()})
+    return pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _merge_staged(blobs: list[bytes]) -> BatchPart:
+    """One write task's partitions' summaries as one commit message."""
+    import pickle
+
+    out = BatchPart(staged={})
+    assert out.staged is not None
+    for b in blobs:
+        p = pickle.loads(b)
+        if not isinstance(p, BatchPart):
+            raise CommitError("a staged row that is not a batch summary")
+        out.consumed += p.consumed
+        for s, lst in (p.staged or {}).items():
+            out.staged.setdefault(s, []).extend(lst)
+        if p.order is not None:
+            out.order = (out.order or []) + p.order
+    return out
+
+
+def drop_staged(store: Any, owner: str) -> None:
+    """Remove what ``owner``'s tasks staged (batches aborted, task attempts that lost)."""
+    with store.transaction() as tx:
+        n = tx.drop_staged(owner)
+    if n:
+        log.info("%s: %d staged rows of unfinished tasks removed", owner, n)
+    collect_later(store)
+
+
+_collecting: set[str] = set()
+_collect_lock = threading.Lock()
+
+
+def collect_later(store: Any) -> None:
+    """Free the space of dropped staged rows in a background thread (one per store at
+    a time), while Spark goes on with the next batch."""
+    key = store.url
+    with _collect_lock:
+        if key in _collecting:
+            return
+        _collecting.add(key)
+
+    def run() -> None:
+        try:
+            store.collect_staged()
+        except Exception as e:  # the next collection frees them
+            log.debug("collecting staged rows of %s: %s", store.display, e)
+        finally:
+            with _collect_lock:
+                _collecting.discard(key)
+
+    threading.Thread(target=run, name="dataspace-collect-staged", daemon=True).start()
 
 
 # -- rows to values -----------------------------------------------------------------------------
@@ -460,6 +595,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         runs = spec is not None and (spec.on_executors or spec.on_driver)
         cols = _columns(iterator, _INPUT_COLUMNS if runs else None)
         faults.point("write")
+        if "staged" in cols:
+            return _merge_staged(cols["staged"])
         if spec is not None and spec.on_executors:
             return run_on_executor(spec, cols, self._task_hash())
         if spec is not None and spec.on_driver:
@@ -497,20 +634,33 @@ class StreamWriter(DataSourceStreamArrowWriter):
         store = store_for(self.path)
         pid = self.pid
         rec = recover(store, pid)
+        staging = any(part.staged is not None for part in parts)
         if _delivered(rec, starts, ends):
             log.info("%s: batch %s (%s to %s) is already in the store; nothing written",
                      pid, batchId, starts, ends)
+            if staging:
+                drop_staged(store, pid)
             return
         saved = {s: store.position(s, pid) for s in starts}
         _check_continuity(pid, rec, resume(rec, saved, lambda s: starts[s], list(starts)),
                           starts, ends)
         spec = self.spec
-        outputs: dict[str, list[tuple[bytes, Any]]] = {}
-        errors: list[tuple[bytes, Any]] = []
+        outputs: dict[str, Any] = {}
+        errors: Any = []
         order: list[str] | None = None
         hashed = False
         if spec is not None and spec.on_driver:
             outputs, errors, order = self._run_on_driver(spec, parts, starts, ends)
+        elif staging:
+            got: dict[str, list[tuple[str, int, bytes | None]]] = {}
+            for part in parts:
+                for s, lst in (part.staged or {}).items():
+                    got.setdefault(s, []).extend(lst)
+                if part.order is not None:
+                    order = (order or []) + part.order
+            errs = got.pop(self.error_stream, []) if self.error_stream else []
+            outputs = {s: Staged(tuple(lst)) for s, lst in got.items()}
+            errors = Staged(tuple(errs))
         else:
             h = delivery_hash(pid, starts, ends)
             hashed = bool(parts) and all(part.hash == h for part in parts)
@@ -535,11 +685,15 @@ class StreamWriter(DataSourceStreamArrowWriter):
                                 error_stream=self.error_stream,
                                 order=order if spec is not None and spec.processor.reads_alts else None,
                                 hashed=hashed)
+            if staging:
+                tx.drop_staged(pid)
             faults.point("commit-inside")
         except BaseException:
             tx.rollback()
             raise
         tx.commit()
+        if staging:
+            collect_later(store)
         faults.point("commit-after")
         if wrote and self.stats_dir:
             n_out = sum(len(v) for v in ordered.values())
@@ -578,6 +732,12 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.info("%s: batch %s aborted; nothing was written", self.pid, batchId)
+        if any(isinstance(m, BatchPart) and m.staged is not None for m in messages):
+            try:
+                drop_staged(store_for(self.path), self.pid)
+            except Exception as e:  # the next commit removes them
+                log.warning("%s: could not remove the staged rows of batch %s: %s",
+                            self.pid, batchId, e)
 
 
 def _unhasher(h: bytes) -> Any:

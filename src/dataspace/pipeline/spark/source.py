@@ -112,6 +112,7 @@ class SourceOptions:
     tailer: str | None = None
     first_batch: dict[str, dict[str, int]] | None = None
     arrow: bool = True
+    processor: str | None = None  # a packed processor spec: read tasks run and stage it
 
 
 def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -182,6 +183,9 @@ def parse_options(opts: Mapping[str, str]) -> SourceOptions:
     read_on = str(opts.get("readOn") or "executor").lower()
     if read_on not in ("executor", "driver"):
         raise OptionError(f"option readOn: executor or driver, not {read_on!r}")
+    if opts.get("processor") and read_on != "executor":
+        raise OptionError("option processor: its read tasks run the processor, so they must "
+                          "read the store themselves (readOn=executor)")
     first = opts.get("firstBatch")
     first_batch = None
     if first:
@@ -202,11 +206,14 @@ def parse_options(opts: Mapping[str, str]) -> SourceOptions:
         tailer=opts.get("tailer") or None,
         first_batch=first_batch,
         arrow=_bool(opts, "arrow", True),
+        processor=opts.get("processor") or None,
     )
 
 
 def schema_for(o: SourceOptions) -> str:
     """The DataFrame schema (DDL) for these options."""
+    if o.processor is not None:
+        return "staged binary"
     cols = ["stream string", "index bigint", "seq bigint", "time timestamp", "value binary"]
     if not o.time:
         cols.remove("time timestamp")
@@ -225,10 +232,12 @@ class RangePartition(InputPartition):
     ``readOn=driver`` also the rows, read by the driver (for clusters whose workers cannot
     open the store)."""
 
-    def __init__(self, ranges: list[tuple[str, int, int]], data: list[Columns] | None = None) -> None:
+    def __init__(self, ranges: list[tuple[str, int, int]], data: list[Columns] | None = None,
+                 batch: tuple[dict[str, int], dict[str, int]] | None = None) -> None:
         super().__init__(ranges)
         self.ranges = ranges
         self.data = data
+        self.batch = batch  # the micro-batch's starts and ends (staged processing)
 
     def __repr__(self) -> str:
         return f"RangePartition({self.ranges})"
@@ -391,6 +400,9 @@ class _BatchReader(DataSourceReader):
 
     def partitions(self) -> list[RangePartition]:
         o = self.o
+        if o.processor is not None:
+            raise OptionError("option processor: for streaming queries only (the sink's "
+                              "commit takes what the read tasks stage)")
         store = _existing_store(o.path)
         missing = [s for s in o.streams if not store.has_stream(s)]
         if missing:
@@ -528,12 +540,31 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if s in before and before[s][1] != a:
                 log.warning("batch offsets disagree: the previous batch ended at %s in %s, "
                             "this one starts at %s", before[s][1], s, a)
-        return _plan_partitions(self.o, ranges)
+        parts = _plan_partitions(self.o, ranges)
+        if self.o.processor is not None:
+            batch = ({s: a for s, (a, _b) in ranges.items()}, {s: b for s, (_a, b) in ranges.items()})
+            for p in parts:
+                p.batch = batch
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if not isinstance(partition, RangePartition):
             raise TypeError(f"the dataspace source cannot read {partition!r}")
+        if self.o.processor is not None:
+            return _staged(self.o, partition)
         return read_partition(self.o, partition)
+
+
+def _staged(o: SourceOptions, part: RangePartition) -> Iterator[Any]:
+    """A partition of a staged query: the processor runs here and stages its outputs;
+    one row names them (see :func:`.sink.stage_partition`)."""
+    import pyarrow as pa
+
+    from .sink import spec_of, stage_partition
+
+    assert o.processor is not None and part.batch is not None
+    blob = stage_partition(o.path, spec_of(o.processor), part.ranges, *part.batch)
+    yield pa.RecordBatch.from_arrays([pa.array([blob], pa.binary())], names=["staged"])
 
     def commit(self, end: dict[str, Any]) -> None:
         if self.o.tailer:
