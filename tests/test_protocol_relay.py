@@ -546,3 +546,24 @@ def test_turn_split_across_reads_keeps_the_packet_limit():
     assert not relay.closed
     relay.receive_data(big[600:1200])
     assert_failed(relay, ds, "max_value_size")
+
+
+def test_a_packet_of_messages_all_to_one_entity_is_handed_over_at_once():
+    """An entity with ``on_messages`` (a link's data entity) gets a packet's messages in
+    one call, in order and in one turn; any other packet goes event by event."""
+
+    class Batch(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.on_messages = lambda vs: self.log.append(("*", list(vs)))
+
+    ds = Dataspace("t")
+    relay = Relay(turn=ds.turn, name="test")
+    rec = Batch()
+    relay.export_at(0, rec)
+    relay.receive_data(turn((0, Message(1)), (0, Message(parse("<a>"))), (0, Message(3))))
+    assert rec.log == [("*", [1, parse("<a>"), 3])]
+    assert relay.messages_in == 3
+    relay.receive_data(turn((0, Message(4)), (0, Assert(5, 1))))  # not only messages
+    relay.receive_data(turn((0, Message(6))))  # one message
+    assert [e[0] for e in rec.log[1:]] == ["!", "+", "!"]

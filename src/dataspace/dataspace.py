@@ -95,6 +95,11 @@ class Entity:
     def on_message(self, value: Value) -> None:
         """``value`` was sent to this entity."""
 
+    on_messages: Callable[[list[Value]], None] | None = None
+    """Optional: when set, a relay hands it the messages of one incoming packet that are
+    all to this entity, at once and in order, instead of calling :meth:`on_message` for
+    each (a link's data entity: its peer's packets are long runs of messages)."""
+
 
 Handle = NewType("Handle", int)
 """The receipt for an assertion: pass it to :meth:`Dataspace.retract`.

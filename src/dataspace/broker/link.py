@@ -154,6 +154,7 @@ class _Data(Entity):
         self.session = session
         # The data path, the hottest, goes straight to the session (no call in between).
         self.on_message = session.on_data_message  # type: ignore[method-assign]
+        self.on_messages = session.on_data_messages
 
     def on_assert(self, value: Value, handle: int) -> None:
         self.session.on_data_assert(value, handle)
@@ -309,6 +310,22 @@ class LinkSession:
         if hub.tapping:  # the tap hears it, and must know it as ours
             self.echo.append(v)
         hub.ds.send(v)
+
+    def on_data_messages(self, vs: list[Value]) -> None:
+        """The messages of one packet from the peer (see :meth:`on_data_message`)."""
+        if self.closed or not self.ready:
+            return
+        if not self.settled:
+            for v in vs:
+                self.on_data_message(v)
+            return
+        self.counters["messages_received"] += len(vs)
+        hub = self.hub
+        if hub.tapping:  # the tap hears them, and must know them as ours
+            self.echo.extend(vs)
+        send = hub.ds.send
+        for v in vs:
+            send(v)
 
     def on_data_assert(self, v: Value, handle: int) -> None:
         if self.closed or handle in self.injected:
@@ -873,6 +890,7 @@ class _DialData(Entity):
         """The session exists: messages go straight to it from now on (the data path,
         the hottest, without a call in between)."""
         self.on_message = session.on_data_message  # type: ignore[method-assign]
+        self.on_messages = session.on_data_messages
 
 
 class LinkDialer:

@@ -700,8 +700,13 @@ class Relay:
             return
         err: ProtocolError | None = None
         syncs = self._syncs = []
+        many = None if emb else self._all_messages(events)
         try:
             with self._turn():
+                if many is not None:
+                    self.messages_in += len(events)
+                    many([ev[2] for ev in events])
+                    events = []
                 for ev in events:
                     try:
                         self._apply(ev, emb)
@@ -727,6 +732,19 @@ class Relay:
             return
         for oid_bytes in syncs:
             self._answer_sync(oid_bytes)
+
+    def _all_messages(self, events: list[tuple[int, int, Any, Any]]) -> Any:
+        """The ``on_messages`` of the entity every event of ``events`` is a message to,
+        if it has one (a link's: the messages of a packet in one call), else None."""
+        oid = events[0][0]
+        ex = self._exports.get(oid)
+        fn = getattr(ex.target, "on_messages", None) if ex is not None else None
+        if fn is None:
+            return None
+        for ev in events:
+            if ev[1] != 0x4D or ev[0] != oid:
+                return None
+        return fn
 
     def _internal_error(self, e: Exception, fail: bool = True) -> ProtocolError:
         """A local entity raised while applying the peer's event: a bug on this side,
