@@ -567,3 +567,45 @@ def test_a_packet_of_messages_all_to_one_entity_is_handed_over_at_once():
     relay.receive_data(turn((0, Message(4)), (0, Assert(5, 1))))  # not only messages
     relay.receive_data(turn((0, Message(6))))  # one message
     assert [e[0] for e in rec.log[1:]] == ["!", "+", "!"]
+
+
+def test_messages_sent_on_as_received_are_written_as_the_bytes_they_came_in():
+    """While kept (keep_received), a message a relay received goes out of another relay,
+    during the turn that applies it, as its received bytes (here an integer written in
+    two bytes stays so); a value that was not received is encoded; order and packet cuts
+    are kept.  After the turn, or when not kept, the values are encoded again."""
+    from dataspace.protocol.relay import keep_received
+
+    out = Relay(limits=RelayLimits(max_outbound_packet=64), name="out")
+    peer = out.import_ref(3)
+    got: list[object] = []
+
+    class Forward(Entity):
+        def __init__(self) -> None:
+            self.on_messages = self.forward
+
+        def forward(self, vs: list[object]) -> None:
+            got.extend(vs)
+            peer.send_messages([*vs[:3], parse("<y 5>"), *vs[3:]])
+
+    inbound = Relay(turn=Dataspace("t").turn, name="in")
+    inbound.export_at(0, Forward())
+    odd = b"\xb4\xb3\x01x\xb0\x02\x00\x05\x84"  # <x 5>, the 5 in two bytes
+    packet = b"\xb5" + (b"\xb5\xb0\x01\x00\xb4\xb3\x01M" + odd + b"\x84\x84") * 6 + b"\x84"
+    keep_received(True)
+    try:
+        inbound.receive_data(packet)
+    finally:
+        keep_received(False)
+    sent = out.take_packets()
+    assert len(sent) > 1  # cut at the packet limit
+    data = b"".join(sent)
+    assert data.count(odd) == 6 and data.count(encode(parse("<y 5>"))) == 1
+    assert [ev.body for _oid, ev in events_of(packets_of(sent))] == [
+        *got[:3], parse("<y 5>"), *got[3:]]
+    peer.send_messages(got[:2])  # after the turn: encoded (canonically)
+    assert b"".join(out.take_packets()).count(encode(parse("<x 5>"))) == 2
+
+
+def packets_of(raw: list[bytes]) -> list[object]:
+    return [parse_packet(decode(p, embedded=WireRef.from_value)) for p in raw]

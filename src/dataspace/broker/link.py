@@ -367,22 +367,30 @@ class LinkSession:
         echo = self.echo
         ready = self.ready
         decide = self.prod.forward
-        out = self.data_out
-        fwd = sup = 0
+        wanted = []
+        n = 0
         for v in msgs:
             if echo and echo[0] is v:
                 echo.popleft()  # it came from this link: never back
                 continue
             if not ready:
                 continue
+            n += 1
             if decide(v):
-                fwd += 1
-                out.on_message(v)
-            else:
-                sup += 1
+                wanted.append(v)
+        if not n:
+            return
         c = self.counters
-        c["messages_forwarded"] += fwd
-        c["messages_suppressed"] += sup
+        c["messages_forwarded"] += len(wanted)
+        c["messages_suppressed"] += n - len(wanted)
+        if wanted:
+            out = self.data_out
+            send = getattr(out, "send_messages", None) if len(wanted) > 1 else None
+            if send is not None:
+                send(wanted)
+            else:
+                for v in wanted:
+                    out.on_message(v)
 
     def reassess(self, k: Any, v: Value | None, count: int) -> None:
         """Forward or withdraw one assertion (``count``: its copies here)."""

@@ -187,6 +187,11 @@ class RemoteEntity(Entity):
     def on_message(self, value: Value) -> None:
         self.relay._send_message(self, value)
 
+    def send_messages(self, values: list[Value]) -> None:
+        """:meth:`on_message` for each of ``values``, in order (a link forwarding a
+        turn's messages: one call, and each received one written as it came in)."""
+        self.relay._send_messages(self, values)
+
     @property
     def alive(self) -> bool:
         """False once the connection is closed (events to it are dropped)."""
@@ -1087,6 +1092,42 @@ class Relay:
                 return
             _cached = (value, body) if type(value) is Sequence and not self._embedded_out else None
         self._emit(proxy.oid_bytes, _HDR_M, body)
+
+    def _send_messages(self, proxy: RemoteEntity, values: list[Value]) -> None:
+        received = _received
+        if not received:
+            for v in values:
+                self._send_message(proxy, v)
+            return
+        oid = proxy.oid_bytes
+        frags = self._frags
+        size = self._frag_size
+        max_out = self._max_out
+        for v in values:
+            if self.closed:
+                return
+            r = received.get(id(v))
+            if r is None or r[0] is not v:
+                self._frag_size = size
+                self._send_message(proxy, v)
+                size = self._frag_size
+                continue
+            body = r[1]  # as it came in (see keep_received); _emit, inline:
+            if not frags:
+                frags.append(_B_SEQ)
+                size = 1
+                if not self._dirty:
+                    self._dirty = True
+                    if self.on_dirty is not None:
+                        self.on_dirty(self)
+            frags += (_B_SEQ, oid, _HDR_M, body, _B_END2)
+            self.events_out += 1
+            size += len(oid) + len(body) + 7
+            if size >= max_out:
+                self._frag_size = size
+                self._seal()
+                size = 0
+        self._frag_size = size
 
     def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
         if not self.closed:  # a sync's answer
