@@ -36,6 +36,13 @@ def one_line_error(fn: Any) -> str:
     return ""
 
 
+def _has_registry(url: str) -> bool:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        return c.execute("SELECT to_regclass('dataspace.staged')").fetchone()[0] is not None
+
+
 def staged_parts(url: str) -> dict[str, int]:
     """What the read tasks staged in the PostgreSQL store (only they call Store.stage):
     parts ever registered (the registry's identity sequence keeps counting after the
@@ -90,6 +97,7 @@ def main(config_path: str) -> int:
     res["batch_rows"] = sorted((r["index"], r["text"]) for r in df.collect())
 
     # Streaming read -> the streaming writer (exactly once), Trigger.AvailableNow.
+    staged_before = staged_parts(url)["registered"] if _has_registry(url) else 0
     q = (spark.readStream.format("dataspace").options(**opts).option("stream", "a")
          .option("maxRowsPerBatch", 40).option("partitionRows", 20).load()
          .select("index", "value").writeStream.format("dataspace").options(**opts)
@@ -105,6 +113,9 @@ def main(config_path: str) -> int:
     (spark.createDataFrame([(f"<w {i}>",) for i in range(30)], "text string")
      .repartition(3).write.format("dataspace").options(**opts).option("stream", "written")
      .mode("append").save())
+
+    after = staged_parts(url)
+    res["writers_staged"] = {"parts": after["registered"] - staged_before, "left": after["left"]}
 
     # Routing: the values read from PostgreSQL by the executors.
     pats = [("says", "<Says $who _>"), ("num", "$n")]

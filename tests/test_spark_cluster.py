@@ -155,6 +155,10 @@ def test_streaming_read_and_writers_on_the_cluster(driver_run):
     assert res["copied"] == res["a"] == [encode(v).hex() for v in values]
     assert res["stream_batches"] == 3  # 100 rows, 40 per batch
     assert res["written"] == sorted(f"<w {i}>" for i in range(30))
+    # The write tasks staged their rows in the store (the driver only committed them):
+    # the streaming writer's batches of 40, 40 and 20 rows in 20-row partitions, and the
+    # batch writer's 3 partitions.
+    assert res["writers_staged"] == {"parts": 8, "left": 0}, res["writers_staged"]
 
 
 def test_routing_on_the_cluster(driver_run):

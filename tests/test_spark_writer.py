@@ -160,6 +160,20 @@ def test_a_dataframe_transformation_keeps_its_sources(spark, tmp_path):
         got = s.read("even")
         assert [e.value for e in got] == [Record(N, [i]) for i in (0, 2, 4)]
         assert [e.meta[Symbol("src")] for e in got] == [Dictionary({"in": i}) for i in (0, 2, 4)]
+        # The write tasks staged the rows (their commit hash spliced in by the commit when
+        # they could not know it): one batch, one delivery hash.
+        assert len({e.meta[Symbol("hash")] for e in got}) == 1
+    assert_staged_and_taken(tmp_path)
+
+
+def assert_staged_and_taken(d):
+    """The write tasks staged rows in the store's shard files, and commits took them all."""
+    import sqlite3
+
+    shards = [p for p in d.iterdir() if p.name.endswith("-stage", 0, -1)]
+    assert shards, "nothing was staged"
+    for p in shards:
+        assert sqlite3.connect(p).execute("select count(*) from staged").fetchone()[0] == 0
 
 
 def test_rows_to_values():
@@ -184,3 +198,4 @@ def test_batch_writer_appends_a_job(spark, tmp_path):
     df.write.format("dataspace").option("path", str(tmp_path)).option("stream", "t").mode("append").save()
     with open_store(tmp_path) as s:
         assert sorted(str(e.value) for e in s.read("t")) == ["<a 1>", "<b 2>"]
+    assert_staged_and_taken(tmp_path)

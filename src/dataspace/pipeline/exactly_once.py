@@ -65,6 +65,7 @@ __all__ = [
     "close_interrupted",
     "resume",
     "snapshot_record",
+    "source_metas",
 ]
 
 HASH_SIZE = 16
@@ -265,6 +266,27 @@ class MetaEncoder:
 
 
 enc_int = _enc_int
+
+
+def source_metas(srcs: Sequence[Mapping[str, int]], suffix: bytes) -> list[bytes]:
+    """Metadata of messages with at most one source position each (``{}`` or
+    ``{input: index}``), ended by ``suffix`` (:meth:`MetaEncoder.suffix`)."""
+    head = b"\xb7" + _SRC_ENC + b"\xb7"
+    no_src = head + suffix
+    keys: dict[str, bytes] = {}
+    out = []
+    for src in srcs:
+        if not src:
+            out.append(no_src)
+            continue
+        if len(src) > 1:
+            raise ValueError("source_metas: a message with several source positions")
+        (name, idx), = src.items()
+        k = keys.get(name)
+        if k is None:
+            k = keys[name] = head + encode(name)
+        out.append(k + _enc_int(idx) + suffix)
+    return out
 
 
 # -- recovery ----------------------------------------------------------------------------

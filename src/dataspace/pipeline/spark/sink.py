@@ -82,6 +82,7 @@ from ..exactly_once import (
     delivery_hash,
     recover,
     resume,
+    source_metas,
 )
 from ..graph import Graph, Processor
 from . import faults
@@ -322,6 +323,18 @@ def stage_partition(url: str, spec: ProcSpec, ranges: list[tuple[str, int, int]]
     return pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def _stage_rows(url: str, owner: str, stream: str, datas: list[bytes], metas: list[Any],
+                h: bytes | None) -> BatchPart:
+    """A write task's rows staged in the store (for the connector's writers and DataFrame
+    processors, whose rows come through Spark): the commit message names them."""
+    import uuid
+
+    token = f"{owner}/{uuid.uuid4().hex}"
+    store_for(url, create=True).stage(owner, token, {stream: (datas, metas)})
+    faults.point("stage")
+    return BatchPart(staged={stream: [(token, len(datas), h)]})
+
+
 def _merge_staged(blobs: list[bytes]) -> BatchPart:
     """One write task's partitions' summaries as one commit message."""
     import pickle
@@ -553,7 +566,8 @@ def _check_continuity(pid: str, rec: Recovery, r: Resume, starts: Mapping[str, i
 class StreamWriter(DataSourceStreamArrowWriter):
     """The streaming writer (see the module docstring)."""
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType, stage: bool = False) -> None:
+        self.stage = stage  # the write tasks reach the store: they stage their rows
         try:
             path = location_option(options, "the dataspace sink")
         except ValueError as e:
@@ -607,6 +621,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
         if not cols:
             return BatchPart()
         datas, srcs = rows_to_values(cols, self.inputs)
+        if self.stage:
+            h = self._task_hash()
+            return _stage_rows(self.path, self.pid, self.outputs[0], datas,
+                               source_metas(srcs, MetaEncoder(()).suffix(h)), h)
         return BatchPart(outputs={self.outputs[0]: (datas, srcs)})
 
     def _task_hash(self) -> bytes | None:
@@ -780,7 +798,11 @@ class BatchWriter(DataSourceArrowWriter):
     """``df.write.format("dataspace")``: appends every row of the job in one transaction
     when the job commits (all or nothing; a job run twice appends twice)."""
 
-    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+    def __init__(self, options: Mapping[str, str], schema: StructType, stage: bool = False) -> None:
+        import uuid
+
+        self.stage = stage  # the write tasks reach the store: they stage their rows
+        self.owner = f"write:{uuid.uuid4().hex}"  # this job's staged rows
         try:
             path = location_option(options, "df.write.format('dataspace')")
         except ValueError as e:
@@ -797,15 +819,28 @@ class BatchWriter(DataSourceArrowWriter):
         if not cols:
             return BatchPart()
         datas, srcs = rows_to_values(cols)
+        if self.stage:
+            return _stage_rows(self.path, self.owner, self.stream, datas, [None] * len(datas), None)
         return BatchPart(outputs={self.stream: (datas, srcs)})
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        datas = [d for m in messages if isinstance(m, BatchPart)
-                 for d in m.outputs.get(self.stream, ([], []))[0]]
+        parts = [m for m in messages if isinstance(m, BatchPart)]
         store = store_for(self.path, create=True)
         with store.transaction() as tx:
             tx.create_stream(self.stream)
-            tx.append_encoded(self.stream, datas)
+            if self.stage:
+                tx.append_staged(self.stream, [(t, n) for p in parts
+                                               for t, n, _h in (p.staged or {}).get(self.stream, [])])
+                tx.drop_staged(self.owner)
+            else:
+                tx.append_encoded(self.stream, [d for p in parts
+                                                for d in p.outputs.get(self.stream, ([], []))[0]])
+        if self.stage:
+            collect_later(store)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        pass
+        if self.stage:
+            try:
+                drop_staged(store_for(self.path, create=True), self.owner)
+            except Exception as e:  # staged rows nobody takes; the space is lost until dropped
+                log.warning("df.write: could not remove the staged rows of an aborted job: %s", e)

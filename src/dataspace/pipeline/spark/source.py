@@ -618,13 +618,25 @@ class DataspaceDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return _StreamReader(self._options())
 
+    def _tasks_write(self) -> bool:
+        """Whether the write tasks can stage their rows in the store (they reach it)."""
+        from ._store import is_postgres, location_option
+
+        try:
+            url = location_option(self.options, "the dataspace sink")
+        except ValueError:
+            return False
+        if url is None:
+            return False
+        return is_postgres(url) or (self.master is not None and _executors_reach(self.master, url))
+
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         from .sink import BatchWriter
 
-        return BatchWriter(self.options, schema)
+        return BatchWriter(self.options, schema, stage=self._tasks_write())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
         from .sink import StreamWriter
 
-        return StreamWriter(self.options, schema)
+        return StreamWriter(self.options, schema, stage=self._tasks_write())
 
