@@ -639,6 +639,24 @@ def test_sqlite_staging_shards_let_stagers_work_in_parallel_and_are_collected(tm
     assert open_store(tmp_path).check() == []
 
 
+def test_sqlite_deferred_checkpoints_happen_in_collect_staged(tmp_path):
+    store = open_store(tmp_path)
+    try:
+        db = tmp_path / STREAMS_DB
+        big = [encode(bytes(400))] * 20_000  # about 2,500 pages: past the 1,000 of autocheckpoint
+        store.append_many("warm", [1])
+        size0 = db.stat().st_size
+        store.defer_checkpoints()
+        with store.transaction() as tx:
+            tx.append_encoded("a", big)
+        assert db.stat().st_size == size0  # the commit left the rows in the log
+        store.collect_staged()
+        assert db.stat().st_size > size0 + 8_000_000  # ...and collect_staged folded them in
+        assert len(store.read("a", 19_990)) == 10
+    finally:
+        store.close()
+
+
 # -- locks ------------------------------------------------------------------------------------
 
 

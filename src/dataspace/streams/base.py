@@ -669,9 +669,16 @@ class Store(ABC):
 
     def collect_staged(self) -> int:
         """Free the space of staged rows that transactions dropped, if the store defers
-        that (outside every transaction, so it may run in the background while others
-        write); returns how many parts were freed."""
+        that, and do other housekeeping deferred to it (outside every transaction, so it
+        may run in the background while others write); returns how many parts were
+        freed."""
         return 0
+
+    def defer_checkpoints(self) -> None:
+        """Leave housekeeping that this store's commits would do (SQLite: folding the
+        write-ahead log into the database) to :meth:`collect_staged`, which the caller
+        then runs after its commits, in the background.  Nothing for stores without."""
+        return None
 
     @abstractmethod
     def apply_retention(self, now_ns: int | None = None) -> int:

@@ -186,6 +186,7 @@ class SQLiteStore(Store):
         self._busy_timeout = busy_timeout
         self._stage_conns: dict[int, sqlite3.Connection] = {}  # shard -> connection (stage)
         self._attached: set[int] = set()  # shards attached to the main connection
+        self._deferred_checkpoints = False
         self._conn = self._open(create, busy_timeout)
         self._notifier: Notifier | None = get_notifier(self.path)
 
@@ -696,10 +697,11 @@ class SQLiteStore(Store):
                     tid = conn.execute(
                         "INSERT INTO staged (owner, token, stream, count) VALUES (?, ?, ?, ?)",
                         (owner, token, stream, len(datas))).lastrowid
+                    # k is the rowid, 1, 2, ... in a new table (not bound: 7% faster)
                     conn.execute(f"CREATE TABLE t{tid} (k INTEGER PRIMARY KEY, value BLOB NOT NULL, "
                                  "meta BLOB)")
-                    conn.executemany(f"INSERT INTO t{tid} (k, value, meta) VALUES (?, ?, ?)",
-                                     zip(itertools.count(), datas, metas))
+                    conn.executemany(f"INSERT INTO t{tid} (value, meta) VALUES (?, ?)",
+                                     zip(datas, metas))
                 conn.execute("COMMIT")
             except BaseException as e:
                 with contextlib.suppress(sqlite3.Error):
@@ -713,8 +715,16 @@ class SQLiteStore(Store):
     def collect_staged(self) -> int:
         """Drop the tables of staged rows no registry row names any more, shard by
         shard, each with a connection of its own and only if its lock is free (a shard
-        in use is collected next time)."""
+        in use is collected next time); after :meth:`defer_checkpoints`, first fold the
+        write-ahead log into the database (a passive checkpoint)."""
         freed = 0
+        if self._deferred_checkpoints and not self._closed:
+            with contextlib.suppress(sqlite3.Error):  # never blocks; a busy log waits for next time
+                conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=0)
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                finally:
+                    conn.close()
         for k in range(STAGE_SHARDS):
             path = self.stage_path(k)
             if not path.exists():
@@ -786,6 +796,17 @@ class SQLiteStore(Store):
         with self._lock:
             self._check_open()
             self._exec("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def defer_checkpoints(self) -> None:
+        """This connection's commits stop folding the write-ahead log into the database
+        (SQLite does it after a commit once the log passes 1,000 pages: about half of a
+        100,000-row commit's time); :meth:`collect_staged`, which the Spark sink runs in
+        the background after each commit, does it instead."""
+        with self._lock:
+            self._check_open()
+            if not self._deferred_checkpoints:
+                self._exec("PRAGMA wal_autocheckpoint = 0")
+                self._deferred_checkpoints = True
 
     def close(self) -> None:
         with self._lock:
@@ -1129,7 +1150,7 @@ class SQLiteTransaction(Transaction):
                     f"stream {stream!r}: the staged rows of {token!r} are "
                     f"{'missing' if found is None else f'{found[2]}, not {n}'}; nothing was appended")
             k, tid, _n = found
-            params: tuple[Any, ...] = (sid, at, seq + (at - first), t)
+            params: tuple[Any, ...] = (sid, at - 1, seq + (at - first) - 1, t)
             if meta_cut:
                 params += (meta_cut, meta_suffix)
             cur = store._exec(

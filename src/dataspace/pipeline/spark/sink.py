@@ -697,6 +697,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
             if s not in ordered:
                 raise CommitError(f"{pid}: output to {s!r}, not one of {', '.join(self.outputs)}")
         faults.point("sink")
+        if staging:
+            store.defer_checkpoints()  # SQLite: the log is folded in the background instead
         tx = store.begin()
         try:
             wrote = commit_step(tx, pid, starts, ends, ordered, errors=errors,
