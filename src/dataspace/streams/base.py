@@ -181,6 +181,23 @@ def check_tailer_name(name: str) -> str:
     return name
 
 
+def staged_total(stream: str, first: int, staged: Sequence[tuple[str, int]]) -> int:
+    """How many rows ``append_staged`` of ``staged`` adds to ``stream`` (whose next index
+    is ``first``); StoreError if they would not fit."""
+    total = sum(n for _t, n in staged)
+    if first + total > MAX_INDEX:
+        raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+    return total
+
+
+def staged_count_error(stream: str, token: str, have: int | None, want: int) -> StoreError:
+    """The error of ``append_staged`` when ``token`` has ``have`` rows of ``stream``
+    staged (None: none registered), not ``want``."""
+    what = "missing" if have is None else f"{have}, not {want}"
+    return StoreError(f"stream {stream!r}: the staged rows of {token!r} are {what} (lost in a "
+                      "crash?); nothing was appended")
+
+
 def encode_value(value: Value, what: str = "value") -> bytes:
     """The canonical encoding of ``value``, checked against :data:`MAX_VALUE_SIZE`.
 

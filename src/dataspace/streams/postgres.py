@@ -79,6 +79,8 @@ from .base import (
     check_tailer_name,
     encode_value,
     is_reserved,
+    staged_count_error,
+    staged_total,
 )
 from .wakeup import Generation
 
@@ -1186,11 +1188,9 @@ class PostgresTransaction(Transaction):
     def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
                       meta_cut: int = 0, meta_suffix: bytes = b"") -> int:
         sid, first = self._writable(stream)
-        total = sum(n for _t, n in staged)
+        total = staged_total(stream, first, staged)
         if total == 0:
             return first
-        if first + total > MAX_INDEX:
-            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
         if self._q("SELECT to_regclass(%s)", (_STAGED,)).fetchone()[0] is None:
             raise StoreError(f"stream {stream!r}: no staged rows in {self._store.display} (lost?)")
         t = self._time = time.time_ns()
@@ -1202,9 +1202,7 @@ class PostgresTransaction(Transaction):
             row = self._q(f"SELECT id, count FROM {_STAGED} WHERE token = %s AND stream = %s",
                           (token, stream)).fetchone()
             if row is None or row[1] != n:
-                raise StoreError(
-                    f"stream {stream!r}: the staged rows of {token!r} are "
-                    f"{'missing' if row is None else f'{row[1]}, not {n}'}; nothing was appended")
+                raise staged_count_error(stream, token, None if row is None else row[1], n)
             params: tuple[Any, ...] = (sid, at, self._seq + (at - first), t)
             if meta_cut:
                 params += (meta_cut, meta_suffix)
@@ -1212,8 +1210,7 @@ class PostgresTransaction(Transaction):
                           f"SELECT %s, %s + k, %s + k, %s, value, {meta} "
                           f"FROM {SCHEMA}.staged_{int(row[0])}", params)
             if cur.rowcount != n:
-                raise StoreError(f"stream {stream!r}: {cur.rowcount} staged rows of {token!r}, "
-                                 f"not {n} (lost in a server crash?); nothing was appended")
+                raise staged_count_error(stream, token, cur.rowcount, n)
             at += n
         self._seq += total
         self._next[sid] = at

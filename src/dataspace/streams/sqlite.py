@@ -62,6 +62,8 @@ from .base import (
     check_tailer_name,
     encode_value,
     is_reserved,
+    staged_count_error,
+    staged_total,
 )
 from .wakeup import Notifier, get_notifier, release_notifier
 
@@ -1128,11 +1130,9 @@ class SQLiteTransaction(Transaction):
         sid = self._sid(stream, create=True)
         first = self._next_of(sid)
         store = self._store
-        total = sum(n for _t, n in staged)
+        total = staged_total(stream, first, staged)
         if total == 0:
             return first
-        if first + total > MAX_INDEX:
-            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
         if not store._attached:
             raise StoreError(f"stream {stream!r}: no staged rows beside {store.path} (lost?)")
         seq = self._seq
@@ -1146,9 +1146,7 @@ class SQLiteTransaction(Transaction):
         for token, n in staged:
             found = self._find_staged(token, stream)
             if found is None or found[2] != n:
-                raise StoreError(
-                    f"stream {stream!r}: the staged rows of {token!r} are "
-                    f"{'missing' if found is None else f'{found[2]}, not {n}'}; nothing was appended")
+                raise staged_count_error(stream, token, None if found is None else found[2], n)
             k, tid, _n = found
             params: tuple[Any, ...] = (sid, at - 1, seq + (at - first) - 1, t)
             if meta_cut:
@@ -1157,7 +1155,7 @@ class SQLiteTransaction(Transaction):
                 f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta) "
                 f"SELECT ?, ? + k, ? + k, ?, value, {meta} FROM stage{k}.t{tid}", params)
             if cur.rowcount != n:
-                raise StoreError(f"stream {stream!r}: {cur.rowcount} staged rows of {token!r}, not {n}")
+                raise staged_count_error(stream, token, cur.rowcount, n)
             at += n
         self._seq = seq + total
         self._next[sid] = at
