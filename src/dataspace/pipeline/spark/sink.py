@@ -61,7 +61,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -297,16 +296,13 @@ def stage_partition(url: str, spec: ProcSpec, ranges: list[tuple[str, int, int]]
     import uuid
 
     store = store_for(url)
-    meta = spec.processor.messages
     ins = spec.processor.inputs
     rows_in: list[list[tuple[Any, ...]]] = [[] for _ in ins]
     for s, a, b in ranges:
         if s not in ins:
             raise CommitError(f"{spec.proc_id}: a range of stream {s!r}, not an input")
-        c = store.read_columns(s, a, b, meta=meta)  # in index order
+        rows_in[ins.index(s)] += store.read_rows(s, a, b, b - a)  # the local engine's rows
         faults.point("read")
-        rows_in[ins.index(s)] += zip(c.indices, c.seqs, c.values,
-                                     c.metas if meta else repeat(None))
     h = delivery_hash(spec.proc_id, starts, ends)
     part = _apply(spec, rows_in, _order(rows_in, spec), h)
     rows: dict[str, tuple[list[bytes], list[Any]]] = {s: o for s, o in part.outputs.items() if o[0]}
