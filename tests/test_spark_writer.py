@@ -176,6 +176,17 @@ def assert_staged_and_taken(d):
         assert sqlite3.connect(p).execute("select count(*) from staged").fetchone()[0] == 0
 
 
+def test_a_users_column_named_staged_is_data(tmp_path):
+    """Only the engine's staged query hands the sink summaries to unpickle; a column of
+    that name in a user's rows is written as a value like any other."""
+    w = StreamWriter({"path": str(tmp_path), "stream": "out",
+                      "checkpointLocation": str(tmp_path / "ck")}, None)
+    part = w.write(iter([pa.RecordBatch.from_arrays([pa.array([b"\x80\x04junk"], pa.binary())],
+                                                    names=["staged"])]))
+    assert part.staged is None
+    assert [decode(d) for d in part.outputs["out"][0]] == [Dictionary({Symbol("staged"): b"\x80\x04junk"})]
+
+
 def test_rows_to_values():
     datas, srcs = rows_to_values({"value": [encode(1), encode("x")], "index": [3, 4]}, ("in",))
     assert [decode(d) for d in datas] == [1, "x"] and srcs == [{"in": 3}, {"in": 4}]

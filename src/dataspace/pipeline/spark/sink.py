@@ -578,6 +578,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
                               "offset log identifies each batch")
         spec = options.get("processor")
         self.spec = decode_spec(spec) if spec else None
+        # The rows are the read tasks' summaries of what they staged (the engine's query
+        # of a pure processor), never a user's column that happens to have that name.
+        self.staged_input = (self.spec is not None and self.spec.on_executors
+                             and schema is not None and list(schema.fieldNames()) == ["staged"])
         if self.spec is not None:
             self.pid = self.spec.proc_id
             self.outputs = self.spec.processor.outputs
@@ -605,8 +609,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
         runs = spec is not None and (spec.on_executors or spec.on_driver)
         cols = _columns(iterator, _INPUT_COLUMNS if runs else None)
         faults.point("write")
-        if "staged" in cols:
-            return _merge_staged(cols["staged"])
+        if self.staged_input:
+            return _merge_staged(cols.get("staged", []))
         if spec is not None and spec.on_executors:
             return run_on_executor(spec, cols, self._task_hash())
         if spec is not None and spec.on_driver:
