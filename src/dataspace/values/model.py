@@ -550,7 +550,14 @@ class Annotated(_ValueMethods):
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        return hash(_hk(self))
+        # Hashes as the bare value does (it compares equal to it): not through _hk, whose
+        # salted key of a big integer is for the items of containers.
+        x = self.item
+        while type(x) is Annotated:
+            x = x.item
+        if type(x) is float and x != x:
+            return hash(key(x))
+        return hash(x)
 
     def __repr__(self) -> str:
         return f"Annotated({self.item!r}, {list(self.annotations)!r})"
