@@ -208,6 +208,32 @@ def test_tailer_poll_times_out_empty(store):
 # -- bad files --------------------------------------------------------------------------
 
 
+def test_processes_creating_one_store_at_once_all_open_it(tmp_path):
+    """Parallel tasks (Spark's write tasks) may be the first to open a store: each must
+    get it, not "database is locked" taken for damage, nor a half-made schema taken for
+    another application's database."""
+    def opener(d, start, errors) -> None:
+        start.wait(10)
+        try:
+            open_store(d).close()
+        except BaseException as e:
+            errors.append(e)
+
+    for k in range(15):
+        d = tmp_path / str(k)
+        d.mkdir()  # a data directory: the store file is made in it
+        errors: list[BaseException] = []
+        start = threading.Barrier(4)
+        threads = [threading.Thread(target=opener, args=(d, start, errors)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        with open_store(d, create=False) as store:
+            assert store.check() == []
+
+
 def test_foreign_file_is_refused(tmp_path):
     (tmp_path / STREAMS_DB).write_bytes(b"this is not a database at all" * 10)
     with pytest.raises(ForeignStore, match="not an SQLite database"):

@@ -237,16 +237,47 @@ class SQLiteStore(Store):
         except StoreError:
             conn.close()
             raise
+        except sqlite3.OperationalError as e:
+            conn.close()
+            if "locked" in str(e):
+                raise StoreError(f"{path} stayed locked by another process for the whole busy "
+                                 "timeout while opening it") from e
+            raise _corrupt(path, e) from e
         except sqlite3.DatabaseError as e:
             conn.close()
             raise _corrupt(path, e) from e
         return conn
 
     def _setup(self, conn: sqlite3.Connection) -> None:
+        """Check the file (laying out the schema of a new one) and configure the
+        connection.  Processes opening a new store at once race: switching a file to WAL
+        does not wait for the busy timeout, so a "locked" answer is retried until it ends."""
+        deadline = time.monotonic() + self._busy_timeout
+        delay = 0.005
+        while True:
+            try:
+                self._setup_once(conn)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() >= deadline:
+                    raise
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            time.sleep(delay)  # another process is laying out or switching the file
+            delay = min(delay * 2, 0.1)
+
+    def _setup_once(self, conn: sqlite3.Connection) -> None:
         path = self.path
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        conn.execute("BEGIN")  # one snapshot: a creator may commit between two reads
+        try:
+            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
         if app_id == 0 and not (tables - {"sqlite_sequence"}):
             # A new (or empty) file: lay out the schema.
             conn.execute("PRAGMA journal_mode = WAL")
