@@ -284,7 +284,7 @@ def source_metas(srcs: Sequence[Mapping[str, int]], suffix: bytes) -> list[bytes
         (name, idx), = src.items()
         k = keys.get(name)
         if k is None:
-            k = keys[name] = head + encode(name)
+            k = keys[name] = MetaEncoder((name,)).prefix_one(name)
         out.append(k + _enc_int(idx) + suffix)
     return out
 

@@ -691,6 +691,12 @@ class Store(ABC):
         freed."""
         return 0
 
+    def attach_staged(self) -> None:
+        """Make rows staged by other processes reachable by this store's next
+        transactions (SQLite: attach the staging files; call it outside a transaction,
+        before :meth:`begin`).  Nothing for stores that need nothing."""
+        return None
+
     def defer_checkpoints(self) -> None:
         """Leave housekeeping that this store's commits would do (SQLite: folding the
         write-ahead log into the database) to :meth:`collect_staged`, which the caller

@@ -407,8 +407,6 @@ class SQLiteStore(Store):
             self._check_open()
             if self._in_tx:
                 raise StoreError("transactions do not nest")
-            if len(self._attached) < STAGE_SHARDS:
-                self._attach_shards()
             self._exec("BEGIN IMMEDIATE")
             self._in_tx = True
         except BaseException:
@@ -665,10 +663,17 @@ class SQLiteStore(Store):
         """The file of staging shard ``shard`` (beside the store)."""
         return self.path.with_name(f"{self.path.name}-stage{shard}")
 
+    def attach_staged(self) -> None:
+        """Attach the staging shards that exist to the main connection, for the next
+        transactions to take or drop staged rows (SQLite attaches only outside one)."""
+        with self._lock:
+            self._check_open()
+            if self._in_tx:
+                raise StoreError("attach_staged() inside a transaction")
+            if len(self._attached) < STAGE_SHARDS:
+                self._attach_shards()
+
     def _attach_shards(self) -> None:
-        """Attach the staging shards that exist to the main connection (outside a
-        transaction: SQLite attaches only there), for the transactions that take or
-        drop staged rows."""
         for k in range(STAGE_SHARDS):
             if k not in self._attached and self.stage_path(k).exists():
                 try:
@@ -744,6 +749,8 @@ class SQLiteStore(Store):
                 if isinstance(e, sqlite3.Error):
                     raise StoreError(f"stage: {e} ({self.stage_path(first).parent})") from e
                 raise
+            if len(self._attached) < STAGE_SHARDS:
+                self._attach_shards()  # this process may take them itself
 
     def collect_staged(self) -> int:
         """Drop the tables of staged rows no registry row names any more, shard by

@@ -351,6 +351,7 @@ def _merge_staged(blobs: list[bytes]) -> BatchPart:
 
 def drop_staged(store: Any, owner: str) -> None:
     """Remove what ``owner``'s tasks staged (batches aborted, task attempts that lost)."""
+    store.attach_staged()
     with store.transaction() as tx:
         n = tx.drop_staged(owner)
     if n:
@@ -698,6 +699,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 raise CommitError(f"{pid}: output to {s!r}, not one of {', '.join(self.outputs)}")
         faults.point("sink")
         if staging:
+            store.attach_staged()  # SQLite: the tasks' staging files
             store.defer_checkpoints()  # SQLite: the log is folded in the background instead
         tx = store.begin()
         try:
@@ -828,6 +830,8 @@ class BatchWriter(DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         parts = [m for m in messages if isinstance(m, BatchPart)]
         store = store_for(self.path, create=True)
+        if self.stage:
+            store.attach_staged()
         with store.transaction() as tx:
             tx.create_stream(self.stream)
             if self.stage:
