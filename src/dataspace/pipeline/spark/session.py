@@ -86,6 +86,7 @@ logger.utils.level = error
 _lock = threading.Lock()
 _created: SparkSession | None = None
 _shipped: list[Path] = []  # directories of package zips added to sessions of this process
+_fork: Any = None  # the session's fork server (forkserver.ForkServer), local mode
 
 
 class SparkSetupError(RuntimeError):
@@ -212,7 +213,7 @@ def _python_env(master: str) -> None:
 
 def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
            log_file: str | os.PathLike[str] | None) -> SparkSession:
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkConf
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
@@ -242,13 +243,18 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
         path.parent.mkdir(parents=True, exist_ok=True)
         out = open(path, "ab")  # the JVM keeps it for its lifetime
         popen = {"stdout": out, "stderr": out}
-    with _keep_sigint_handler():
-        if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: a gateway exists
-            sc = SparkContext(conf=conf)
-        else:
-            with _workers_import_installed_pyspark():
-                gateway = launch_gateway(conf, popen_kwargs=popen)
-            sc = SparkContext(conf=conf, gateway=gateway)
+    fork = _start_fork_server(master, None if verbose else path)
+    try:
+        with _keep_sigint_handler():
+            if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: a gateway exists
+                sc = _context(conf, None, fork)
+            else:
+                with _workers_import_installed_pyspark():
+                    gateway = launch_gateway(conf, popen_kwargs=popen)
+                sc = _context(conf, gateway, fork)
+    except BaseException:
+        _stop_fork_server()
+        raise
     sc.setLogLevel("WARN" if verbose else "ERROR")
     if not verbose:
         # PySpark logs every failed query's error as JSON on stderr; the engine reports
@@ -258,6 +264,53 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
         for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
             PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
     return SparkSession.builder.getOrCreate()
+
+
+def _start_fork_server(master: str, log_file: Path | None) -> Any:
+    """The session's fork server (:mod:`.forkserver`) in local mode, when the workers run
+    this interpreter; None otherwise or if it cannot start (Spark then starts its
+    processes itself, as without one)."""
+    global _fork
+    from . import forkserver
+
+    if not (is_local(master) and os.environ.get("PYSPARK_PYTHON") == sys.executable
+            and forkserver.enabled(sys.executable)):
+        return None
+    _stop_fork_server()
+    try:
+        _fork = forkserver.ForkServer(sys.executable, log_file=log_file)
+    except OSError as e:
+        log.debug("no fork server: %s", e)
+        return None
+    return _fork
+
+
+def _context(conf: Any, gateway: Any, fork: Any) -> Any:
+    """The SparkContext, its Python workers started through ``fork``'s launcher if any
+    (PySpark reads the workers' Python from ``PYSPARK_PYTHON`` when the context starts)."""
+    from pyspark import SparkContext
+
+    if fork is None:
+        return SparkContext(conf=conf, gateway=gateway)
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = fork.launcher
+    try:
+        return SparkContext(conf=conf, gateway=gateway)
+    finally:
+        if before is None:
+            os.environ.pop("PYSPARK_PYTHON", None)
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
+
+
+def _stop_fork_server() -> None:
+    global _fork
+    fork, _fork = _fork, None
+    if fork is not None:
+        fork.stop()
+
+
+atexit.register(_stop_fork_server)
 
 
 @contextlib.contextmanager
@@ -373,6 +426,7 @@ def stop_session() -> None:
             finally:
                 _created = None
                 remove_shipped()
+                _stop_fork_server()
 
 
 def remove_shipped() -> None:

@@ -1,0 +1,393 @@
+"""A fork server for the Python process Spark starts afresh at every streaming query.
+
+Spark runs a Python streaming source's planning (``initialOffset``, ``latestOffset``,
+``partitions``, ``commit``) in a process of its own, started with
+``python -m pyspark.sql.streaming.python_streaming_source_runner`` when the query starts
+-- not forked from its daemon, as task workers are.  That process imports PySpark,
+PyArrow and this package before the query's first batch can be planned: about 0.3 s on
+a 2-core machine, at every query start (``pipeline run --until-idle`` starts one query
+per processor with input, per round).
+
+In local mode the session (:mod:`.session`) points Spark's Python executable at a
+*launcher*: a small script that, for the modules in :data:`MODULES`, asks this server
+-- started with the session, those imports done once -- to fork a child that runs the
+module with the launcher's arguments, environment, working directory and standard
+streams (passed over a Unix socket), then waits for the child and exits with its
+status; signals the launcher gets (Spark stops a worker with SIGTERM) go to the child.
+Anything else (the daemon, other modules) and whenever the server cannot be reached,
+the launcher ``exec``\\s the real interpreter exactly as Spark would have, so the server
+is an optimisation, never a dependency.
+
+The socket lives in a directory only this user can enter.  The server exits when its
+parent (the driver) goes: its standard input is a pipe from the driver.  The server
+kills a child whose launcher disappeared (Spark killed it with SIGKILL).
+``DATASPACE_SPARK_FORKSERVER=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ENV", "MODULES", "PRELOAD", "ForkServer", "enabled", "serve"]
+
+log = logging.getLogger(__name__)
+
+ENV = "DATASPACE_SPARK_FORKSERVER"
+
+MODULES = ("pyspark.sql.streaming.python_streaming_source_runner",)
+"""The ``-m`` modules the launcher hands to the server (the rest are exec'd)."""
+
+PRELOAD = (
+    "pyspark.sql.streaming.python_streaming_source_runner",
+    "dataspace.pipeline.spark.source",
+    "dataspace.pipeline.spark.sink",
+    "dataspace.streams.sqlite",
+    "dataspace.streams.postgres",
+)
+"""Imported by the server before it forks (those that fail to import are skipped)."""
+
+_LAUNCHER = '''#!{python} -IS
+# The dataspace fork-server launcher (dataspace.pipeline.spark.forkserver): made for one
+# Spark session; removed with it.
+import os
+import sys
+
+PYTHON = {python!r}
+SOCKET = {socket!r}
+MODULES = {modules!r}
+
+
+def _recv(s, n):
+    buf = b""
+    while len(buf) < n:
+        got = s.recv(n - len(buf))
+        if not got:
+            break
+        buf += got
+    return buf
+
+
+def _forked(argv):
+    import json
+    import signal
+    import socket
+    import struct
+
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(SOCKET)
+        body = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+        socket.send_fds(s, [struct.pack("!I", len(body)) + body], [0, 1, 2])
+        got = _recv(s, 4)
+    except OSError:
+        return None
+    pid = struct.unpack("!i", got)[0] if len(got) == 4 else 0
+    if pid <= 0:
+        return None  # refused: run it the ordinary way
+
+    def forward(sig, _frame):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, forward)
+    try:
+        got = _recv(s, 4)
+    except OSError:
+        got = b""
+    code = struct.unpack("!i", got)[0] if len(got) == 4 else 1
+    if code < 0:  # killed by a signal: die the same way
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
+
+
+argv = sys.argv[1:]
+if len(argv) == 2 and argv[0] == "-m" and argv[1] in MODULES and os.environ.get({env!r}) != "0":
+    _forked(argv)
+os.execv(PYTHON, [PYTHON, *argv])
+'''
+
+
+def enabled(python: str = sys.executable) -> bool:
+    """Whether sessions use the fork server: not with ``DATASPACE_SPARK_FORKSERVER=0``,
+    nor where the launcher cannot name ``python`` on its ``#!`` line (spaces, length)."""
+    return (os.environ.get(ENV, "1") != "0" and hasattr(socket, "send_fds") and hasattr(os, "fork")
+            and " " not in python and len(python) < 200)
+
+
+def _base() -> Path:
+    base = Path(tempfile.gettempdir()) / f"dataspace-spark-{os.getuid()}"
+    base.mkdir(mode=0o700, exist_ok=True)
+    return base
+
+
+def _remove_orphans(base: Path) -> None:
+    """Remove the directories of fork servers whose driver is gone (killed with SIGKILL,
+    the server with it)."""
+    for d in base.glob("fork-*-*"):
+        pid = d.name.split("-")[1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            continue
+
+
+class ForkServer:
+    """One session's fork server and its launcher (see the module docstring)."""
+
+    def __init__(self, python: str = sys.executable, log_file: str | os.PathLike[str] | None = None,
+                 modules: tuple[str, ...] = MODULES, preload: tuple[str, ...] = PRELOAD) -> None:
+        base = _base()
+        _remove_orphans(base)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"fork-{os.getpid()}-", dir=base))
+        self.socket = str(self.dir / "sock")
+        self.launcher = str(self.dir / "python")
+        text = _LAUNCHER.format(python=python, socket=self.socket, modules=tuple(modules), env=ENV)
+        with open(self.launcher, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(self.launcher, 0o700)
+        env = dict(os.environ)
+        # Spark's workers run with PYTHONHASHSEED=0 unless the driver's says otherwise;
+        # a child has its parent's hash seed, so the server starts with theirs.
+        env["PYTHONHASHSEED"] = os.environ.get("PYTHONHASHSEED", "0")
+        err: Any = subprocess.DEVNULL
+        if log_file is not None:
+            err = open(log_file, "ab")  # the server keeps its own copy
+        try:
+            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
+                [python, "-m", __name__, str(self.dir), json.dumps([list(modules), list(preload)])],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=err, env=env, close_fds=True)
+        except OSError:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
+        finally:
+            if log_file is not None:
+                err.close()
+
+    def ready(self, timeout: float) -> bool:
+        """Wait until the server accepts requests (it says so on its standard output
+        once its imports are done and it listens); False if it did not within
+        ``timeout`` or died.  Sessions do not wait: until then launchers exec."""
+        import select
+
+        if self.proc is None or self.proc.stdout is None:
+            return False
+        r, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return bool(r) and self.proc.stdout.read(1) == b"R"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server (its children, if any, with it) and remove its directory."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            with contextlib.suppress(OSError):
+                assert proc.stdin is not None
+                proc.stdin.close()  # the server's signal to go
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        got = conn.recv(n - len(buf))
+        if not got:
+            raise ConnectionError("the launcher went away")
+        buf += got
+    return buf
+
+
+def _child(req: dict[str, Any], fds: list[int], others: list[Any]) -> None:
+    """In the forked child: become the process Spark asked for, then exit with its status."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for o in others:
+            with contextlib.suppress(OSError):
+                o.close() if hasattr(o, "close") else os.close(o)
+        for k, fd in enumerate(fds[:3]):
+            os.dup2(fd, k)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        cwd = req["cwd"]
+        os.chdir(cwd)
+        env = req["env"]
+        os.environ.clear()
+        os.environ.update(env)
+        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[:0] = [cwd, *extra]
+        if env.get("PYTHONUNBUFFERED"):
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.reconfigure(write_through=True)  # type: ignore[union-attr]
+        import runpy
+
+        sys.argv = [req["argv"][1]]
+        runpy.run_module(req["argv"][1], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            sys.stderr.write(f"{e.code}\n")  # as the interpreter does for sys.exit(text)
+            code = 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code & 0xFF)
+
+
+def serve(d: str, modules: tuple[str, ...] = MODULES, preload: tuple[str, ...] = PRELOAD) -> None:
+    """Run the server of directory ``d`` until standard input closes (the driver's pipe),
+    forking children for ``modules`` after importing ``preload``."""
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # that module is imported by the child instead
+            log.debug("fork server: not preloading %s: %s", name, e)
+    seed = os.environ.get("PYTHONHASHSEED", "")
+    path = os.path.join(d, "sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    os.write(1, b"R")  # ready (ForkServer.ready)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # seen through the wake-up pipe
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "signal")
+    sel.register(0, selectors.EVENT_READ, "parent")
+    children: dict[int, socket.socket] = {}
+
+    def reap() -> None:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = children.pop(pid, None)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    conn.sendall(struct.pack("!i", os.waitstatus_to_exitcode(status)))
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(conn)
+                conn.close()
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        fds: list[int] = []
+        try:
+            conn.settimeout(5.0)
+            msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+            if len(msg) < 4 or len(fds) != 3:
+                raise ValueError("a request without its header or streams")
+            n = struct.unpack("!I", msg[:4])[0]
+            body = msg[4:] + _recv_exact(conn, n - (len(msg) - 4))
+            req = json.loads(body)
+            argv = req["argv"]
+            if argv[0] != "-m" or argv[1] not in modules or req["env"].get("PYTHONHASHSEED", "") != seed:
+                raise ValueError(f"not for this server: {argv}")
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(req, fds, [sel, listener, conn, wake_r, wake_w, *children.values()])
+            conn.settimeout(None)
+            conn.sendall(struct.pack("!i", pid))
+            children[pid] = conn
+            sel.register(conn, selectors.EVENT_READ, pid)
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            log.warning("fork server: a request refused: %s", e)
+            with contextlib.suppress(OSError):
+                conn.sendall(struct.pack("!i", 0))  # the launcher execs instead
+            conn.close()
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    try:
+        while True:
+            for key, _ in sel.select():
+                what = key.data
+                if what == "accept":
+                    accept()
+                elif what == "signal":
+                    got = b""
+                    with contextlib.suppress(OSError):
+                        while chunk := os.read(wake_r, 512):
+                            got += chunk
+                    reap()
+                    if signal.SIGTERM in got:
+                        return
+                elif what == "parent":
+                    if not os.read(0, 512):
+                        return
+                else:  # a launcher's connection: it closed (killed) before its child ended
+                    conn = key.fileobj
+                    assert isinstance(conn, socket.socket)
+                    with contextlib.suppress(OSError):
+                        if conn.recv(16):
+                            continue
+                    sel.unregister(conn)
+                    with contextlib.suppress(OSError):
+                        os.kill(what, signal.SIGKILL)
+    finally:
+        for pid in list(children):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _mods, _pre = json.loads(sys.argv[2]) if len(sys.argv) > 2 else (MODULES, PRELOAD)
+    serve(sys.argv[1], tuple(_mods), tuple(_pre))

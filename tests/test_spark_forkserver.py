@@ -1,0 +1,180 @@
+"""The fork server that starts Spark's per-query Python process from preloaded imports
+(dataspace.pipeline.spark.forkserver): a launcher forks through it for its modules and
+execs the interpreter for everything else, passes arguments, environment, working
+directory, standard streams, exit status and signals, and never leaves a child behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dataspace.pipeline.spark import forkserver
+from dataspace.pipeline.spark.forkserver import ForkServer
+
+PROBE = textwrap.dedent("""
+    import json, os, sys, time
+    line = sys.stdin.readline().strip()
+    print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+                      "value": os.environ.get("PROBE_VALUE"), "name": __name__,
+                      "stdin": line, "argv0": sys.argv[0]}), flush=True)
+    if os.environ.get("PROBE_SLEEP"):
+        time.sleep(float(os.environ["PROBE_SLEEP"]))
+    sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+""")
+
+
+def _wait_gone(pid: int, timeout: float = 30.0) -> bool:
+    """Whether process ``pid`` ends within ``timeout`` (waits on a pidfd, no polling)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        r, _, _ = select.select([fd], [], [], timeout)
+        return bool(r)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "probe_forked.py").write_text(PROBE)
+    (tmp_path / "mods" / "probe_execd.py").write_text(PROBE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mods"))
+    fs = ForkServer(sys.executable, modules=("probe_forked",), preload=("json",))
+    assert fs.ready(60), "the fork server never listened"
+    yield fs
+    fs.stop()
+
+
+def _run(fs: ForkServer, module: str, cwd: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    env = {"PYTHONHASHSEED": "0", **env}  # as Spark starts its workers
+    r = subprocess.run([fs.launcher, "-m", module], input="hello\n", capture_output=True,
+                       text=True, timeout=60, cwd=cwd, env={**os.environ, **env})
+    assert r.stdout, r.stderr
+    return r, json.loads(r.stdout.splitlines()[0])
+
+
+def test_its_modules_are_forked_by_the_server_with_the_launchers_process_state(server, tmp_path):
+    assert server.proc is not None
+    r, got = _run(server, "probe_forked", tmp_path, PROBE_VALUE="v1", PROBE_EXIT="3")
+    assert got["ppid"] == server.proc.pid  # a child of the server, not a fresh interpreter
+    assert got["cwd"] == str(tmp_path) and got["value"] == "v1" and got["stdin"] == "hello"
+    assert got["name"] == "__main__" and got["argv0"].endswith("probe_forked.py")
+    assert r.returncode == 3
+
+
+def test_other_modules_and_a_switched_off_server_exec_the_interpreter(server, tmp_path, monkeypatch):
+    r, got = _run(server, "probe_execd", tmp_path, PROBE_EXIT="4")
+    assert got["ppid"] == os.getpid() and r.returncode == 4  # the launcher became python
+    r, got = _run(server, "probe_forked", tmp_path, DATASPACE_SPARK_FORKSERVER="0")
+    assert got["ppid"] == os.getpid() and r.returncode == 0
+    r, got = _run(server, "probe_forked", tmp_path, PYTHONHASHSEED="12345")  # not the server's
+    assert got["ppid"] == os.getpid()
+
+
+def test_without_a_server_the_launcher_still_runs_the_module(server, tmp_path):
+    launcher = Path(tmp_path / "launcher")
+    launcher.write_bytes(Path(server.launcher).read_bytes())
+    launcher.chmod(0o700)
+    server.stop()
+    assert not server.dir.exists()
+    r = subprocess.run([str(launcher), "-m", "probe_forked"], input="x\n", capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["ppid"] == os.getpid()
+
+
+def test_a_signal_to_the_launcher_reaches_the_child(server, tmp_path):
+    p = subprocess.Popen([server.launcher, "-m", "probe_forked"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                         env={**os.environ, "PROBE_SLEEP": "60", "PYTHONHASHSEED": "0"})
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write("x\n")
+    p.stdin.flush()
+    child = json.loads(p.stdout.readline())["pid"]
+    p.terminate()  # what Spark does to stop a worker
+    assert p.wait(30) == -signal.SIGTERM
+    assert _wait_gone(child)
+
+
+def test_a_killed_launchers_child_is_killed_by_the_server(server, tmp_path):
+    p = subprocess.Popen([server.launcher, "-m", "probe_forked"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                         env={**os.environ, "PROBE_SLEEP": "60", "PYTHONHASHSEED": "0"})
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write("x\n")
+    p.stdin.flush()
+    child = json.loads(p.stdout.readline())["pid"]
+    p.kill()
+    p.wait(30)
+    assert _wait_gone(child)
+
+
+def test_the_server_goes_with_its_parent_and_leaves_nothing(server, tmp_path):
+    assert server.proc is not None and server.proc.stdin is not None
+    server.proc.stdin.close()  # as when the driver dies
+    assert server.proc.wait(30) == 0
+    assert not server.dir.exists()
+
+
+def test_directories_of_dead_drivers_are_removed(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    base = tmp_path / f"dataspace-spark-{os.getuid()}"
+    base.mkdir()
+    orphan, alive = base / f"fork-{dead}-x", base / f"fork-{os.getppid()}-x"
+    for d in (orphan, alive):
+        d.mkdir()
+    fs = ForkServer(sys.executable, preload=())
+    try:
+        assert not orphan.exists() and alive.exists() and fs.dir.parent == base
+    finally:
+        fs.stop()
+
+
+def test_launcher_needs_a_plain_interpreter_path():
+    assert forkserver.enabled("/usr/bin/python3")
+    assert not forkserver.enabled("/opt/my python/bin/python3")
+
+
+def test_sparks_streaming_source_process_is_forked_by_the_sessions_server(spark, tmp_path):
+    """The session's fork server serves Spark's per-query source process: while a
+    streaming query over the connector runs, a child of the server is alive."""
+    from dataspace.pipeline.spark import session
+    from dataspace.streams import open_store
+
+    fs = session._fork
+    assert fs is not None and fs.proc is not None, "the test session has no fork server"
+    with open_store(tmp_path) as store, store.transaction() as tx:
+        tx.append_encoded("s", [b"\xb1\x01a"])
+    q = (spark.readStream.format("dataspace").option("store", str(tmp_path)).option("stream", "s")
+         .load().writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+         .start())
+    try:
+        q.processAllAvailable()
+        kids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _ppid(p) == fs.proc.pid]
+        assert kids, "no process forked by the fork server while the query runs"
+    finally:
+        q.stop()
+    assert all(_wait_gone(k) for k in kids)
+
+
+def _ppid(p: Path) -> int | None:
+    try:
+        stat = (p / "stat").read_bytes()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(b")") + 2:].split()[1])
