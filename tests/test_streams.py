@@ -234,6 +234,35 @@ def test_processes_creating_one_store_at_once_all_open_it(tmp_path):
             assert store.check() == []
 
 
+def test_new_files_have_large_pages_and_old_ones_keep_theirs(tmp_path):
+    """Stores are laid out in PAGE_SIZE pages (batch appends and reads are faster); a
+    file made with SQLite's default 4 KiB pages opens and works as it is."""
+    import sqlite3
+
+    from dataspace.streams.sqlite import PAGE_SIZE
+
+    def page_size(path) -> int:
+        c = sqlite3.connect(path)
+        try:
+            return c.execute("PRAGMA page_size").fetchone()[0]
+        finally:
+            c.close()
+
+    with open_store(tmp_path / "new") as store:
+        store.append("s", 1)
+    assert PAGE_SIZE == 16384 and page_size(tmp_path / "new" / STREAMS_DB) == PAGE_SIZE
+    old = tmp_path / "old"
+    old.mkdir()
+    c = sqlite3.connect(old / STREAMS_DB)
+    c.execute("PRAGMA page_size = 4096")
+    c.execute("VACUUM")
+    c.close()
+    with open_store(old) as store:
+        store.append("s", 1)
+        assert [e.value for e in store.read("s", 0, 10)] == [1]
+    assert page_size(old / STREAMS_DB) == 4096
+
+
 def test_foreign_file_is_refused(tmp_path):
     (tmp_path / STREAMS_DB).write_bytes(b"this is not a database at all" * 10)
     with pytest.raises(ForeignStore, match="not an SQLite database"):

