@@ -640,6 +640,20 @@ def test_staged_rows_are_invisible_until_a_transaction_takes_them(store):
     assert store.collect_staged() == 0
 
 
+@pytest.mark.parametrize("n", [1, 499, 500, 501, 1234])
+def test_staged_parts_of_any_size_come_back_whole_and_in_order(store, n):
+    """Bulk staging binds many rows to one statement (SQLite: ROWS_PER_STATEMENT): a
+    part of any length, across and between those chunks, arrives entire and in order."""
+    e = [encode(x) for x in range(n)]
+    m = [None if x % 7 == 0 else encode(-x) for x in range(n)]
+    store.stage("p", "p/t", {"out": (e, m)})
+    with store.transaction() as tx:
+        assert tx.append_staged("out", [("p/t", n)]) == 0
+        tx.drop_staged("p")
+    got = store.read("out", 0, n + 1)
+    assert [(x.index, x.data, x.meta_data) for x in got] == list(zip(range(n), e, m))
+
+
 def test_a_transaction_without_staging_never_needs_the_staging_table(store):
     with store.transaction() as tx:
         assert tx.drop_staged("p") == 0

@@ -109,6 +109,27 @@ PRAGMA user_version = {SCHEMA_VERSION};
 
 _TABLES = {"streams", "entries", "tailers", "store_meta"}
 
+ROWS_PER_STATEMENT = 500
+"""Bulk inserts of staged rows bind this many rows to one statement (multi-row
+``VALUES``): 50,000 rows staged in 0.049 s where ``executemany`` of one row a statement
+takes 0.076 s -- staging is in every Spark read task."""
+
+
+def _insert_values(conn: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) -> None:
+    """``head`` (``INSERT INTO t (a, b) VALUES``) for the rows in ``flat``, ``width``
+    values a row, one after the other: :data:`ROWS_PER_STATEMENT` rows a statement."""
+    n = len(flat) // width
+    one = "(" + ",".join("?" * width) + ")"
+    full = n - n % ROWS_PER_STATEMENT
+    if full:
+        stmt = f"{head} {','.join([one] * ROWS_PER_STATEMENT)}"
+        step = ROWS_PER_STATEMENT * width
+        for a in range(0, full * width, step):
+            conn.execute(stmt, flat[a:a + step])
+    if n > full:
+        conn.execute(f"{head} {','.join([one] * (n - full))}", flat[full * width:])
+
+
 PAGE_SIZE = 16384
 """The page size of new store files.  Pipelines append and read in batches: with 16 KiB
 pages a 100,000-row append inside the store (a Spark batch's commit) takes about 0.06 s
@@ -747,8 +768,8 @@ class SQLiteStore(Store):
                     # k is the rowid, 1, 2, ... in a new table (not bound: 7% faster)
                     conn.execute(f"CREATE TABLE t{tid} (k INTEGER PRIMARY KEY, value BLOB NOT NULL, "
                                  "meta BLOB)")
-                    conn.executemany(f"INSERT INTO t{tid} (value, meta) VALUES (?, ?)",
-                                     zip(datas, metas))
+                    _insert_values(conn, f"INSERT INTO t{tid} (value, meta) VALUES", 2,
+                                   list(itertools.chain.from_iterable(zip(datas, metas))))
                 conn.execute("COMMIT")
             except BaseException as e:
                 with contextlib.suppress(sqlite3.Error):
