@@ -93,30 +93,21 @@ def test_without_a_server_the_launcher_still_runs_the_module(server, tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout)["ppid"] == os.getpid()
 
 
-def test_a_signal_to_the_launcher_reaches_the_child(server, tmp_path):
+@pytest.mark.parametrize("how", ["terminate", "kill"])
+def test_stopping_the_launcher_stops_the_child(server, tmp_path, how):
+    """SIGTERM (how Spark stops a worker) is passed on to the child; after a SIGKILL,
+    which the launcher cannot pass on, the server kills the child itself."""
     p = subprocess.Popen([server.launcher, "-m", "probe_forked"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, cwd=tmp_path,
                          env={**os.environ, "PROBE_SLEEP": "60", "PYTHONHASHSEED": "0"})
     assert p.stdin is not None and p.stdout is not None
     p.stdin.write("x\n")
     p.stdin.flush()
-    child = json.loads(p.stdout.readline())["pid"]
-    p.terminate()  # what Spark does to stop a worker
-    assert p.wait(30) == -signal.SIGTERM
-    assert _wait_gone(child)
-
-
-def test_a_killed_launchers_child_is_killed_by_the_server(server, tmp_path):
-    p = subprocess.Popen([server.launcher, "-m", "probe_forked"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, cwd=tmp_path,
-                         env={**os.environ, "PROBE_SLEEP": "60", "PYTHONHASHSEED": "0"})
-    assert p.stdin is not None and p.stdout is not None
-    p.stdin.write("x\n")
-    p.stdin.flush()
-    child = json.loads(p.stdout.readline())["pid"]
-    p.kill()
-    p.wait(30)
-    assert _wait_gone(child)
+    got = json.loads(p.stdout.readline())
+    assert server.proc is not None and got["ppid"] == server.proc.pid
+    getattr(p, how)()
+    assert p.wait(30) == (-signal.SIGTERM if how == "terminate" else -signal.SIGKILL)
+    assert _wait_gone(got["pid"])
 
 
 def test_the_server_goes_with_its_parent_and_leaves_nothing(server, tmp_path):

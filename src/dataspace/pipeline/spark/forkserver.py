@@ -139,18 +139,19 @@ def _base() -> Path:
     return base
 
 
-def _remove_orphans(base: Path) -> None:
-    """Remove the directories of fork servers whose driver is gone (killed with SIGKILL,
-    the server with it)."""
-    for d in base.glob("fork-*-*"):
-        pid = d.name.split("-")[1]
+def remove_orphans(base: Path, pattern: str, pid_at: int) -> None:
+    """Remove the directories of ``base`` matching ``pattern`` whose owner process -- the
+    pid at ``pid_at`` in the ``-``-separated name -- is gone (killed with SIGKILL, so
+    nothing removed them); those of live processes, other users' included, stay."""
+    for d in base.glob(pattern):
+        pid = d.name.split("-")[pid_at]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
             shutil.rmtree(d, ignore_errors=True)
-        except OSError:
+        except OSError:  # alive (another user's): not ours to remove
             continue
 
 
@@ -160,7 +161,7 @@ class ForkServer:
     def __init__(self, python: str = sys.executable, log_file: str | os.PathLike[str] | None = None,
                  modules: tuple[str, ...] = MODULES, preload: tuple[str, ...] = PRELOAD) -> None:
         base = _base()
-        _remove_orphans(base)
+        remove_orphans(base, "fork-*-*", 1)  # servers of killed drivers
         self.dir = Path(tempfile.mkdtemp(prefix=f"fork-{os.getpid()}-", dir=base))
         self.socket = str(self.dir / "sock")
         self.launcher = str(self.dir / "python")

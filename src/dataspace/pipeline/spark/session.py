@@ -441,17 +441,9 @@ atexit.register(remove_shipped)
 
 def _remove_orphans() -> None:
     """Remove the package zips left by processes that are gone (named after their pid)."""
-    base = Path(tempfile.gettempdir())
-    for d in base.glob("dataspace-pyfiles-*-*"):
-        pid = d.name.split("-")[2]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except OSError:  # alive (another user's): not ours to remove
-            continue
+    from .forkserver import remove_orphans
+
+    remove_orphans(Path(tempfile.gettempdir()), "dataspace-pyfiles-*-*", 2)
 
 
 def ship_package(spark: SparkSession) -> str:
