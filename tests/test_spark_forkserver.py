@@ -20,11 +20,13 @@ from dataspace.pipeline.spark import forkserver
 from dataspace.pipeline.spark.forkserver import ForkServer
 
 PROBE = textwrap.dedent("""
-    import json, os, sys, time
+    import json, os, signal, sys, time
     line = sys.stdin.readline().strip()
     print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
                       "value": os.environ.get("PROBE_VALUE"), "name": __name__,
-                      "stdin": line, "argv0": sys.argv[0]}), flush=True)
+                      "stdin": line, "argv0": sys.argv[0],
+                      "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}),
+          flush=True)
     if os.environ.get("PROBE_SLEEP"):
         time.sleep(float(os.environ["PROBE_SLEEP"]))
     sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
@@ -56,10 +58,16 @@ def server(tmp_path, monkeypatch):
     fs.stop()
 
 
-def _run(fs: ForkServer, module: str, cwd: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as PySpark starts the JVM, which starts workers
+
+
+def _run(fs: ForkServer, module: str, cwd: Path, ignore_sigint: bool = False,
+         **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     env = {"PYTHONHASHSEED": "0", **env}  # as Spark starts its workers
     r = subprocess.run([fs.launcher, "-m", module], input="hello\n", capture_output=True,
-                       text=True, timeout=60, cwd=cwd, env={**os.environ, **env})
+                       text=True, timeout=60, cwd=cwd, env={**os.environ, **env},
+                       preexec_fn=_ignore_sigint if ignore_sigint else None)
     assert r.stdout, r.stderr
     return r, json.loads(r.stdout.splitlines()[0])
 
@@ -108,6 +116,21 @@ def test_stopping_the_launcher_stops_the_child(server, tmp_path, how):
     getattr(p, how)()
     assert p.wait(30) == (-signal.SIGTERM if how == "terminate" else -signal.SIGKILL)
     assert _wait_gone(got["pid"])
+
+
+def test_ctrl_c_at_the_terminal_is_the_drivers_alone(server, tmp_path):
+    """Spark's processes ignore SIGINT (PySpark starts the JVM so): a forked child
+    inherits the launcher's ignored signals, and the server, in a process group of its
+    own, neither gets the terminal's Ctrl-C nor dies of a SIGINT."""
+    assert server.proc is not None
+    assert os.getpgid(server.proc.pid) != os.getpgid(0)
+    _r, got = _run(server, "probe_forked", tmp_path, ignore_sigint=True)
+    assert got["ppid"] == server.proc.pid and got["sigint_ignored"] is True
+    _r, got = _run(server, "probe_forked", tmp_path)
+    assert got["ppid"] == server.proc.pid and got["sigint_ignored"] is False
+    os.kill(server.proc.pid, signal.SIGINT)
+    _r, got = _run(server, "probe_forked", tmp_path)
+    assert got["ppid"] == server.proc.pid and server.proc.poll() is None
 
 
 def test_the_server_goes_with_its_parent_and_leaves_nothing(server, tmp_path):

@@ -20,7 +20,10 @@ is an optimisation, never a dependency.
 
 The socket lives in a directory only this user can enter.  The server exits when its
 parent (the driver) goes: its standard input is a pipe from the driver.  The server
-kills a child whose launcher disappeared (Spark killed it with SIGKILL).
+kills a child whose launcher disappeared (Spark killed it with SIGKILL).  Ctrl-C at the
+terminal stays the driver's: the server runs in a process group of its own and ignores
+SIGINT, and a child ignores the signals its launcher ignores (Spark's processes ignore
+SIGINT, as PySpark starts the JVM so), as a fresh interpreter would.
 ``DATASPACE_SPARK_FORKSERVER=0`` turns it off.
 """
 
@@ -87,10 +90,14 @@ def _forked(argv):
     import socket
     import struct
 
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(SOCKET)
-        body = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+        ignored = [int(g) for g in SIGNALS if signal.getsignal(g) == signal.SIG_IGN]
+        body = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                           "ignored": ignored}}).encode()
         socket.send_fds(s, [struct.pack("!I", len(body)) + body], [0, 1, 2])
         got = _recv(s, 4)
     except OSError:
@@ -105,8 +112,9 @@ def _forked(argv):
         except OSError:
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(sig, forward)
+    for sig in SIGNALS:
+        if signal.getsignal(sig) != signal.SIG_IGN:  # ignored ones stay so (the child's too)
+            signal.signal(sig, forward)
     try:
         got = _recv(s, 4)
     except OSError:
@@ -180,7 +188,8 @@ class ForkServer:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [python, "-m", __name__, str(self.dir), json.dumps([list(modules), list(preload)])],
                 stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=err, env=env, close_fds=True)
+                stdout=subprocess.PIPE, stderr=err, env=env, close_fds=True,
+                process_group=0)  # Ctrl-C at the terminal is the driver's to handle
         except OSError:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
@@ -231,10 +240,14 @@ def _child(req: dict[str, Any], fds: list[int], others: list[Any]) -> None:
     """In the forked child: become the process Spark asked for, then exit with its status."""
     code = 1
     try:
+        # The signal dispositions of a fresh interpreter started by the launcher: Spark's
+        # JVM ignores SIGINT (PySpark starts it so), and so do the processes it starts.
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in req.get("ignored", ()):
+            signal.signal(sig, signal.SIG_IGN)
         for o in others:
             with contextlib.suppress(OSError):
                 o.close() if hasattr(o, "close") else os.close(o)
@@ -282,6 +295,7 @@ def _child(req: dict[str, Any], fds: list[int], others: list[Any]) -> None:
 def serve(d: str, modules: tuple[str, ...] = MODULES, preload: tuple[str, ...] = PRELOAD) -> None:
     """Run the server of directory ``d`` until standard input closes (the driver's pipe),
     forking children for ``modules`` after importing ``preload``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops us by closing the pipe
     for name in preload:
         try:
             importlib.import_module(name)
