@@ -22,12 +22,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import NamedTuple
 
-from ..values import Value, decode, encode
-
-if TYPE_CHECKING:
-    from .tailer import Tailer
+from ..values import Value, encode
+from .entry import Entry, check_stream_name, check_tailer_name
+from .tailer import Tailer
 
 __all__ = [
     "MAX_INDEX",
@@ -60,9 +59,6 @@ MAX_INDEX = (1 << 63) - 1
 
 MAX_VALUE_SIZE = 16 * 1024 * 1024
 """Largest encoded value (or metadata) one entry may hold, in bytes."""
-
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+/-]{0,199}")
-
 
 class StoreError(Exception):
     """Base class of stream store errors (the message says what to do next)."""
@@ -148,36 +144,11 @@ def check_user_name(name: str, what: str = "stream") -> str:
         raise ValueError(str(e).replace("invalid stream name", f"invalid {what} name", 1)) from None
 
 
-def check_stream_name(name: str) -> str:
-    """``name`` if it is a valid stream name, else ``ValueError`` saying why.
-
-    Names are 1-200 characters: letters, digits and ``_ . : @ + / -``, not starting with
-    punctuation other than ``_``.  Names starting with ``__`` are the store's own
-    (hidden by ``stream ls``; users may not create them: :func:`check_user_name`).
-    """
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise ValueError(
-            f"invalid stream name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
-            "(starting with a letter, digit or _)"
-        )
-    return name
-
-
 def check_lock_name(name: str) -> str:
     """``name`` if it can name a :meth:`Store.lock` (1-220 characters, no control
     characters: ``graph:`` and any graph name), else ``ValueError``."""
     if not isinstance(name, str) or not 0 < len(name) <= 220 or any(ord(c) < 32 for c in name):
         raise ValueError(f"invalid lock name {name!r}: 1-220 characters, no control characters")
-    return name
-
-
-def check_tailer_name(name: str) -> str:
-    """``name`` if it is a valid tailer name (same rules as stream names)."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise ValueError(
-            f"invalid tailer name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
-            "(starting with a letter, digit or _)"
-        )
     return name
 
 
@@ -210,70 +181,6 @@ def encode_value(value: Value, what: str = "value") -> bytes:
             f"{what} is {len(data)} bytes encoded; the limit is {MAX_VALUE_SIZE} bytes per entry"
         )
     return data
-
-
-class Entry:
-    """One entry of a stream: index, append time, value and metadata.
-
-    ``data`` and ``meta_data`` are the canonical encodings as stored; ``value`` and
-    ``meta`` decode them on first use.
-    """
-
-    __slots__ = ("_meta", "_value", "data", "index", "meta_data", "seq", "stream", "time_ns")
-
-    def __init__(
-        self,
-        stream: str,
-        index: int,
-        data: bytes,
-        meta_data: bytes | None = None,
-        time_ns: int = 0,
-        seq: int = 0,
-    ) -> None:
-        self.stream = stream
-        self.index = index
-        self.data = data
-        self.meta_data = meta_data
-        self.time_ns = time_ns
-        self.seq = seq
-        self._value: Any = _UNSET
-        self._meta: Any = _UNSET
-
-    @property
-    def value(self) -> Value:
-        """The entry's value (decoded once)."""
-        v = self._value
-        if v is _UNSET:
-            v = self._value = decode(self.data)
-        return v
-
-    @property
-    def meta(self) -> Value | None:
-        """The entry's metadata value, or None."""
-        m = self._meta
-        if m is _UNSET:
-            m = self._meta = None if self.meta_data is None else decode(self.meta_data)
-        return m
-
-    @property
-    def time(self) -> float:
-        """Append time in seconds since the epoch."""
-        return self.time_ns / 1e9
-
-    def __repr__(self) -> str:
-        return f"Entry({self.stream!r}, {self.index}, {self.data!r})"
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Entry)
-            and (self.stream, self.index, self.data, self.meta_data)
-            == (other.stream, other.index, other.data, other.meta_data)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-_UNSET: Any = object()
 
 
 class Columns(NamedTuple):
@@ -613,8 +520,6 @@ class Store(ABC):
         ``start`` applies when there is no persisted position: ``"earliest"`` (the first
         stored entry), ``"latest"`` (only new entries) or an index.
         """
-        from .tailer import Tailer
-
         return Tailer(self, stream, name, start=start, auto_commit=auto_commit)
 
     # -- waiting --------------------------------------------------------------------------

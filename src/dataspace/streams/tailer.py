@@ -9,14 +9,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from .base import Entry, check_stream_name, check_tailer_name
+from .entry import Entry, check_stream_name, check_tailer_name
 
-if TYPE_CHECKING:
-    from .base import Store
+__all__ = ["Tailer", "TailerStore"]
 
-__all__ = ["Tailer"]
+
+class TailerStore(Protocol):
+    """What a tailer needs of its store (:class:`.base.Store` has it all)."""
+
+    def first_index(self, name: str) -> int | None: ...
+    def next_index(self, name: str) -> int: ...
+    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]: ...
+    def position(self, stream: str, tailer: str) -> int | None: ...
+    def set_position(self, stream: str, tailer: str, position: int) -> None: ...
+    def wait_for(self, name: str, index: int, timeout: float | None = None) -> bool: ...
+    async def wait_for_async(self, name: str, index: int, timeout: float | None = None) -> bool: ...
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +47,7 @@ class Tailer:
 
     def __init__(
         self,
-        store: Store,
+        store: TailerStore,
         stream: str,
         name: str | None = None,
         *,
