@@ -219,6 +219,7 @@ def _enc_int(v: int) -> bytes:
 
 
 _SRC_ENC = encode(_SRC)
+_SRC_HEAD = b"\xb7" + _SRC_ENC + b"\xb7"  # {src: { -- what every metadata starts with
 _HASH_ENC = encode(_HASH)
 
 
@@ -245,12 +246,12 @@ class MetaEncoder:
 
     def prefix_one(self, name: str) -> bytes:
         """Everything before the index when only input ``name`` is listed (alts, map)."""
-        return b"\xb7" + _SRC_ENC + b"\xb7" + self.key_enc[name]
+        return _SRC_HEAD + self.key_enc[name]
 
     def parts(self) -> tuple[bytes, list[bytes], list[int]]:
         """(head, key encodings in canonical order, input number of each key): the
         pieces :meth:`encode_all` concatenates, for callers with their own loop."""
-        return (b"\xb7" + _SRC_ENC + b"\xb7", [self.key_enc[self.inputs[i]] for i in self.order],
+        return (_SRC_HEAD, [self.key_enc[self.inputs[i]] for i in self.order],
                 list(self.order))
 
     def encode_all(self, positions: Sequence[int], suffix: bytes) -> bytes:
@@ -271,8 +272,7 @@ enc_int = _enc_int
 def source_metas(srcs: Sequence[Mapping[str, int]], suffix: bytes) -> list[bytes]:
     """Metadata of messages with at most one source position each (``{}`` or
     ``{input: index}``), ended by ``suffix`` (:meth:`MetaEncoder.suffix`)."""
-    head = b"\xb7" + _SRC_ENC + b"\xb7"
-    no_src = head + suffix
+    no_src = _SRC_HEAD + suffix
     keys: dict[str, bytes] = {}
     out = []
     for src in srcs:
@@ -284,7 +284,7 @@ def source_metas(srcs: Sequence[Mapping[str, int]], suffix: bytes) -> list[bytes
         (name, idx), = src.items()
         k = keys.get(name)
         if k is None:
-            k = keys[name] = MetaEncoder((name,)).prefix_one(name)
+            k = keys[name] = _SRC_HEAD + encode(name)  # MetaEncoder.prefix_one's bytes
         out.append(k + _enc_int(idx) + suffix)
     return out
 
@@ -561,7 +561,7 @@ def commit_step(
     meta = MetaEncoder(names)
     suffix = meta.suffix(h)
 
-    no_src = b"\xb7" + _SRC_ENC + b"\xb7" + suffix
+    no_src = _SRC_HEAD + suffix
 
     def metas(items: Sequence[tuple[bytes, Mapping[str, int] | bytes]]) -> list[bytes]:
         out = []
