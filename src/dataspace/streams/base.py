@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..values import Value, encode
-from .entry import Entry, check_stream_name, check_tailer_name
+from .entry import Entry, check_name, check_stream_name, check_tailer_name
 from .tailer import Tailer
 
 __all__ = [
@@ -134,14 +134,7 @@ def check_user_name(name: str, what: str = "stream") -> str:
             f"{what} name {name!r}: names starting with {RESERVED_PREFIX} are reserved for the "
             "store's own streams (processor backing streams); choose another name"
         )
-    if what == "tailer":
-        return check_tailer_name(name)
-    try:
-        return check_stream_name(name)
-    except ValueError as e:
-        if what == "stream":
-            raise
-        raise ValueError(str(e).replace("invalid stream name", f"invalid {what} name", 1)) from None
+    return check_name(name, what)
 
 
 def check_lock_name(name: str) -> str:

@@ -9,34 +9,35 @@ from typing import Any
 
 from ..values import Value, decode
 
-__all__ = ["Entry", "check_stream_name", "check_tailer_name"]
+__all__ = ["Entry", "check_name", "check_stream_name", "check_tailer_name"]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@+/-]{0,199}")
 
 
-def check_stream_name(name: str) -> str:
-    """``name`` if it is a valid stream name, else ``ValueError`` saying why.
+def check_name(name: str, what: str = "stream") -> str:
+    """``name`` if it is a valid name of a ``what`` (stream, tailer, graph, processor:
+    one rule for all), else ``ValueError`` saying why.
 
     Names are 1-200 characters: letters, digits and ``_ . : @ + / -``, not starting with
     punctuation other than ``_``.  Names starting with ``__`` are the store's own
-    (hidden by ``stream ls``; users may not create them: :func:`check_user_name`).
+    (hidden by ``stream ls``; users may not create them: :func:`.base.check_user_name`).
     """
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ValueError(
-            f"invalid stream name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
+            f"invalid {what} name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
             "(starting with a letter, digit or _)"
         )
     return name
+
+
+def check_stream_name(name: str) -> str:
+    """``name`` if it is a valid stream name (:func:`check_name`), else ``ValueError``."""
+    return check_name(name, "stream")
 
 
 def check_tailer_name(name: str) -> str:
-    """``name`` if it is a valid tailer name (same rules as stream names)."""
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise ValueError(
-            f"invalid tailer name {name!r}: use 1-200 letters, digits or _ . : @ + / - "
-            "(starting with a letter, digit or _)"
-        )
-    return name
+    """``name`` if it is a valid tailer name (:func:`check_name`), else ``ValueError``."""
+    return check_name(name, "tailer")
 
 
 class Entry:
