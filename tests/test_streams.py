@@ -654,6 +654,23 @@ def test_staged_parts_of_any_size_come_back_whole_and_in_order(store, n):
     assert [(x.index, x.data, x.meta_data) for x in got] == list(zip(range(n), e, m))
 
 
+def test_staging_inside_a_transaction_is_refused_alike_everywhere(store):
+    """Staging is a transaction of its own: both stores refuse it inside one with the
+    same line (SQLite used to fail on attaching its staging files, obscurely), and the
+    open transaction is unharmed."""
+    tx = store.begin()
+    tx.append("a", 1)
+    with pytest.raises(StoreError, match=r"^stage\(\) inside a transaction$"):
+        store.stage("p", "p/1", {"out": ([encode(1)], [None])})
+    tx.commit()
+    store.stage("p", "p/1", {"out": ([encode(1)], [None])})
+    store.attach_staged()
+    with store.transaction() as tx:
+        assert tx.append_staged("out", [("p/1", 1)]) == 0
+        tx.drop_staged("p")
+    assert [e.value for e in store.read("out")] + [e.value for e in store.read("a")] == [1, 1]
+
+
 def test_a_transaction_without_staging_never_needs_the_staging_table(store):
     with store.transaction() as tx:
         assert tx.drop_staged("p") == 0

@@ -737,6 +737,8 @@ class SQLiteStore(Store):
         ``INSERT ... SELECT`` and drops their tables."""
         with self._lock:
             self._check_open()
+            if self._in_tx:  # as PostgreSQL: staging is a transaction of its own
+                raise StoreError("stage() inside a transaction")
             first = os.getpid() % STAGE_SHARDS
             order = [(first + k) % STAGE_SHARDS for k in range(STAGE_SHARDS)]
             conn = None
