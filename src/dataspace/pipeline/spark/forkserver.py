@@ -57,7 +57,6 @@ MODULES = ("pyspark.sql.streaming.python_streaming_source_runner",)
 PRELOAD = (
     "pyspark.sql.streaming.python_streaming_source_runner",
     "dataspace.pipeline.spark.source",
-    "dataspace.pipeline.spark.sink",
     "dataspace.streams.sqlite",
     "dataspace.streams.postgres",
 )
