@@ -219,6 +219,8 @@ class ForkServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout)
+            if proc.stdout is not None:
+                proc.stdout.close()  # the ready pipe (ForkServer.ready)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
