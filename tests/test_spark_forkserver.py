@@ -105,16 +105,16 @@ def test_without_a_server_the_launcher_still_runs_the_module(server, tmp_path):
 def test_stopping_the_launcher_stops_the_child(server, tmp_path, how):
     """SIGTERM (how Spark stops a worker) is passed on to the child; after a SIGKILL,
     which the launcher cannot pass on, the server kills the child itself."""
-    p = subprocess.Popen([server.launcher, "-m", "probe_forked"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, cwd=tmp_path,
-                         env={**os.environ, "PROBE_SLEEP": "60", "PYTHONHASHSEED": "0"})
-    assert p.stdin is not None and p.stdout is not None
-    p.stdin.write("x\n")
-    p.stdin.flush()
-    got = json.loads(p.stdout.readline())
-    assert server.proc is not None and got["ppid"] == server.proc.pid
-    getattr(p, how)()
-    assert p.wait(30) == (-signal.SIGTERM if how == "terminate" else -signal.SIGKILL)
+    with subprocess.Popen([server.launcher, "-m", "probe_forked"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                          env={**os.environ, "PROBE_SLEEP": "60", "PYTHONHASHSEED": "0"}) as p:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("x\n")
+        p.stdin.flush()
+        got = json.loads(p.stdout.readline())
+        assert server.proc is not None and got["ppid"] == server.proc.pid
+        getattr(p, how)()
+        assert p.wait(30) == (-signal.SIGTERM if how == "terminate" else -signal.SIGKILL)
     assert _wait_gone(got["pid"])
 
 
