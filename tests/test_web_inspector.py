@@ -14,6 +14,7 @@ Chromium missing fails these tests (it is installed by `make test` and .ci/run a
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -417,7 +419,17 @@ def test_pages_are_utf8_from_this_server_only() -> None:
     html = (static / "inspector.html").read_text("utf-8")
     for ref in re.findall(r'(?:src|href)="([^"]*)"', html):
         assert ref.startswith("/") or ref == "data:,", ref
-    js = (static / "inspector.js").read_text("utf-8")
+    scripts = {p.name: p.read_text("utf-8") for p in static.glob("*.js")}
+    assert {"inspector.js", "lib.js", "pv.js", "page-links.js"} <= set(scripts)
+    for name, text in scripts.items():  # every module imported is a file of static/
+        for ref in re.findall(r'^import .* from "([^"]+)";$', text, re.M):
+            assert ref.startswith("./") and ref[2:] in scripts, (name, ref)
+    js = "\n".join(scripts.values())
+    # Every file is package data (pyproject's globs), so an installed server has it.
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"][
+        "package-data"]["dataspace.web"]
+    for f in static.iterdir():
+        assert any(fnmatch.fnmatch("static/" + f.name, g) for g in globs), f.name
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(",
                  "new Function"):
         assert sink not in js, sink
@@ -441,8 +453,9 @@ def test_pages_are_served_with_their_types(serve: Any) -> None:
         assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8", path
         assert "default-src 'none'" in headers["Content-Security-Policy"]
         assert b'<meta charset="utf-8">' in body
-    status, headers, _ = get("inspector/static/inspector.js")
-    assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
+    for name in ("inspector.js", "lib.js", "pv.js", "page-dataspace.js"):
+        status, headers, _ = get("inspector/static/" + name)
+        assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
     status, headers, _ = get("inspector/static/inspector.css")
     assert status == 200 and headers["Content-Type"] == "text/css; charset=utf-8"
     assert get("inspector/nope")[0] == 404
