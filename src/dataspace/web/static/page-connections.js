@@ -8,11 +8,12 @@ export function pageConnections() {
   let sortKey = "id", sortDir = 1;
   const cols = [
     { key: "id", label: "id", num: true },
-    { key: "peer", label: "peer" },
+    { key: "peer", label: "client", title: "the name the client gave, and its address",
+      render: (r) => r.name ? h("span", null, h("b", null, r.name), " ", h("span", { class: "meta" }, r.peer)) : r.peer },
     { key: "transport", label: "via" },
     { key: "dataspaces", label: "dataspaces", render: (r) => r.dataspaces.map((d) => d.name + (d.attenuated ? " (attenuated)" : "")).join(", ") },
     { key: "age", label: "age", render: (r) => fmtAge(r.age) },
-    { key: "assertions_in", label: "asserted", num: true, title: "assertions it holds (observers and its resolve request included)" },
+    { key: "assertions_in", label: "asserted", num: true, title: "what it asserts now, its observers included (not its gatekeeper resolve request: the protocol's, not the client's)" },
     { key: "observers", label: "observers", num: true },
     { key: "assertions_out", label: "matches", num: true, title: "what its observers are told of now" },
     { key: "messages_in", label: "msgs in", num: true },
