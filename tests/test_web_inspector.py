@@ -490,3 +490,64 @@ def test_a_token_with_caveats_sees_what_they_allow(serve: Any, clients: list[Pro
     page.screenshot()
     pg.click("#signout")
     expect(pg.locator("#login")).to_be_visible()
+
+
+def _attenuate(srv: Server, *only: str) -> str:
+    args = [a for p in only for a in ("--only", p)]
+    r = subprocess.run([PY, "-m", "dataspace.cli", "cap", "attenuate", srv.token, *args],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _sign_in(pg: Any, token: str) -> None:
+    expect(pg.locator("#login")).to_be_visible()
+    pg.fill("#token", token)
+    pg.click("#login button[type=submit]")  # sets the cookie and reloads the page
+    expect(pg.locator("#who")).to_have_text(re.compile("dataspace:root"))
+
+
+def test_an_attenuated_token_browsing_everything_sees_each_value(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    """The default pattern `_` with a token that may observe anything: each assertion,
+    whole, as for the administrator -- not "1 matching" and one `_` row (a pattern
+    without captures tells its observer only whether something matches)."""
+    srv = serve()
+    observer_only = _attenuate(srv, "<rec Observe [<_> <_>]>")
+    c = srv.client("assert", '<Present "alice">', '<Present "bob">')
+    clients.append(c)
+    c.wait_line("asserted")
+    pg = page.goto(srv.url + "inspector/dataspace")
+    _sign_in(pg, observer_only)
+    expect(pg.locator("#pattern")).to_have_value("_")
+    expect(pg.locator("#status")).to_have_text("live")
+    values = pg.locator("#assertions td.value")
+    expect(values.filter(has_text=re.compile("^<Present"))).to_have_text(
+        ['<Present "alice">', '<Present "bob">'])
+    texts = values.all_text_contents()
+    assert "_" not in texts, texts
+    # Every value is a row (the page's own watch is an assertion too), counted right.
+    expect(pg.locator("#count")).to_have_text(f"{len(texts)} matching")
+    assert len(texts) >= 3, texts
+    # The captures column holds what `_` captures: nothing.
+    expect(pg.locator("#assertions td.captures").first).to_have_text("")
+    page.screenshot()
+
+
+def test_a_token_that_may_not_see_values_is_told_only_whether_something_matches(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    srv = serve()
+    presence = _attenuate(srv, "<rec Observe [<rec group [<rec rec [<lit Present>]> <_>]> <_>]>")
+    c = srv.client("assert", '<Present "alice">', '<Present "bob">')
+    clients.append(c)
+    c.wait_line("asserted")
+    pg = page.goto(srv.url + "inspector/dataspace?pattern=%3CPresent%20_%3E")
+    _sign_in(pg, presence)
+    expect(pg.locator("#status")).to_have_text("live")
+    expect(pg.locator("#count")).to_have_text(re.compile(
+        r"^something matches \(this token's caveats let it learn only whether"))
+    # With a capture it sees the captures, one row each.
+    pg.fill("#pattern", "<Present $who>")
+    pg.click("#go")
+    expect(pg.locator("#assertions td.captures")).to_have_text(['"alice"', '"bob"'])
+    expect(pg.locator("#count")).to_have_text("2 matching")

@@ -29,13 +29,21 @@ export async function pageDataspace() {
     status.className = "status";
     if (!pattern.trim()) { status.textContent = "type a pattern"; return; }
     const keyOf = (ev) => ev.value ?? ev.match ?? JSON.stringify(ev.captures);
-    const update = () => { count.textContent = `${rows.size} matching`; };
+    let presence = false; // the observed pattern captures nothing: told only whether it matches
+    const update = () => {
+      count.textContent = !presence ? `${rows.size} matching`
+        : (rows.size ? "something matches" : "nothing matches") +
+          " (this token's caveats let it learn only whether something matches, not what)";
+    };
     current = watch({ dataspace: ds, pattern }, {
       open() {
-        tbody.replaceChildren(); rows.clear(); order = []; synced = false; update();
+        tbody.replaceChildren(); rows.clear(); order = []; synced = false; presence = false; update();
         status.textContent = "loading …";
       },
-      synced() { synced = true; status.textContent = "live"; status.className = "status live"; update(); },
+      synced(s) {
+        synced = true; presence = !!s.presence_only;
+        status.textContent = "live"; status.className = "status live"; update();
+      },
       status(text, bad) { status.textContent = text; status.className = "status" + (bad ? " bad" : ""); },
       error(e) {
         status.textContent = "stopped";

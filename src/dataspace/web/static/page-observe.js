@@ -31,7 +31,9 @@ export async function pageObserve() {
       synced(s) {
         status.textContent = "live";
         status.className = "status live";
-        line("·", `synced: ${s.matches} current match${s.matches === 1 ? "" : "es"} above; what follows is live`);
+        line("·", s.presence_only
+          ? `synced: ${s.matches ? "something matches" : "nothing matches"} (this token's caveats let it learn only whether something matches, not what); what follows is live`
+          : `synced: ${s.matches} current match${s.matches === 1 ? "" : "es"} above; what follows is live`);
       },
       status(text, bad) { status.textContent = text; status.className = "status" + (bad ? " bad" : ""); },
       error(e) {
