@@ -348,17 +348,27 @@ def test_the_pipeline_page_shows_lag_falling_as_the_pipeline_catches_up(
         expect(pg.locator('svg.graph g.edge[data-from="loud"][data-to="count"] text.edge-lag')
                ).to_have_text("lag 0")
         expect(pg.locator('[data-graph="shout"] .lag-total')).to_have_text("total lag 30")
+        # No engine holds the graph: the page says so, and that the lag will not move.
+        card = pg.locator('[data-graph="shout"]')
+        expect(card.locator(".run-state")).to_have_text("not running")
+        expect(card.locator(".run-note")).to_contain_text(
+            "No engine runs this graph: 30 waiting entries do not move until one is started")
+        expect(card.locator(".run-note")).to_contain_text("last step ")
         page.screenshot("-behind")
 
         # Ten entries a step, one step per round: the page follows the lag down.
         with LocalEngine(g, store, batch=10, commit="each-write") as eng:
             eng.start()
+            expect(card.locator(".run-state")).to_have_text("running")
+            expect(card.locator(".run-note")).to_contain_text(f"Running: pid {os.getpid()}")
             eng.run_round()
             expect(lag).to_have_text("lag 20", timeout=5000)
             eng.run_round()
             expect(lag).to_have_text("lag 10", timeout=5000)
             eng.run(until_idle=True)
         expect(lag).to_have_text("lag 0", timeout=5000)
+        expect(card.locator(".run-state")).to_have_text("not running")
+        expect(card.locator(".run-note")).to_contain_text("new entries will wait until one is started")
         expect(pg.locator('[data-graph="shout"] .lag-total')).to_have_text("total lag 0")
         expect(pg.locator('svg.graph g.node[data-name="lengths"] text.sub')
                ).to_have_text("50 entries · output")
@@ -484,6 +494,10 @@ def test_a_token_with_caveats_sees_what_they_allow(serve: Any, clients: list[Pro
     expect(pg.locator("#assertions td.value")).to_have_text(['<Present "alice">'])
     pg = page.goto(srv.url + "inspector/streams")
     expect(pg.locator(".error-box")).to_contain_text("needs the server's root capability")
+    pg = page.goto(srv.url + "inspector/pipelines")  # one line, in English
+    expect(pg.locator(".error-box")).to_have_text(re.compile(
+        r"^reading the pipelines needs the server's root capability \(this token reaches "
+        r"dataspace 'root' through its caveats\); sign in with DATA_DIR/root.sturdyref$"))
     pg = page.goto(srv.url + "inspector/connections")
     expect(pg.locator("p.count")).to_contain_text("1 connection")
     expect(pg.locator("p.count")).to_contain_text("connection details need the root capability")

@@ -1,5 +1,5 @@
 // Pipelines: each processor graph drawn as SVG, lag on the edges.
-import { h, svg, main, fmtTime, api, every, table, pageHead, errorBox } from "./lib.js";
+import { h, svg, main, fmtAge, fmtTime, api, every, table, pageHead, errorBox } from "./lib.js";
 
 const NODE_W = 150, NODE_H = 44, COL_GAP = 90, ROW_GAP = 22, PAD = 16;
 
@@ -76,10 +76,27 @@ function drawGraph(graph, idx) {
   return root;
 }
 
+const STALLED_AFTER = 60; // seconds without a step, behind, while running: say so
+
+// Whether a graph runs, in words: an engine holds its lock (and steps), or nothing
+// moves until one is started.
+function runState(g, now) {
+  const ago = g.last_progress != null ? Math.max(0, now - g.last_progress) : null;
+  const last = ago != null ? `last step ${fmtAge(ago)} ago (${fmtTime(g.last_progress)})` : "no step recorded";
+  if (!g.running) {
+    return { cls: "bad", label: "not running",
+      note: `No engine runs this graph: ${g.lag ? `${g.lag} waiting entr${g.lag === 1 ? "y does" : "ies do"} not move` : "new entries will wait"} until one is started (dataspace pipeline run, docs/pipelines.md); ${last}.` };
+  }
+  if (g.lag && ago != null && ago > STALLED_AFTER) {
+    return { cls: "warn", label: "stalled", note: `Running (${g.running}) but behind with no progress: ${last}.` };
+  }
+  return { cls: "ok", label: "running", note: `Running: ${g.running}; ${last}.` };
+}
+
 export function pagePipelines() {
   const m = main();
   const out = h("div", { id: "graphs" });
-  m.append(pageHead("Pipelines", "Every processor graph that has run on the server's store: streams (rounded) feed processors (square); the lag on an edge is how many entries of that input the processor has not taken yet. Refreshed every second."), out);
+  m.append(pageHead("Pipelines", "Every processor graph that has run on the server's store, and whether an engine runs it now: streams (rounded) feed processors (square); the lag on an edge is how many entries of that input the processor has not taken yet. Refreshed every second."), out);
   every(1000, async () => {
     let data;
     try { data = await api("/api/pipelines"); } catch (e) { out.replaceChildren(errorBox(e)); return; }
@@ -87,17 +104,21 @@ export function pagePipelines() {
       out.replaceChildren(h("p", { class: "empty" }, "No pipeline has run on this store yet (docs/pipelines.md)."));
       return;
     }
-    out.replaceChildren(...data.graphs.map((g, i) => h("section", { class: "card graph-card", dataset: { graph: g.graph } },
-      h("h2", null, g.graph, " ", h("span", { class: "lag-total " + (g.lag ? "pos" : "zero") }, `total lag ${g.lag}`),
-        g.running ? h("span", { class: "note" }, ` · running: ${g.running}`) : null),
-      h("div", { class: "scroll" }, drawGraph(g, i)),
-      table([
-        { key: "name", label: "processor" },
-        { key: "inputs", label: "inputs (position / next, lag)", render: (p) => p.inputs.map((r) => `${r.stream} ${r.position ?? "?"} / ${r.next ?? "?"} (lag ${r.lag ?? "?"})`).join("; ") },
-        { key: "outputs", label: "outputs", render: (p) => [...p.outputs, ...p.error_streams.map((s) => s + " (errors)")].join(", ") },
-        { key: "steps", label: "backing records", num: true, title: "records of its exactly-once state (snapshots, attempts) kept in its backing stream" },
-        { key: "last_step", label: "last step", render: (p) => p.last_step ? `${p.last_step.kind} at ${fmtTime(p.last_step.time)}` : "–" },
-        { key: "lag", label: "lag", num: true },
-      ], g.processors))));
+    out.replaceChildren(...data.graphs.map((g, i) => {
+      const st = runState(g, data.time);
+      return h("section", { class: "card graph-card", dataset: { graph: g.graph, state: st.label } },
+        h("h2", null, g.graph, " ", h("span", { class: "badge run-state " + st.cls }, st.label), " ",
+          h("span", { class: "lag-total " + (g.lag ? "pos" : "zero") }, `total lag ${g.lag}`)),
+        h("p", { class: "run-note" + (st.cls === "ok" ? " note" : " " + st.cls) }, st.note),
+        h("div", { class: "scroll" }, drawGraph(g, i)),
+        table([
+          { key: "name", label: "processor" },
+          { key: "inputs", label: "inputs (position / next, lag)", render: (p) => p.inputs.map((r) => `${r.stream} ${r.position ?? "?"} / ${r.next ?? "?"} (lag ${r.lag ?? "?"})`).join("; ") },
+          { key: "outputs", label: "outputs", render: (p) => [...p.outputs, ...p.error_streams.map((s) => s + " (errors)")].join(", ") },
+          { key: "steps", label: "backing records", num: true, title: "records of its exactly-once state (snapshots, attempts) kept in its backing stream" },
+          { key: "last_step", label: "last step", render: (p) => p.last_step ? `${p.last_step.kind} at ${fmtTime(p.last_step.time)}` : "–" },
+          { key: "lag", label: "lag", num: true },
+        ], g.processors));
+    }));
   });
 }
