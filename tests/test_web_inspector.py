@@ -565,3 +565,47 @@ def test_a_token_that_may_not_see_values_is_told_only_whether_something_matches(
     pg.click("#go")
     expect(pg.locator("#assertions td.captures")).to_have_text(['"alice"', '"bob"'])
     expect(pg.locator("#count")).to_have_text("2 matching")
+
+
+def test_the_links_page_is_a_table_with_states_reasons_and_formatted_bytes(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    a = serve("--http-open")
+    b = serve("--http-open", "--link", a.address, "--link-cap", a.token,
+              "--link", "127.0.0.1:1", "--link-cap", a.token)  # nobody listens on port 1
+    b.proc.wait_line(rf"link {re.escape(a.address)}: up")
+    watcher = a.client("observe", "<Says $who $text>")  # a wants b's messages
+    clients.append(watcher)
+    pg = page.goto(b.url + "inspector/links")
+    rows = pg.locator("table.links tbody tr")
+    expect(rows).to_have_count(2)
+    expect(pg.locator("p.count")).to_have_text("2 links, 1 up")
+    up = pg.locator(f'table.links tr[data-link="{a.address}"]')
+    expect(up.locator('td[data-col="subscriptions"]')).to_contain_text("peer wants 1")
+    b.send(*(f'<Says "b" "message {i} {"x" * 200}">' for i in range(40)))  # bytes to format
+    watcher.wait_line("message 39")
+    expect(up.locator('td[data-col="messages_forwarded"]')).to_have_text("40")
+    expect(up.locator('td[data-col="state"] .badge')).to_have_text("up")
+    expect(up.locator('td[data-col="link"]')).to_contain_text(f"→ to {a.address}")
+    expect(up.locator('td[data-col="peer_id"]')).to_have_text(re.compile(r"^[0-9a-f]{16}$"))
+    expect(up.locator('td[data-col="since"]')).to_have_text(re.compile(r"^(\d+ min )?\d+(\.\d)? s$"))
+    expect(up.locator('td[data-col="subscriptions"]')).to_contain_text("upstreamed")
+    # Bytes as people read them, never a raw count; the headings say what they count.
+    human = re.compile(r"^\d+(\.\d)? (B|KiB|MiB)$")
+    expect(up.locator('td[data-col="bytes_out"]')).to_have_text(human)
+    expect(up.locator('td[data-col="bytes_in"]')).to_have_text(human)
+    expect(up.locator('td[data-col="bytes_out"]')).to_contain_text("KiB")  # > 8 KiB sent
+    heads = pg.locator("table.links thead th").all_text_contents()
+    assert heads == ["link", "state", "up for", "peer", "subscriptions", "msgs forwarded",
+                     "suppressed", "received", "bytes out", "bytes in"], heads
+    down = pg.locator('table.links tr[data-link="127.0.0.1:1"]')
+    expect(down.locator('td[data-col="state"] .badge')).to_have_text("down")
+    expect(down.locator('td[data-col="state"] .reason')).to_contain_text("Connect call failed")
+    expect(down.locator('td[data-col="state"]')).to_contain_text(re.compile(r"\d+ attempts?"))
+    expect(down.locator('td[data-col="since"]')).to_have_text("\u2013")  # an en dash: nothing to say
+    # Every counter, formatted, one click away; no raw JSON anywhere.
+    pg.locator(f'details[data-link="{a.address}"] summary').click()
+    facts = pg.locator(f'details[data-link="{a.address}"] dl.facts')
+    expect(facts).to_contain_text("messages suppressed")
+    expect(facts.locator("dd").first).to_be_visible()
+    assert "{" not in (pg.locator("main").text_content() or "")
+    page.screenshot()

@@ -238,7 +238,7 @@ def setup(app: web.Application, ctx: WebContext) -> None:
     async def api_links(request: web.Request, access: Access) -> web.StreamResponse:
         server = _need_server(ctx)
         access.require_admin("the links")
-        return json_response({"links": server.link_status()})
+        return json_response({"time": time.time(), "links": server.link_status()})
 
     r = app.router
     r.add_get("/healthz", healthz, allow_head=False)

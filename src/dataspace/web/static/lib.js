@@ -292,20 +292,23 @@ export function watch(params, on) {
 // Shared pieces of pages
 
 export function table(columns, rows, opts = {}) {
-  // columns: [{key, label, render?, num?}]; rows: objects
+  // columns: [{key, label, render?, num?, title?}]; rows: objects.  The table comes in a
+  // wrapper that scrolls sideways when it is wider than the screen (a phone), so the
+  // page itself never does; each cell says its column (data-col).
   const thead = h("thead", null, h("tr", null, columns.map((c) =>
     h("th", { class: c.num ? "num" : null, title: c.title || null }, c.label))));
   const tbody = h("tbody");
   for (const row of rows) {
     tbody.append(h("tr", opts.rowAttrs ? opts.rowAttrs(row) : null, columns.map((c) => {
       const v = c.render ? c.render(row) : row[c.key];
-      return h("td", { class: c.num ? "num" : null }, v instanceof Node ? v : (c.num ? fmtNum(v) : (v ?? "–")));
+      const shown = v instanceof Node || Array.isArray(v) ? v : (c.num ? fmtNum(v) : (v ?? "–"));
+      return h("td", { class: c.num ? "num" : null, dataset: { col: c.key } }, shown);
     })));
   }
   if (!rows.length && opts.empty) {
     tbody.append(h("tr", null, h("td", { colspan: columns.length, class: "empty" }, opts.empty)));
   }
-  return h("table", { class: "grid " + (opts.class || "") }, thead, tbody);
+  return h("div", { class: "table-wrap" }, h("table", { class: "grid " + (opts.class || "") }, thead, tbody));
 }
 
 export function section(title, ...children) {

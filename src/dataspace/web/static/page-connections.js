@@ -42,7 +42,7 @@ export function pageConnections() {
     });
     out.replaceChildren(h("p", { class: "count" }, `${last.count} connection${last.count === 1 ? "" : "s"}`,
       last.note ? h("span", { class: "note" }, " · ", last.note) : null),
-      last.note ? "" : h("div", { class: "scroll" }, t)); // a dataspace's token: the count only
+      last.note ? "" : t); // a dataspace's token: the count only
   };
   every(2000, async () => {
     try { last = await api("/api/connections"); render(); } catch (e) { out.replaceChildren(errorBox(e)); }
