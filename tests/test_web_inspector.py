@@ -170,12 +170,16 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}  # an iPhone 12 to 15, in CSS pixels
+
+
 class Page:
     """A page of a fresh browser context; ``errors`` collects script errors."""
 
-    def __init__(self, browser: Any, name: str) -> None:
+    def __init__(self, browser: Any, name: str, viewport: dict[str, int] = DESKTOP) -> None:
         self.name = name
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.context = browser.new_context(viewport=viewport)
         self.page = self.context.new_page()
         self.page.set_default_timeout(10_000)
         self.errors: list[str] = []
@@ -196,8 +200,19 @@ class Page:
 
 @pytest.fixture
 def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Page]:
+    yield from _page(browser, request, DESKTOP)
+
+
+@pytest.fixture
+def phone(browser: Any, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A page the size of a phone's screen."""
+    yield from _page(browser, request, PHONE)
+
+
+def _page(browser: Any, request: pytest.FixtureRequest, viewport: dict[str, int]
+          ) -> Iterator[Page]:
     name = request.node.name.removeprefix("test_")
-    p = Page(browser, name)
+    p = Page(browser, name, viewport)
     (ARTIFACTS / f"{name}-failed.png").unlink(missing_ok=True)
     failures = request.session.testsfailed
     yield p
@@ -609,3 +624,110 @@ def test_the_links_page_is_a_table_with_states_reasons_and_formatted_bytes(
     expect(facts.locator("dd").first).to_be_visible()
     assert "{" not in (pg.locator("main").text_content() or "")
     page.screenshot()
+
+
+# What sticks out of a phone's screen: every element whose box leaves the viewport and is
+# not inside a container that scrolls sideways (a table's wrapper, the menu, a graph),
+# and every such container that itself leaves it.
+_OVERFLOW_JS = """() => {
+  const vw = document.documentElement.clientWidth;
+  const scrolls = (el) => ["auto", "scroll"].includes(getComputedStyle(el).overflowX);
+  const out = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height || getComputedStyle(el).visibility === "hidden") continue;
+    if (r.left >= -0.5 && r.right <= vw + 0.5) continue;
+    let a = el.parentElement;
+    while (a && !scrolls(a)) a = a.parentElement;
+    if (a) continue;
+    out.push(`${el.tagName.toLowerCase()}.${el.className.baseVal ?? el.className} ` +
+             `${Math.round(r.left)}..${Math.round(r.right)}`);
+  }
+  return {width: vw, scrollWidth: document.documentElement.scrollWidth,
+          header: document.querySelector("header.top").getBoundingClientRect().height,
+          out: out.slice(0, 10)};
+}"""
+
+
+def _fits_a_phone(page: Page, what: str) -> None:
+    pg = page.page
+    m = pg.evaluate(_OVERFLOW_JS)
+    assert m["width"] == PHONE["width"], m
+    assert m["header"] < 80, f"{what}: the header is {m['header']:.0f} px tall"
+    assert m["scrollWidth"] <= m["width"], f"{what}: the page scrolls sideways ({m})"
+    assert not m["out"], f"{what}: cut off at the screen's edge: {m['out']}"
+    # The menu shows the current page's entry, whole.
+    cur = pg.locator("#nav a.current")
+    if cur.count():
+        box = cur.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], (what, box)
+    page.screenshot("-" + what)
+
+
+def test_every_page_fits_a_phone(serve: Any, clients: list[Proc], phone: Page) -> None:
+    """At 390 x 844: a header under 80 px, nothing cut off or scrolling the page sideways
+    (wide tables and the graph scroll inside their card), each page's content shown."""
+    from dataspace.pipeline import Graph
+    from dataspace.pipeline.local import LocalEngine
+    from dataspace.streams import open_store
+    from dataspace.values import parse
+
+    a = serve("--http-open")
+    srv = serve("--http-open", "--record", "chat:<Says $who $text>",
+                "--link", a.address, "--link-cap", a.token, "--link", "127.0.0.1:1",
+                "--link-cap", a.token)
+    c = srv.client("assert", '<Present "alice">', '<Note "a rather long note that has to '
+                   'wrap somewhere on a narrow screen, or scroll">')
+    clients.append(c)
+    c.wait_line("asserted")
+    srv.send('<Says "alice" "hi">', '<Says "bob" "a longer message, with words to wrap">')
+    store = open_store(srv.data_dir)
+    try:
+        g = Graph("shout")
+        g.source("words")
+        g.map("upper", "words", "loud", lambda s: s.upper())
+        g.map("count", "loud", "lengths", lambda s: len(s))
+        store.append_many("words", [parse(f'"w{i}"') for i in range(5)])
+        with LocalEngine(g, store) as eng:
+            eng.run(until_idle=True)
+    finally:
+        store.close()
+
+    pg = phone.goto(srv.url)
+    expect(pg.locator(".health")).to_contain_text("ready")
+    _fits_a_phone(phone, "index")
+    checks = {
+        "overview": ('.counter[data-key="connections"] .counter-value', "1"),
+        "connections": ("table.connections tbody tr", "127.0.0.1:"),
+        "dataspace": ("#assertions", '<Present "alice">'),
+        "observe": ("#events", "synced:"),
+        "streams?stream=chat": ("#entries", '<Says "bob"'),
+        "pipelines": ('[data-graph="shout"] .run-state', "not running"),
+        "links": ("table.links", "Connect call failed"),
+    }
+    for path, (sel, text) in checks.items():
+        pg = phone.goto(srv.url + "inspector/" + path)
+        expect(pg.locator("h1")).to_be_visible()
+        expect(pg.locator(sel).first).to_contain_text(text)
+        expect(pg.locator(sel).first).to_be_visible()
+        _fits_a_phone(phone, path.split("?")[0])
+    # A wide table scrolls inside its card: its wrapper is narrower than the table.
+    pg = phone.goto(srv.url + "inspector/connections")
+    expect(pg.locator("table.connections tbody tr")).to_have_count(1)
+    widths = pg.evaluate("""() => { const w = document.querySelector(".table-wrap");
+        return [w.clientWidth, w.scrollWidth]; }""")
+    assert widths[1] > widths[0], widths
+    pg.locator(".table-wrap").evaluate("w => { w.scrollLeft = w.scrollWidth; }")
+    expect(pg.locator('table.connections td[data-col="held"]')).to_be_in_viewport()
+
+
+def test_the_sign_in_box_fits_a_phone(serve: Any, phone: Page) -> None:
+    srv = serve()
+    pg = phone.goto(srv.url + "inspector/overview")
+    expect(pg.locator("#login")).to_be_visible()
+    _fits_a_phone(phone, "sign-in")
+    pg.fill("#token", srv.token)
+    pg.click("#login button[type=submit]")
+    expect(pg.locator("#signout")).to_be_in_viewport()
+    expect(pg.locator('.counter[data-key="connections"]')).to_be_visible()
+    _fits_a_phone(phone, "signed-in")

@@ -51,7 +51,14 @@ async function boot() {
   const m = location.pathname.match(/^\/inspector\/([a-z]+)\/?$/);
   const page = m ? m[1] : "";
   setCurrentPage(page);
-  for (const a of document.querySelectorAll("#nav a")) if (a.dataset.page === page) a.classList.add("current");
+  for (const a of document.querySelectorAll("#nav a")) {
+    if (a.dataset.page !== page) continue;
+    a.classList.add("current");
+    a.setAttribute("aria-current", "page");
+    // On a phone the menu is one line that scrolls sideways: show this page's entry.
+    const nav = a.parentElement;
+    if (nav.scrollWidth > nav.clientWidth) nav.scrollLeft = a.offsetLeft - (nav.clientWidth - a.offsetWidth) / 2;
+  }
   const ok = await whoAmI();
   if (!ok) return; // the sign-in box is shown
   if (!page) { pageIndex(); return; }

@@ -84,7 +84,7 @@ function runState(g, now) {
   const ago = g.last_progress != null ? Math.max(0, now - g.last_progress) : null;
   const last = ago != null ? `last step ${fmtAge(ago)} ago (${fmtTime(g.last_progress)})` : "no step recorded";
   if (!g.running) {
-    return { cls: "bad", label: "not running",
+    return { cls: g.lag ? "bad" : "idle", label: "not running", // nothing waits: no alarm
       note: `No engine runs this graph: ${g.lag ? `${g.lag} waiting entr${g.lag === 1 ? "y does" : "ies do"} not move` : "new entries will wait"} until one is started (dataspace pipeline run, docs/pipelines.md); ${last}.` };
   }
   if (g.lag && ago != null && ago > STALLED_AFTER) {
@@ -109,7 +109,7 @@ export function pagePipelines() {
       return h("section", { class: "card graph-card", dataset: { graph: g.graph, state: st.label } },
         h("h2", null, g.graph, " ", h("span", { class: "badge run-state " + st.cls }, st.label), " ",
           h("span", { class: "lag-total " + (g.lag ? "pos" : "zero") }, `total lag ${g.lag}`)),
-        h("p", { class: "run-note" + (st.cls === "ok" ? " note" : " " + st.cls) }, st.note),
+        h("p", { class: "run-note " + (st.cls === "ok" || st.cls === "idle" ? "note" : st.cls) }, st.note),
         h("div", { class: "scroll" }, drawGraph(g, i)),
         table([
           { key: "name", label: "processor" },
