@@ -583,6 +583,19 @@ class Server:
                 out["turns_in"] += relay.turns_in
         return out
 
+    def resolve_requests(self, conn: Connection) -> tuple[int, int]:
+        """The protocol's own part of ``conn``'s assertion counts: its live gatekeeper
+        ``resolve`` requests (among the assertions it holds), and the answers to them
+        asserted back to it (among what it is sent).  A client that resolved one
+        capability and asserted one value holds 2 and is sent 1; the user's counts are
+        the relay's tables minus these (see docs/operations.md)."""
+        gk = self._gatekeepers.get(conn)
+        if gk is None:
+            return 0, 0
+        relay = conn.relay
+        answers = sum(1 for o in gk.answered() if getattr(o, "relay", None) is relay)
+        return gk.pending, answers
+
     def stats(self) -> dict[str, Any]:
         """Connections, assertions held by peers, buffered bytes, refusals, and per
         dataspace the number of distinct assertions."""

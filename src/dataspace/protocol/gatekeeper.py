@@ -149,6 +149,10 @@ class Gatekeeper(Entity):
         """Resolve requests currently asserted (each answered)."""
         return len(self._answers)
 
+    def answered(self) -> list[Entity]:
+        """The observer of each answer asserted now (one per pending request)."""
+        return [observer for observer, _h in self._answers.values()]
+
     def on_retract(self, handle: int) -> None:
         answer = self._answers.pop(handle, None)
         if answer is not None:
