@@ -422,7 +422,8 @@ class Server:
         if gate is not None:
             relay.sync_gate = lambda answer: gate.hold(answer, relay)
         gk = Gatekeeper(self.bindings, on_rejected=relay.fail,
-                        on_accepted=lambda b, ref: self._resolved(conn, b.name, bool(ref.caveats)))
+                        on_accepted=lambda b, ref: self._resolved(conn, b.name, bool(ref.caveats)),
+                        on_name=lambda name: self._named(conn, name))
         relay.export_at(0, gk)
         refusal = self._refusal(conn)
         if refusal is not None:
@@ -465,6 +466,11 @@ class Server:
                     "close some, or raise --max-connections-per-address",
                     Symbol("too-many-connections"))
         return None
+
+    def _named(self, conn: Connection, name: str | None) -> None:
+        if name is not None and name != conn.client_name:
+            log.info("%s: the client calls itself %r", conn.name, name)
+        conn.client_name = name
 
     def _resolved(self, conn: Connection, dataspace: str, attenuated: bool) -> None:
         if conn in self.connections:
