@@ -16,6 +16,7 @@ from broker_support import (
     running_server,
     spawn,
     tcp_address,
+    ws_address,
 )
 from dataspace.client import (
     CapabilityError,
@@ -394,6 +395,11 @@ async def test_a_handshake_with_something_else_says_what_answered(tmp_path):
             with pytest.raises(ConnectionError, match=r"speaks HTTP but answered the WebSocket "
                                r"request with HTTP 404 .*--http port"):
                 await connect(f"ws://127.0.0.1:{http_port}/", cap, reconnect=False)
+            # A WebSocket port waits, silent, for an HTTP request that never comes.
+            ws = ws_address(server).removeprefix("ws://").rstrip("/")
+            with pytest.raises(ConnectionError, match=rf"no answer from {ws} within 1 s: is it "
+                               r"a dataspace server's port\? \(a WebSocket or HTTP port waits"):
+                await connect(ws, cap, reconnect=False, connect_timeout=1)
     finally:
         await runner.cleanup()
 
