@@ -18,8 +18,8 @@ import sys
 
 from .. import __version__
 
-ORDER = ["serve", "observe", "assert_", "send", "cap", "info", "top", "link", "stream", "scry",
-         "pipeline", "demo"]  # module names
+ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
+         "stream", "scry", "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:
@@ -35,6 +35,9 @@ examples:
   dataspace observe '<Present $who>'      watch assertions appear and go
   dataspace assert '<Present "alice">'    hold an assertion until Ctrl-C
   dataspace send '<Says "alice" "hi">'    send a message
+  dataspace query '<Present $who>'        list what matches now, and exit
+  dataspace request '<Ask 1>' --reply '<Answer 1 $x>'
+                                          send a request, print the first reply
   dataspace cap mint                      print the server's root capability
   dataspace top                           live connections and rates (serve --http)
   dataspace demo                          simulated users chatting, in process

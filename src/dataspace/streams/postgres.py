@@ -177,6 +177,16 @@ def _connect_error(display: str, e: BaseException, secret: str | None) -> StoreE
             f"cannot reach the PostgreSQL server of {display} ({detail}); is it running? "
             "Start it, or check the host and port in the store URL"
         )
+    for probe in ("invalid response to ssl negotiation: ", "but received "):
+        if probe in low:  # something answered, but not in PostgreSQL's protocol
+            got = text[low.index(probe) + len(probe):][:1]
+            what = ("speaks HTTP, not PostgreSQL" if got == "H" else
+                    f"does not speak PostgreSQL (it answered {got!r})" if got.isprintable()
+                    and got != "\ufffd" else "does not speak PostgreSQL (it answered in binary: "
+                    "a dataspace server's port?)")
+            return StoreError(
+                f"cannot use the PostgreSQL store {display}: that port {what}; check the host "
+                "and port in the store URL (PostgreSQL listens on 5432 by default)")
     if "invalid" in low or ("missing" in low and "=" in low):
         return StoreError(f"{display}: not a usable PostgreSQL URL ({detail}); the form is "
                           "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")

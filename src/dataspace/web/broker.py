@@ -162,6 +162,7 @@ def connection_row(server: Any, conn: Any, now: float | None = None) -> dict[str
     return {
         "id": conn.id,
         "peer": conn.name,
+        "name": conn.client_name,
         "address": conn.peer_host,
         "transport": _transport(conn),
         "since": conn.since,
