@@ -670,7 +670,7 @@ def test_link_status_of_a_server_that_is_not_running_does_not_count_up(tmp_path)
         {"link": "127.0.0.1:7611", "direction": "out", "dataspace": "root", "connected": True,
          "state": "up", "since": now - 100, "peer_id": "874894659b9c7413", "upstreamed": 1},
         {"link": "from 127.0.0.1:4242", "direction": "in", "dataspace": "root",
-         "connected": False, "state": "refused", "since": now - 70, "peer_id": "f3ee",
+         "connected": False, "state": "refused", "down_since": now - 70, "peer_id": "f3ee",
          "refused": "this link would close a cycle: f3ee already reaches 8748"},
     ]}))
     p = subprocess.run([PY, "-m", "dataspace.cli", "link", "status", "--data-dir", str(tmp_path)],

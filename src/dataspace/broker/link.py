@@ -776,12 +776,12 @@ class LinkHub:
             self.gone[session.peer_id] = {
                 "link": session.name, "direction": "in", "dataspace": self.name,
                 "connected": False, "state": "refused" if session.refused else "down",
-                "peer_id": session.peer_id, "since": now_t,
+                "peer_id": session.peer_id, "down_since": now_t,
                 **({"refused": session.refused} if session.refused else {}),
                 **({"last_error": session.refused or why} if session.refused or why else {}),
             }
             for pid, row in list(self.gone.items()):
-                if now_t - row["since"] > GONE_KEEP or len(self.gone) > GONE_MAX:
+                if now_t - row["down_since"] > GONE_KEEP or len(self.gone) > GONE_MAX:
                     del self.gone[pid]
         self.write_status()
 
@@ -896,7 +896,7 @@ class LinkHub:
             else:
                 row.update({"connected": False, "attempts": d.attempts,
                             "state": "refused" if d.refused else "connecting",
-                            "since": d.down_since})
+                            "down_since": d.down_since})
                 if d.last_peer:
                     row["peer_id"] = d.last_peer
                 if d.refused:

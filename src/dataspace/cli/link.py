@@ -54,7 +54,7 @@ def _state_line(r: dict[str, Any], written: float, running: bool) -> str:
     """What a link is doing, in words: ``connected for 54 s, peer ...``, ``refused ...``."""
     state = r.get("state") or ("up" if r.get("connected") else "down")
     peer = f", peer {r['peer_id']}" if r.get("peer_id") else ""
-    since = r.get("since")
+    since = r.get("since") if state in ("up", "checking") else r.get("down_since")
     if not running:
         # The server is gone: its last status says nothing about now (no counting up).
         was = {"up": "was connected", "checking": "was being checked for cycles",
