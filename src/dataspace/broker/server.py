@@ -391,7 +391,7 @@ class Server:
             write_status_file(self.data_dir / STATUS_FILE, list(self.links.values()))
         except OSError as e:
             log.warning("cannot write %s: %s", self.data_dir / STATUS_FILE, e)
-        if any(h.dialers or h.sessions for h in self.links.values()):
+        if any(h.dialers or h.sessions or h.gone for h in self.links.values()):
             self._status_timer = asyncio.get_running_loop().call_later(2.0, self._write_links)
 
     @property

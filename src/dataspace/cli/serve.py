@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     verbose = max(getattr(args, "verbose", 0) or 0, cfg.verbose)
     if verbose:
         logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
-    if cfg.link:
-        _link_events()
+    _link_events()  # (a server that only accepts links says so too)
     return asyncio.run(_serve(cfg))
 
 
