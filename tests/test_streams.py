@@ -74,6 +74,17 @@ def test_append_many_and_iter(store):
     assert sum(1 for _ in store.iter_entries("nums")) == 2500
 
 
+def test_read_without_a_limit_reads_every_entry(store):
+    """`store.read(name)` once stopped at 1,000 entries without saying so (a user's count
+    said 1,000); without a limit it reads the whole range, with one it reads a page."""
+    store.append_many("nums", range(2500))
+    assert [e.index for e in store.read("nums")] == list(range(2500))
+    assert [e.index for e in store.read("nums", 2000)] == list(range(2000, 2500))
+    assert [e.index for e in store.read("nums", end=1500)][-1] == 1499
+    assert len(store.read("nums", 0, 1000)) == 1000
+    assert store.read("nums", 0, 0) == []
+
+
 def test_a_stream_removed_by_another_handle_is_looked_up_again(store_url):
     """`stream rm` / `pipeline reset` delete streams that other processes may have open (a
     recorder, Spark's Python workers): their cached stream id must not make a write fail

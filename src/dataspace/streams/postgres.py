@@ -729,7 +729,9 @@ class PostgresStore(Store):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
+        limit = MAX_INDEX if limit is None else limit
         self._check_open()
         sid = self._sid(name)
         if sid is None or limit <= 0:

@@ -556,13 +556,14 @@ class SQLiteStore(Store):
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
         with self._lock:
             self._check_open()
             sid = self._stream_id(name)
             if sid is None:
                 return []
-            return _read(self, sid, name, start, limit, end)
+            return _read(self, sid, name, start, MAX_INDEX if limit is None else limit, end)
 
     def get(self, name: str, index: int) -> Entry | None:
         with self._lock:
