@@ -91,10 +91,11 @@ def test_tail_of_a_stream_that_lost_its_first_entries_warns_of_nothing(data_dir)
 
 
 def test_errors_are_clear(data_dir, capsys):
-    assert main(["stream", "ls"]) == 0
-    assert "no streams yet" in capsys.readouterr().out
     assert main(["stream", "tail", "nope"]) == 1
     assert "no stream store" in capsys.readouterr().err
+    open_store(data_dir).close()  # a store without streams
+    assert main(["stream", "ls"]) == 0
+    assert "no streams yet" in capsys.readouterr().out
     main(["stream", "append", "other", "1"])
     capsys.readouterr()
     assert main(["stream", "tail", "nope"]) == 1
@@ -231,8 +232,8 @@ def test_reserved_names_cannot_be_written_but_can_be_read(data_dir, capsys):
 def test_every_stream_command_takes_a_store_url(store_url, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path / "unused"))
     at = ["--store", store_url]
-    assert main(["stream", "ls", *at]) == 0
-    assert capsys.readouterr().out.startswith("no streams yet")
+    assert main(["stream", "ls", *at]) == 1  # no store there yet (a reading command makes none)
+    assert "no stream store" in capsys.readouterr().err
     assert main(["stream", "append", "chat", "1", "2", *at]) == 0
     assert main(["stream", "create", "chat", "--max-count", "5", *at]) == 0
     assert main(["stream", "tail", "chat", "--tailer", "me", *at]) == 0
@@ -364,3 +365,21 @@ def test_copy_progress_is_a_bar_on_a_terminal_and_periodic_lines_otherwise():
     assert tty.text.startswith("\r[############............] 5,000/10,000 entries (50%), 2,500/s, ETA 0:02")
     assert tty.text.endswith("\n") and tty.text.rstrip().endswith("(100%), 2,500/s, 0:04")
     assert "\r[########################] 10,000/10,000" in tty.text
+
+
+# -- reading commands make no store ------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["ls", "--all"], ["tail", "chat"], ["tail", "chat", "-f"],
+                                  ["info", "chat"], ["export", "chat"]])
+def test_reading_commands_do_not_create_a_store_where_a_typo_points(tmp_path, argv):
+    """`stream ls --data-dir <typo>` said "no streams yet" and `tail -f` made a store."""
+    typo = tmp_path / "dta"
+    r = cli("stream", *argv, "--data-dir", str(typo))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith("dataspace stream: ") and r.stderr.count("\n") == 1
+    assert r.stderr.endswith(f"no stream store at {typo} (the data directory does not exist); "
+                             "check --data-dir, or create one with `dataspace stream create "
+                             "NAME`\n")
+    assert not typo.exists()
+

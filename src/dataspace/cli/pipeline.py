@@ -18,6 +18,7 @@ from ..pipeline.engine import (
     GUARANTEES,
     EngineError,
     ProcStats,
+    check_sources,
     get_engine,
     graph_holder,
 )
@@ -25,7 +26,7 @@ from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
 from ..progress import hms
 from ..streams import StoreError
-from ._store import add_store_argument, open_data_store, spark_data_dir
+from ._store import CREATE_HINT, add_store_argument, open_data_store, spark_data_dir
 
 EPILOG = """\
 examples:
@@ -101,6 +102,10 @@ def register(sub: Any) -> None:
                      help="how often the progress line is refreshed (default 1); not on a "
                      "terminal, a line is printed only when something changed")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    run.add_argument("--create-store", action="store_true",
+                     help="create the store if there is none (default: refuse, so that a "
+                     "mistyped --data-dir is an error; the graph's sources must exist or "
+                     "be declared with graph.source(NAME, create=True))")
     run.set_defaults(func=run_run)
 
     st = ss.add_parser("status", parents=[common], help="positions, lag and last step per processor",
@@ -139,7 +144,10 @@ def register(sub: Any) -> None:
 
     ck = ss.add_parser("check", parents=[common], help="validate a graph file",
                        description="Load and validate a graph file (cycles, unknown streams, "
-                       "processor shapes) without running it.")
+                       "processor shapes) without running it, and check that its sources "
+                       "exist in the store, as `pipeline run` does before it starts.")
+    ck.add_argument("--no-store", action="store_true",
+                    help="validate the file only, without looking at a store")
     ck.set_defaults(func=run_check)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -226,9 +234,12 @@ def _columns() -> int:
         return 120
 
 
-def _open(args: argparse.Namespace, durability: str = "full", create: bool = True) -> Any:
+def _open(args: argparse.Namespace, durability: str = "full", create: bool = False,
+          create_hint: str = CREATE_HINT) -> Any:
+    """The store of a pipeline command: never created unless ``create`` (``run
+    --create-store``), so that a mistyped --data-dir is an error, not a new store."""
     return open_data_store(args.data_dir, create=create, durability=durability,
-                           store=getattr(args, "store", None))
+                           store=getattr(args, "store", None), create_hint=create_hint)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -236,6 +247,12 @@ def run_check(args: argparse.Namespace) -> int:
         g = load_graph(args.graph)
     except GraphLoadError as e:
         return _fail(str(e), 2)
+    if not args.no_store:
+        try:
+            with _open(args) as store:
+                check_sources(g, store)
+        except (EngineError, StoreError, OSError, ValueError) as e:
+            return _fail(str(e))
     print(f"{args.graph}: graph {g.name!r} is valid: {len(g.processors)} processors, "
           f"{len(g.streams())} streams")
     for p in g.order():
@@ -317,10 +334,18 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
     if spark:
         options.update(master=args.master, checkpoint_dir=args.checkpoint_dir,
                        verbose=getattr(args, "verbose", 0), conf=conf)
+    if stop.is_set():  # Ctrl-C while the graph loaded: no store opened, nothing ran
+        return _stopped_before_start(args)
     try:
         engine_cls = get_engine(args.engine)
-        store = _open(args, args.durability)
+        store = _open(args, args.durability, create=args.create_store,
+                      create_hint=CREATE_HINT + ", or run with --create-store")
     except (EngineError, StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    try:
+        check_sources(g, store)  # before Spark starts; nothing is created when refused
+    except (EngineError, StoreError) as e:
+        store.close()
         return _fail(str(e))
     stores.append(store)
     if spark:

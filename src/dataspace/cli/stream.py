@@ -15,7 +15,7 @@ from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB
 from ..progress import Progress
-from ..streams import StoreError, StoreNotFound, check_user_name
+from ..streams import StoreError, check_user_name
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..streams.copy import CopyRefused, copy_streams
 from ..streams.transfer import ImportStopped, Input, export_stream, import_stream, text_values
@@ -242,8 +242,6 @@ def run_ls(args: argparse.Namespace) -> int:
     try:
         with _store(args) as store:
             streams = store.streams(include_internal=args.all)
-    except StoreNotFound:
-        streams = []
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     if not streams:
@@ -374,7 +372,7 @@ def run_tail(args: argparse.Namespace) -> int:
         print("dataspace stream tail: -n must be >= 0", file=sys.stderr)
         return 2
     try:
-        store = _store(args, create=args.follow)
+        store = _store(args)
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     try:

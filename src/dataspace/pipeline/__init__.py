@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .engine import DEFAULT_ENGINE, ENGINES, Engine, EngineError, ProcStats, get_engine
+    from .engine import (
+        DEFAULT_ENGINE,
+        ENGINES,
+        Engine,
+        EngineError,
+        MissingSource,
+        ProcStats,
+        get_engine,
+    )
     from .exactly_once import delivery_hash
     from .graph import Context, Delivery, Graph, GraphError, Message, Processor
     from .local import Crash, LocalEngine
@@ -44,6 +52,7 @@ __all__ = [
     "GraphError",
     "LocalEngine",
     "Message",
+    "MissingSource",
     "ProcStats",
     "Processor",
     "delivery_hash",
@@ -55,6 +64,7 @@ _WHERE = {
     "ENGINES": "engine",
     "Engine": "engine",
     "EngineError": "engine",
+    "MissingSource": "engine",
     "ProcStats": "engine",
     "get_engine": "engine",
     "delivery_hash": "exactly_once",
