@@ -325,7 +325,7 @@ def test_check_without_a_store_and_the_two_ways_to_declare_a_source(env, capsys)
 
 
 @pytest.mark.parametrize("command", [["run", "--engine", "local", "--until-idle"],
-                                     ["run"], ["status"], ["check"]])
+                                     ["run"], ["status"], ["check"], ["reset"]])
 def test_a_mistyped_data_dir_is_an_error_not_a_new_store(env, capsys, command):
     """`pipeline run --data-dir <typo>` quietly made a new store and exited 0."""
     main(["stream", "append", "chat", '<Says "alice" "hi">'])
@@ -366,3 +366,85 @@ def test_a_database_without_a_store_is_not_laid_out_by_a_reading_command(env, ca
     assert main(["pipeline", "run", str(env / "graph.py"), "--engine", "local", "--until-idle",
                  "-q", *at]) == 0
 
+
+# -- pipeline reset ---------------------------------------------------------------------------
+
+CHAIN = GRAPH + """
+@graph.map("exclaim", "loud", "louder")
+def exclaim(v):
+    return Record(Symbol("Exclaim"), [v])
+"""
+
+
+def _values(store_dir, stream):
+    with open_store(store_dir, create=False) as s:
+        return [e.value for e in s.iter_entries(stream)] if s.has_stream(stream) else None
+
+
+def test_reset_reprocesses_from_the_start_and_never_duplicates_silently(env, capsys):
+    (env / "chain.py").write_text(CHAIN)
+    graph = str(env / "chain.py")
+    data = env / "data"
+    main(["stream", "append", "chat", '<Says "a" "x">', '<Says "b" "y">'])
+    run = ["pipeline", "run", graph, "--engine", "local", "--until-idle", "-q"]
+    assert main(run) == 0
+    first = _values(data, "louder")
+    assert len(first) == 2
+    # A leftover Spark checkpoint of the graph goes too (the Spark test runs it for real).
+    (data / "spark" / "shout" / "upper" / "checkpoint").mkdir(parents=True)
+    capsys.readouterr()
+    # Outputs with entries: the user says what becomes of them.
+    assert main(["pipeline", "reset", graph]) == 1
+    assert capsys.readouterr().err == (
+        "dataspace pipeline: graph 'shout' has written results to loud (2 entries), louder "
+        "(2 entries); reprocessing writes them again: add --delete-outputs to remove those "
+        "streams (each result then once), or --keep-outputs to append the new results after "
+        "the old ones\n")
+    assert main(["pipeline", "reset", graph, "--delete-outputs", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would reset graph 'shout'")
+    assert _values(data, "louder") == first and (data / "spark" / "shout").exists()
+    # Delete: the next run writes every result once, from the start.
+    assert main(["pipeline", "reset", graph, "--delete-outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "positions: chat (shout/upper)" in out
+    assert "backing streams: __backing/shout/exclaim, __backing/shout/upper" in out
+    assert "output streams removed: loud (2 entries), louder (2 entries), shout.errors (0 entries)" in out
+    assert _names(data) == ["chat"] and not (data / "spark" / "shout").exists()
+    assert main(["stream", "info", "chat"]) == 0
+    assert "tailers     none" in capsys.readouterr().out
+    assert main(run) == 0
+    assert _values(data, "louder") == first
+    # Keep: the new results follow the old ones -- once more each, not twice (the second
+    # processor reads its intermediate input from where it ended).
+    assert main(["pipeline", "reset", graph, "--keep-outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "intermediate streams kept, read from their end: loud at 2" in out
+    assert main(run) == 0
+    assert _values(data, "louder") == first + first
+    assert _values(data, "loud") == _values(data, "loud")[:2] * 2
+    # Nothing to reset for a graph that never ran.
+    (env / "other.py").write_text(GRAPH.replace('Graph("shout"', 'Graph("other"'))
+    capsys.readouterr()
+    assert main(["pipeline", "reset", str(env / "other.py")]) == 0
+    assert "nothing to reset (it never ran here)" in capsys.readouterr().out
+
+
+def test_reset_is_refused_while_the_graph_runs(env, capsys):
+    main(["stream", "append", "chat", '<Says "a" "x">'])
+    assert main(["pipeline", "run", str(env / "graph.py"), "--engine", "local", "--until-idle",
+                 "-q"]) == 0
+    with open_store(env / "data") as s, s.lock("graph:shout"):
+        capsys.readouterr()
+        assert main(["pipeline", "reset", str(env / "graph.py"), "--delete-outputs"]) == 1
+        err = capsys.readouterr().err
+        assert "graph 'shout' is running on this store (pid" in err and "stop it first" in err
+    assert _values(env / "data", "loud") is not None  # nothing was removed
+    with open_store(env / "data") as s:
+        assert s.position("chat", "shout/upper") == 1
+
+
+def test_reset_help_has_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["pipeline", "reset", "--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--delete-outputs" in out and "--keep-outputs" in out

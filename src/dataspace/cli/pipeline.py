@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
@@ -37,6 +38,7 @@ examples:
   dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
   dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
   dataspace pipeline check graph.py               validate the graph without running it
+  dataspace pipeline reset graph.py --delete-outputs   reprocess from the start next run
   dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
 
 A graph file is Python that defines `graph` (see docs/pipelines.md); this one
@@ -149,6 +151,35 @@ def register(sub: Any) -> None:
     ck.add_argument("--no-store", action="store_true",
                     help="validate the file only, without looking at a store")
     ck.set_defaults(func=run_check)
+
+    rs = ss.add_parser(
+        "reset", parents=[common], help="reprocess a graph from the start on its next run",
+        description="Forget where a graph is, so that its next run processes its sources "
+        "from the first stored entry: remove its processors' positions (tailers named "
+        "GRAPH/PROCESSOR), their backing streams (__backing/GRAPH/...) and their Spark "
+        "checkpoints.  The sources are not touched.  The graph must not be running.  "
+        "Reprocessing writes the graph's results again, so when its outputs hold entries "
+        "say what becomes of them: --delete-outputs removes the streams it writes (its "
+        "outputs and error stream: each result then once), --keep-outputs keeps them (the "
+        "new results are appended after the old ones; processors reading an intermediate "
+        "stream start at its end).  A sink's own delivery records (SQLiteSink's "
+        "deliveries table) are outside the store and kept: clear them to redo its effects.",
+        epilog="examples:\n"
+        "  dataspace pipeline reset shout.py --dry-run          what a reset would remove\n"
+        "  dataspace pipeline reset shout.py --delete-outputs   start over, outputs too\n"
+        "  dataspace pipeline reset shout.py --keep-outputs     reprocess, appending again",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = rs.add_mutually_exclusive_group()
+    what.add_argument("--delete-outputs", action="store_true",
+                      help="also remove the streams the graph writes (outputs, error stream)")
+    what.add_argument("--keep-outputs", action="store_true",
+                      help="keep them: the next run appends its results after the old ones")
+    rs.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="where the graph's Spark checkpoints are, if `pipeline run` was "
+                    "given --checkpoint-dir (default DATA_DIR/spark/GRAPH)")
+    rs.add_argument("--dry-run", "-n", action="store_true",
+                    help="say what would be removed, change nothing")
+    rs.set_defaults(func=run_reset)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -459,6 +490,46 @@ def run_status(args: argparse.Namespace) -> int:
         return _fail(str(e))
     finally:
         store.close()
+    return 0
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    from ..pipeline.reset import reset_graph
+    from ..pipeline.spark.status import store_graph_dir
+
+    try:
+        g = load_graph(args.graph)
+    except GraphLoadError as e:
+        return _fail(str(e), 2)
+    outputs = "delete" if args.delete_outputs else "keep" if args.keep_outputs else None
+    try:
+        store = _open(args)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    try:
+        if args.checkpoint_dir:
+            dirs = [Path(args.checkpoint_dir) / p for p in g.processors]
+        else:
+            try:
+                dirs = [store_graph_dir(store.url, spark_data_dir(store, args.data_dir,
+                                                                  create=False), g.name)]
+            except OSError:
+                dirs = []
+        plan = reset_graph(store, g, outputs=outputs, spark_dirs=dirs, dry_run=args.dry_run)
+    except (EngineError, StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+    if plan.empty:
+        print(f"graph {g.name!r} on {store.display}: nothing to reset (it never ran here)")
+        return 0
+    verb = "would reset" if args.dry_run else "reset"
+    print(f"{verb} graph {g.name!r} on {store.display}:")
+    for line in plan.lines():
+        print(f"  {line}")
+    if not args.dry_run:
+        print(f"the next `dataspace pipeline run {args.graph}` processes its sources from "
+              "the start")
     return 0
 
 

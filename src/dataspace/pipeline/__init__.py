@@ -17,6 +17,8 @@
 * :mod:`.exactly_once` -- backing-stream records, the delivery hash, the recovery component.
 * :mod:`.local` -- the local engine (:class:`LocalEngine`); :mod:`.engine` -- the engine
   interface and registry (``spark``, the default, in :mod:`.spark`; ``local``).
+* :mod:`.reset` -- reprocessing a graph from the start (:func:`reset_graph`, ``dataspace
+  pipeline reset``).
 * :mod:`.sinks` -- :class:`SQLiteSink`, the idempotent side-effecting sink pattern.
 * :mod:`.loader` -- loading a graph from a Python file (``dataspace pipeline run``).
 * :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).
@@ -39,6 +41,7 @@ if TYPE_CHECKING:
     from .exactly_once import delivery_hash
     from .graph import Context, Delivery, Graph, GraphError, Message, Processor
     from .local import Crash, LocalEngine
+    from .reset import reset_graph
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -57,6 +60,7 @@ __all__ = [
     "Processor",
     "delivery_hash",
     "get_engine",
+    "reset_graph",
 ]
 
 _WHERE = {
@@ -76,6 +80,7 @@ _WHERE = {
     "Processor": "graph",
     "Crash": "local",
     "LocalEngine": "local",
+    "reset_graph": "reset",
 }
 
 
