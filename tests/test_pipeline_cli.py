@@ -42,10 +42,9 @@ def env(tmp_path, monkeypatch):
 
 
 def test_check_and_run_until_idle(env, capsys):
+    assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42"]) == 0
     assert main(["pipeline", "check", str(env / "graph.py")]) == 0
     assert "graph 'shout' is valid" in capsys.readouterr().out
-    assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42"]) == 0
-    capsys.readouterr()
     assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle", "--engine", "local"]) == 0
     out = capsys.readouterr().out
     assert "running graph 'shout'" in out
@@ -168,9 +167,9 @@ def test_the_documented_example_graph_runs(env, capsys, monkeypatch):
     text = open(doc).read().split("<!-- example-graph -->", 1)[1]
     (env / "orders.py").write_text(text.split("```python", 1)[1].split("```", 1)[0])
     monkeypatch.chdir(env)  # the example's ledger.db is relative
-    assert main(["pipeline", "check", "orders.py"]) == 0
     main(["stream", "append", "orders", '<order 1 "ann" 250>', '<order 2 "bob" 20>'])
     main(["stream", "append", "payments", "<payment 1 250>", "<payment 2 25>"])
+    assert main(["pipeline", "check", "orders.py"]) == 0
     capsys.readouterr()
     assert main(["pipeline", "run", "orders.py", "--until-idle", "-q", "--engine", "local"]) == 0
     with open_store(env / "data") as s:
@@ -265,3 +264,187 @@ def test_a_killed_run_releases_its_graph(env, store_url):
     assert r.returncode == 0, r.stderr
     with open_store(store_url) as s:
         assert [e.value.fields[1] for e in s.read("loud")] == ["X", "Y"]
+
+
+# -- a typo is an error, and leaves nothing behind -------------------------------------------
+
+TYPO = GRAPH.replace('"chat"', '"chta"')
+
+
+def _names(store_dir, internal=True):
+    with open_store(store_dir, create=False) as s:
+        return [i.name for i in s.streams(include_internal=internal)]
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+@pytest.mark.parametrize("until_idle", [True, False])
+def test_a_missing_source_stops_check_and_run_and_leaves_no_trace(env, capsys, engine, until_idle):
+    """`graph.source("chta")` passed `check`; `run --until-idle` printed `lag chta:0 ...
+    idle` and exited 0, `run` waited forever, and both made an empty `chta` with a tailer
+    that silenced `stream tail chta`.  On either engine (Spark refuses before it starts)."""
+    (env / "typo.py").write_text(TYPO)
+    main(["stream", "append", "chat", '<Says "alice" "hi">'])
+    capsys.readouterr()
+    line = (f"dataspace pipeline: source stream 'chta' does not exist in {env / 'data' / 'streams.sqlite3'} "
+            "(streams there: chat; did you mean 'chat'?); create it with `dataspace stream "
+            "create chta` or declare it with graph.source('chta', create=True)\n")
+    assert main(["pipeline", "check", str(env / "typo.py")]) == 1
+    assert capsys.readouterr() == ("", line)
+    argv = ["pipeline", "run", str(env / "typo.py"), "--engine", engine]
+    assert main([*argv, *(["--until-idle"] if until_idle else [])]) == 1
+    out, err = capsys.readouterr()
+    assert err == line and "starting Spark" not in out
+    assert _names(env / "data") == ["chat"]
+    assert not (env / "data" / "spark").exists()
+    assert main(["stream", "tail", "chta"]) == 1
+    assert "no stream named 'chta'" in capsys.readouterr().err
+
+
+def test_check_without_a_store_and_the_two_ways_to_declare_a_source(env, capsys):
+    (env / "typo.py").write_text(TYPO)
+    # No store at all: check says so (and creates none); --no-store checks the file only.
+    assert main(["pipeline", "check", str(env / "typo.py")]) == 1
+    assert "no stream store at" in capsys.readouterr().err
+    assert not (env / "data").exists()
+    assert main(["pipeline", "check", str(env / "typo.py"), "--no-store"]) == 0
+    assert "is valid" in capsys.readouterr().out
+    # `stream create` makes the source exist (empty): the run is legitimate.
+    assert main(["stream", "create", "chta"]) == 0
+    assert main(["pipeline", "check", str(env / "typo.py")]) == 0
+    assert main(["pipeline", "run", str(env / "typo.py"), "--engine", "local", "--until-idle"]) == 0
+    # graph.source(..., create=True): created by the run, with --create-store even the store.
+    (env / "later.py").write_text(GRAPH.replace('graph.source("chat")',
+                                                'graph.source("chat", create=True)'))
+    other = env / "other"
+    argv = ["pipeline", "run", str(env / "later.py"), "--engine", "local", "--until-idle",
+            "--data-dir", str(other)]
+    assert main(argv) == 1
+    assert not other.exists()
+    assert main([*argv, "--create-store"]) == 0
+    assert _names(other, internal=False) == ["chat", "loud", "shout.errors"]
+
+
+@pytest.mark.parametrize("command", [["run", "--engine", "local", "--until-idle"],
+                                     ["run"], ["status"], ["check"], ["reset"]])
+def test_a_mistyped_data_dir_is_an_error_not_a_new_store(env, capsys, command):
+    """`pipeline run --data-dir <typo>` quietly made a new store and exited 0."""
+    main(["stream", "append", "chat", '<Says "alice" "hi">'])
+    capsys.readouterr()
+    typo = env / "dta"
+    assert main(["pipeline", command[0], str(env / "graph.py"), *command[1:],
+                 "--data-dir", str(typo)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dataspace pipeline: no stream store at {typo} (the data directory "
+                          "does not exist); check --data-dir, or create one with `dataspace "
+                          "stream create NAME`"), err
+    assert err.count("\n") == 1
+    assert ("--create-store" in err) == (command[0] == "run")
+    assert not typo.exists()
+    (typo).mkdir()
+    assert main(["pipeline", command[0], str(env / "graph.py"), *command[1:],
+                 "--data-dir", str(typo)]) == 1
+    assert "(the data directory holds no store)" in capsys.readouterr().err
+    assert os.listdir(typo) == []
+
+
+def test_a_database_without_a_store_is_not_laid_out_by_a_reading_command(env, capsys, pg_url):
+    """A PostgreSQL database that exists but holds no store: reading commands say so and
+    leave the database as it is; writing ones create the store."""
+    import psycopg
+
+    at = ["--store", pg_url]
+    for argv in (["pipeline", "status", str(env / "graph.py"), *at],
+                 ["pipeline", "run", str(env / "graph.py"), "--engine", "local", *at],
+                 ["stream", "ls", *at], ["stream", "tail", "chat", *at]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "(the database holds no stream store); check --store" in err, err
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT count(*) FROM information_schema.schemata "
+                         "WHERE schema_name = 'dataspace'").fetchone() == (0,)
+    assert main(["stream", "append", "chat", '<Says "a" "x">', *at]) == 0
+    assert main(["pipeline", "run", str(env / "graph.py"), "--engine", "local", "--until-idle",
+                 "-q", *at]) == 0
+
+
+# -- pipeline reset ---------------------------------------------------------------------------
+
+CHAIN = GRAPH + """
+@graph.map("exclaim", "loud", "louder")
+def exclaim(v):
+    return Record(Symbol("Exclaim"), [v])
+"""
+
+
+def _values(store_dir, stream):
+    with open_store(store_dir, create=False) as s:
+        return [e.value for e in s.iter_entries(stream)] if s.has_stream(stream) else None
+
+
+def test_reset_reprocesses_from_the_start_and_never_duplicates_silently(env, capsys):
+    (env / "chain.py").write_text(CHAIN)
+    graph = str(env / "chain.py")
+    data = env / "data"
+    main(["stream", "append", "chat", '<Says "a" "x">', '<Says "b" "y">'])
+    run = ["pipeline", "run", graph, "--engine", "local", "--until-idle", "-q"]
+    assert main(run) == 0
+    first = _values(data, "louder")
+    assert len(first) == 2
+    # A leftover Spark checkpoint of the graph goes too (the Spark test runs it for real).
+    (data / "spark" / "shout" / "upper" / "checkpoint").mkdir(parents=True)
+    capsys.readouterr()
+    # Outputs with entries: the user says what becomes of them.
+    assert main(["pipeline", "reset", graph]) == 1
+    assert capsys.readouterr().err == (
+        "dataspace pipeline: graph 'shout' has written results to loud (2 entries), louder "
+        "(2 entries); reprocessing writes them again: add --delete-outputs to remove those "
+        "streams (each result then once), or --keep-outputs to append the new results after "
+        "the old ones\n")
+    assert main(["pipeline", "reset", graph, "--delete-outputs", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would reset graph 'shout'")
+    assert _values(data, "louder") == first and (data / "spark" / "shout").exists()
+    # Delete: the next run writes every result once, from the start.
+    assert main(["pipeline", "reset", graph, "--delete-outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "positions: chat (shout/upper)" in out
+    assert "backing streams: __backing/shout/exclaim, __backing/shout/upper" in out
+    assert "output streams removed: loud (2 entries), louder (2 entries), shout.errors (0 entries)" in out
+    assert _names(data) == ["chat"] and not (data / "spark" / "shout").exists()
+    assert main(["stream", "info", "chat"]) == 0
+    assert "tailers     none" in capsys.readouterr().out
+    assert main(run) == 0
+    assert _values(data, "louder") == first
+    # Keep: the new results follow the old ones -- once more each, not twice (the second
+    # processor reads its intermediate input from where it ended).
+    assert main(["pipeline", "reset", graph, "--keep-outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "intermediate streams kept, read from their end: loud at 2" in out
+    assert main(run) == 0
+    assert _values(data, "louder") == first + first
+    assert _values(data, "loud") == _values(data, "loud")[:2] * 2
+    # Nothing to reset for a graph that never ran.
+    (env / "other.py").write_text(GRAPH.replace('Graph("shout"', 'Graph("other"'))
+    capsys.readouterr()
+    assert main(["pipeline", "reset", str(env / "other.py")]) == 0
+    assert "nothing to reset (it never ran here)" in capsys.readouterr().out
+
+
+def test_reset_is_refused_while_the_graph_runs(env, capsys):
+    main(["stream", "append", "chat", '<Says "a" "x">'])
+    assert main(["pipeline", "run", str(env / "graph.py"), "--engine", "local", "--until-idle",
+                 "-q"]) == 0
+    with open_store(env / "data") as s, s.lock("graph:shout"):
+        capsys.readouterr()
+        assert main(["pipeline", "reset", str(env / "graph.py"), "--delete-outputs"]) == 1
+        err = capsys.readouterr().err
+        assert "graph 'shout' is running on this store (pid" in err and "stop it first" in err
+    assert _values(env / "data", "loud") is not None  # nothing was removed
+    with open_store(env / "data") as s:
+        assert s.position("chat", "shout/upper") == 1
+
+
+def test_reset_help_has_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["pipeline", "reset", "--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--delete-outputs" in out and "--keep-outputs" in out

@@ -241,6 +241,36 @@ def test_restarts_checkpoints_and_engine_switches(spark, tmp_path):
         assert recover(store, "g/s").branch == "1f+3a"
 
 
+def test_a_reset_graph_reprocesses_on_spark_from_fresh_checkpoints(spark, tmp_path):
+    """`pipeline reset` removes the graph's checkpoints with its positions and backing
+    streams: the next Spark run starts new queries at the first stored entries (not a
+    checkpoint set aside as stale), and with the outputs removed writes each result once."""
+    from dataspace.pipeline.reset import reset_graph
+
+    g = Graph("again")
+    g.source("in")
+    g.map("x", "in", "mid", lambda v: v * 10)
+    g.map("y", "mid", "out", lambda v: v + 1)
+    with open_store(tmp_path) as store:
+        store.append_many("in", range(7))
+        e, _ = spark_run(g, store, spark, batch=3)
+        root = e.root
+        assert (root / "x" / "checkpoint").is_dir()
+        want = [v * 10 + 1 for v in range(7)]
+        assert [x.value for x in store.read("out")] == want
+        plan = reset_graph(store, g, outputs="delete", spark_dirs=[root])
+        assert plan.spark_dirs == [root] and not root.exists()
+        assert sorted(x.name for x in store.streams(include_internal=True)) == ["in"]
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert e.checkpoints() == {"x": "new checkpoint", "y": "new checkpoint"}
+        assert [x.value for x in store.read("out")] == want
+        # Kept outputs: the results once more each, after the old ones -- y reads only
+        # what x writes again (its intermediate input from where it ended).
+        reset_graph(store, g, outputs="keep", spark_dirs=[root])
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert [x.value for x in store.read("out")] == want + want
+
+
 def test_continuous_run_follows_appends_and_reports_progress(spark, tmp_path):
     g = Graph("live")
     g.source("in")

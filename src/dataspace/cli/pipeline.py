@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
@@ -18,6 +19,7 @@ from ..pipeline.engine import (
     GUARANTEES,
     EngineError,
     ProcStats,
+    check_sources,
     get_engine,
     graph_holder,
 )
@@ -25,7 +27,7 @@ from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
 from ..progress import hms
 from ..streams import StoreError
-from ._store import add_store_argument, open_data_store, spark_data_dir
+from ._store import CREATE_HINT, add_store_argument, open_data_store, spark_data_dir
 
 EPILOG = """\
 examples:
@@ -36,6 +38,7 @@ examples:
   dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
   dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
   dataspace pipeline check graph.py               validate the graph without running it
+  dataspace pipeline reset graph.py --delete-outputs   reprocess from the start next run
   dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
 
 A graph file is Python that defines `graph` (see docs/pipelines.md); this one
@@ -101,6 +104,10 @@ def register(sub: Any) -> None:
                      help="how often the progress line is refreshed (default 1); not on a "
                      "terminal, a line is printed only when something changed")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    run.add_argument("--create-store", action="store_true",
+                     help="create the store if there is none (default: refuse, so that a "
+                     "mistyped --data-dir is an error; the graph's sources must exist or "
+                     "be declared with graph.source(NAME, create=True))")
     run.set_defaults(func=run_run)
 
     st = ss.add_parser("status", parents=[common], help="positions, lag and last step per processor",
@@ -139,8 +146,40 @@ def register(sub: Any) -> None:
 
     ck = ss.add_parser("check", parents=[common], help="validate a graph file",
                        description="Load and validate a graph file (cycles, unknown streams, "
-                       "processor shapes) without running it.")
+                       "processor shapes) without running it, and check that its sources "
+                       "exist in the store, as `pipeline run` does before it starts.")
+    ck.add_argument("--no-store", action="store_true",
+                    help="validate the file only, without looking at a store")
     ck.set_defaults(func=run_check)
+
+    rs = ss.add_parser(
+        "reset", parents=[common], help="reprocess a graph from the start on its next run",
+        description="Forget where a graph is, so that its next run processes its sources "
+        "from the first stored entry: remove its processors' positions (tailers named "
+        "GRAPH/PROCESSOR), their backing streams (__backing/GRAPH/...) and their Spark "
+        "checkpoints.  The sources are not touched.  The graph must not be running.  "
+        "Reprocessing writes the graph's results again, so when its outputs hold entries "
+        "say what becomes of them: --delete-outputs removes the streams it writes (its "
+        "outputs and error stream: each result then once), --keep-outputs keeps them (the "
+        "new results are appended after the old ones; processors reading an intermediate "
+        "stream start at its end).  A sink's own delivery records (SQLiteSink's "
+        "deliveries table) are outside the store and kept: clear them to redo its effects.",
+        epilog="examples:\n"
+        "  dataspace pipeline reset shout.py --dry-run          what a reset would remove\n"
+        "  dataspace pipeline reset shout.py --delete-outputs   start over, outputs too\n"
+        "  dataspace pipeline reset shout.py --keep-outputs     reprocess, appending again",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = rs.add_mutually_exclusive_group()
+    what.add_argument("--delete-outputs", action="store_true",
+                      help="also remove the streams the graph writes (outputs, error stream)")
+    what.add_argument("--keep-outputs", action="store_true",
+                      help="keep them: the next run appends its results after the old ones")
+    rs.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="where the graph's Spark checkpoints are, if `pipeline run` was "
+                    "given --checkpoint-dir (default DATA_DIR/spark/GRAPH)")
+    rs.add_argument("--dry-run", "-n", action="store_true",
+                    help="say what would be removed, change nothing")
+    rs.set_defaults(func=run_reset)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -226,9 +265,12 @@ def _columns() -> int:
         return 120
 
 
-def _open(args: argparse.Namespace, durability: str = "full", create: bool = True) -> Any:
+def _open(args: argparse.Namespace, durability: str = "full", create: bool = False,
+          create_hint: str = CREATE_HINT) -> Any:
+    """The store of a pipeline command: never created unless ``create`` (``run
+    --create-store``), so that a mistyped --data-dir is an error, not a new store."""
     return open_data_store(args.data_dir, create=create, durability=durability,
-                           store=getattr(args, "store", None))
+                           store=getattr(args, "store", None), create_hint=create_hint)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -236,6 +278,12 @@ def run_check(args: argparse.Namespace) -> int:
         g = load_graph(args.graph)
     except GraphLoadError as e:
         return _fail(str(e), 2)
+    if not args.no_store:
+        try:
+            with _open(args) as store:
+                check_sources(g, store)
+        except (EngineError, StoreError, OSError, ValueError) as e:
+            return _fail(str(e))
     print(f"{args.graph}: graph {g.name!r} is valid: {len(g.processors)} processors, "
           f"{len(g.streams())} streams")
     for p in g.order():
@@ -317,10 +365,18 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
     if spark:
         options.update(master=args.master, checkpoint_dir=args.checkpoint_dir,
                        verbose=getattr(args, "verbose", 0), conf=conf)
+    if stop.is_set():  # Ctrl-C while the graph loaded: no store opened, nothing ran
+        return _stopped_before_start(args)
     try:
         engine_cls = get_engine(args.engine)
-        store = _open(args, args.durability)
+        store = _open(args, args.durability, create=args.create_store,
+                      create_hint=CREATE_HINT + ", or run with --create-store")
     except (EngineError, StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    try:
+        check_sources(g, store)  # before Spark starts; nothing is created when refused
+    except (EngineError, StoreError) as e:
+        store.close()
         return _fail(str(e))
     stores.append(store)
     if spark:
@@ -434,6 +490,46 @@ def run_status(args: argparse.Namespace) -> int:
         return _fail(str(e))
     finally:
         store.close()
+    return 0
+
+
+def run_reset(args: argparse.Namespace) -> int:
+    from ..pipeline.reset import reset_graph
+    from ..pipeline.spark.status import store_graph_dir
+
+    try:
+        g = load_graph(args.graph)
+    except GraphLoadError as e:
+        return _fail(str(e), 2)
+    outputs = "delete" if args.delete_outputs else "keep" if args.keep_outputs else None
+    try:
+        store = _open(args)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    try:
+        if args.checkpoint_dir:
+            dirs = [Path(args.checkpoint_dir) / p for p in g.processors]
+        else:
+            try:
+                dirs = [store_graph_dir(store.url, spark_data_dir(store, args.data_dir,
+                                                                  create=False), g.name)]
+            except OSError:
+                dirs = []
+        plan = reset_graph(store, g, outputs=outputs, spark_dirs=dirs, dry_run=args.dry_run)
+    except (EngineError, StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+    if plan.empty:
+        print(f"graph {g.name!r} on {store.display}: nothing to reset (it never ran here)")
+        return 0
+    verb = "would reset" if args.dry_run else "reset"
+    print(f"{verb} graph {g.name!r} on {store.display}:")
+    for line in plan.lines():
+        print(f"  {line}")
+    if not args.dry_run:
+        print(f"the next `dataspace pipeline run {args.graph}` processes its sources from "
+              "the start")
     return 0
 
 

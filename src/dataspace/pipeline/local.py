@@ -47,7 +47,7 @@ from typing import Any
 
 from ..streams.base import MAX_INDEX, Store, StoreLock, Transaction, encode_value
 from ..values import Record, Sequence, Symbol, decode, encode
-from .engine import GUARANTEES, Engine, EngineError, ProcStats, claim_graph
+from .engine import GUARANTEES, Engine, EngineError, ProcStats, check_sources, claim_graph
 from .exactly_once import (
     ATTEMPT_ERROR,
     ATTEMPT_NIL,
@@ -757,6 +757,7 @@ class LocalEngine(Engine):
     def start(self) -> None:
         if self.started:
             return
+        check_sources(self.graph, self.store)  # before anything is claimed or created
         self._claim()
         try:
             self._recover()

@@ -436,8 +436,13 @@ class Store(ABC):
     # -- reading --------------------------------------------------------------------------
 
     @abstractmethod
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
-        """Up to ``limit`` entries of ``name`` from index ``start`` (below ``end``)."""
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
+        """The stored entries of ``name`` from index ``start`` (below ``end``), in index
+        order: all of them, or at most ``limit`` (a page: go on from the last index + 1).
+        Without ``limit`` the whole range is read into one list (like Redis' XRANGE
+        without COUNT); for a stream too large for memory use :meth:`iter_entries`, which
+        reads it in chunks.  (Up to version 0.1 the default was ``limit=1000``.)"""
 
     @abstractmethod
     def get(self, name: str, index: int) -> Entry | None:

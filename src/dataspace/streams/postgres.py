@@ -387,7 +387,6 @@ class PostgresStore(Store):
         self.durability = durability
         self.busy_timeout = busy_timeout
         self.connect_timeout = max(1, round(connect_timeout))
-        self._ids: dict[str, int] = {}
         self._closed = False
         self._local = threading.local()
         self._pool: Any = None
@@ -595,16 +594,11 @@ class PostgresStore(Store):
             return cur.fetchone()
 
     def _sid(self, name: str) -> int | None:
-        sid = self._ids.get(name)
-        if sid is not None:
-            return sid
+        # Looked up by name on every call, never from a cache: a stream deleted by another
+        # process (stream rm, pipeline reset) and created again has a new id, and a read
+        # through the old one would find nothing.
         row = self._one(f"SELECT id FROM {_S} WHERE name = %s", (name,))
-        if row is None:
-            return None
-        if getattr(self._local, "tx", None) is None:
-            # An id read inside a transaction may be of a stream it created: cached at commit.
-            self._ids[name] = row[0]
-        return int(row[0])
+        return None if row is None else int(row[0])
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -659,7 +653,6 @@ class PostgresStore(Store):
                     if isinstance(e, psycopg.Error):
                         raise self._fail(e) from None
                     raise
-                self._ids.update(tx._new_ids)
             else:
                 with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")
@@ -732,7 +725,6 @@ class PostgresStore(Store):
             c.execute(f"DELETE FROM {_S} WHERE id = %s", (sid,))
             tx._next.pop(sid, None)
             tx._dirty = True
-        self._ids.pop(name, None)
 
     def next_indices(self) -> dict[str, int]:
         return {n: int(x) for n, x in self._rows(f"SELECT name, next_index FROM {_S}")}
@@ -743,14 +735,13 @@ class PostgresStore(Store):
         if sid is None:
             return 0
         row = self._one(f"SELECT next_index FROM {_S} WHERE id = %s", (sid,))
-        if row is None:  # deleted by another process
-            self._ids.pop(name, None)
-            return 0
-        return int(row[0])
+        return 0 if row is None else int(row[0])
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
+        limit = MAX_INDEX if limit is None else limit
         self._check_open()
         sid = self._sid(name)
         if sid is None or limit <= 0:
@@ -1043,8 +1034,8 @@ def _retain(conn: Any, sid: int, nxt: int, max_count: int | None, max_age_ms: in
 class PostgresTransaction(Transaction):
     """A write transaction of :class:`PostgresStore` (see :meth:`PostgresStore.begin`)."""
 
-    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_new_ids", "_next", "_no_retention",
-                 "_seq", "_seq0", "_start_next", "_store", "_time")
+    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_ids", "_new_ids", "_next",
+                 "_no_retention", "_seq", "_seq0", "_start_next", "_store", "_time")
 
     def __init__(self, store: PostgresStore, conn: Any, seq: int) -> None:
         self._store = store
@@ -1055,6 +1046,9 @@ class PostgresTransaction(Transaction):
         self._next: dict[int, int] = {}
         self._start_next: dict[int, int] = {}
         self._new_ids: dict[str, int] = {}
+        # Ids looked up in this transaction: a writer holds the write lock, so no other
+        # process deletes a stream meanwhile (ids are never cached across transactions).
+        self._ids: dict[str, int] = {}
         self._no_retention: set[int] = set()
         self._copy_base: int | None = None
         self._time: int | None = None
@@ -1078,12 +1072,12 @@ class PostgresTransaction(Transaction):
         if sid is not None:
             return sid
         store = self._store
-        sid = store._ids.get(name)
+        sid = self._ids.get(name)
         if sid is not None:
             return sid
         row = self._q(f"SELECT id FROM {_S} WHERE name = %s", (name,)).fetchone()
         if row is not None:
-            store._ids[name] = row[0]
+            self._ids[name] = row[0]
             return int(row[0])
         if not create:
             raise StreamNotFound(f"no stream named {name!r} in {store.display}")
@@ -1111,7 +1105,7 @@ class PostgresTransaction(Transaction):
         try:
             return sid, self._next_of(sid, name)
         except StreamNotFound:
-            self._store._ids.pop(name, None)
+            self._ids.pop(name, None)
             sid = self._sid_of(name, create=True)
             return sid, self._next_of(sid, name)
 

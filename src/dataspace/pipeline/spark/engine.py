@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from ...streams.base import Store, StoreLock
-from ..engine import Engine, EngineError, ProcStats, claim_graph
+from ..engine import Engine, EngineError, ProcStats, check_sources, claim_graph
 from ..exactly_once import backing_stream, recover, resume
 from ..graph import Graph, Processor
 from ._store import store_options
@@ -170,6 +170,7 @@ class SparkEngine(Engine):
     def start(self) -> None:
         if self.started:
             return
+        check_sources(self.graph, self.store)  # before the claim, the streams and Spark
         self._claim()
         try:
             with self.store.transaction() as tx:
