@@ -47,7 +47,8 @@ from ..engine import Engine, EngineError, ProcStats, claim_graph
 from ..exactly_once import backing_stream, recover, resume
 from ..graph import Graph, Processor
 from ._store import store_options
-from .session import SparkSetupError, get_session, read_on
+from .placement import read_on
+from .session import SparkSetupError, get_session
 from .sink import ProcSpec, encode_spec
 from .status import checkpoint_state, default_data_dir_for, store_graph_dir
 

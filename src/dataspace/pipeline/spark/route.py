@@ -214,11 +214,11 @@ def values_frame(spark: Any, source: str | os.PathLike[str], data_dir: str | os.
     path that exists, otherwise the stream ``source`` of ``store`` (a store URL) or of
     the store in ``data_dir`` (:func:`find_values`).  The frame has ``index`` and
     ``value`` (or ``text``) columns.  On a cluster the executors read a PostgreSQL
-    store; an SQLite store is read by the driver (:func:`.session.read_on`)."""
+    store; an SQLite store is read by the driver (:func:`.placement.read_on`)."""
     from pyspark.sql import functions as F
 
     from ._store import store_options, store_url
-    from .session import read_on
+    from .placement import read_on
 
     p, stream = find_values(source, data_dir, store=store)
     if stream is not None:

@@ -15,7 +15,7 @@ Classic failures this module prevents:
   :func:`ship_package` zips the ``dataspace`` package and adds it with ``addPyFile``
   (the zip is removed when the session ends: :func:`stop_session`, or at exit).
 * **Executors that cannot open the store**: an SQLite store is a file on the driver's
-  machine; :func:`read_on` says where a cluster's reads go (the executors with a
+  machine; :func:`.placement.read_on` says where a cluster's reads go (the executors with a
   PostgreSQL store, else the driver), and :func:`register` tells the connector the
   master, so that it refuses ``readOn=executor`` on an SQLite store of a cluster
   before a job starts.
@@ -44,6 +44,8 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from .placement import is_local, read_on
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -132,20 +134,6 @@ def check_java() -> int:
     if v < MIN_JAVA:
         raise SparkSetupError(f"{JAVA_HINT} (found Java {v} at {java})")
     return v
-
-
-def is_local(master: str) -> bool:
-    """Whether ``master`` runs everything in this machine's JVM (``local``, ``local[N]``)."""
-    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
-
-
-def read_on(master: str, store_url: str) -> str:
-    """Where the connector reads a store for a session on ``master``: ``executor`` in
-    local mode or with a PostgreSQL store (every machine reaches the server), else
-    ``driver`` (an SQLite store is a file only the driver's machine has)."""
-    from ._store import is_postgres
-
-    return "executor" if is_local(master) or is_postgres(store_url) else "driver"
 
 
 def _log4j_file(level: str) -> str:
