@@ -831,7 +831,7 @@ class PostgresStore(Store):
 
     # -- locks ----------------------------------------------------------------------------
 
-    def lock(self, name: str) -> PostgresLock:
+    def lock(self, name: str, note: str = "") -> PostgresLock:
         """A session advisory lock on a connection of its own (released by the server when
         that session ends: the holder released it, exited or died)."""
         self._check_open()
@@ -851,7 +851,8 @@ class PostgresStore(Store):
             conn.execute(
                 f"INSERT INTO {SCHEMA}.locks VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
                 "SET holder = excluded.holder, since_ns = excluded.since_ns",
-                (name, f"pid {os.getpid()} on {socket.gethostname()}", time.time_ns()))
+                (name, f"pid {os.getpid()} on {socket.gethostname()}" + (f", {note}" if note else ""),
+                 time.time_ns()))
         except BaseException as e:
             with contextlib.suppress(Exception):
                 conn.close()
