@@ -410,10 +410,19 @@ class PostgresStore(Store):
     def _make_pool(self, size: int) -> Any:
         from psycopg_pool import ConnectionPool, PoolTimeout
 
+        from ._pglog import answered, pool_name, register_pool
+
+        name = pool_name()
+        register_pool(name, self._url)  # its retries said once, our way (_pglog)
+
+        def configure(conn: Any) -> None:
+            self._configure(conn)
+            answered(name)
+
         pool = ConnectionPool(
             self._url, kwargs=self._kwargs(), min_size=1, max_size=max(1, size),
-            configure=self._configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
-            name="dataspace-store", num_workers=1, reconnect_timeout=30.0,
+            configure=configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
+            name=name, num_workers=1, reconnect_timeout=30.0,
         )
         try:
             pool.open(wait=True, timeout=self.connect_timeout + 5)
@@ -984,6 +993,9 @@ class PostgresStore(Store):
         if pool is not None:
             with contextlib.suppress(Exception):
                 pool.close(timeout=5)
+            from ._pglog import unregister_pool
+
+            unregister_pool(pool.name)
         n, self._notifier = self._notifier, None
         if n is not None:
             _release_notifier(n)
