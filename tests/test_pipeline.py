@@ -461,3 +461,16 @@ def test_sinks_run_without_holding_the_store_write_lock(store, tmp_path):
     finally:
         other.close()
     assert values(store, "audit") == [0, 1, 2]
+
+
+def test_a_traceback_from_another_machine_gets_its_source_lines_here(tmp_path):
+    """A Spark executor elsewhere cannot read the graph file: the driver fills the lines in."""
+    from dataspace.pipeline.failure import with_source
+
+    f = tmp_path / "g.py"
+    f.write_text("def f(v):\n    return 1 // v\n")
+    tb = f'Traceback (most recent call last):\n  File "{f}", line 2, in f\nZeroDivisionError: x'
+    assert with_source(tb).splitlines() == [
+        "Traceback (most recent call last):", f'  File "{f}", line 2, in f',
+        "    return 1 // v", "ZeroDivisionError: x"]
+    assert with_source(with_source(tb)) == with_source(tb)

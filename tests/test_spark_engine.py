@@ -243,7 +243,7 @@ def test_restarts_checkpoints_and_engine_switches(spark, tmp_path, caplog):
             e, _ = spark_run(g, store, spark, batch=3)
         assert e.checkpoints()["x"] == "stale checkpoint set aside"
         # Said in words, one line (the command prints it as its own: cli/_voice.py).
-        said = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+        said = [r.getMessage() for r in caplog.records if "processor g/x:" in r.getMessage()]
         assert len(said) == 1 and re.fullmatch(
             r"processor g/x: the store moved on since its Spark checkpoint \(another engine ran "
             r"it, or the store was replaced\); Spark starts from the store's positions \(the old "

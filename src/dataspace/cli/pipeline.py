@@ -198,6 +198,11 @@ class _Progress:
         self.clock = clock
         self.rate = WallRate()
 
+    def begin(self) -> None:
+        """The run starts (nothing consumed yet): work done before the first report still
+        has a rate."""
+        self.rate.add(self.clock(), 0, False)
+
     def __call__(self, stats: list[ProcStats]) -> None:
         n = sum(s.consumed for s in stats)
         busy = any(s.state == "running" or s.activity for s in stats)
@@ -355,6 +360,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
                           "file on this machine); a PostgreSQL store (--store postgresql://USER@HOST"
                           "/DATABASE) lets the executors do it", sys.stderr)
             t0 = time.monotonic()
+            progress.begin()
             stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
                                progress_interval=args.interval)
         progress.end()
@@ -500,17 +506,22 @@ def run_route(args: argparse.Namespace) -> int:
     from ..pipeline.spark.session import get_session, stop_session
 
     t0 = time.monotonic()
-    print(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
-          "starting Spark ...", flush=True)
-    spark, created = get_session(args.master, app_name="dataspace route",
-                                 verbose=getattr(args, "verbose", 0), conf=conf,
-                                 log_file=data_dir / "spark" / "spark.log")
+    live = LiveLine(sys.stdout, prefix="dataspace pipeline route: ")
+    live.echo(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
+              f"starting Spark ({args.master}) ...")
+    created = False
     try:
+        spark, created = get_session(args.master, app_name="dataspace route",
+                                     verbose=getattr(args, "verbose", 0), conf=conf,
+                                     log_file=data_dir / "spark" / "spark.log", phases=live)
         n_values, n_matches = route_to(spark, patterns, args.values, args.out,
-                                       data_dir=data_dir, fmt=args.format, store=args.store)
+                                       data_dir=data_dir, fmt=args.format, store=args.store,
+                                       phases=live)
     except (RouteError, StoreError) as e:
+        live.close()
         return _fail(str(e))
     finally:
+        live.close()
         if created:
             with contextlib.suppress(Exception):
                 stop_session()

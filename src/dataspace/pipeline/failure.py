@@ -14,13 +14,15 @@ frame (the function was fine, its result was not) it is where the function is de
 
 from __future__ import annotations
 
+import linecache
 import os
+import re
 import sysconfig
 import traceback
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_TRACEBACK", "describe_failure"]
+__all__ = ["MAX_TRACEBACK", "describe_failure", "with_source"]
 
 MAX_TRACEBACK = 4000
 """The most characters of a traceback kept (in error records, and carried from Spark's
@@ -70,3 +72,22 @@ def describe_failure(kind: str, name: str, positions: Mapping[str, int], e: Base
         half = MAX_TRACEBACK // 2
         tb = tb[:half] + "\n  ...\n" + tb[-half:]
     return line, tb.rstrip("\n")
+
+
+_FRAME = re.compile(r'^  File "(.+)", line (\d+), in ')
+
+
+def with_source(tb: str) -> str:
+    """``tb`` with the source line under each frame that lacks one, read here: a
+    traceback made on a Spark executor that could not read the user's file (another
+    machine) gets its lines from the driver's copy."""
+    lines = tb.splitlines()
+    out: list[str] = []
+    for k, line in enumerate(lines):
+        out.append(line)
+        m = _FRAME.match(line)
+        if m and not (k + 1 < len(lines) and lines[k + 1].startswith("    ")):
+            src = linecache.getline(m.group(1), int(m.group(2))).strip()
+            if src:
+                out.append("    " + src)
+    return "\n".join(out)

@@ -46,6 +46,7 @@ from ...progress import NO_PHASES, Phases
 from ...streams.base import Store, StoreLock
 from ..engine import Engine, EngineError, Interrupted, ProcStats, claim_graph
 from ..exactly_once import backing_stream, recover, resume
+from ..failure import with_source
 from ..graph import Graph, Processor
 from ._store import store_options
 from .placement import read_on
@@ -661,7 +662,7 @@ def _failure(exc: Any) -> tuple[str, str | None]:
     if a >= 0:
         b = text.find("\n" + TRACEBACK_END, a)
         if b > a:
-            detail = text[a + len(TRACEBACK_START) + 1:b]
+            detail = with_source(text[a + len(TRACEBACK_START) + 1:b])
     return _summary(exc), detail
 
 
