@@ -113,7 +113,7 @@ def blocks(doc: str, section: str | None = None, text: str | None = None) -> lis
 _TOKENS = re.compile(
     r"(?P<ellipsis>\.\.\.)"
     r"|(?P<time>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)"
-    r"|(?P<rate>[\d,]+(?= (?:msg|rows)/s))"
+    r"|(?P<rate>[\d,.]+(?= (?:msg|rows)/s))"
     r"|(?P<seconds>\(\d+(?:\.\d+)?s\))"
     r'|(?P<hash>#x"[0-9a-f]+")'
     r"|(?P<spaces> {2,})"
@@ -121,7 +121,7 @@ _TOKENS = re.compile(
 _PATTERNS = {
     "ellipsis": r".*?",
     "time": r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?",
-    "rate": r"[\d,]+",
+    "rate": r"[\d,.]+",
     "seconds": r"\(\d+(?:\.\d+)?s\)",
     "hash": r'#x"[0-9a-f]+"',
     "spaces": r" +",

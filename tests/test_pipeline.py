@@ -213,6 +213,11 @@ def test_errors_go_to_the_error_stream_and_count_as_delivered(store):
         (Symbol("error"), "g/inv", "ZeroDivisionError", (0,)),
         (Symbol("error"), "g/obj", "TypeError", (50,)),
     ]
+    # The traceback of the user's code comes last: a frame of the lambda for the first;
+    # none for the second (the function returned; its result was refused).
+    assert errs[0].fields[4].startswith("Traceback (most recent call last):\n  File ")
+    assert "in <lambda>" in errs[0].fields[4] and "dataspace/pipeline" not in errs[0].fields[4]
+    assert errs[1].fields[4].startswith("TypeError: ")
     assert stats["inv"].errors == 1 and stats["inv"].consumed == 3
     assert store.read("errors")[0].meta[Symbol("src")] == Dictionary({"in": 1})
     assert e.failed == {}
@@ -246,8 +251,14 @@ def test_unhandled_error_stops_the_processor_and_keeps_its_input(store):
     store.append_many("in", [1, 2, 3, 4])
     with LocalEngine(g, store) as e:
         stats = {s.name: s for s in e.drain()}
-        assert e.failed == {"f": "ValueError: bad input 3"}
+        line = f.__code__.co_firstlineno + 2  # the raise
+        assert e.failed == {"f": f"map 'f' failed on entry in/2: test_pipeline.py:{line}: "
+                                 "ValueError: bad input 3"}
     assert stats["f"].state == "failed"
+    tb = stats["f"].detail  # the user's frames only
+    assert tb.splitlines()[1:] == [f'  File "{__file__}", line {line}, in f',
+                                   '    raise ValueError("bad input 3")',
+                                   "ValueError: bad input 3"]
     assert values(store, "out") == []  # the failing step delivered nothing
     assert values(store, "copy") == [1, 2, 3, 4]  # the other processor carried on
     assert store.position("in", "g/f") == 0  # input kept
@@ -497,3 +508,16 @@ def test_sinks_run_without_holding_the_store_write_lock(store, tmp_path):
     finally:
         other.close()
     assert values(store, "audit") == [0, 1, 2]
+
+
+def test_a_traceback_from_another_machine_gets_its_source_lines_here(tmp_path):
+    """A Spark executor elsewhere cannot read the graph file: the driver fills the lines in."""
+    from dataspace.pipeline.failure import with_source
+
+    f = tmp_path / "g.py"
+    f.write_text("def f(v):\n    return 1 // v\n")
+    tb = f'Traceback (most recent call last):\n  File "{f}", line 2, in f\nZeroDivisionError: x'
+    assert with_source(tb).splitlines() == [
+        "Traceback (most recent call last):", f'  File "{f}", line 2, in f',
+        "    return 1 // v", "ZeroDivisionError: x"]
+    assert with_source(with_source(tb)) == with_source(tb)

@@ -89,10 +89,19 @@ def test_failing_processor_without_error_stream(env, capsys):
     capsys.readouterr()
     assert main(["pipeline", "run", str(env / "g.py"), "--until-idle", "--batch", "1", "--engine", "local"]) == 1
     err = capsys.readouterr().err
-    assert "processor inv stopped: ZeroDivisionError" in err and "input is kept" in err
+    # Which processor, which entry, which line of the user's code, what it raised.
+    assert ("processor inv stopped: map 'inv' failed on entry in/1: g.py:4: ZeroDivisionError: "
+            "integer division or modulo by zero (its input is kept") in err
+    assert "-v shows the traceback" in err and "Traceback" not in err
     with open_store(env / "data") as s:
         assert [e.value for e in s.read("out")] == [1]
         assert s.position("in", "g/inv") == 1
+    r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "g.py"),
+                        "--until-idle", "--engine", "local", "-v"],
+                       capture_output=True, text=True, timeout=LONG)
+    assert r.returncode == 1
+    assert "Traceback (most recent call last):" in r.stderr and f'{env / "g.py"}", line 4, in <lambda>' in r.stderr
+    assert "dataspace/pipeline/local.py" not in r.stderr  # the user's frames only
 
 
 def test_format_progress():
@@ -196,12 +205,53 @@ def test_ctrl_c_while_the_graph_loads_is_a_clean_stop(env):
         t.join(LONG)
         assert first == ["loading\n"]
         proc.send_signal(signal.SIGINT)
+        # Said at once, while the graph file still waits (it goes on only when told).
+        t = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(LONG)
+        assert first[1] == STOPPING
         out, err = proc.communicate("go on\n", timeout=LONG)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert (proc.returncode, err) == (0, "")
     assert out == "dataspace pipeline: interrupted before the graph started: nothing ran\n"
+
+
+STOPPING = ("dataspace pipeline: stopping ... (Ctrl-C again stops at once; the next run "
+            "recovers)\n")
+
+
+@pytest.mark.parametrize("after", ["dataspace.cli", "dataspace.broker.server",
+                                   "dataspace.pipeline.loader"])
+def test_ctrl_c_in_the_first_second_is_one_line_not_a_traceback(env, after):
+    """Ctrl-C while the command's modules are still importing (the console script, told
+    by Python's import log when it got this far): one line and exit 130, or -- once the
+    run took Ctrl-C over -- its clean stop; never a KeyboardInterrupt traceback."""
+    script = os.path.join(os.path.dirname(sys.executable), "dataspace")
+    proc = subprocess.Popen([script, "pipeline", "run", str(env / "graph.py"), "--engine", "local",
+                             "--until-idle"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        err: list[str] = []
+        while True:
+            line = proc.stderr.readline()
+            assert line, "".join(err)
+            err.append(line)
+            if line.startswith("import time:") and line.split("|")[-1].strip() == after:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=LONG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = [x for x in (err + rest.splitlines(True)) if not x.startswith("import time:")]
+    assert "Traceback" not in "".join(said) and "KeyboardInterrupt" not in "".join(said), said
+    if proc.returncode == 130:
+        assert [x.rstrip("\n") for x in said] == ["dataspace: interrupted"]
+    else:
+        assert proc.returncode == 0 and out.startswith(STOPPING), (out, said)
 
 
 def test_the_help_example_graph_works_on_the_readme_data(env, capsys, monkeypatch):
@@ -448,3 +498,32 @@ def test_reset_help_has_examples(capsys):
         main(["pipeline", "reset", "--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "--delete-outputs" in out and "--keep-outputs" in out
+
+
+def test_log_records_are_said_in_the_commands_voice(capsys):
+    """A warning of the library reaches the user as a line of the command (no time, level
+    or logger name: "a raw timestamped log line" was the complaint), on one line."""
+    import logging
+
+    from dataspace.cli._voice import speak_as
+
+    h = logging.StreamHandler(sys.stderr)  # what logging.basicConfig makes in main()
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(h)
+    try:
+        speak_as("dataspace pipeline", 0)
+        log = logging.getLogger("dataspace.pipeline.spark.engine")
+        log.warning("processor %s: the store moved on", "g/x")
+        log.warning("two\nlines")
+        try:
+            raise ValueError("bad")
+        except ValueError:
+            log.error("it failed", exc_info=True)
+    finally:
+        root.removeHandler(h)
+    assert capsys.readouterr().err.splitlines() == [
+        "dataspace pipeline: processor g/x: the store moved on",
+        "dataspace pipeline: two (-v says more)",
+        "dataspace pipeline: it failed (ValueError: bad) (-v says more)",
+    ]

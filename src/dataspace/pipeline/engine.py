@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -24,12 +25,14 @@ __all__ = [
     "GUARANTEES",
     "Engine",
     "EngineError",
+    "Interrupted",
     "MissingSource",
     "ProcStats",
     "check_sources",
     "claim_graph",
     "get_engine",
     "graph_holder",
+    "holder_engine",
 ]
 
 ENGINES: dict[str, str] = {
@@ -95,14 +98,19 @@ def missing_sources_message(store: Store, missing: list[str], there: list[str]) 
             "graph.source(NAME, create=True)")
 
 
-def claim_graph(store: Store, graph: str) -> StoreLock:
+class Interrupted(EngineError):
+    """The engine was stopped (Ctrl-C) while it was starting: nothing ran."""
+
+
+def claim_graph(store: Store, graph: str, engine: str = "") -> StoreLock:
     """Claim ``graph`` on ``store`` for this process, whatever the engine: the store's lock
     ``graph:NAME`` (a ``flock``ed file beside an SQLite store, a session advisory lock on
-    PostgreSQL), released when the process dies.  Release the result to give it up;
+    PostgreSQL), released when the process dies, its holder saying which ``engine`` runs
+    the graph (:func:`graph_holder`).  Release the result to give it up;
     :class:`EngineError` when another process runs the graph -- two runs would break
     exactly-once."""
     try:
-        return store.lock(f"graph:{graph}")
+        return store.lock(f"graph:{graph}", f"engine {engine}" if engine else "")
     except LockHeld as e:
         raise EngineError(
             f"graph {graph!r} is already running on this store ({e.holder}); "
@@ -111,8 +119,18 @@ def claim_graph(store: Store, graph: str) -> StoreLock:
 
 
 def graph_holder(store: Store, graph: str) -> str | None:
-    """Who runs ``graph`` on the store (``"pid N"``, ``"pid N on HOST"``), or None."""
+    """Who runs ``graph`` on the store (``"pid N, engine local"``, ``"pid N on HOST,
+    engine spark"``), or None."""
     return store.lock_holder(f"graph:{graph}")
+
+
+def holder_engine(holder: str | None) -> str | None:
+    """The engine a :func:`graph_holder` names (None: not running, or a holder that did
+    not say)."""
+    if holder is None:
+        return None
+    m = re.search(r"\bengine (\w+)", holder)
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -130,6 +148,9 @@ class ProcStats:
     state: str = "idle"  # idle | running | waiting (a join missing inputs) | failed
     error: str | None = None
     recovery: str = ""
+    activity: str = ""  # what it is doing now, if that takes long ("batch 3: 5,000 messages")
+    activity_s: float = 0.0  # for how many seconds
+    detail: str | None = None  # the failure's traceback (the user's code), with error
 
 
 class Engine(ABC):

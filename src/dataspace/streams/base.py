@@ -355,15 +355,17 @@ class Store(ABC):
     # -- locks ----------------------------------------------------------------------------
 
     @abstractmethod
-    def lock(self, name: str) -> StoreLock:
+    def lock(self, name: str, note: str = "") -> StoreLock:
         """Take the store-wide exclusive lock ``name`` for this process, without waiting:
         :class:`LockHeld` if another holds it.  Released by :meth:`StoreLock.release`,
         and by the store when the holder dies (kill -9 included) -- the pipeline engines
-        take ``graph:NAME`` so that one graph runs once at a time per store."""
+        take ``graph:NAME`` so that one graph runs once at a time per store.  ``note``
+        (a few words: ``engine spark``) is said with the holder (:meth:`lock_holder`)."""
 
     @abstractmethod
     def lock_holder(self, name: str) -> str | None:
-        """Who holds the lock ``name`` (``"pid N"``, ``"pid N on HOST"``), or None."""
+        """Who holds the lock ``name`` (``"pid N"``, ``"pid N on HOST"``, with the
+        holder's note: ``"pid N, engine spark"``), or None."""
 
     # -- streams --------------------------------------------------------------------------
 

@@ -419,10 +419,19 @@ class PostgresStore(Store):
     def _make_pool(self, size: int) -> Any:
         from psycopg_pool import ConnectionPool, PoolTimeout
 
+        from ._pglog import answered, pool_name, register_pool
+
+        name = pool_name()
+        register_pool(name, self._url)  # its retries said once, our way (_pglog)
+
+        def configure(conn: Any) -> None:
+            self._configure(conn)
+            answered(name)
+
         pool = ConnectionPool(
             self._url, kwargs=self._kwargs(), min_size=1, max_size=max(1, size),
-            configure=self._configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
-            name="dataspace-store", num_workers=1, reconnect_timeout=30.0,
+            configure=configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
+            name=name, num_workers=1, reconnect_timeout=30.0,
         )
         try:
             pool.open(wait=True, timeout=self.connect_timeout + 5)
@@ -832,7 +841,7 @@ class PostgresStore(Store):
 
     # -- locks ----------------------------------------------------------------------------
 
-    def lock(self, name: str) -> PostgresLock:
+    def lock(self, name: str, note: str = "") -> PostgresLock:
         """A session advisory lock on a connection of its own (released by the server when
         that session ends: the holder released it, exited or died)."""
         self._check_open()
@@ -852,7 +861,8 @@ class PostgresStore(Store):
             conn.execute(
                 f"INSERT INTO {SCHEMA}.locks VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
                 "SET holder = excluded.holder, since_ns = excluded.since_ns",
-                (name, f"pid {os.getpid()} on {socket.gethostname()}", time.time_ns()))
+                (name, f"pid {os.getpid()} on {socket.gethostname()}" + (f", {note}" if note else ""),
+                 time.time_ns()))
         except BaseException as e:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -984,6 +994,9 @@ class PostgresStore(Store):
         if pool is not None:
             with contextlib.suppress(Exception):
                 pool.close(timeout=5)
+            from ._pglog import unregister_pool
+
+            unregister_pool(pool.name)
         n, self._notifier = self._notifier, None
         if n is not None:
             _release_notifier(n)

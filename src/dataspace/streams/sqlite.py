@@ -364,7 +364,7 @@ class SQLiteStore(Store):
         check_lock_name(name)
         return self.path.with_name(self.path.name + "-locks") / (name.replace("/", "%2F") + ".lock")
 
-    def lock(self, name: str) -> SQLiteLock:
+    def lock(self, name: str, note: str = "") -> SQLiteLock:
         """An exclusive ``flock`` on ``streams.sqlite3-locks/NAME.lock`` holding our pid,
         released by the kernel when the process dies."""
         path = self._lock_file(name)
@@ -374,12 +374,12 @@ class SQLiteStore(Store):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
-                other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                other = os.pread(fd, 128, 0).decode(errors="replace").strip()
             finally:
                 os.close(fd)
             raise LockHeld(name, f"pid {other or '?'}") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, (f"{os.getpid()}, {note}" if note else str(os.getpid())).encode()[:128], 0)
         return SQLiteLock(fd)
 
     def lock_holder(self, name: str) -> str | None:
@@ -390,7 +390,7 @@ class SQLiteStore(Store):
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return "pid " + (os.pread(fd, 32, 0).decode(errors="replace").strip() or "?")
+            return "pid " + (os.pread(fd, 128, 0).decode(errors="replace").strip() or "?")
         finally:
             os.close(fd)
         return None
