@@ -18,6 +18,7 @@ from ..client import (
     default_address,
 )
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
+from ..net.tls import TLSConfigError
 from ..protocol.sturdy import SturdyError, SturdyRef
 from ..values import ParseError, Value, parse
 
@@ -25,8 +26,10 @@ CONNECTION_HELP = f"""\
 connecting:
   By default the command connects to $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT} with the
   capability in the data directory's root.sturdyref (written by `dataspace serve`).  Use
-  --server for another address (HOST:PORT, unix:PATH, ws://HOST:PORT/) and --cap for
-  another capability (Preserves text, e.g. from `dataspace cap`, or @FILE).
+  --server for another address (HOST:PORT, tls://HOST:PORT, unix:PATH, ws://HOST:PORT/,
+  wss://HOST:PORT/) and --cap for another capability (Preserves text, e.g. from `dataspace
+  cap`, or @FILE).  Over tls:// and wss:// the server's certificate is checked against
+  --tls-ca (default $DATASPACE_TLS_CA, else the system's trust store) and its name.
 """
 
 
@@ -39,6 +42,41 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="data directory holding root.sturdyref (default: $DATASPACE_DATA_DIR, else "
                    "$XDG_DATA_HOME/dataspace, else ~/.local/share/dataspace)")
+    add_tls_args(p)
+
+
+def add_tls_args(p: argparse.ArgumentParser, what: str = "tls:// and wss:// servers",
+                 server_name: bool = True) -> None:
+    """The TLS options of a client command (``--tls-ca`` and friends)."""
+    g = p.add_argument_group("TLS (docs/security.md)")
+    g.add_argument("--tls-ca", metavar="FILE", default=None,
+                   help=f"the CA to trust for {what} (default $DATASPACE_TLS_CA, else the "
+                   "system's trust store)")
+    g.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="a client certificate, for servers that ask for one (mutual TLS; "
+                   "default $DATASPACE_TLS_CERT)")
+    g.add_argument("--tls-key", metavar="FILE", default=None,
+                   help="the key of --tls-cert (default $DATASPACE_TLS_KEY)")
+    if server_name:
+        g.add_argument("--tls-server-name", metavar="NAME", default=None,
+                       help="the name the server's certificate must have (default: the host "
+                       "connected to)")
+    g.add_argument("--tls-insecure-skip-verify", action="store_true",
+                   help="INSECURE: accept any certificate for any name; whoever answers "
+                   "(a man in the middle) gets the capability sent")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The TLS options given on the command line, as :func:`~dataspace.client.connect`'s
+    keyword arguments (only those given)."""
+    out: dict[str, Any] = {}
+    for name in ("tls_ca", "tls_cert", "tls_key", "tls_server_name"):
+        v = getattr(args, name, None)
+        if v:
+            out[name] = v
+    if getattr(args, "tls_insecure_skip_verify", False):
+        out["tls_insecure_skip_verify"] = True
+    return out
 
 
 class ArgumentError(ValueError):
@@ -79,7 +117,8 @@ async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace
     None."""
     try:
         cap = None if args.cap is None else read_capability_arg(args.cap)
-        return await connect(args.server or default_address(), cap, data_dir=args.data_dir)
+        return await connect(args.server or default_address(), cap, data_dir=args.data_dir,
+                             **tls_options(args))
     except ArgumentError as e:
         print(f"{prog}: --cap: {e}", file=sys.stderr)
     except CapabilityRejected as e:
@@ -90,6 +129,8 @@ async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace
               "`dataspace serve` (it writes that file), or pass --data-dir DIR (the "
               "server's) or --cap STURDYREF (or @FILE)", file=sys.stderr)
     except CapabilityError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+    except TLSConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
     except (ConnectionError, OSError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
