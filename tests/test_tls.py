@@ -803,3 +803,40 @@ async def test_syndicate_py_connects_over_wss(tmp_path, pki):
         finally:
             await kill(proc)
         await ours.close()
+
+
+# ---------------------------------------------------------------------------------------
+# docs/security.md: its openssl commands run, and make certificates that work
+
+
+def test_security_md_openssl_commands_make_working_certificates(tmp_path, monkeypatch):
+    from test_docs_examples import Reader, blocks
+
+    r = Reader(tmp_path, monkeypatch)
+    r.run(blocks("docs/security.md"))
+    assert r.ran >= 1
+    work = r.work
+    for name in ("ca.crt", "server.crt", "server.key", "alice.crt", "alice.key"):
+        assert (work / name).is_file(), name
+    info = read_certificate(work / "server.crt")
+    assert info is not None and info.subject == "CN=localhost"
+    assert info.names == ("DNS:localhost", "IP:127.0.0.1")
+
+    async def main() -> None:
+        server = Server(ServerConfig(tcp=["127.0.0.1:0"], tls_cert=str(work / "server.crt"),
+                                     tls_key=str(work / "server.key"),
+                                     tls_client_ca=str(work / "ca.crt")),
+                        data_dir=tmp_path / "data")
+        await server.start()
+        try:
+            port = server.addresses[0].port
+            for host in ("localhost", "127.0.0.1"):
+                ds = await connect(f"tls://{host}:{port}", server.sturdyref,
+                                   tls_ca=str(work / "ca.crt"), tls_cert=str(work / "alice.crt"),
+                                   tls_key=str(work / "alice.key"))
+                await ds.sync()
+                await ds.close()
+        finally:
+            await server.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

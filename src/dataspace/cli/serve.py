@@ -101,7 +101,8 @@ def register(sub: Any) -> None:
                    "are readable)")
     p.add_argument("--link", action="append", metavar="ADDRESS",
                    help="link this server's root dataspace with the server at ADDRESS "
-                   "(HOST:PORT, ws://..., or a Unix socket path); needs --link-cap; "
+                   "(HOST:PORT, tls://HOST:PORT, ws://..., wss://..., or a Unix socket "
+                   "path); needs --link-cap; "
                    "repeatable (docs/links.md)")
     p.add_argument("--link-cap", action="append", metavar="CAP",
                    help="the capability for the matching --link: the peer's root sturdyref "

@@ -447,10 +447,11 @@ class ClientTLS:
         """The context to connect with (raises :class:`TLSConfigError` for bad files)."""
         if self.context is not None:
             return self.context
-        ctx = ssl.create_default_context()
         if self.ca:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
             _load_ca(ctx, self.ca, "CA file")
+        else:
+            ctx = ssl.create_default_context()  # the system's trust store
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.cert:
             _load_chain(ctx, self.cert, self.key, "client")
