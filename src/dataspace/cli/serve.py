@@ -13,7 +13,7 @@ from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
-from ..net.tls import TLSConfigError
+from ..net.tls import CertInfo, TLSConfigError
 from ..streams import Store, StoreError, check_stream_name, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
 from ..streams.scry import ScryServer, start_scry_udp
@@ -266,18 +266,21 @@ def _say_tls(server: Server) -> None:
 
 def _reload_tls(server: Server) -> None:
     """SIGHUP: read the certificate files again (new connections get them)."""
-    tls = server.tls
-    assert tls is not None
     try:
         info = server.reload_tls()
     except TLSConfigError as e:
         print(f"dataspace serve: cannot reload TLS: {e}; still serving the previous "
               "certificate", file=sys.stderr, flush=True)
         return
+    _say_reloaded(server, info, "SIGHUP")
+
+
+def _say_reloaded(server: Server, info: CertInfo | None, why: str) -> None:
+    assert server.tls is not None
     what = f" ({info.describe()}, valid until {info.not_after:%Y-%m-%d})" if info and \
         info.not_after else ""
-    print(f"dataspace serve: reloaded the TLS certificate {tls.cert}{what}: new connections "
-          "get it", file=sys.stderr, flush=True)
+    print(f"dataspace serve: reloaded the TLS certificate {server.tls.cert}{what} ({why}): "
+          "new connections get it", file=sys.stderr, flush=True)
 
 
 async def _serve(cfg: ServerConfig) -> int:
@@ -333,6 +336,7 @@ async def _serve(cfg: ServerConfig) -> int:
         if server.tls is not None:
             _say_tls(server)
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload_tls, server)
+            server.tls.on_change = lambda info: _say_reloaded(server, info, "its files changed")
         if scry_server is not None:
             h, port = scry_server.address
             print(f"dataspace serve: scry on udp://{h}:{port}/ for "

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,6 +327,8 @@ class ServerTLS:
         """Times a changed certificate was loaded after the start."""
         self.last_error: str | None = None
         """Why the files, as they are now, could not be loaded (None once they could)."""
+        self.on_change: Callable[[CertInfo | None], Any] | None = None
+        """Called after the files' change was seen and loaded at a handshake."""
         self._tried = _signature(self._paths)
         self.current, self.info = self._load()
         self.context = self.current
@@ -362,8 +365,6 @@ class ServerTLS:
         except TLSConfigError as e:
             self.last_error = str(e)
             raise
-        if self.client_ca:
-            ctx.verify_mode = ssl.CERT_REQUIRED
         self.current, self.info = ctx, info
         self.last_error = None
         self.reloads += 1
@@ -376,10 +377,13 @@ class ServerTLS:
         if _signature(self._paths) == self._tried:
             return
         try:
-            self.reload()
+            info = self.reload()
         except TLSConfigError as e:
             log.warning("TLS: %s; still serving the previous certificate (fix the files, "
                         "or send SIGHUP once they are complete)", e)
+            return
+        if self.on_change is not None:
+            self.on_change(info)
 
     def _hello(self, sslobj: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
         # Called by OpenSSL with each ClientHello (with or without SNI): the place to
