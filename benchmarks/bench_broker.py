@@ -95,6 +95,13 @@ class OurServer:
                     return int(line.split()[1])
         return 0
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -284,6 +291,15 @@ async def ours_setup(srv: OurServer, n: int) -> list[float]:
     return out
 
 
+async def cpu_measured(srv: OurServer, fa: tuple[int, int, int]) -> tuple[float, float, float]:
+    """(messages/s, server CPU µs per message, this process's CPU µs per message)."""
+    s0, c0 = srv.cpu_seconds(), time.process_time()
+    rate = await ours_fanout(srv, *fa)
+    s1, c1 = srv.cpu_seconds(), time.process_time()
+    n = fa[0]
+    return rate, (s1 - s0) / n * 1e6, (c1 - c0) / n * 1e6
+
+
 async def tls_costs(args: argparse.Namespace, out: Callable[..., None], bar: Progress) -> None:
     """(f): plain and TLS servers side by side, the same workloads in turn."""
     n = 20_000 if args.quick else 100_000
@@ -296,13 +312,23 @@ async def tls_costs(args: argparse.Namespace, out: Callable[..., None], bar: Pro
     tls = OurServer(tls=certs).start()
     try:
         out(f"(f) TLS beside plain TCP ({tls.address}: TLS 1.3, ECDSA P-256; two fresh servers)")
+        out("  messages/s (best of runs alternating plain and TLS), and CPU per message of the "
+            "server and of the client process (least of the runs: the machine's load slows "
+            "the rates, less the CPU)")
         rows = [("1 -> 1, batched turns (100/turn)", (n, 1, 100)),
                 ("1 -> 1, one message per packet", (n_one, 1, 1))]
         for label, fa in rows:
-            p = await best(rep, lambda fa=fa: ours_fanout(plain, *fa))
-            t = await best(rep, lambda fa=fa: ours_fanout(tls, *fa))
+            got: dict[str, list[tuple[float, float, float]]] = {"plain": [], "tls": []}
+            for _ in range(rep):
+                for name, srv in (("plain", plain), ("tls", tls)):
+                    got[name].append(await cpu_measured(srv, fa))
             bar.advance(note=f"TLS: {label}")
-            out(f"  {label:36s} plain {p:>10,.0f}   tls {t:>10,.0f}   tls/plain {t / p:5.2f}x")
+            (p, ps, pc), (t, ts, tc) = [
+                (max(r[0] for r in got[k]), min(r[1] for r in got[k]),
+                 min(r[2] for r in got[k])) for k in ("plain", "tls")]
+            out(f"  {label:36s} plain {p:>9,.0f}/s ({ps:4.1f} + {pc:4.1f} µs)   tls {t:>9,.0f}/s "
+                f"({ts:4.1f} + {tc:4.1f} µs)   tls/plain {t / p:4.2f}x rate, "
+                f"{(ts + tc) / (ps + pc):4.2f}x CPU")
         lp = await ours_latency(plain, n_lat)
         lt = await ours_latency(tls, n_lat)
         bar.advance(note="TLS: round trips")

@@ -616,6 +616,44 @@ async def test_no_capability_or_payload_crosses_in_clear(tmp_path, pki):
         await plain.close()
 
 
+@async_test
+async def test_the_http_token_does_not_cross_in_clear(tmp_path, pki):
+    from dataspace.web import start_http
+
+    async def token_seen(server: Server, ssl_context: ssl.SSLContext | None) -> bytes:
+        http = await start_http("127.0.0.1", 0, store=None, publish=[], server=server,
+                                ssl_context=ssl_context)
+        proxy = await RecordingProxy(("127.0.0.1", http.port)).start()
+        try:
+            scheme = "https" if ssl_context is not None else "http"
+            ctx = ssl.create_default_context(cafile=str(pki.ca)) if ssl_context else None
+
+            def get() -> int:
+                req = urllib.request.Request(f"{scheme}://127.0.0.1:{proxy.port}/api/server")
+                req.add_header("Authorization", f"Bearer {server.sturdyref}")
+                with urllib.request.urlopen(req, timeout=TIMEOUT, context=ctx) as r:
+                    return r.status
+
+            assert await asyncio.to_thread(get) == 200
+        finally:
+            await proxy.close()
+            await http.close()
+        return bytes(proxy.recorded)
+
+    async with tls_server(tmp_path, pki) as server:
+        assert server.tls is not None
+        seen = await token_seen(server, server.tls.context)
+        assert len(seen) > 500 and server.sturdyref.sig.hex().encode() not in seen
+        assert b'"connections"' not in seen  # nor the answer
+    plain = Server(ServerConfig(tcp=["127.0.0.1:0"]), data_dir=tmp_path / "plain")
+    await plain.start()
+    try:
+        seen = await token_seen(plain, None)
+        assert plain.sturdyref.sig.hex().encode() in seen and b'"connections"' in seen
+    finally:
+        await plain.close()
+
+
 # ---------------------------------------------------------------------------------------
 # The warning for a network listener without TLS
 
