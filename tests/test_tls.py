@@ -180,6 +180,10 @@ async def test_tcp_and_websocket_listeners_speak_tls(tmp_path, pki):
         over_tls.send(parse('<Says "tls" "hi">'))
         over_unix.send(parse('<Says "unix" "hi">'))
         await seen.until(lambda s: {("tls", "hi"), ("unix", "hi")} <= set(s.messages()))
+        from dataspace.web.broker import connection_row
+
+        assert sorted(connection_row(server, c)["transport"] for c in server.connections) == \
+            ["tls", "unix", "wss"]
         for c in (over_tls, over_wss, over_unix):
             await c.close()
 
@@ -521,6 +525,11 @@ async def test_https_port(tmp_path, pki):
 
             status, body = await asyncio.to_thread(get, "api/server", str(server.sturdyref))
             assert status == 200 and json.loads(body)["connections"] == 0
+            # The connections page says which are over TLS.
+            ds = await connect(address(server, "tls"), server.sturdyref, tls_ca=str(pki.ca))
+            status, body = await asyncio.to_thread(get, "api/connections", str(server.sturdyref))
+            assert [c["transport"] for c in json.loads(body)["connections"]] == ["tls"]
+            await ds.close()
             status, body = await asyncio.to_thread(get, "")
             assert status == 200 and b"<html" in body.lower()  # the inspector
             # A rotated certificate reaches the HTTP port too: it shares the context.
