@@ -508,10 +508,13 @@ async def test_https_port(tmp_path, pki):
     c, k = pki.issue("first")
     os.replace(c, cert)
     os.replace(k, key)
-    async with tls_server(tmp_path, pki, tls_cert=str(cert), tls_key=str(key)) as server:
+    # Mutual TLS is for the protocol's listeners: the HTTP port asks for no client
+    # certificate (its tokens are its access control).
+    async with tls_server(tmp_path, pki, tls_cert=str(cert), tls_key=str(key),
+                          tls_client_ca=str(pki.ca)) as server:
         assert server.tls is not None
         http = await start_http("127.0.0.1", 0, store=None, publish=[], server=server,
-                                ssl_context=server.tls.context)
+                                ssl_context=server.tls.http_context)
         try:
             assert http.url.startswith("https://127.0.0.1:")
             ctx = ssl.create_default_context(cafile=str(pki.ca))
@@ -526,7 +529,8 @@ async def test_https_port(tmp_path, pki):
             status, body = await asyncio.to_thread(get, "api/server", str(server.sturdyref))
             assert status == 200 and json.loads(body)["connections"] == 0
             # The connections page says which are over TLS.
-            ds = await connect(address(server, "tls"), server.sturdyref, tls_ca=str(pki.ca))
+            ds = await connect(address(server, "tls"), server.sturdyref, tls_ca=str(pki.ca),
+                               tls_cert=str(pki.client_cert), tls_key=str(pki.client_key))
             status, body = await asyncio.to_thread(get, "api/connections", str(server.sturdyref))
             assert [c["transport"] for c in json.loads(body)["connections"]] == ["tls"]
             await ds.close()
@@ -538,6 +542,7 @@ async def test_https_port(tmp_path, pki):
             os.replace(k, key)
             server.reload_tls()
             assert await served_cn("127.0.0.1", http.port, pki.ca) == "rotated"
+            assert (await asyncio.to_thread(get, "healthz"))[0] == 200
         finally:
             await http.close()
 
@@ -651,7 +656,7 @@ async def test_the_http_token_does_not_cross_in_clear(tmp_path, pki):
 
     async with tls_server(tmp_path, pki) as server:
         assert server.tls is not None
-        seen = await token_seen(server, server.tls.context)
+        seen = await token_seen(server, server.tls.http_context)
         assert len(seen) > 500 and server.sturdyref.sig.hex().encode() not in seen
         assert b'"connections"' not in seen  # nor the answer
     plain = Server(ServerConfig(tcp=["127.0.0.1:0"]), data_dir=tmp_path / "plain")

@@ -329,7 +329,7 @@ async def _serve(cfg: ServerConfig) -> int:
             http = await start_http(*http_address, store=store, publish=cfg.publish,
                                     server=server, recorders=recorders,
                                     open_access=cfg.http_open,
-                                    ssl_context=server.tls.context if server.tls else None)
+                                    ssl_context=server.tls.http_context if server.tls else None)
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)

@@ -330,22 +330,32 @@ class ServerTLS:
         self.on_change: Callable[[CertInfo | None], Any] | None = None
         """Called after the files' change was seen and loaded at a handshake."""
         self._tried = _signature(self._paths)
-        self.current, self.info = self._load()
+        self.current, self.current_http, self.info = self._load()
         self.context = self.current
         """The context to give every listener (it hands each new connection the
         certificate loaded last)."""
         self.context.sni_callback = self._hello
+        self.http_context = self.current_http
+        """The same for the HTTP port, which asks no client for a certificate (its
+        bearer tokens are its access control, and browsers seldom hold certificates)."""
+        if self.http_context is not self.context:
+            self.http_context.sni_callback = self._hello_http
 
     @property
     def mutual(self) -> bool:
         """Whether clients must present a certificate signed by :attr:`client_ca`."""
         return self.client_ca is not None
 
-    def _load(self) -> tuple[ssl.SSLContext, CertInfo | None]:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        _load_chain(ctx, self.cert, self.key, "server")
+    def _load(self) -> tuple[ssl.SSLContext, ssl.SSLContext, CertInfo | None]:
+        def plain() -> ssl.SSLContext:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+            _load_chain(ctx, self.cert, self.key, "server")
+            return ctx
+
+        ctx = http = plain()
         if self.client_ca:
+            ctx = plain()
             _load_ca(ctx, self.client_ca, "client CA file")
             ctx.verify_mode = ssl.CERT_REQUIRED
         info = read_certificate(self.cert)
@@ -353,7 +363,7 @@ class ServerTLS:
             log.warning("the server certificate %s (%s) expired on %s: clients will refuse "
                         "it; renew it and send the server SIGHUP", self.cert, info.subject,
                         _date(info.not_after))
-        return ctx, info
+        return ctx, http, info
 
     def reload(self) -> CertInfo | None:
         """Read the files now; new connections get the new certificate.  Raises
@@ -361,11 +371,11 @@ class ServerTLS:
         cannot be used."""
         self._tried = _signature(self._paths)
         try:
-            ctx, info = self._load()
+            ctx, http, info = self._load()
         except TLSConfigError as e:
             self.last_error = str(e)
             raise
-        self.current, self.info = ctx, info
+        self.current, self.current_http, self.info = ctx, http, info
         self.last_error = None
         self.reloads += 1
         log.info("TLS: loaded %s%s", self.cert,
@@ -392,6 +402,14 @@ class ServerTLS:
             self.check()
             if self.current is not ctx:
                 sslobj.context = self.current
+        except Exception:  # pragma: no cover - never fail a handshake over a reload
+            log.exception("TLS: cannot switch to the reloaded certificate")
+
+    def _hello_http(self, sslobj: Any, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        try:
+            self.check()
+            if self.current_http is not ctx:
+                sslobj.context = self.current_http
         except Exception:  # pragma: no cover - never fail a handshake over a reload
             log.exception("TLS: cannot switch to the reloaded certificate")
 

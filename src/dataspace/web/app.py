@@ -134,8 +134,8 @@ async def start_http(
     **settings: Any,
 ) -> HttpServer:
     """Serve HTTP on ``host:port`` (port 0: a free one) in the running event loop; HTTPS
-    with ``ssl_context`` (the broker's :attr:`~dataspace.net.tls.ServerTLS.context`, so
-    that a reloaded certificate is served here too).
+    with ``ssl_context`` (the broker's :attr:`~dataspace.net.tls.ServerTLS.http_context`,
+    so that a reloaded certificate is served here too).
 
     ``store`` and ``publish`` (stream names) are what the scry gateway serves; ``server``
     is the broker (for the routes that describe it) and ``recorders`` its stream
