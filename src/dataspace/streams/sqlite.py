@@ -459,20 +459,45 @@ class SQLiteStore(Store):
         try:
             return self._conn.execute(sql, params)
         except sqlite3.DatabaseError as e:
-            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                raise StoreError(
-                    f"{self.path} stayed locked by another process for the whole busy "
-                    "timeout; is a long transaction running elsewhere?"
-                ) from e
-            if isinstance(e, (sqlite3.IntegrityError, sqlite3.OperationalError, sqlite3.ProgrammingError)):
+            err = self._error(e)
+            if err is e:
                 raise
-            raise _corrupt(self.path, e) from e
+            raise err from e
+
+    def _all(self, sql: str, params: Any = ()) -> list[Any]:
+        """The rows of a query (a damaged page may fail the fetch, not the execute)."""
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as e:
+            err = self._error(e)
+            if err is e:
+                raise
+            raise err from e
+
+    def _one(self, sql: str, params: Any = ()) -> Any:
+        try:
+            return self._conn.execute(sql, params).fetchone()
+        except sqlite3.DatabaseError as e:
+            err = self._error(e)
+            if err is e:
+                raise
+            raise err from e
+
+    def _error(self, e: sqlite3.DatabaseError) -> BaseException:
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            return StoreError(
+                f"{self.path} stayed locked by another process for the whole busy "
+                "timeout; is a long transaction running elsewhere?"
+            )
+        if isinstance(e, (sqlite3.IntegrityError, sqlite3.OperationalError, sqlite3.ProgrammingError)):
+            return e
+        return _corrupt(self.path, e)
 
     def _stream_id(self, name: str) -> int | None:
         sid = self._ids.get(name)
         if sid is not None:
             return sid
-        row = self._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
+        row = self._one("SELECT id FROM streams WHERE name = ?", (name,))
         if row is None:
             return None
         sid = row[0]
@@ -550,9 +575,9 @@ class SQLiteStore(Store):
 
     def _info(self, row: tuple[Any, ...], with_tailers: bool) -> StreamInfo:
         sid, name, nxt, created, max_count, max_age_ms, low = row
-        last_row = self._exec(
+        last_row = self._one(
             "SELECT time_ns FROM entries WHERE stream = ? ORDER BY idx DESC LIMIT 1", (sid,)
-        ).fetchone()
+        )
         first = low if low < nxt else None
         tailers: tuple[TailerInfo, ...] = ()
         if with_tailers:
@@ -580,7 +605,7 @@ class SQLiteStore(Store):
     def stream_info(self, name: str) -> StreamInfo:
         with self._lock:
             self._check_open()
-            row = self._exec(f"SELECT {self._COLS} FROM streams WHERE name = ?", (name,)).fetchone()
+            row = self._one(f"SELECT {self._COLS} FROM streams WHERE name = ?", (name,))
             if row is None:
                 raise StreamNotFound(f"no stream named {name!r} in {self.path}")
             return self._info(row, True)
@@ -588,7 +613,7 @@ class SQLiteStore(Store):
     def streams(self, include_internal: bool = False) -> list[StreamInfo]:
         with self._lock:
             self._check_open()
-            rows = self._exec(f"SELECT {self._COLS} FROM streams ORDER BY name").fetchall()
+            rows = self._all(f"SELECT {self._COLS} FROM streams ORDER BY name")
             return [
                 self._info(r, True) for r in rows if include_internal or not is_reserved(r[1])
             ]
@@ -605,7 +630,7 @@ class SQLiteStore(Store):
     def next_indices(self) -> dict[str, int]:
         with self._lock:
             self._check_open()
-            return dict(self._exec("SELECT name, next_index FROM streams").fetchall())
+            return dict(self._all("SELECT name, next_index FROM streams"))
 
     def next_index(self, name: str) -> int:
         with self._lock:
@@ -613,7 +638,7 @@ class SQLiteStore(Store):
             sid = self._stream_id(name)
             if sid is None:
                 return 0
-            row = self._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
+            row = self._one("SELECT next_index FROM streams WHERE id = ?", (sid,))
             if row is None:  # deleted by another process
                 self._ids.pop(name, None)
                 return 0
@@ -670,11 +695,11 @@ class SQLiteStore(Store):
                 bounds = self._bounds(sid)
                 if bounds is None:
                     return Columns([], [], [], [], [])
-                rows = self._exec(
+                rows = self._all(
                     f"SELECT {cols} FROM entries WHERE stream = ? AND idx >= ? AND idx < ? "
                     "ORDER BY idx LIMIT ?",
                     (sid, max(start, 0), end, limit),
-                ).fetchall()
+                )
         where = str(self.path)
         if not rows:
             verify_indices(where, name, *bounds, start, end, limit, ())
@@ -713,8 +738,8 @@ class SQLiteStore(Store):
     def _bounds(self, sid: int) -> tuple[int, int] | None:
         """(first index, next index) of stream ``sid`` as this connection sees it now
         (inside a transaction: with its appends), or None if it was deleted."""
-        row = self._exec("SELECT first_index, next_index FROM streams WHERE id = ?",
-                         (sid,)).fetchone()
+        row = self._one("SELECT first_index, next_index FROM streams WHERE id = ?",
+                         (sid,))
         if row is None:
             return None
         tx = self._tx
@@ -730,9 +755,9 @@ class SQLiteStore(Store):
             sid = self._stream_id(stream)
             if sid is None:
                 return None
-            row = self._exec(
+            row = self._one(
                 "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
-            ).fetchone()
+            )
             return None if row is None else int(row[0])
 
     def set_position(self, stream: str, tailer: str, position: int) -> None:
@@ -919,10 +944,10 @@ class SQLiteStore(Store):
     def apply_retention(self, now_ns: int | None = None) -> int:
         now = time.time_ns() if now_ns is None else now_ns
         with self.transaction() as tx:
-            rows = self._exec(
+            rows = self._all(
                 "SELECT id, next_index, max_count, max_age_ms FROM streams "
                 "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL"
-            ).fetchall()
+            )
             deleted = 0
             for sid, nxt, max_count, max_age_ms in rows:
                 deleted += _retain(self, sid, nxt, max_count, max_age_ms, now)
@@ -943,7 +968,7 @@ class SQLiteStore(Store):
             except sqlite3.DatabaseError as e:
                 report.problems.append(str(e))
                 return report
-            report.problems += [r[0] for r in rows if r[0] != "ok"]
+            report.problems += _integrity_lines(r[0] for r in rows)
             try:
                 bad = self._conn.execute(
                     "SELECT s.name, s.next_index, max(e.idx) FROM streams s JOIN entries e "
@@ -1021,6 +1046,22 @@ class SQLiteStore(Store):
 # -- shared read helpers (store and transaction) -----------------------------------------
 
 
+def _integrity_lines(texts: Iterator[str], most: int = 20) -> list[str]:
+    """``PRAGMA integrity_check``'s answer as problems of a line each: its header lines
+    dropped, pages never used counted in one line, at most ``most`` lines."""
+    lines = [ln.strip() for t in texts if t != "ok" for ln in t.splitlines()
+             if ln.strip() and not ln.startswith("*** in database")]
+    unused = [ln for ln in lines if ln.startswith("Page ") and ln.endswith(" is never used")]
+    never = set(unused)
+    out = [ln for ln in lines if ln not in never]
+    if unused:
+        out.append(f"{len(unused)} pages are never used ({unused[0][5:-14]}, ...)"
+                   if len(unused) > 1 else unused[0])
+    if len(out) > most:
+        out = [*out[:most - 1], f"... and {len(out) - most + 1} more problems"]
+    return out
+
+
 def _crc_of(data: bytes | None, start: int) -> int:
     """``dataspace_crc32(blob, crc)`` in SQL: zlib's CRC-32 of ``blob`` from ``crc``."""
     return start if data is None else zlib.crc32(data, start)
@@ -1035,11 +1076,11 @@ def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: 
         bounds = store._bounds(sid)
         if bounds is None:
             return None
-        rows = store._exec(
+        rows = store._all(
             f"SELECT {cols}, value, meta, {_CRC} FROM entries WHERE stream = ? AND idx >= ? "
             f"AND idx < ? ORDER BY idx {'DESC' if desc else ''} LIMIT ?",
             (sid, max(start, 0), end, limit),
-        ).fetchall()
+        )
     where = str(store.path)
     if not rows:
         verify_indices(where, name, *bounds, start, end, limit, (), desc)
@@ -1066,11 +1107,11 @@ def _read_rows(store: SQLiteStore, sid: int, name: str, start: int, end: int,
         bounds = store._bounds(sid)
         if bounds is None:
             return []
-        rows = store._exec(
+        rows = store._all(
             f"SELECT idx, seq, value, meta, {_CRC} FROM entries WHERE stream = ? AND idx >= ? "
             "AND idx < ? ORDER BY idx LIMIT ?",
             (sid, start, end, limit),
-        ).fetchall()
+        )
     where = str(store.path)
     if not rows:
         verify_indices(where, name, *bounds, start, end, limit, ())
@@ -1086,10 +1127,10 @@ def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
         bounds = store._bounds(sid)
         if bounds is None:
             return None
-        row = store._exec(
+        row = store._one(
             f"SELECT idx, seq, time_ns, value, meta, {_CRC} FROM entries WHERE stream = ? AND idx = ?",
             (sid, index),
-        ).fetchone()
+        )
     where = str(store.path)
     verify_get(where, name, *bounds, index, row)
     if row is None:
@@ -1112,9 +1153,9 @@ def _first_index(store: SQLiteStore, sid: int, name: str) -> int | None:
         bounds = store._bounds(sid)
         if bounds is None:
             return None
-        row = store._exec(
+        row = store._one(
             "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
-        ).fetchone()
+        )
     verify_indices(str(store.path), name, *bounds, 0, MAX_INDEX, 1, () if row is None else row)
     return None if row is None else row[0]
 
@@ -1127,10 +1168,10 @@ def _retain(
         cut = max(cut, nxt - max_count)
     if max_age_ms is not None:
         limit_ns = now_ns - max_age_ms * 1_000_000
-        row = store._exec(
+        row = store._one(
             "SELECT idx FROM entries WHERE stream = ? AND time_ns >= ? ORDER BY idx LIMIT 1",
             (sid, limit_ns),
-        ).fetchone()
+        )
         cut = max(cut, nxt if row is None else row[0])
     if cut <= 0:
         return 0
@@ -1167,7 +1208,7 @@ class SQLiteTransaction(Transaction):
         store = self._store
         sid = store._ids.get(name)
         if sid is None:
-            row = store._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
+            row = store._one("SELECT id FROM streams WHERE name = ?", (name,))
             if row is not None:
                 sid = store._ids[name] = row[0]
             elif create:
@@ -1186,7 +1227,7 @@ class SQLiteTransaction(Transaction):
     def _next_of(self, sid: int) -> int:
         n = self._next.get(sid)
         if n is None:
-            row = self._store._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
+            row = self._store._one("SELECT next_index FROM streams WHERE id = ?", (sid,))
             if row is None:
                 raise StreamNotFound(f"stream id {sid} was deleted")
             n = self._next[sid] = self._start_next[sid] = row[0]
@@ -1203,11 +1244,11 @@ class SQLiteTransaction(Transaction):
             ids = [sid for _n, sid in changed if sid not in self._no_retention]
             if not ids:
                 return
-            rows = store._exec(
+            rows = store._all(
                 f"SELECT id, next_index, max_count, max_age_ms FROM streams WHERE id IN "
                 f"({','.join('?' * len(ids))}) AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)",
                 ids,
-            ).fetchall()
+            )
             now = self._time or time.time_ns()
             for sid, nxt, max_count, max_age_ms in rows:
                 self._retained += _retain(store, sid, nxt, max_count, max_age_ms, now)
@@ -1249,7 +1290,7 @@ class SQLiteTransaction(Transaction):
         store = self._store
         sid = self._new_ids.get(stream) or store._ids.get(stream)
         if sid is None:
-            row = store._exec("SELECT id FROM streams WHERE name = ?", (stream,)).fetchone()
+            row = store._one("SELECT id FROM streams WHERE name = ?", (stream,))
             if row is None:
                 return 0
             sid = store._ids[stream] = row[0]
@@ -1273,7 +1314,7 @@ class SQLiteTransaction(Transaction):
         seq = self._seq
         store = self._store
         if seq is None:
-            seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+            seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
         t = self._time = time.time_ns()
         # Rows are zipped in C (no per-row Python tuple building in a loop); the checksums
         # are computed in C too, and their index part is added in SQL.
@@ -1339,9 +1380,9 @@ class SQLiteTransaction(Transaction):
             sid = self._sid(stream)
         except StreamNotFound:
             return None
-        row = self._store._exec(
+        row = self._store._one(
             "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
-        ).fetchone()
+        )
         return None if row is None else int(row[0])
 
     def set_position(self, stream: str, tailer: str, position: int) -> None:
@@ -1371,8 +1412,8 @@ class SQLiteTransaction(Transaction):
         """(shard, table id, count) of ``token``'s rows of ``stream``, or None."""
         store = self._store
         for k in sorted(store._attached):
-            row = store._exec(f"SELECT id, count FROM stage{k}.staged WHERE token = ? AND stream = ?",
-                              (token, stream)).fetchone()
+            row = store._one(f"SELECT id, count FROM stage{k}.staged WHERE token = ? AND stream = ?",
+                              (token, stream))
             if row is not None:
                 return k, row[0], row[1]
         return None
@@ -1389,7 +1430,7 @@ class SQLiteTransaction(Transaction):
             raise StoreError(f"stream {stream!r}: no staged rows beside {store.path} (lost?)")
         seq = self._seq
         if seq is None:
-            seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+            seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
         t = self._time = time.time_ns()
         # The staged rows carry their checksums less the index (added here); where the
         # metadata is rewritten, the checksum of the value goes on over the new metadata.
@@ -1423,16 +1464,16 @@ class SQLiteTransaction(Transaction):
         store = self._store
         dropped = 0
         for k in sorted(store._attached):
-            n = store._exec(f"SELECT sum(count) FROM stage{k}.staged WHERE owner = ?",
-                            (owner,)).fetchone()[0]
+            n = store._one(f"SELECT sum(count) FROM stage{k}.staged WHERE owner = ?",
+                            (owner,))[0]
             if n is not None:
                 store._exec(f"DELETE FROM stage{k}.staged WHERE owner = ?", (owner,))
                 dropped += n
         return dropped
 
     def _first_of(self, sid: int) -> int:
-        return int(self._store._exec("SELECT first_index FROM streams WHERE id = ?",
-                                     (sid,)).fetchone()[0])
+        return int(self._store._one("SELECT first_index FROM streams WHERE id = ?",
+                                     (sid,))[0])
 
     def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
         if not rows:
@@ -1446,7 +1487,7 @@ class SQLiteTransaction(Transaction):
         if self._copy_base is None:
             seq = self._seq
             if seq is None:
-                seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+                seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
             self._copy_base = self._seq = seq
         base = self._copy_base
         crcs = checksums(stream, [r[2] for r in rows], [r[3] for r in rows])
