@@ -1055,6 +1055,8 @@ class PostgresStore(Store):
                         break
                     i, v, m, c = zip(*rows)
                     scan.feed(i, v, m, c)
+                    if type(i[-1]) is not int:  # a damaged key: no way on from it
+                        break
                     pos = i[-1]
                 report.add(scan)
         except StoreError as e:

@@ -1000,6 +1000,8 @@ class SQLiteStore(Store):
                         break
                     i, v, m, c = zip(*rows)
                     scan.feed(i, v, m, c)
+                    if type(i[-1]) is not int:  # a damaged key: no way on from it
+                        break
                     pos = i[-1]
             except sqlite3.DatabaseError as e:
                 report.problems.append(f"stream {name!r}: {e}")
