@@ -735,3 +735,32 @@ def test_random_row_damage_is_refused_or_harmless_postgresql(pg_filled, ops, rea
     touched = apply_ops(raw, ops)
     with open_store(url) as s:
         check_reads(s, reads, touched)
+
+
+# -- Spark: the connector's partition reads and the engine ---------------------------------------
+
+
+def test_the_spark_connector_refuses_a_damaged_store_in_one_line(spark, data):
+    damaged(data, "cut")
+    df = spark.read.format("dataspace").option("store", str(data)).option("stream", "ab").load()
+    with pytest.raises(Exception) as e:
+        df.collect()
+    msg = str(e.value)
+    assert msg.startswith(f"stream 'ab' in {data / 'streams.sqlite3'} is damaged: entry "), msg[:2000]
+    one_line(msg)
+
+
+def test_the_spark_engine_stops_with_the_one_line_and_commits_nothing_damaged(
+        spark, data, tmp_path, capsys, monkeypatch):
+    """The issue's case: pages cut a third of the way into the store; Spark used to
+    report "idle", exit 0, with two thirds of the entries missing from ab2."""
+    damaged(data, "cut")
+    monkeypatch.setenv("DATASPACE_DATA_DIR", str(data))
+    (tmp_path / "graph.py").write_text(GRAPH)
+    assert main(["pipeline", "run", str(tmp_path / "graph.py"), "--until-idle"]) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "Traceback" not in err and "is damaged: entry " in err, err[-3000:]
+    assert [ln for ln in err.splitlines() if "is damaged" in ln] == [err.splitlines()[-1]]
+    assert "idle" not in captured.out
+    assert check_outputs(data) < N

@@ -42,11 +42,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...streams.base import Store, StoreLock
+from ...streams.base import Store, StoreCorrupt, StoreLock
 from ..engine import Engine, EngineError, ProcStats, claim_graph
 from ..exactly_once import backing_stream, recover, resume
 from ..graph import Graph, Processor
 from ._store import store_options
+from .errors import damage_line
 from .session import SparkSetupError, get_session, read_on
 from .sink import ProcSpec, encode_spec
 from .status import checkpoint_state, default_data_dir_for, store_graph_dir
@@ -392,6 +393,9 @@ class SparkEngine(Engine):
             return
         exc = q.query.exception()
         if exc is not None and not q.failed:
+            damage = damage_line(str(getattr(exc, "desc", None) or exc))
+            if damage is not None:  # a read found the store damaged: stop, as locally
+                raise StoreCorrupt(damage)
             q.failed = _summary(exc)
             log.error("processor %s stopped: %s", q.id, q.failed)
 
