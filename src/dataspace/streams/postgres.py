@@ -1041,26 +1041,32 @@ class PostgresStore(Store):
         """Consistency checks of the tables, then every entry of every stream read and
         verified (indices, checksums), ``chunk`` rows a query."""
         report = CheckReport(self._check_tables())
+        import psycopg
+
         try:
-            streams = self._rows(f"SELECT id, name, first_index, next_index FROM {_S} "
-                                 "ORDER BY name COLLATE \"C\"")
-            for sid, name, first, nxt in streams:
-                scan = StreamScan(name, first, nxt)
-                pos = -(1 << 63)
-                while True:
-                    rows = self._rows(f"SELECT e.idx, e.value, e.meta, {_CRC} FROM {_E} e WHERE "
-                                      "e.stream = %s AND e.idx > %s ORDER BY e.idx LIMIT %s",
-                                      (sid, pos, chunk))
-                    if not rows:
-                        break
-                    i, v, m, c = zip(*rows)
-                    scan.feed(i, v, m, c)
-                    if type(i[-1]) is not int:  # a damaged key: no way on from it
-                        break
-                    pos = i[-1]
-                report.add(scan)
-        except StoreError as e:
-            report.problems.append(str(e))
+            # One snapshot for the whole walk (appends and retention by others go on).
+            with self._conn() as c, c.transaction():
+                c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur = c.cursor(binary=True)
+                streams = cur.execute(f"SELECT id, name, first_index, next_index FROM {_S} "
+                                      "ORDER BY name COLLATE \"C\"").fetchall()
+                for sid, name, first, nxt in streams:
+                    scan = StreamScan(name, first, nxt)
+                    pos = -(1 << 63)
+                    while True:
+                        rows = cur.execute(f"SELECT e.idx, e.value, e.meta, {_CRC} FROM {_E} e "
+                                           "WHERE e.stream = %s AND e.idx > %s ORDER BY e.idx "
+                                           "LIMIT %s", (sid, pos, chunk)).fetchall()
+                        if not rows:
+                            break
+                        i, v, m, k = zip(*rows)
+                        scan.feed(i, v, m, k)
+                        if type(i[-1]) is not int:  # a damaged key: no way on from it
+                            break
+                        pos = i[-1]
+                    report.add(scan)
+        except (StoreError, psycopg.Error) as e:
+            report.problems.append(self._fail(e).args[0] if isinstance(e, psycopg.Error) else str(e))
         return report
 
     def _check_tables(self) -> list[str]:

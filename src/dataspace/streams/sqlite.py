@@ -981,31 +981,38 @@ class SQLiteStore(Store):
                 ).fetchone()[0]
                 if orphans:
                     report.problems.append(f"{orphans} entries of no stream")
-                streams = self._conn.execute(
-                    "SELECT id, name, first_index, next_index FROM streams ORDER BY name").fetchall()
+                streams = self._conn.execute("SELECT id, name FROM streams ORDER BY name").fetchall()
             except sqlite3.DatabaseError as e:
                 report.problems.append(str(e))
                 return report
-        for sid, name, first, nxt in streams:
-            scan = StreamScan(name, first, nxt)
-            pos = -(1 << 63)
-            try:
-                while True:
-                    with self._lock:
-                        self._check_open()
-                        rows = self._conn.execute(
-                            f"SELECT idx, value, meta, {_CRC} FROM entries WHERE stream = ? "
-                            "AND idx > ? ORDER BY idx LIMIT ?", (sid, pos, chunk)).fetchall()
-                    if not rows:
-                        break
-                    i, v, m, c = zip(*rows)
-                    scan.feed(i, v, m, c)
-                    if type(i[-1]) is not int:  # a damaged key: no way on from it
-                        break
-                    pos = i[-1]
-            except sqlite3.DatabaseError as e:
-                report.problems.append(f"stream {name!r}: {e}")
-            report.add(scan)
+        for sid, name in streams:
+            # Each stream in one snapshot (appends and retention by others go on).
+            with self._lock:
+                self._check_open()
+                scan = None
+                try:
+                    with self._snapshot():
+                        row = self._conn.execute("SELECT first_index, next_index FROM streams "
+                                                 "WHERE id = ?", (sid,)).fetchone()
+                        if row is None:  # deleted meanwhile
+                            continue
+                        scan = StreamScan(name, row[0], row[1])
+                        pos = -(1 << 63)
+                        while True:
+                            rows = self._conn.execute(
+                                f"SELECT idx, value, meta, {_CRC} FROM entries WHERE stream = ? "
+                                "AND idx > ? ORDER BY idx LIMIT ?", (sid, pos, chunk)).fetchall()
+                            if not rows:
+                                break
+                            i, v, m, c = zip(*rows)
+                            scan.feed(i, v, m, c)
+                            if type(i[-1]) is not int:  # a damaged key: no way on from it
+                                break
+                            pos = i[-1]
+                except (sqlite3.DatabaseError, StoreCorrupt) as e:
+                    report.problems.append(f"stream {name!r}: {e}")
+                if scan is not None:
+                    report.add(scan)
         return report
 
     def checkpoint(self) -> None:
