@@ -369,8 +369,8 @@ DAMAGE = {
                             raw("UPDATE T.entries SET idx = 501 WHERE stream = %s AND idx = -1", raw.sid("ab"))],
     # a row of another stream (value, metadata and checksum) answers for entry 500
     "foreign row": lambda raw: raw(
-        "UPDATE T.entries SET value = o.value, meta = o.meta, crc = o.crc FROM "
-        "(SELECT value, meta, crc FROM T.entries WHERE stream = %s AND idx = 0) AS o "
+        "UPDATE T.entries SET value = o.value, meta = o.meta, checksum = o.checksum FROM "
+        "(SELECT value, meta, checksum FROM T.entries WHERE stream = %s AND idx = 0) AS o "
         "WHERE stream = %s AND idx = 500", raw.sid("other"), raw.sid("ab")),
 }
 
@@ -564,7 +564,7 @@ def test_a_postgresql_store_of_the_previous_format_migrates(pg_url, pg_server):
     with open_store(pg_url) as s:
         s.append_many("old", range(10))
     raw = Raw(pg_url)
-    raw("ALTER TABLE T.entries DROP COLUMN crc")
+    raw("ALTER TABLE T.entries DROP COLUMN checksum")
     raw("ALTER TABLE T.streams DROP COLUMN first_index")
     raw("DELETE FROM T.entries WHERE idx < 3")
     raw("UPDATE T.store_meta SET value = '1' WHERE key = 'version'")

@@ -9,7 +9,7 @@ database shared with other applications is fine)::
     dataspace.store_meta   (key text PRIMARY KEY, value text)    -- format, version, id
     dataspace.streams      (id bigint identity, name UNIQUE, next_index, created_ns,
                             max_count, max_age_ms, first_index)
-    dataspace.entries      (stream, idx, seq, time_ns, value bytea, meta bytea, crc,
+    dataspace.entries      (stream, idx, seq, time_ns, value bytea, meta bytea, checksum,
                             PRIMARY KEY (stream, idx))
     dataspace.tailers      (stream, name, position, updated_ns, PRIMARY KEY (stream, name))
     dataspace.commit_order (id = 1, seq)                          -- the store-wide counter
@@ -36,9 +36,9 @@ database shared with other applications is fine)::
   ``begin()`` to its end.  In the thread that holds a transaction, the store's own reads
   go through that transaction (they see its writes), as with SQLite.
 * **Verified reads** (:mod:`.integrity`): as in SQLite, a stream's entries are exactly
-  ``first_index <= idx < next_index`` and each has a checksum (``crc``), computed in this
+  ``first_index <= idx < next_index`` and each has a checksum (``checksum``), computed in this
   process; a read joins the stream's row to its entries in one statement (one snapshot)
-  and checks both.  A version 1 schema is migrated when opened (``crc`` NULL for the
+  and checks both.  A version 1 schema is migrated when opened (``checksum`` NULL for the
   entries already there: read unverified, with a note in the log).
 * **Durability**: ``durability="full"`` commits with ``synchronous_commit`` on (the
   server's default: flushed before COMMIT returns); ``"normal"`` turns it off for the
@@ -94,7 +94,7 @@ from .integrity import (
     check_copy_in,
     checksums,
     staged_checksums,
-    verify_crcs,
+    verify_checksums,
     verify_get,
     verify_indices,
 )
@@ -130,7 +130,7 @@ CREATE TABLE {SCHEMA}.entries (
     time_ns bigint NOT NULL,
     value bytea NOT NULL,
     meta bytea,
-    crc bigint,
+    checksum bigint,
     PRIMARY KEY (stream, idx)
 );
 CREATE TABLE {SCHEMA}.tailers (
@@ -153,13 +153,13 @@ _MIGRATE_1_TO_2 = f"""
 ALTER TABLE {_S} ADD COLUMN first_index bigint NOT NULL DEFAULT 0;
 UPDATE {_S} s SET first_index = coalesce(
     (SELECT min(idx) FROM {_E} e WHERE e.stream = s.id), s.next_index);
-ALTER TABLE {_E} ADD COLUMN crc bigint;
+ALTER TABLE {_E} ADD COLUMN checksum bigint;
 UPDATE {SCHEMA}.store_meta SET value = '2' WHERE key = 'version'
 """
 
 # A read's checksums, less the index (see .integrity): NULL for entries without one;
 # and what a write stores, from the checksum c and the index i.
-_CRC = "(e.crc - e.idx) & 4294967295"
+_SUM = "(e.checksum - e.idx) & 4294967295"
 _SEAL = "(({c}) + (({i}) & 4294967295)) & 4294967295"
 
 
@@ -803,7 +803,7 @@ class PostgresStore(Store):
         ``desc``), as lists, checked; None: no such stream."""
         self._check_open()
         rows = self._rows(
-            f"SELECT {cols}{', e.value, e.meta, ' + _CRC if values else ''}, s.first_index, "
+            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.first_index, "
             f"s.next_index FROM {_S} s LEFT JOIN LATERAL (SELECT * FROM {_E} WHERE stream = s.id "
             f"AND idx >= %s AND idx < %s ORDER BY idx {'DESC' if desc else ''} LIMIT %s) e "
             "ON true WHERE s.id = %s", (max(start, 0), end, limit, sid))
@@ -815,7 +815,7 @@ class PostgresStore(Store):
             t = [[] for _c in t]
         verify_indices(self._display, name, *bounds, start, end, limit, t[0], desc)
         if values:
-            verify_crcs(self._display, name, t[0], t[-5], t[-4], t[-3])
+            verify_checksums(self._display, name, t[0], t[-5], t[-4], t[-3])
         return t
 
     def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
@@ -832,7 +832,7 @@ class PostgresStore(Store):
         sid = self._sid(name)
         if sid is None:
             return None
-        row = self._one(f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_CRC}, s.first_index, "
+        row = self._one(f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM}, s.first_index, "
                         f"s.next_index FROM {_S} s LEFT JOIN {_E} e ON e.stream = s.id AND "
                         "e.idx = %s WHERE s.id = %s", (index, sid))
         if row is None:
@@ -842,7 +842,7 @@ class PostgresStore(Store):
         verify_get(self._display, name, *self._bounds(sid, first, nxt), index, found)
         if found is None:
             return None
-        verify_crcs(self._display, name, (i,), (v,), (m,), (c,))
+        verify_checksums(self._display, name, (i,), (v,), (m,), (c,))
         return Entry(name, i, v, m, t, q)
 
     def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
@@ -1011,12 +1011,12 @@ class PostgresStore(Store):
                         # less the index the commit gives each row.
                         cur.execute(f"CREATE UNLOGGED TABLE {SCHEMA}.staged_{int(tid)} "
                                     "(k int NOT NULL, value bytea NOT NULL, meta bytea, "
-                                    "vcrc bigint NOT NULL, crc bigint NOT NULL)")
-                        vcrcs, crcs = staged_checksums(stream, datas, metas)
-                        cur.execute(f"INSERT INTO {SCHEMA}.staged_{int(tid)} (k, value, meta, vcrc, crc) "
+                                    "vsum bigint NOT NULL, checksum bigint NOT NULL)")
+                        vsums, sums = staged_checksums(stream, datas, metas)
+                        cur.execute(f"INSERT INTO {SCHEMA}.staged_{int(tid)} (k, value, meta, vsum, checksum) "
                                     "SELECT o - 1, v, m, vc, c FROM unnest(%b::bytea[], %b::bytea[], "
                                     "%b::bigint[], %b::bigint[]) WITH ORDINALITY AS u(v, m, vc, c, o)",
-                                    (list(datas), list(metas), vcrcs, crcs))
+                                    (list(datas), list(metas), vsums, sums))
             except psycopg.errors.UniqueViolation:
                 raise StoreError(f"stage: token {token!r} was staged already") from None
 
@@ -1054,7 +1054,7 @@ class PostgresStore(Store):
                     scan = StreamScan(name, first, nxt)
                     pos = -(1 << 63)
                     while True:
-                        rows = cur.execute(f"SELECT e.idx, e.value, e.meta, {_CRC} FROM {_E} e "
+                        rows = cur.execute(f"SELECT e.idx, e.value, e.meta, {_SUM} FROM {_E} e "
                                            "WHERE e.stream = %s AND e.idx > %s ORDER BY e.idx "
                                            "LIMIT %s", (sid, pos, chunk)).fetchall()
                         if not rows:
@@ -1119,11 +1119,11 @@ class PostgresStore(Store):
 # The arrays go in binary (%b): psycopg's text form escapes every bytea element with a
 # regular expression (about 7 us a value: 1.3 s of a 100,000-row commit).
 # The checksums (less the index, which SQL adds) go in beside the values.
-_INSERT = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, crc) "
+_INSERT = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, checksum) "
            "SELECT %(s)s, %(i)s + o - 1, %(q)s + o - 1, %(t)s, v, "
            f"{_SEAL.format(c='c', i='%(i)s + o - 1')} "
            "FROM unnest(%(v)b::bytea[], %(c)b::bigint[]) WITH ORDINALITY AS u(v, c, o)")
-_INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, crc) "
+_INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
                 "SELECT %(s)s, %(i)s + o - 1, %(q)s + o - 1, %(t)s, v, m, "
                 f"{_SEAL.format(c='c', i='%(i)s + o - 1')} "
                 "FROM unnest(%(v)b::bytea[], %(m)b::bytea[], %(c)b::bigint[]) WITH ORDINALITY AS u(v, m, c, o)")
@@ -1336,23 +1336,23 @@ class PostgresTransaction(Transaction):
             table = f"{SCHEMA}.staged_{int(row[0])}"
             params: tuple[Any, ...] = (sid, at, self._seq + (at - first), t, at)
             if not meta_cut:  # the staged rows carry their checksums less the index
-                sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, crc) "
-                       f"SELECT %s, %s + k, %s + k, %s, value, meta, {_SEAL.format(c='crc', i='%s + k')} "
+                sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
+                       f"SELECT %s, %s + k, %s + k, %s, value, meta, {_SEAL.format(c='checksum', i='%s + k')} "
                        f"FROM {table}")
             else:
                 # The metadata is rewritten: its checksum goes on from the value's over the
                 # new metadata, computed here (the metadata is small; values stay put).
-                old = self._q(f"SELECT k, vcrc, meta FROM {table} ORDER BY k").fetchall()
-                crcs = [v if m is None else zlib.crc32(m[:len(m) - meta_cut] + meta_suffix, v)
+                old = self._q(f"SELECT k, vsum, meta FROM {table} ORDER BY k").fetchall()
+                sums = [v if m is None else zlib.adler32(m[:len(m) - meta_cut] + meta_suffix, v)
                         for _k, v, m in old]
                 if [k for k, _v, _m in old] != list(range(len(old))):
                     raise staged_count_error(stream, token, len(old), n)
-                sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, crc) "
+                sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
                        f"SELECT %s, %s + k, %s + k, %s, value, CASE WHEN meta IS NULL THEN NULL "
                        "ELSE substring(meta FROM 1 FOR length(meta) - %s) || %s END, "
                        f"{_SEAL.format(c='c.c', i='%s + k')} FROM {table} "
                        "JOIN unnest(%b::bigint[]) WITH ORDINALITY AS c(c, o) ON c.o = k + 1")
-                params = (*params[:4], meta_cut, meta_suffix, at, crcs)
+                params = (*params[:4], meta_cut, meta_suffix, at, sums)
             cur = self._q(sql, params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
@@ -1381,7 +1381,7 @@ class PostgresTransaction(Transaction):
             self._q(f"UPDATE {_S} SET first_index = %s WHERE id = %s", (idx[0], sid))
         if self._copy_base is None:
             self._copy_base = self._seq
-        self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, crc) "
+        self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
                 f"SELECT %s, i, %s + o, t, v, m, {_SEAL.format(c='c', i='i')} FROM unnest("
                 "%b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], %b::bigint[], %b::bigint[]) "
                 "AS u(i, t, v, m, o, c)",

@@ -4,7 +4,7 @@ Layout (schema version 2; ``PRAGMA application_id`` = 0x44537472, "DStr")::
 
     streams  (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, next_index,
               created_ns, max_count, max_age_ms, first_index)
-    entries  (stream, idx, seq, time_ns, value BLOB, meta BLOB, crc,
+    entries  (stream, idx, seq, time_ns, value BLOB, meta BLOB, checksum,
               PRIMARY KEY (stream, idx)) WITHOUT ROWID
     tailers  (stream, name, position, updated_ns, PRIMARY KEY (stream, name)) WITHOUT ROWID
     store_meta (key TEXT PRIMARY KEY, value)      -- format, created_ns, seq
@@ -17,9 +17,9 @@ Layout (schema version 2; ``PRAGMA application_id`` = 0x44537472, "DStr")::
   processors use it to take "whichever input has one first" deterministically.
 * ``next_index`` is kept per stream so indices stay monotonic when retention has removed
   every entry; ``first_index`` is the lowest index it holds (``next_index`` when empty):
-  its entries are exactly ``first_index <= idx < next_index``, and ``crc`` is each entry's
+  its entries are exactly ``first_index <= idx < next_index``, and ``checksum`` is each entry's
   checksum.  Every read checks both (:mod:`.integrity`).  A version 1 file (before
-  checksums) is migrated when opened: ``first_index`` from its entries, ``crc`` NULL
+  checksums) is migrated when opened: ``first_index`` from its entries, ``checksum`` NULL
   for the entries it holds (read unverified, with a note in the log).
 * One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) may touch any number of
   streams and tailers: the exactly-once engine writes its outputs, its tailer positions
@@ -77,7 +77,7 @@ from .integrity import (
     check_copy_in,
     checksums,
     staged_checksums,
-    verify_crcs,
+    verify_checksums,
     verify_get,
     verify_indices,
 )
@@ -108,7 +108,7 @@ CREATE TABLE entries (
     time_ns INTEGER NOT NULL,
     value BLOB NOT NULL,
     meta BLOB,
-    crc INTEGER,
+    checksum INTEGER,
     PRIMARY KEY (stream, idx)
 ) WITHOUT ROWID;
 CREATE TABLE tailers (
@@ -131,13 +131,13 @@ _MIGRATE_1_TO_2 = """
 ALTER TABLE streams ADD COLUMN first_index INTEGER NOT NULL DEFAULT 0;
 UPDATE streams SET first_index = coalesce(
     (SELECT min(idx) FROM entries WHERE entries.stream = streams.id), next_index);
-ALTER TABLE entries ADD COLUMN crc INTEGER;
+ALTER TABLE entries ADD COLUMN checksum INTEGER;
 PRAGMA user_version = 2
 """
 
 # A read's checksums, less the index (see .integrity): NULL for entries without one;
 # and what a write stores, from the checksum c and the index i.
-_CRC = "(crc - idx) & 4294967295"
+_SUM = "(checksum - idx) & 4294967295"
 _SEAL = "(({c}) + (({i}) & 4294967295)) & 4294967295"
 
 ROWS_PER_STATEMENT = 500
@@ -386,7 +386,7 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA cache_size = -32768")
         # Rows staged ahead of their commit whose metadata the commit rewrites get their
         # checksum here (append_staged with meta_cut; the other rows carry theirs).
-        conn.create_function("dataspace_crc32", 2, _crc_of, deterministic=True)
+        conn.create_function("dataspace_adler32", 2, _adler_of, deterministic=True)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         """Bring a version 1 file (before checksums) to this version, once (another
@@ -685,7 +685,7 @@ class SQLiteStore(Store):
         limit: int = MAX_INDEX,
     ) -> Columns:
         """One range query, transposed to columns in C (``zip``) and verified."""
-        cols = "idx, seq, time_ns" + (f", value, meta, {_CRC}" if values else "")
+        cols = "idx, seq, time_ns" + (f", value, meta, {_SUM}" if values else "")
         with self._lock:
             self._check_open()
             sid = self._stream_id(name)
@@ -707,7 +707,7 @@ class SQLiteStore(Store):
         t = [list(c) for c in zip(*rows)]
         verify_indices(where, name, *bounds, start, end, limit, t[0])
         if values:
-            verify_crcs(where, name, t[0], t[3], t[4], t[5])
+            verify_checksums(where, name, t[0], t[3], t[4], t[5])
         return Columns(t[0], t[1], t[2], t[3] if values else [],
                        t[4] if values and meta else [])
 
@@ -880,10 +880,10 @@ class SQLiteStore(Store):
                     # the checksums of the value alone and with the metadata, less the
                     # index the commit gives each row.
                     conn.execute(f"CREATE TABLE t{tid} (k INTEGER PRIMARY KEY, value BLOB NOT NULL, "
-                                 "meta BLOB, vcrc INTEGER NOT NULL, crc INTEGER NOT NULL)")
-                    vcrcs, crcs = staged_checksums(stream, datas, metas)
-                    _insert_values(conn, f"INSERT INTO t{tid} (value, meta, vcrc, crc) VALUES", 4,
-                                   list(itertools.chain.from_iterable(zip(datas, metas, vcrcs, crcs))))
+                                 "meta BLOB, vsum INTEGER NOT NULL, checksum INTEGER NOT NULL)")
+                    vsums, sums = staged_checksums(stream, datas, metas)
+                    _insert_values(conn, f"INSERT INTO t{tid} (value, meta, vsum, checksum) VALUES", 4,
+                                   list(itertools.chain.from_iterable(zip(datas, metas, vsums, sums))))
                 conn.execute("COMMIT")
             except BaseException as e:
                 with contextlib.suppress(sqlite3.Error):
@@ -1000,7 +1000,7 @@ class SQLiteStore(Store):
                         pos = -(1 << 63)
                         while True:
                             rows = self._conn.execute(
-                                f"SELECT idx, value, meta, {_CRC} FROM entries WHERE stream = ? "
+                                f"SELECT idx, value, meta, {_SUM} FROM entries WHERE stream = ? "
                                 "AND idx > ? ORDER BY idx LIMIT ?", (sid, pos, chunk)).fetchall()
                             if not rows:
                                 break
@@ -1071,14 +1071,14 @@ def _integrity_lines(texts: Iterator[str], most: int = 20) -> list[str]:
     return out
 
 
-def _crc_of(data: bytes | None, start: int) -> int:
-    """``dataspace_crc32(blob, crc)`` in SQL: zlib's CRC-32 of ``blob`` from ``crc``."""
-    return start if data is None else zlib.crc32(data, start)
+def _adler_of(data: bytes | None, start: int) -> int:
+    """``dataspace_adler32(blob, start)`` in SQL: zlib's Adler-32 of ``blob`` from ``start``."""
+    return start if data is None else zlib.adler32(data, start)
 
 
 def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: int,
            limit: int, desc: bool = False) -> list[tuple[Any, ...]] | None:
-    """Rows of ``cols`` (``idx`` first, ``value, meta, crc`` last) of ``start <= idx <
+    """Rows of ``cols`` (``idx`` first, ``value, meta, checksum`` last) of ``start <= idx <
     end`` (newest first with ``desc``), checked against the stream's row read in the
     same snapshot (None: no such stream)."""
     with store._snapshot():
@@ -1086,7 +1086,7 @@ def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: 
         if bounds is None:
             return None
         rows = store._all(
-            f"SELECT {cols}, value, meta, {_CRC} FROM entries WHERE stream = ? AND idx >= ? "
+            f"SELECT {cols}, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx >= ? "
             f"AND idx < ? ORDER BY idx {'DESC' if desc else ''} LIMIT ?",
             (sid, max(start, 0), end, limit),
         )
@@ -1096,7 +1096,7 @@ def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: 
         return rows
     t = list(zip(*rows))
     verify_indices(where, name, *bounds, start, end, limit, t[0], desc)
-    verify_crcs(where, name, t[0], t[-3], t[-2], t[-1])
+    verify_checksums(where, name, t[0], t[-3], t[-2], t[-1])
     return rows
 
 
@@ -1117,7 +1117,7 @@ def _read_rows(store: SQLiteStore, sid: int, name: str, start: int, end: int,
         if bounds is None:
             return []
         rows = store._all(
-            f"SELECT idx, seq, value, meta, {_CRC} FROM entries WHERE stream = ? AND idx >= ? "
+            f"SELECT idx, seq, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx >= ? "
             "AND idx < ? ORDER BY idx LIMIT ?",
             (sid, start, end, limit),
         )
@@ -1127,7 +1127,7 @@ def _read_rows(store: SQLiteStore, sid: int, name: str, start: int, end: int,
         return rows
     i, s, v, m, c = zip(*rows)
     verify_indices(where, name, *bounds, start, end, limit, i)
-    verify_crcs(where, name, i, v, m, c)
+    verify_checksums(where, name, i, v, m, c)
     return list(zip(i, s, v, m))
 
 
@@ -1137,7 +1137,7 @@ def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
         if bounds is None:
             return None
         row = store._one(
-            f"SELECT idx, seq, time_ns, value, meta, {_CRC} FROM entries WHERE stream = ? AND idx = ?",
+            f"SELECT idx, seq, time_ns, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx = ?",
             (sid, index),
         )
     where = str(store.path)
@@ -1145,7 +1145,7 @@ def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
     if row is None:
         return None
     i, s, t, v, m, c = row
-    verify_crcs(where, name, (i,), (v,), (m,), (c,))
+    verify_checksums(where, name, (i,), (v,), (m,), (c,))
     return Entry(name, i, v, m, t, s)
 
 
@@ -1329,7 +1329,7 @@ class SQLiteTransaction(Transaction):
         # are computed in C too, and their index part is added in SQL.
         if metas is None:
             store._conn.executemany(
-                "INSERT INTO entries (stream, idx, seq, time_ns, value, crc) "
+                "INSERT INTO entries (stream, idx, seq, time_ns, value, checksum) "
                 f"VALUES (?1, ?2, ?3, ?4, ?5, {_SEAL.format(c='?6', i='?2')})",
                 zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas,
                     checksums(stream, datas)),
@@ -1338,7 +1338,7 @@ class SQLiteTransaction(Transaction):
             if len(metas) != n:
                 raise ValueError("append_encoded: datas and metas differ in length")
             store._conn.executemany(
-                "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, crc) "
+                "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
                 f"VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_SEAL.format(c='?7', i='?2')})",
                 zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas,
                     metas, checksums(stream, datas, metas)),
@@ -1443,7 +1443,7 @@ class SQLiteTransaction(Transaction):
         t = self._time = time.time_ns()
         # The staged rows carry their checksums less the index (added here); where the
         # metadata is rewritten, the checksum of the value goes on over the new metadata.
-        seal = _SEAL.format(c="crc" if not meta_cut else "dataspace_crc32(meta, vcrc)", i="? + k")
+        seal = _SEAL.format(c="checksum" if not meta_cut else "dataspace_adler32(meta, vsum)", i="? + k")
         at = first
         for token, n in staged:
             found = self._find_staged(token, stream)
@@ -1454,11 +1454,11 @@ class SQLiteTransaction(Transaction):
             src = f"stage{k}.t{tid}"
             if meta_cut:
                 params += (meta_cut, meta_suffix)
-                src = ("(SELECT k, value, vcrc, CASE WHEN meta IS NULL THEN NULL ELSE "
+                src = ("(SELECT k, value, vsum, CASE WHEN meta IS NULL THEN NULL ELSE "
                        "CAST(substr(meta, 1, length(meta) - ?) || ? AS BLOB) END AS meta "
                        f"FROM {src})")
             cur = store._exec(
-                f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta, crc) "
+                f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
                 f"SELECT ?, ? + k, ? + k, ?, value, meta, {seal} FROM {src}", params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
@@ -1499,11 +1499,11 @@ class SQLiteTransaction(Transaction):
                 seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
             self._copy_base = self._seq = seq
         base = self._copy_base
-        crcs = checksums(stream, [r[2] for r in rows], [r[3] for r in rows])
+        sums = checksums(stream, [r[2] for r in rows], [r[3] for r in rows])
         store._conn.executemany(
-            "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, crc) "
+            "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
             f"VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_SEAL.format(c='?7', i='?2')})",
-            [(sid, i, base + o, t, v, m, c) for (i, t, v, m, o), c in zip(rows, crcs)],
+            [(sid, i, base + o, t, v, m, c) for (i, t, v, m, o), c in zip(rows, sums)],
         )
         self._seq = max(self._seq or 0, base + max(r[4] for r in rows) + 1)
         self._next[sid] = rows[-1][0] + 1
