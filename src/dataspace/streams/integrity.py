@@ -41,8 +41,8 @@ of about 60 bytes -- the cost of a checksum in Python is the call, then the byte
 zlib's CRC-32 takes 190 ns an entry, a CRC32C package with the CPU's instruction 117 ns
 (and another dependency), Adler-32 63 ns; a read checks every entry it returns, so this
 is much of what verified reads cost the exactly-once pipeline (6-12% with Adler-32,
-measured; twice that with CRC-32).  The indices are checked apart (below), which is what catches misdirected and
-overwritten pages; the checksum catches changed bytes.  Appends compute it in the writing process; the
+measured; twice that with CRC-32).  The indices are checked apart (below), which is
+what catches misdirected and overwritten pages; the checksum catches changed bytes.  Appends compute it in the writing process; the
 index part is added in SQL, which lets rows staged ahead of their index (Spark's write
 tasks, :meth:`~.base.Store.stage`) carry the rest.  A read computes it again for every
 entry it returns with values.  Reads of indices alone (``read_columns(values=False)``)
