@@ -34,17 +34,19 @@ modulo 2**32::
 
 so a flipped bit in a value or its metadata, a row that answers for another index and a
 row of another stream are caught.  Adler-32 catches every change of one byte and of any
-two bytes of an entry shorter than 65,521 bytes, so every flipped bit; of other changes, all
-but a few in 2**32 for entries of more than a few hundred bytes, fewer for short ones
-(its sums use fewer bits there).  Why not CRC-32 or CRC32C: measured here, for entries
+two bytes of an entry shorter than 65,521 bytes, so every flipped bit; of other changes
+it misses a few in 2**32 for entries of a few hundred bytes or more, more for shorter
+ones (its sums use fewer bits there).  Why not CRC-32 or CRC32C: measured here, for entries
 of about 60 bytes -- the cost of a checksum in Python is the call, then the bytes --
 zlib's CRC-32 takes 190 ns an entry, a CRC32C package with the CPU's instruction 117 ns
 (and another dependency), Adler-32 63 ns; a read checks every entry it returns, so this
 is much of what verified reads cost the exactly-once pipeline (6-12% with Adler-32,
 measured; twice that with CRC-32).  The indices are checked apart (below), which is
-what catches misdirected and overwritten pages; the checksum catches changed bytes.  Appends compute it in the writing process; the
-index part is added in SQL, which lets rows staged ahead of their index (Spark's write
-tasks, :meth:`~.base.Store.stage`) carry the rest.  A read computes it again for every
+what catches misdirected and overwritten pages; the checksum catches changed bytes.
+
+Appends compute the checksum in the writing process; the index part is added in SQL,
+which lets rows staged ahead of their index (Spark's write tasks,
+:meth:`~.base.Store.stage`) carry the rest.  A read computes it again for every
 entry it returns with values.  Reads of indices alone (``read_columns(values=False)``)
 check the indices only.  The time and the commit number (``seq``) are not covered.
 
