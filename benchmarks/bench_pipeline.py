@@ -17,7 +17,11 @@ Measured, all with durable commits (SQLite WAL, synchronous=FULL: every commit f
    appender process writes the sources (10,000 per transaction) while the graph runs in
    this process, timed from the first append to the last output committed (target:
    <= 30 s).  Also: the processing time alone, over pre-loaded sources.
-5. The same 1-in/1-out processor (exactly-once and at-most-once) and the pre-loaded
+5. Verified reads: the store's ``read_rows`` of 1,000-entry batches (every entry's
+   index and checksum checked, docs/streams.md "Reads are verified") beside the same
+   SELECT on the same file without the checks, CPU time per entry (best of 20), for
+   entries without and with metadata: what the checks cost a reader.
+6. The same 1-in/1-out processor (exactly-once and at-most-once) and the pre-loaded
    join -> fork (200,000 messages by default) on the PostgreSQL store, side by side: a
    PostgreSQL server started for the run on loopback (Debian's server binaries; the
    store's own commits are synchronous, the test server itself runs without fsync, so
@@ -128,6 +132,41 @@ def raw_inserts(datas: list[bytes], rows_per_tx: int = 1000) -> float:
         dt = time.perf_counter() - t
         c.close()
         return dt
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def verified_reads(datas: list[bytes], rounds: int = 20) -> dict[str, tuple[float, float]]:
+    """Section 5: ns of CPU per entry, (unchecked SELECT, verified read_rows), for
+    entries without metadata (``plain``) and with (``meta``)."""
+    n = min(len(datas), 20_000)
+    h = delivery_hash("bench/transform", {"in": 0}, {"in": n})
+    m = MetaEncoder(["in"])
+    pre, suf = m.prefix_one("in"), m.suffix(h)
+    d = tempfile.mkdtemp(prefix="bench-verify-")
+    try:
+        with open_store(d) as store:
+            with store.transaction() as tx:
+                tx.append_encoded("plain", datas[:n])
+                tx.append_encoded("meta", datas[:n], [pre + encode(i) + suf for i in range(n)])
+            raw = sqlite3.connect(os.path.join(d, "streams.sqlite3"), isolation_level=None)
+            ids = dict(raw.execute("SELECT name, id FROM streams").fetchall())
+            q = ("SELECT idx, seq, value, meta FROM entries WHERE stream = ? AND idx >= ? "
+                 "AND idx < ? ORDER BY idx LIMIT ?")
+            out = {}
+            for name in ("plain", "meta"):
+                best = [float("inf"), float("inf")]
+                for _ in range(rounds):
+                    for k, read in enumerate((
+                            lambda a, name=name: raw.execute(q, (ids[name], a, a + 1000, 1000)).fetchall(),
+                            lambda a, name=name: store.read_rows(name, a, a + 1000, 1000))):
+                        t = time.process_time()
+                        for a in range(0, n, 1000):
+                            read(a)
+                        best[k] = min(best[k], (time.process_time() - t) / n * 1e9)
+                out[name] = (best[0], best[1])
+            raw.close()
+        return out
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -246,7 +285,7 @@ def main() -> int:
     m = args.messages
     # Steps: each repetition's four runs, the two join -> fork runs, and on PostgreSQL
     # each repetition's two runs and the join -> fork.
-    start_steps(4 * args.repeat + 2 + (not args.no_postgres) * (2 * args.repeat + 1))
+    start_steps(4 * args.repeat + 3 + (not args.no_postgres) * (2 * args.repeat + 1))
     say(f"pipeline benchmark: {m:,} messages 1-in/1-out (best of {args.repeat}), "
           f"{args.join_fork:,} through join -> fork; durable commits (fsync); "
           f"batch {args.batch}; python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}")
@@ -291,6 +330,14 @@ def main() -> int:
     say(f"                     {e2e:6.1f} s{target}")
     say(f"  pre-loaded sources: load {load:.1f} s ({2 * n / load:,.0f} messages/s), then process "
           f"{proc:.1f} s ({n / proc:,.0f} pairs/s)")
+    reads = verified_reads(datas)
+    step("verified reads")
+    say()
+    say("verified reads: read_rows of 1,000-entry batches, CPU ns per entry (best of 20)")
+    say("                            unchecked SELECT   verified read_rows   checks")
+    for name, what in (("plain", "entries without metadata"), ("meta", "entries with metadata")):
+        a, b = reads[name]
+        say(f"  {what:26s}{a:>12,.0f}{b:>19,.0f}{b - a:>13,.0f} ns")
     if not args.no_postgres:
         postgres(args, datas, m / eo, m / amo, 2 * n / load, n / proc)
     finish()
@@ -299,7 +346,7 @@ def main() -> int:
 
 def postgres(args: argparse.Namespace, datas: list[bytes], sq_eo: float, sq_amo: float,
              sq_load: float, sq_pairs: float) -> None:
-    """Section 5: the PostgreSQL store beside the SQLite figures above."""
+    """Section 6: the PostgreSQL store beside the SQLite figures above."""
     from dataspace.streams.pgserver import PostgresNotFound
 
     say()

@@ -77,9 +77,13 @@ def test_round_trip_keeps_values_metadata_and_with_keep_indices_the_indices(
     assert main(["stream", "import", "kept", str(out), "--store", other, "--keep-indices"]) == 1
     assert "index 0 is below the next index of 'kept' (1)" in capsys.readouterr().err
     assert main(["stream", "export", "chat", str(out), "--format", fmt, "--from", "3"]) == 0
+    # A stream's entries have no gaps (reads check it): 1..2 would be missing.
+    assert main(["stream", "import", "kept", str(out), "--store", other, "--keep-indices"]) == 1
+    assert "index 3 would leave indices 1..2 of 'kept' missing" in capsys.readouterr().err
+    assert main(["stream", "export", "chat", str(out), "--format", fmt, "--from", "1"]) == 0
     assert main(["stream", "import", "kept", str(out), "--store", other, "--keep-indices"]) == 0
-    assert capsys.readouterr().out == "imported 5 entries to kept (indices 3..7)\n"
-    assert _entries(other, "kept")[1:] == _entries(str(data_dir), "chat")[3:]
+    assert capsys.readouterr().out == "imported 7 entries to kept (indices 1..7)\n"
+    assert _entries(other, "kept")[1:] == _entries(str(data_dir), "chat")[1:]
 
 
 def test_from_and_to_are_included_and_clipped_to_the_stream(data_dir, tmp_path, capsys):

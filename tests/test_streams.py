@@ -623,23 +623,38 @@ def test_a_reader_never_waits_for_a_writer(store, store_url):
 def test_copy_in_keeps_indices_times_and_metadata(store):
     rows = [(5, 111, encode(parse("<a>")), None, 0), (6, 222, encode(1), encode(parse("{m: 1}")), 2)]
     store.create_stream("dst", max_count=1)
+    store.create_stream("empty")
     store.append("other", "before")
     with store.transaction() as tx:
         tx.copy_in("dst", rows)
         tx.copy_in("other", [(1, 333, encode(2), None, 1)])  # between the two in commit order
-        tx.advance("dst", 9)
+        tx.advance("dst", 7)  # where it is already
         tx.advance("dst", 3)  # never lowers it
+        tx.advance("empty", 9)  # an empty stream starts further on
     got = store.read("dst")
     assert [(e.index, e.time_ns, e.data, e.meta_data) for e in got] == [r[:4] for r in rows]
-    assert store.next_index("dst") == 9
+    assert store.next_index("dst") == 7 and store.first_index("dst") == 5
+    assert store.next_index("empty") == 9 and store.first_index("empty") is None
     other = store.read("other")
     assert got[0].seq > other[0].seq  # after what was there
     assert got[0].seq < other[1].seq < got[1].seq  # the order given
     assert store.append("other", 3) == 2 and store.read("other")[2].seq > got[1].seq
-    assert store.append("dst", 7) == 9  # ...and retention applies to new appends as before
-    assert [e.index for e in store.read("dst")] == [9]
+    assert store.append("dst", 7) == 7  # ...and retention applies to new appends as before
+    assert [e.index for e in store.read("dst")] == [7]
+    assert store.append("empty", 1) == 9 and [e.index for e in store.read("empty")] == [9]
     with pytest.raises(ValueError, match="indices must increase"), store.transaction() as tx:
         tx.copy_in("dst", [(4, 0, b"\x84", None, 0)])
+    # A stream's entries have no gaps (reads check it): neither after its entries...
+    with pytest.raises(ValueError, match=r"index 10 would leave indices 8..9 missing"), \
+            store.transaction() as tx:
+        tx.copy_in("dst", [(10, 0, b"\x84", None, 0)])
+    with pytest.raises(ValueError, match=r"indices 8..11 would be missing"), store.transaction() as tx:
+        tx.advance("dst", 12)
+    # ...nor between the rows copied.
+    with pytest.raises(ValueError, match=r"index 3 after index 1 would leave index 2 missing"), \
+            store.transaction() as tx:
+        tx.copy_in("new", [(1, 0, b"\x84", None, 0), (3, 0, b"\x84", None, 1)])
+    assert [e.index for e in store.read("dst")] == [7] and not store.has_stream("new")
 
 
 def test_staged_rows_are_invisible_until_a_transaction_takes_them(store):

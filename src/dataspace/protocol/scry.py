@@ -180,6 +180,7 @@ class PublisherStats:
     gone: int = 0
     heads: int = 0
     malformed: int = 0
+    unreadable: int = 0        # entries the store could not give (damaged): not answered
 
 
 class _Shield:
@@ -291,6 +292,15 @@ class Publisher:
             self._answer(path, e, frag, addr)
         if bcast:
             self._broadcast(path, e, bcast, now, repeat=False)
+
+    def unreadable(self, stream: str, index: int) -> None:
+        """The host could not read ``stream``/``index`` (its store is damaged): forget
+        who waits for it, answering nothing -- never a wrong entry, nor "gone" -- so
+        that readers ask again and, if the store stays damaged, time out."""
+        path = (stream, index)
+        self._loading.pop(path, None)
+        self._broadcast_on_load.pop(path, None)
+        self.stats.unreadable += 1
 
     # -- requests -----------------------------------------------------------------------
 

@@ -8,6 +8,11 @@ read position per stream.  A :class:`Transaction` writes entries to several stre
 tailer positions and anything else atomically: that is what makes exactly-once processing
 cheap (see :mod:`dataspace.pipeline`).
 
+**Reads are verified** (:mod:`.integrity`): a stream's entries are exactly the indices
+from its first index to its next one, each with a checksum; every read checks that it got
+the indices it asked for and that each entry matches its checksum, and raises
+:class:`StoreCorrupt` (one line) rather than return what a damaged store gave it.
+
 :class:`~dataspace.streams.sqlite.SQLiteStore` (one file, no server) and
 :class:`~dataspace.streams.postgres.PostgresStore` (a PostgreSQL database that many
 machines reach) implement it; :func:`dataspace.streams.open_store` picks one by URL.
@@ -22,11 +27,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..values import Value, encode
 from .entry import Entry, check_name, check_stream_name, check_tailer_name
 from .tailer import Tailer
+
+if TYPE_CHECKING:
+    from .integrity import CheckReport
 
 __all__ = [
     "MAX_INDEX",
@@ -65,7 +73,8 @@ class StoreError(Exception):
 
 
 class StoreCorrupt(StoreError):
-    """The store file is damaged or is not a store at all."""
+    """The store file is damaged or is not a store at all -- also raised by a read that
+    did not get what it asked for (see :mod:`.integrity`): nothing of it is returned."""
 
 
 class ForeignStore(StoreError):
@@ -304,12 +313,15 @@ class Transaction(ABC):
         transaction, whatever the stream (0, 1, 2, ...): the commit-order numbers
         (``seq``) follow it, so a copy keeps the source's order across streams.  The
         stream's next index becomes its last index + 1.  Retention is not applied to
-        these rows."""
+        these rows.  A stream's entries have no gaps: the indices must follow each other
+        and, unless the stream is empty (then it starts at the first of them), start at
+        its next index (``ValueError`` otherwise)."""
 
     @abstractmethod
     def advance(self, stream: str, next_index: int) -> None:
         """Raise ``stream``'s next index to ``next_index`` (never lowers it): indices
-        below it are never used, as after retention removed entries."""
+        below it are never used, as after retention removed entries.  Only an empty
+        stream's (``ValueError`` otherwise: its entries would be followed by a gap)."""
 
     @abstractmethod
     def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
@@ -615,6 +627,11 @@ class Store(ABC):
     @abstractmethod
     def check(self) -> list[str]:
         """An integrity check: the problems found (empty when the store is sound)."""
+
+    @abstractmethod
+    def check_report(self) -> CheckReport:
+        """:meth:`check`, with how many entries were read and verified (every one: its
+        checksum and that the stream holds each index once, none missing)."""
 
     @abstractmethod
     def close(self) -> None:

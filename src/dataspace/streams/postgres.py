@@ -3,13 +3,13 @@
 ``open_store("postgresql://USER:PASSWORD@HOST:PORT/DATABASE")`` opens (creating if asked)
 the store in that database.  It keeps the SQLite store's semantics -- the same tables,
 monotonic indices, named tailers, retention, multi-stream transactions, commit order --
-with these PostgreSQL mechanisms (schema version 1, all in the schema ``dataspace``, so a
+with these PostgreSQL mechanisms (schema version 2, all in the schema ``dataspace``, so a
 database shared with other applications is fine)::
 
     dataspace.store_meta   (key text PRIMARY KEY, value text)    -- format, version, id
     dataspace.streams      (id bigint identity, name UNIQUE, next_index, created_ns,
-                            max_count, max_age_ms)
-    dataspace.entries      (stream, idx, seq, time_ns, value bytea, meta bytea,
+                            max_count, max_age_ms, first_index)
+    dataspace.entries      (stream, idx, seq, time_ns, value bytea, meta bytea, checksum,
                             PRIMARY KEY (stream, idx))
     dataspace.tailers      (stream, name, position, updated_ns, PRIMARY KEY (stream, name))
     dataspace.commit_order (id = 1, seq)                          -- the store-wide counter
@@ -35,6 +35,11 @@ database shared with other applications is fine)::
 * **Connections** come from a pool (psycopg_pool); a transaction keeps one from
   ``begin()`` to its end.  In the thread that holds a transaction, the store's own reads
   go through that transaction (they see its writes), as with SQLite.
+* **Verified reads** (:mod:`.integrity`): as in SQLite, a stream's entries are exactly
+  ``first_index <= idx < next_index`` and each has a checksum (``checksum``), computed in this
+  process; a read joins the stream's row to its entries in one statement (one snapshot)
+  and checks both.  A version 1 schema is migrated when opened (``checksum`` NULL for the
+  entries already there: read unverified, with a note in the log).
 * **Durability**: ``durability="full"`` commits with ``synchronous_commit`` on (the
   server's default: flushed before COMMIT returns); ``"normal"`` turns it off for the
   store's sessions (safe from client crashes, not from a server crash).
@@ -47,13 +52,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import logging
 import os
 import select
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -82,6 +87,17 @@ from .base import (
     staged_count_error,
     staged_total,
 )
+from .integrity import (
+    CheckReport,
+    StreamScan,
+    check_advance,
+    check_copy_in,
+    checksums,
+    staged_checksums,
+    verify_checksums,
+    verify_get,
+    verify_indices,
+)
 from .wakeup import Generation
 
 __all__ = ["CHANNEL", "FORMAT", "SCHEMA", "SCHEMA_VERSION", "PostgresStore", "store_key"]
@@ -90,7 +106,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "dataspace"
 FORMAT = "dataspace-streams"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CHANNEL = "dataspace_streams"
 _TABLES = {"store_meta", "streams", "entries", "tailers", "commit_order", "locks"}
 _INIT_LOCK = 0x44537472  # "DStr": serialises two processes creating the schema at once
@@ -104,7 +120,8 @@ CREATE TABLE {SCHEMA}.streams (
     next_index bigint NOT NULL DEFAULT 0,
     created_ns bigint NOT NULL,
     max_count bigint,
-    max_age_ms bigint
+    max_age_ms bigint,
+    first_index bigint NOT NULL DEFAULT 0
 );
 CREATE TABLE {SCHEMA}.entries (
     stream bigint NOT NULL,
@@ -113,6 +130,7 @@ CREATE TABLE {SCHEMA}.entries (
     time_ns bigint NOT NULL,
     value bytea NOT NULL,
     meta bytea,
+    checksum bigint,
     PRIMARY KEY (stream, idx)
 );
 CREATE TABLE {SCHEMA}.tailers (
@@ -130,6 +148,19 @@ INSERT INTO {SCHEMA}.commit_order VALUES (1, 0);
 _E = f"{SCHEMA}.entries"
 _S = f"{SCHEMA}.streams"
 _T = f"{SCHEMA}.tailers"
+
+_MIGRATE_1_TO_2 = f"""
+ALTER TABLE {_S} ADD COLUMN first_index bigint NOT NULL DEFAULT 0;
+UPDATE {_S} s SET first_index = coalesce(
+    (SELECT min(idx) FROM {_E} e WHERE e.stream = s.id), s.next_index);
+ALTER TABLE {_E} ADD COLUMN checksum bigint;
+UPDATE {SCHEMA}.store_meta SET value = '2' WHERE key = 'version'
+"""
+
+# A read's checksums, less the index (see .integrity): NULL for entries without one;
+# and what a write stores, from the checksum c and the index i.
+_SUM = "(e.checksum - e.idx) & 4294967295"
+_SEAL = "(({c}) + (({i}) & 4294967295)) & 4294967295"
 
 
 def store_key(url: str) -> str:
@@ -530,8 +561,22 @@ class PostgresStore(Store):
         if conn.execute(f"SELECT count(*) FROM {SCHEMA}.commit_order WHERE id = 1").fetchone()[0] != 1:
             raise StoreCorrupt(f"{d}: the stream store's commit counter is missing; restore it "
                                "from a backup")
+        if version < SCHEMA_VERSION:
+            self._migrate(conn)
         self.store_id = meta.get("id", "")
         return "ok"
+
+    def _migrate(self, conn: Any) -> None:
+        """Bring a version 1 schema (before checksums) to this version, once (under the
+        lock that keeps two processes setting up the schema apart)."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INIT_LOCK,))
+            v = conn.execute(f"SELECT value FROM {SCHEMA}.store_meta WHERE key = 'version'").fetchone()
+            if v is not None and v[0] == "1":
+                for stmt in _MIGRATE_1_TO_2.strip().split(";"):
+                    conn.execute(stmt)
+                log.info("%s: migrated to store format %d (entries are checksummed from now on; "
+                         "those already there are read unverified)", self._display, SCHEMA_VERSION)
 
     # -- identity -------------------------------------------------------------------------
 
@@ -692,7 +737,7 @@ class PostgresStore(Store):
         return self._sid(name) is not None
 
     _INFO = (f"SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age_ms, "
-             f"(SELECT idx FROM {_E} e WHERE e.stream = s.id ORDER BY idx LIMIT 1), "
+             "CASE WHEN s.first_index < s.next_index THEN s.first_index END, "
              f"(SELECT time_ns FROM {_E} e WHERE e.stream = s.id ORDER BY idx DESC LIMIT 1) "
              f"FROM {_S} s")
 
@@ -748,6 +793,39 @@ class PostgresStore(Store):
 
     # -- reading --------------------------------------------------------------------------
 
+    # Verified reads (.integrity): the stream's row joined to its entries, one statement
+    # (one snapshot), so that retention or appends by others never look like damage.
+
+    def _bounds(self, sid: int, first: int, nxt: int) -> tuple[int, int]:
+        """(first, next index) of stream ``sid`` as this reader sees it: inside this
+        thread's transaction, with its appends."""
+        tx = getattr(self._local, "tx", None)
+        if tx is not None:
+            nxt = tx._next.get(sid, nxt)
+        return first, nxt
+
+    def _range(self, sid: int, name: str, cols: str, start: int, end: int, limit: int,
+               values: bool = True, desc: bool = False) -> list[Any] | None:
+        """The columns ``cols`` (``idx`` first; with ``values``, then ``value, meta`` and
+        the checksum less the index) of ``start <= idx < end`` (newest first with
+        ``desc``), as lists, checked; None: no such stream."""
+        self._check_open()
+        rows = self._rows(
+            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.first_index, "
+            f"s.next_index FROM {_S} s LEFT JOIN LATERAL (SELECT * FROM {_E} WHERE stream = s.id "
+            f"AND idx >= %s AND idx < %s ORDER BY idx {'DESC' if desc else ''} LIMIT %s) e "
+            "ON true WHERE s.id = %s", (max(start, 0), end, limit, sid))
+        if not rows:
+            return None
+        t = [list(c) for c in zip(*rows)]
+        bounds = self._bounds(sid, t[-2][0], t[-1][0])
+        if t[0][0] is None:  # no entries: the one row of the stream alone
+            t = [[] for _c in t]
+        verify_indices(self._display, name, *bounds, start, end, limit, t[0], desc)
+        if values:
+            verify_checksums(self._display, name, t[0], t[-5], t[-4], t[-3])
+        return t
+
     def read(self, name: str, start: int = 0, limit: int | None = None,
              end: int | None = None) -> list[Entry]:
         limit = MAX_INDEX if limit is None else limit
@@ -755,21 +833,26 @@ class PostgresStore(Store):
         sid = self._sid(name)
         if sid is None or limit <= 0:
             return []
-        return [Entry(name, i, v, m, t, q) for i, q, t, v, m in self._rows(
-            f"SELECT idx, seq, time_ns, value, meta FROM {_E} WHERE stream = %s AND idx >= %s "
-            "AND idx < %s ORDER BY idx LIMIT %s",
-            (sid, max(start, 0), MAX_INDEX if end is None else end, limit))]
+        t = self._range(sid, name, "e.idx, e.seq, e.time_ns", start,
+                        MAX_INDEX if end is None else end, limit)
+        return [] if t is None else [Entry(name, *r) for r in zip(t[0], t[3], t[4], t[2], t[1])]
 
     def get(self, name: str, index: int) -> Entry | None:
         self._check_open()
         sid = self._sid(name)
         if sid is None:
             return None
-        row = self._one(f"SELECT idx, seq, time_ns, value, meta FROM {_E} WHERE stream = %s "
-                        "AND idx = %s", (sid, index))
+        row = self._one(f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM}, s.first_index, "
+                        f"s.next_index FROM {_S} s LEFT JOIN {_E} e ON e.stream = s.id AND "
+                        "e.idx = %s WHERE s.id = %s", (index, sid))
         if row is None:
             return None
-        i, q, t, v, m = row
+        i, q, t, v, m, c, first, nxt = row
+        found = None if i is None else row
+        verify_get(self._display, name, *self._bounds(sid, first, nxt), index, found)
+        if found is None:
+            return None
+        verify_checksums(self._display, name, (i,), (v,), (m,), (c,))
         return Entry(name, i, v, m, t, q)
 
     def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
@@ -777,9 +860,9 @@ class PostgresStore(Store):
         sid = self._sid(name)
         if sid is None or limit <= 0:
             return []
-        return [Entry(name, i, v, m, t, q) for i, q, t, v, m in self._rows(
-            f"SELECT idx, seq, time_ns, value, meta FROM {_E} WHERE stream = %s AND idx < %s "
-            "ORDER BY idx DESC LIMIT %s", (sid, MAX_INDEX if before is None else before, limit))]
+        t = self._range(sid, name, "e.idx, e.seq, e.time_ns", 0,
+                        MAX_INDEX if before is None else before, limit, desc=True)
+        return [] if t is None else [Entry(name, *r) for r in zip(t[0], t[3], t[4], t[2], t[1])]
 
     def read_rows(
         self, name: str, start: int, end: int, limit: int
@@ -788,33 +871,35 @@ class PostgresStore(Store):
         sid = self._sid(name)
         if sid is None or limit <= 0:
             return []
-        return self._rows(  # type: ignore[return-value]
-            f"SELECT idx, seq, value, meta FROM {_E} WHERE stream = %s AND idx >= %s AND idx < %s "
-            "ORDER BY idx LIMIT %s", (sid, start, end, limit))
+        t = self._range(sid, name, "e.idx, e.seq", start, end, limit)
+        return [] if t is None else list(zip(t[0], t[1], t[2], t[3]))
 
     def read_columns(
         self, name: str, start: int, end: int, *, values: bool = True, meta: bool = False,
         limit: int = MAX_INDEX,
     ) -> Columns:
-        """One range query, transposed to columns in C (``zip``)."""
+        """One range query, transposed to columns in C (``zip``) and verified."""
         self._check_open()
-        cols = "idx, seq, time_ns" + (", value" if values else "") + (", meta" if meta else "")
         sid = self._sid(name)
-        rows = [] if sid is None or limit <= 0 else self._rows(
-            f"SELECT {cols} FROM {_E} WHERE stream = %s AND idx >= %s AND idx < %s "
-            "ORDER BY idx LIMIT %s", (sid, max(start, 0), end, limit))
-        if not rows:
+        t = None if sid is None or limit <= 0 else self._range(
+            sid, name, "e.idx, e.seq, e.time_ns", start, end, limit, values=values)
+        if t is None or not t[0]:
             return Columns([], [], [], [], [])
-        t = [list(c) for c in zip(*rows)]
-        return Columns(t[0], t[1], t[2], t[3] if values else [], t[-1] if meta else [])
+        return Columns(t[0], t[1], t[2], t[3] if values else [], t[4] if values and meta else [])
 
     def first_index(self, name: str) -> int | None:
         self._check_open()
         sid = self._sid(name)
         if sid is None:
             return None
-        row = self._one(f"SELECT idx FROM {_E} WHERE stream = %s ORDER BY idx LIMIT 1", (sid,))
-        return None if row is None else int(row[0])
+        row = self._one(f"SELECT s.first_index, s.next_index, (SELECT idx FROM {_E} WHERE "
+                        f"stream = s.id ORDER BY idx LIMIT 1) FROM {_S} s WHERE s.id = %s", (sid,))
+        if row is None:
+            return None
+        first, nxt, got = row
+        verify_indices(self._display, name, *self._bounds(sid, first, nxt), 0, MAX_INDEX, 1,
+                       () if got is None else (got,))
+        return None if got is None else int(got)
 
     # -- tailers --------------------------------------------------------------------------
 
@@ -933,11 +1018,16 @@ class PostgresStore(Store):
                             f"INSERT INTO {_STAGED} (owner, token, stream, count) "
                             "VALUES (%s, %s, %s, %s) RETURNING id",
                             (owner, token, stream, len(datas))).fetchone()[0]
+                        # With the checksums of the value alone and with the metadata,
+                        # less the index the commit gives each row.
                         cur.execute(f"CREATE UNLOGGED TABLE {SCHEMA}.staged_{int(tid)} "
-                                    "(k int NOT NULL, value bytea NOT NULL, meta bytea)")
-                        cur.execute(f"INSERT INTO {SCHEMA}.staged_{int(tid)} (k, value, meta) "
-                                    "SELECT o - 1, v, m FROM unnest(%b::bytea[], %b::bytea[]) "
-                                    "WITH ORDINALITY AS u(v, m, o)", (list(datas), list(metas)))
+                                    "(k int NOT NULL, value bytea NOT NULL, meta bytea, "
+                                    "vsum bigint NOT NULL, checksum bigint NOT NULL)")
+                        vsums, sums = staged_checksums(stream, datas, metas)
+                        cur.execute(f"INSERT INTO {SCHEMA}.staged_{int(tid)} (k, value, meta, vsum, checksum) "
+                                    "SELECT o - 1, v, m, vc, c FROM unnest(%b::bytea[], %b::bytea[], "
+                                    "%b::bigint[], %b::bigint[]) WITH ORDINALITY AS u(v, m, vc, c, o)",
+                                    (list(datas), list(metas), vsums, sums))
             except psycopg.errors.UniqueViolation:
                 raise StoreError(f"stage: token {token!r} was staged already") from None
 
@@ -956,6 +1046,41 @@ class PostgresStore(Store):
         return deleted
 
     def check(self) -> list[str]:
+        return self.check_report().problems
+
+    def check_report(self, chunk: int = 10_000) -> CheckReport:
+        """Consistency checks of the tables, then every entry of every stream read and
+        verified (indices, checksums), ``chunk`` rows a query."""
+        report = CheckReport(self._check_tables())
+        import psycopg
+
+        try:
+            # One snapshot for the whole walk (appends and retention by others go on).
+            with self._conn() as c, c.transaction():
+                c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                cur = c.cursor(binary=True)
+                streams = cur.execute(f"SELECT id, name, first_index, next_index FROM {_S} "
+                                      "ORDER BY name COLLATE \"C\"").fetchall()
+                for sid, name, first, nxt in streams:
+                    scan = StreamScan(name, first, nxt)
+                    pos = -(1 << 63)
+                    while True:
+                        rows = cur.execute(f"SELECT e.idx, e.value, e.meta, {_SUM} FROM {_E} e "
+                                           "WHERE e.stream = %s AND e.idx > %s ORDER BY e.idx "
+                                           "LIMIT %s", (sid, pos, chunk)).fetchall()
+                        if not rows:
+                            break
+                        i, v, m, k = zip(*rows)
+                        scan.feed(i, v, m, k)
+                        if type(i[-1]) is not int:  # a damaged key: no way on from it
+                            break
+                        pos = i[-1]
+                    report.add(scan)
+        except (StoreError, psycopg.Error) as e:
+            report.problems.append(self._fail(e).args[0] if isinstance(e, psycopg.Error) else str(e))
+        return report
+
+    def _check_tables(self) -> list[str]:
         problems: list[str] = []
         try:
             with self._conn() as c:
@@ -1007,11 +1132,15 @@ class PostgresStore(Store):
 
 # The arrays go in binary (%b): psycopg's text form escapes every bytea element with a
 # regular expression (about 7 us a value: 1.3 s of a 100,000-row commit).
-_INSERT = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value) "
-           "SELECT %s, %s + o - 1, %s + o - 1, %s, v FROM unnest(%b::bytea[]) WITH ORDINALITY AS u(v, o)")
-_INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
-                "SELECT %s, %s + o - 1, %s + o - 1, %s, v, m "
-                "FROM unnest(%b::bytea[], %b::bytea[]) WITH ORDINALITY AS u(v, m, o)")
+# The checksums (less the index, which SQL adds) go in beside the values.
+_INSERT = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, checksum) "
+           "SELECT %(s)s, %(i)s + o - 1, %(q)s + o - 1, %(t)s, v, "
+           f"{_SEAL.format(c='c', i='%(i)s + o - 1')} "
+           "FROM unnest(%(v)b::bytea[], %(c)b::bigint[]) WITH ORDINALITY AS u(v, c, o)")
+_INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
+                "SELECT %(s)s, %(i)s + o - 1, %(q)s + o - 1, %(t)s, v, m, "
+                f"{_SEAL.format(c='c', i='%(i)s + o - 1')} "
+                "FROM unnest(%(v)b::bytea[], %(m)b::bytea[], %(c)b::bigint[]) WITH ORDINALITY AS u(v, m, c, o)")
 _UPSERT_TAILER = (f"INSERT INTO {_T} (stream, name, position, updated_ns) VALUES (%s, %s, %s, %s) "
                   "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
                   "updated_ns = excluded.updated_ns")
@@ -1041,7 +1170,9 @@ def _retain(conn: Any, sid: int, nxt: int, max_count: int | None, max_age_ms: in
         cut = max(cut, nxt if row is None else row[0])
     if cut <= 0:
         return 0
-    return max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (sid, cut)).rowcount, 0)
+    n = max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (sid, cut)).rowcount, 0)
+    conn.execute(f"UPDATE {_S} SET first_index = greatest(first_index, %s) WHERE id = %s", (cut, sid))
+    return n
 
 
 class PostgresTransaction(Transaction):
@@ -1193,11 +1324,13 @@ class PostgresTransaction(Transaction):
             raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
         t = self._time = time.time_ns()
         if metas is None:
-            self._q(_INSERT, (sid, first, self._seq, t, list(datas)))
+            self._q(_INSERT, {"s": sid, "i": first, "q": self._seq, "t": t, "v": list(datas),
+                              "c": checksums(stream, datas)})
         else:
             if len(metas) != n:
                 raise ValueError("append_encoded: datas and metas differ in length")
-            self._q(_INSERT_META, (sid, first, self._seq, t, list(datas), list(metas)))
+            self._q(_INSERT_META, {"s": sid, "i": first, "q": self._seq, "t": t, "v": list(datas),
+                                   "m": list(metas), "c": checksums(stream, datas, metas)})
         self._seq += n
         self._next[sid] = first + n
         return first
@@ -1211,21 +1344,33 @@ class PostgresTransaction(Transaction):
         if self._q("SELECT to_regclass(%s)", (_STAGED,)).fetchone()[0] is None:
             raise StoreError(f"stream {stream!r}: no staged rows in {self._store.display} (lost?)")
         t = self._time = time.time_ns()
-        meta = ("meta" if not meta_cut else
-                "CASE WHEN meta IS NULL THEN NULL ELSE "
-                "substring(meta FROM 1 FOR length(meta) - %s) || %s END")
         at = first
         for token, n in staged:
             row = self._q(f"SELECT id, count FROM {_STAGED} WHERE token = %s AND stream = %s",
                           (token, stream)).fetchone()
             if row is None or row[1] != n:
                 raise staged_count_error(stream, token, None if row is None else row[1], n)
-            params: tuple[Any, ...] = (sid, at, self._seq + (at - first), t)
-            if meta_cut:
-                params += (meta_cut, meta_suffix)
-            cur = self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
-                          f"SELECT %s, %s + k, %s + k, %s, value, {meta} "
-                          f"FROM {SCHEMA}.staged_{int(row[0])}", params)
+            table = f"{SCHEMA}.staged_{int(row[0])}"
+            params: tuple[Any, ...] = (sid, at, self._seq + (at - first), t, at)
+            if not meta_cut:  # the staged rows carry their checksums less the index
+                sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
+                       f"SELECT %s, %s + k, %s + k, %s, value, meta, {_SEAL.format(c='checksum', i='%s + k')} "
+                       f"FROM {table}")
+            else:
+                # The metadata is rewritten: its checksum goes on from the value's over the
+                # new metadata, computed here (the metadata is small; values stay put).
+                old = self._q(f"SELECT k, vsum, meta FROM {table} ORDER BY k").fetchall()
+                sums = [v if m is None else zlib.adler32(m[:len(m) - meta_cut] + meta_suffix, v)
+                        for _k, v, m in old]
+                if [k for k, _v, _m in old] != list(range(len(old))):
+                    raise staged_count_error(stream, token, len(old), n)
+                sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
+                       f"SELECT %s, %s + k, %s + k, %s, value, CASE WHEN meta IS NULL THEN NULL "
+                       "ELSE substring(meta FROM 1 FOR length(meta) - %s) || %s END, "
+                       f"{_SEAL.format(c='c.c', i='%s + k')} FROM {table} "
+                       "JOIN unnest(%b::bigint[]) WITH ORDINALITY AS c(c, o) ON c.o = k + 1")
+                params = (*params[:4], meta_cut, meta_suffix, at, sums)
+            cur = self._q(sql, params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
             at += n
@@ -1246,17 +1391,19 @@ class PostgresTransaction(Transaction):
         if not rows:
             return
         sid, nxt = self._writable(stream)
-        if rows[0][0] < nxt or any(b[0] <= a[0] for a, b in itertools.pairwise(rows)):
-            raise ValueError(f"copy_in {stream!r}: indices must increase from the next index {nxt}")
-        if rows[-1][0] >= MAX_INDEX:
-            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        idx, times, values, metas, order = (list(c) for c in zip(*rows))
+        low = self._first_of(sid)
+        check_copy_in(stream, nxt, low < nxt, idx)
+        if low >= nxt and idx[0] != low:  # empty: it starts there
+            self._q(f"UPDATE {_S} SET first_index = %s WHERE id = %s", (idx[0], sid))
         if self._copy_base is None:
             self._copy_base = self._seq
-        idx, times, values, metas, order = (list(c) for c in zip(*rows))
-        self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta) "
-                "SELECT %s, i, %s + o, t, v, m FROM unnest(%b::bigint[], %b::bigint[], "
-                "%b::bytea[], %b::bytea[], %b::bigint[]) AS u(i, t, v, m, o)",
-                (sid, self._copy_base, idx, times, values, metas, order))
+        self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
+                f"SELECT %s, i, %s + o, t, v, m, {_SEAL.format(c='c', i='i')} FROM unnest("
+                "%b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], %b::bigint[], %b::bigint[]) "
+                "AS u(i, t, v, m, o, c)",
+                (sid, self._copy_base, idx, times, values, metas, order,
+                 checksums(stream, values, metas)))
         self._seq = max(self._seq, self._copy_base + max(order) + 1)
         self._next[sid] = rows[-1][0] + 1
         self._no_retention.add(sid)
@@ -1266,7 +1413,12 @@ class PostgresTransaction(Transaction):
             raise ValueError(f"a next index is 0 to 2**63-1, not {next_index!r}")
         sid, nxt = self._writable(stream)
         if next_index > nxt:
+            check_advance(stream, nxt, self._first_of(sid) < nxt, next_index)
+            self._q(f"UPDATE {_S} SET first_index = %s WHERE id = %s", (next_index, sid))
             self._next[sid] = next_index
+
+    def _first_of(self, sid: int) -> int:
+        return int(self._q(f"SELECT first_index FROM {_S} WHERE id = %s", (sid,)).fetchone()[0])
 
     def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
         return self._store.read(stream, start, limit, end)

@@ -5,6 +5,10 @@ The publisher machine never touches the store for a premature request: this host
 it where each published stream ends, following the store's own wake-ups (appends by
 any process: the server's recorders, ``dataspace stream append``, a pipeline), and reads
 an entry once when the machine asks for it (a cache miss, or a new entry to broadcast).
+
+Reads are verified (:mod:`.integrity`): an entry of a damaged store is never served --
+the error goes to the log (one line, once per stream), the readers waiting for that
+entry get no answer (they ask again, then time out), and the rest is served as before.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from ..net.udp import Datagrams, open_udp
 from ..protocol.scry import Publisher
-from .base import Store, check_stream_name
+from .base import Store, StoreCorrupt, check_stream_name
 
 __all__ = ["ScryServer", "start_scry_udp"]
 
@@ -37,6 +41,7 @@ class ScryServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._damaged: set[str] = set()  # streams whose damage was logged
 
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
@@ -78,13 +83,23 @@ class ScryServer:
                 break
             now = self._now()
             for stream, index in loads:
-                got = self.store.read(stream, index, 1) if self.store.has_stream(stream) else []
+                try:
+                    got = self.store.read(stream, index, 1) if self.store.has_stream(stream) else []
+                except StoreCorrupt as e:
+                    self._refuse(stream, e)
+                    m.unreadable(stream, index)
+                    continue
                 m.entry(stream, index, got[0].data if got and got[0].index == index else None, now)
         d = m.next_deadline()
         if d is not None and self._loop is not None:
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = self._loop.call_at(d, self._tick)
+
+    def _refuse(self, stream: str, e: StoreCorrupt) -> None:
+        if stream not in self._damaged:
+            self._damaged.add(stream)
+            log.error("scry: not serving damaged entries of %s: %s", stream, e)
 
     def _tick(self) -> None:
         self._timer = None
@@ -94,11 +109,15 @@ class ScryServer:
     async def _follow(self) -> None:
         """Tell the machine each time a published stream grows (the store's wake-ups)."""
         store = self.store
-        heads = {s: self._head(s) for s in self.names}
+        heads = {s: self.machine.heads.get(s) for s in self.names}  # as start() published
         while True:
             gen = store.generation()
             for s in self.names:
-                h = self._head(s)
+                try:
+                    h = self._head(s)
+                except StoreCorrupt as e:  # its first entry is missing: keep the old head
+                    self._refuse(s, e)
+                    continue
                 if h != heads[s]:
                     heads[s] = h
                     self.machine.appended(s, h[0], self._now(), h[1])

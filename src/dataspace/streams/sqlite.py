@@ -1,10 +1,10 @@
 """The SQLite stream store: one file (``streams.sqlite3`` in the data directory), WAL mode.
 
-Layout (schema version 1; ``PRAGMA application_id`` = 0x44537472, "DStr")::
+Layout (schema version 2; ``PRAGMA application_id`` = 0x44537472, "DStr")::
 
     streams  (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, next_index,
-              created_ns, max_count, max_age_ms)
-    entries  (stream, idx, seq, time_ns, value BLOB, meta BLOB,
+              created_ns, max_count, max_age_ms, first_index)
+    entries  (stream, idx, seq, time_ns, value BLOB, meta BLOB, checksum,
               PRIMARY KEY (stream, idx)) WITHOUT ROWID
     tailers  (stream, name, position, updated_ns, PRIMARY KEY (stream, name)) WITHOUT ROWID
     store_meta (key TEXT PRIMARY KEY, value)      -- format, created_ns, seq
@@ -16,7 +16,11 @@ Layout (schema version 1; ``PRAGMA application_id`` = 0x44537472, "DStr")::
   entries of different streams can be ordered by when they were committed; ``alts``
   processors use it to take "whichever input has one first" deterministically.
 * ``next_index`` is kept per stream so indices stay monotonic when retention has removed
-  every entry.
+  every entry; ``first_index`` is the lowest index it holds (``next_index`` when empty):
+  its entries are exactly ``first_index <= idx < next_index``, and ``checksum`` is each entry's
+  checksum.  Every read checks both (:mod:`.integrity`).  A version 1 file (before
+  checksums) is migrated when opened: ``first_index`` from its entries, ``checksum`` NULL
+  for the entries it holds (read unverified, with a note in the log).
 * One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) may touch any number of
   streams and tailers: the exactly-once engine writes its outputs, its tailer positions
   and its backing-stream records together.
@@ -36,7 +40,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -65,6 +70,17 @@ from .base import (
     staged_count_error,
     staged_total,
 )
+from .integrity import (
+    CheckReport,
+    StreamScan,
+    check_advance,
+    check_copy_in,
+    checksums,
+    staged_checksums,
+    verify_checksums,
+    verify_get,
+    verify_indices,
+)
 from .wakeup import Notifier, get_notifier, release_notifier
 
 __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "STAGE_SHARDS", "SQLiteStore", "open_store"]
@@ -72,7 +88,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "STAGE_SHARDS", "SQLiteStore", "o
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x44537472  # "DStr"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _HEADER = b"SQLite format 3\x00"
 
 _SCHEMA = f"""
@@ -82,7 +98,8 @@ CREATE TABLE streams (
     next_index INTEGER NOT NULL DEFAULT 0,
     created_ns INTEGER NOT NULL,
     max_count INTEGER,
-    max_age_ms INTEGER
+    max_age_ms INTEGER,
+    first_index INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE entries (
     stream INTEGER NOT NULL,
@@ -91,6 +108,7 @@ CREATE TABLE entries (
     time_ns INTEGER NOT NULL,
     value BLOB NOT NULL,
     meta BLOB,
+    checksum INTEGER,
     PRIMARY KEY (stream, idx)
 ) WITHOUT ROWID;
 CREATE TABLE tailers (
@@ -108,6 +126,19 @@ PRAGMA user_version = {SCHEMA_VERSION};
 """
 
 _TABLES = {"streams", "entries", "tailers", "store_meta"}
+
+_MIGRATE_1_TO_2 = """
+ALTER TABLE streams ADD COLUMN first_index INTEGER NOT NULL DEFAULT 0;
+UPDATE streams SET first_index = coalesce(
+    (SELECT min(idx) FROM entries WHERE entries.stream = streams.id), next_index);
+ALTER TABLE entries ADD COLUMN checksum INTEGER;
+PRAGMA user_version = 2
+"""
+
+# A read's checksums, less the index (see .integrity): NULL for entries without one;
+# and what a write stores, from the checksum c and the index i.
+_SUM = "(checksum - idx) & 4294967295"
+_SEAL = "(({c}) + (({i}) & 4294967295)) & 4294967295"
 
 ROWS_PER_STATEMENT = 500
 """Bulk inserts of staged rows bind this many rows to one statement (multi-row
@@ -212,6 +243,7 @@ class SQLiteStore(Store):
         self._lock = threading.RLock()
         self._closed = False
         self._in_tx = False
+        self._tx: SQLiteTransaction | None = None  # the open transaction (its view of next)
         self._busy_timeout = busy_timeout
         self._stage_conns: dict[int, sqlite3.Connection] = {}  # shard -> connection (stage)
         self._attached: set[int] = set()  # shards attached to the main connection
@@ -343,12 +375,33 @@ class SQLiteStore(Store):
                 f"{path} is a stream store with missing tables ({', '.join(sorted(_TABLES - tables))}); "
                 "move it away or restore it from a backup"
             )
+        if version < SCHEMA_VERSION:
+            self._migrate(conn)
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"{path}: cannot switch to WAL mode (got {mode}); is the file system local?")
         conn.execute(f"PRAGMA synchronous = {'FULL' if self.durability == 'full' else 'NORMAL'}")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA cache_size = -32768")
+        # Rows staged ahead of their commit whose metadata the commit rewrites get their
+        # checksum here (append_staged with meta_cut; the other rows carry theirs).
+        conn.create_function("dataspace_adler32", 2, _adler_of, deterministic=True)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring a version 1 file (before checksums) to this version, once (another
+        process may be doing it at the same moment: the write lock decides)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+                for stmt in _MIGRATE_1_TO_2.strip().split(";"):
+                    conn.execute(stmt)
+                log.info("%s: migrated to store format %d (entries are checksummed from now "
+                         "on; those already there are read unverified)", self.path, SCHEMA_VERSION)
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
 
     @property
     def url(self) -> str:
@@ -405,20 +458,45 @@ class SQLiteStore(Store):
         try:
             return self._conn.execute(sql, params)
         except sqlite3.DatabaseError as e:
-            if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                raise StoreError(
-                    f"{self.path} stayed locked by another process for the whole busy "
-                    "timeout; is a long transaction running elsewhere?"
-                ) from e
-            if isinstance(e, (sqlite3.IntegrityError, sqlite3.OperationalError, sqlite3.ProgrammingError)):
+            err = self._error(e)
+            if err is e:
                 raise
-            raise _corrupt(self.path, e) from e
+            raise err from e
+
+    def _all(self, sql: str, params: Any = ()) -> list[Any]:
+        """The rows of a query (a damaged page may fail the fetch, not the execute)."""
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as e:
+            err = self._error(e)
+            if err is e:
+                raise
+            raise err from e
+
+    def _one(self, sql: str, params: Any = ()) -> Any:
+        try:
+            return self._conn.execute(sql, params).fetchone()
+        except sqlite3.DatabaseError as e:
+            err = self._error(e)
+            if err is e:
+                raise
+            raise err from e
+
+    def _error(self, e: sqlite3.DatabaseError) -> BaseException:
+        if isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
+            return StoreError(
+                f"{self.path} stayed locked by another process for the whole busy "
+                "timeout; is a long transaction running elsewhere?"
+            )
+        if isinstance(e, (sqlite3.IntegrityError, sqlite3.OperationalError, sqlite3.ProgrammingError)):
+            return e
+        return _corrupt(self.path, e)
 
     def _stream_id(self, name: str) -> int | None:
         # Looked up by name on every call (an indexed point query), never from a cache: a
         # stream deleted by another process (stream rm, pipeline reset) and created again
         # has a new id, and a read through the old one would find nothing.
-        row = self._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
+        row = self._one("SELECT id FROM streams WHERE name = ?", (name,))
         return None if row is None else int(row[0])
 
     def begin(self) -> SQLiteTransaction:
@@ -434,7 +512,8 @@ class SQLiteStore(Store):
         except BaseException:
             self._lock.release()
             raise
-        return SQLiteTransaction(self)
+        tx = self._tx = SQLiteTransaction(self)
+        return tx
 
     def _end(self, tx: SQLiteTransaction, commit: bool) -> None:
         if tx._done:
@@ -452,6 +531,7 @@ class SQLiteStore(Store):
                 self._rollback()
         finally:
             self._in_tx = False
+            self._tx = None
             changed = commit and self._conn.total_changes != tx._changes0
             self._lock.release()
         if changed:
@@ -485,14 +565,11 @@ class SQLiteStore(Store):
             return self._stream_id(name) is not None
 
     def _info(self, row: tuple[Any, ...], with_tailers: bool) -> StreamInfo:
-        sid, name, nxt, created, max_count, max_age_ms = row
-        first_row = self._exec(
-            "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
-        ).fetchone()
-        last_row = self._exec(
+        sid, name, nxt, created, max_count, max_age_ms, low = row
+        last_row = self._one(
             "SELECT time_ns FROM entries WHERE stream = ? ORDER BY idx DESC LIMIT 1", (sid,)
-        ).fetchone()
-        first = None if first_row is None else first_row[0]
+        )
+        first = low if low < nxt else None
         tailers: tuple[TailerInfo, ...] = ()
         if with_tailers:
             tailers = tuple(
@@ -514,12 +591,12 @@ class SQLiteStore(Store):
             tailers=tailers,
         )
 
-    _COLS = "id, name, next_index, created_ns, max_count, max_age_ms"
+    _COLS = "id, name, next_index, created_ns, max_count, max_age_ms, first_index"
 
     def stream_info(self, name: str) -> StreamInfo:
         with self._lock:
             self._check_open()
-            row = self._exec(f"SELECT {self._COLS} FROM streams WHERE name = ?", (name,)).fetchone()
+            row = self._one(f"SELECT {self._COLS} FROM streams WHERE name = ?", (name,))
             if row is None:
                 raise StreamNotFound(f"no stream named {name!r} in {self.path}")
             return self._info(row, True)
@@ -527,7 +604,7 @@ class SQLiteStore(Store):
     def streams(self, include_internal: bool = False) -> list[StreamInfo]:
         with self._lock:
             self._check_open()
-            rows = self._exec(f"SELECT {self._COLS} FROM streams ORDER BY name").fetchall()
+            rows = self._all(f"SELECT {self._COLS} FROM streams ORDER BY name")
             return [
                 self._info(r, True) for r in rows if include_internal or not is_reserved(r[1])
             ]
@@ -543,7 +620,7 @@ class SQLiteStore(Store):
     def next_indices(self) -> dict[str, int]:
         with self._lock:
             self._check_open()
-            return dict(self._exec("SELECT name, next_index FROM streams").fetchall())
+            return dict(self._all("SELECT name, next_index FROM streams"))
 
     def next_index(self, name: str) -> int:
         with self._lock:
@@ -551,7 +628,7 @@ class SQLiteStore(Store):
             sid = self._stream_id(name)
             if sid is None:
                 return 0
-            row = self._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
+            row = self._one("SELECT next_index FROM streams WHERE id = ?", (sid,))
             return 0 if row is None else int(row[0])
 
     # -- reading --------------------------------------------------------------------------
@@ -589,31 +666,38 @@ class SQLiteStore(Store):
             sid = self._stream_id(name)
             if sid is None:
                 return []
-            return self._exec(
-                "SELECT idx, seq, value, meta FROM entries WHERE stream = ? AND idx >= ? "
-                "AND idx < ? ORDER BY idx LIMIT ?",
-                (sid, start, end, limit),
-            ).fetchall()
+            return _read_rows(self, sid, name, start, end, limit)
 
     def read_columns(
         self, name: str, start: int, end: int, *, values: bool = True, meta: bool = False,
         limit: int = MAX_INDEX,
     ) -> Columns:
-        """One range query, transposed to columns in C (``zip``)."""
-        cols = "idx, seq, time_ns" + (", value" if values else "") + (", meta" if meta else "")
+        """One range query, transposed to columns in C (``zip``) and verified."""
+        cols = "idx, seq, time_ns" + (f", value, meta, {_SUM}" if values else "")
         with self._lock:
             self._check_open()
             sid = self._stream_id(name)
-            rows = [] if sid is None or limit <= 0 else self._exec(
-                f"SELECT {cols} FROM entries WHERE stream = ? AND idx >= ? AND idx < ? "
-                "ORDER BY idx LIMIT ?",
-                (sid, max(start, 0), end, limit),
-            ).fetchall()
+            if sid is None or limit <= 0:
+                return Columns([], [], [], [], [])
+            with self._snapshot():
+                bounds = self._bounds(sid)
+                if bounds is None:
+                    return Columns([], [], [], [], [])
+                rows = self._all(
+                    f"SELECT {cols} FROM entries WHERE stream = ? AND idx >= ? AND idx < ? "
+                    "ORDER BY idx LIMIT ?",
+                    (sid, max(start, 0), end, limit),
+                )
+        where = str(self.path)
         if not rows:
+            verify_indices(where, name, *bounds, start, end, limit, ())
             return Columns([], [], [], [], [])
         t = [list(c) for c in zip(*rows)]
+        verify_indices(where, name, *bounds, start, end, limit, t[0])
+        if values:
+            verify_checksums(where, name, t[0], t[3], t[4], t[5])
         return Columns(t[0], t[1], t[2], t[3] if values else [],
-                       t[-1] if meta else [])
+                       t[4] if values and meta else [])
 
     def first_index(self, name: str) -> int | None:
         with self._lock:
@@ -621,10 +705,35 @@ class SQLiteStore(Store):
             sid = self._stream_id(name)
             if sid is None:
                 return None
-            row = self._exec(
-                "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
-            ).fetchone()
-            return None if row is None else row[0]
+            return _first_index(self, sid, name)
+
+    # -- verified reads (see .integrity) -------------------------------------------------
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Run the reads inside in one read transaction, so that a stream's row and its
+        entries agree (a write transaction of this connection is one already)."""
+        if self._conn.in_transaction:
+            yield
+            return
+        self._exec("BEGIN")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("COMMIT")
+
+    def _bounds(self, sid: int) -> tuple[int, int] | None:
+        """(first index, next index) of stream ``sid`` as this connection sees it now
+        (inside a transaction: with its appends), or None if it was deleted."""
+        row = self._one("SELECT first_index, next_index FROM streams WHERE id = ?",
+                         (sid,))
+        if row is None:
+            return None
+        tx = self._tx
+        if tx is not None:
+            return row[0], tx._next.get(sid, row[1])
+        return row[0], row[1]
 
     # -- tailers --------------------------------------------------------------------------
 
@@ -634,9 +743,9 @@ class SQLiteStore(Store):
             sid = self._stream_id(stream)
             if sid is None:
                 return None
-            row = self._exec(
+            row = self._one(
                 "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
-            ).fetchone()
+            )
             return None if row is None else int(row[0])
 
     def set_position(self, stream: str, tailer: str, position: int) -> None:
@@ -755,11 +864,14 @@ class SQLiteStore(Store):
                     tid = conn.execute(
                         "INSERT INTO staged (owner, token, stream, count) VALUES (?, ?, ?, ?)",
                         (owner, token, stream, len(datas))).lastrowid
-                    # k is the rowid, 1, 2, ... in a new table (not bound: 7% faster)
+                    # k is the rowid, 1, 2, ... in a new table (not bound: 7% faster);
+                    # the checksums of the value alone and with the metadata, less the
+                    # index the commit gives each row.
                     conn.execute(f"CREATE TABLE t{tid} (k INTEGER PRIMARY KEY, value BLOB NOT NULL, "
-                                 "meta BLOB)")
-                    _insert_values(conn, f"INSERT INTO t{tid} (value, meta) VALUES", 2,
-                                   list(itertools.chain.from_iterable(zip(datas, metas))))
+                                 "meta BLOB, vsum INTEGER NOT NULL, checksum INTEGER NOT NULL)")
+                    vsums, sums = staged_checksums(stream, datas, metas)
+                    _insert_values(conn, f"INSERT INTO t{tid} (value, meta, vsum, checksum) VALUES", 4,
+                                   list(itertools.chain.from_iterable(zip(datas, metas, vsums, sums))))
                 conn.execute("COMMIT")
             except BaseException as e:
                 with contextlib.suppress(sqlite3.Error):
@@ -820,10 +932,10 @@ class SQLiteStore(Store):
     def apply_retention(self, now_ns: int | None = None) -> int:
         now = time.time_ns() if now_ns is None else now_ns
         with self.transaction() as tx:
-            rows = self._exec(
+            rows = self._all(
                 "SELECT id, next_index, max_count, max_age_ms FROM streams "
                 "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL"
-            ).fetchall()
+            )
             deleted = 0
             for sid, nxt, max_count, max_age_ms in rows:
                 deleted += _retain(self, sid, nxt, max_count, max_age_ms, now)
@@ -831,25 +943,65 @@ class SQLiteStore(Store):
         return deleted
 
     def check(self) -> list[str]:
+        return self.check_report().problems
+
+    def check_report(self, chunk: int = 10_000) -> CheckReport:
+        """SQLite's ``PRAGMA integrity_check``, then every entry of every stream read and
+        verified (indices, checksums), ``chunk`` rows a query."""
+        report = CheckReport()
         with self._lock:
             self._check_open()
             try:
                 rows = self._conn.execute("PRAGMA integrity_check").fetchall()
             except sqlite3.DatabaseError as e:
-                return [str(e)]
-            problems = [r[0] for r in rows if r[0] != "ok"]
-            if not problems:
+                report.problems.append(str(e))
+                return report
+            report.problems += _integrity_lines(r[0] for r in rows)
+            try:
                 bad = self._conn.execute(
                     "SELECT s.name, s.next_index, max(e.idx) FROM streams s JOIN entries e "
                     "ON e.stream = s.id GROUP BY s.id HAVING max(e.idx) >= s.next_index"
                 ).fetchall()
-                problems += [f"stream {n!r}: entry {m} at or beyond next index {x}" for n, x, m in bad]
+                report.problems += [f"stream {n!r}: entry {m} at or beyond next index {x}"
+                                    for n, x, m in bad]
                 orphans = self._conn.execute(
                     "SELECT count(*) FROM entries WHERE stream NOT IN (SELECT id FROM streams)"
                 ).fetchone()[0]
                 if orphans:
-                    problems.append(f"{orphans} entries of no stream")
-            return problems
+                    report.problems.append(f"{orphans} entries of no stream")
+                streams = self._conn.execute("SELECT id, name FROM streams ORDER BY name").fetchall()
+            except sqlite3.DatabaseError as e:
+                report.problems.append(str(e))
+                return report
+        for sid, name in streams:
+            # Each stream in one snapshot (appends and retention by others go on).
+            with self._lock:
+                self._check_open()
+                scan = None
+                try:
+                    with self._snapshot():
+                        row = self._conn.execute("SELECT first_index, next_index FROM streams "
+                                                 "WHERE id = ?", (sid,)).fetchone()
+                        if row is None:  # deleted meanwhile
+                            continue
+                        scan = StreamScan(name, row[0], row[1])
+                        pos = -(1 << 63)
+                        while True:
+                            rows = self._conn.execute(
+                                f"SELECT idx, value, meta, {_SUM} FROM entries WHERE stream = ? "
+                                "AND idx > ? ORDER BY idx LIMIT ?", (sid, pos, chunk)).fetchall()
+                            if not rows:
+                                break
+                            i, v, m, c = zip(*rows)
+                            scan.feed(i, v, m, c)
+                            if type(i[-1]) is not int:  # a damaged key: no way on from it
+                                break
+                            pos = i[-1]
+                except (sqlite3.DatabaseError, StoreCorrupt) as e:
+                    report.problems.append(f"stream {name!r}: {e}")
+                if scan is not None:
+                    report.add(scan)
+        return report
 
     def checkpoint(self) -> None:
         """Fold the write-ahead log into the database file (also done automatically)."""
@@ -891,37 +1043,118 @@ class SQLiteStore(Store):
 # -- shared read helpers (store and transaction) -----------------------------------------
 
 
+def _integrity_lines(texts: Iterator[str], most: int = 20) -> list[str]:
+    """``PRAGMA integrity_check``'s answer as problems of a line each: its header lines
+    dropped, pages never used counted in one line, at most ``most`` lines."""
+    lines = [ln.strip() for t in texts if t != "ok" for ln in t.splitlines()
+             if ln.strip() and not ln.startswith("*** in database")]
+    unused = [ln for ln in lines if ln.startswith("Page ") and ln.endswith(" is never used")]
+    never = set(unused)
+    out = [ln for ln in lines if ln not in never]
+    if unused:
+        out.append(f"{len(unused)} pages are never used ({unused[0][5:-14]}, ...)"
+                   if len(unused) > 1 else unused[0])
+    if len(out) > most:
+        out = [*out[:most - 1], f"... and {len(out) - most + 1} more problems"]
+    return out
+
+
+def _adler_of(data: bytes | None, start: int) -> int:
+    """``dataspace_adler32(blob, start)`` in SQL: zlib's Adler-32 of ``blob`` from ``start``."""
+    return start if data is None else zlib.adler32(data, start)
+
+
+def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: int,
+           limit: int, desc: bool = False) -> list[tuple[Any, ...]] | None:
+    """Rows of ``cols`` (``idx`` first, ``value, meta, checksum`` last) of ``start <= idx <
+    end`` (newest first with ``desc``), checked against the stream's row read in the
+    same snapshot (None: no such stream)."""
+    with store._snapshot():
+        bounds = store._bounds(sid)
+        if bounds is None:
+            return None
+        rows = store._all(
+            f"SELECT {cols}, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx >= ? "
+            f"AND idx < ? ORDER BY idx {'DESC' if desc else ''} LIMIT ?",
+            (sid, max(start, 0), end, limit),
+        )
+    where = str(store.path)
+    if not rows:
+        verify_indices(where, name, *bounds, start, end, limit, (), desc)
+        return rows
+    t = list(zip(*rows))
+    verify_indices(where, name, *bounds, start, end, limit, t[0], desc)
+    verify_checksums(where, name, t[0], t[-3], t[-2], t[-1])
+    return rows
+
+
 def _read(store: SQLiteStore, sid: int, name: str, start: int, limit: int, end: int | None) -> list[Entry]:
     if limit <= 0:
         return []
-    hi = MAX_INDEX if end is None else end
-    rows = store._exec(
-        "SELECT idx, seq, time_ns, value, meta FROM entries WHERE stream = ? AND idx >= ? "
-        "AND idx < ? ORDER BY idx LIMIT ?",
-        (sid, max(start, 0), hi, limit),
-    ).fetchall()
-    return [Entry(name, i, v, m, t, s) for i, s, t, v, m in rows]
+    rows = _range(store, sid, name, "idx, seq, time_ns", start,
+                  MAX_INDEX if end is None else end, limit)
+    return [Entry(name, i, v, m, t, s) for i, s, t, v, m, _c in rows or ()]
+
+
+def _read_rows(store: SQLiteStore, sid: int, name: str, start: int, end: int,
+               limit: int) -> list[tuple[int, int, bytes, bytes | None]]:
+    if limit <= 0:
+        return []
+    with store._snapshot():
+        bounds = store._bounds(sid)
+        if bounds is None:
+            return []
+        rows = store._all(
+            f"SELECT idx, seq, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx >= ? "
+            "AND idx < ? ORDER BY idx LIMIT ?",
+            (sid, start, end, limit),
+        )
+    where = str(store.path)
+    if not rows:
+        verify_indices(where, name, *bounds, start, end, limit, ())
+        return rows
+    i, s, v, m, c = zip(*rows)
+    verify_indices(where, name, *bounds, start, end, limit, i)
+    verify_checksums(where, name, i, v, m, c)
+    return list(zip(i, s, v, m))
 
 
 def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
-    row = store._exec(
-        "SELECT idx, seq, time_ns, value, meta FROM entries WHERE stream = ? AND idx = ?",
-        (sid, index),
-    ).fetchone()
+    with store._snapshot():
+        bounds = store._bounds(sid)
+        if bounds is None:
+            return None
+        row = store._one(
+            f"SELECT idx, seq, time_ns, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx = ?",
+            (sid, index),
+        )
+    where = str(store.path)
+    verify_get(where, name, *bounds, index, row)
     if row is None:
         return None
-    i, s, t, v, m = row
+    i, s, t, v, m, c = row
+    verify_checksums(where, name, (i,), (v,), (m,), (c,))
     return Entry(name, i, v, m, t, s)
 
 
 def _last(store: SQLiteStore, sid: int, name: str, before: int | None, limit: int) -> list[Entry]:
-    hi = MAX_INDEX if before is None else before
-    rows = store._exec(
-        "SELECT idx, seq, time_ns, value, meta FROM entries WHERE stream = ? AND idx < ? "
-        "ORDER BY idx DESC LIMIT ?",
-        (sid, hi, limit),
-    ).fetchall()
-    return [Entry(name, i, v, m, t, s) for i, s, t, v, m in rows]
+    if limit <= 0:
+        return []
+    rows = _range(store, sid, name, "idx, seq, time_ns", 0,
+                  MAX_INDEX if before is None else before, limit, desc=True)
+    return [Entry(name, i, v, m, t, s) for i, s, t, v, m, _c in rows or ()]
+
+
+def _first_index(store: SQLiteStore, sid: int, name: str) -> int | None:
+    with store._snapshot():
+        bounds = store._bounds(sid)
+        if bounds is None:
+            return None
+        row = store._one(
+            "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
+        )
+    verify_indices(str(store.path), name, *bounds, 0, MAX_INDEX, 1, () if row is None else row)
+    return None if row is None else row[0]
 
 
 def _retain(
@@ -932,14 +1165,15 @@ def _retain(
         cut = max(cut, nxt - max_count)
     if max_age_ms is not None:
         limit_ns = now_ns - max_age_ms * 1_000_000
-        row = store._exec(
+        row = store._one(
             "SELECT idx FROM entries WHERE stream = ? AND time_ns >= ? ORDER BY idx LIMIT 1",
             (sid, limit_ns),
-        ).fetchone()
+        )
         cut = max(cut, nxt if row is None else row[0])
     if cut <= 0:
         return 0
     cur = store._exec("DELETE FROM entries WHERE stream = ? AND idx < ?", (sid, cut))
+    store._exec("UPDATE streams SET first_index = max(first_index, ?) WHERE id = ?", (cut, sid))
     return max(cur.rowcount, 0)
 
 
@@ -974,7 +1208,7 @@ class SQLiteTransaction(Transaction):
         store = self._store
         sid = self._ids.get(name)
         if sid is None:
-            row = store._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
+            row = store._one("SELECT id FROM streams WHERE name = ?", (name,))
             if row is not None:
                 sid = self._ids[name] = row[0]
             elif create:
@@ -993,7 +1227,7 @@ class SQLiteTransaction(Transaction):
     def _next_of(self, sid: int) -> int:
         n = self._next.get(sid)
         if n is None:
-            row = self._store._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
+            row = self._store._one("SELECT next_index FROM streams WHERE id = ?", (sid,))
             if row is None:
                 raise StreamNotFound(f"stream id {sid} was deleted")
             n = self._next[sid] = self._start_next[sid] = row[0]
@@ -1010,11 +1244,11 @@ class SQLiteTransaction(Transaction):
             ids = [sid for _n, sid in changed if sid not in self._no_retention]
             if not ids:
                 return
-            rows = store._exec(
+            rows = store._all(
                 f"SELECT id, next_index, max_count, max_age_ms FROM streams WHERE id IN "
                 f"({','.join('?' * len(ids))}) AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)",
                 ids,
-            ).fetchall()
+            )
             now = self._time or time.time_ns()
             for sid, nxt, max_count, max_age_ms in rows:
                 self._retained += _retain(store, sid, nxt, max_count, max_age_ms, now)
@@ -1053,7 +1287,7 @@ class SQLiteTransaction(Transaction):
         store = self._store
         sid = self._new_ids.get(stream) or self._ids.get(stream)
         if sid is None:
-            row = store._exec("SELECT id FROM streams WHERE name = ?", (stream,)).fetchone()
+            row = store._one("SELECT id FROM streams WHERE name = ?", (stream,))
             if row is None:
                 return 0
             sid = self._ids[stream] = row[0]
@@ -1077,20 +1311,25 @@ class SQLiteTransaction(Transaction):
         seq = self._seq
         store = self._store
         if seq is None:
-            seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+            seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
         t = self._time = time.time_ns()
-        # Rows are zipped in C (no per-row Python tuple building in a loop).
+        # Rows are zipped in C (no per-row Python tuple building in a loop); the checksums
+        # are computed in C too, and their index part is added in SQL.
         if metas is None:
             store._conn.executemany(
-                "INSERT INTO entries (stream, idx, seq, time_ns, value) VALUES (?, ?, ?, ?, ?)",
-                zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas),
+                "INSERT INTO entries (stream, idx, seq, time_ns, value, checksum) "
+                f"VALUES (?1, ?2, ?3, ?4, ?5, {_SEAL.format(c='?6', i='?2')})",
+                zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas,
+                    checksums(stream, datas)),
             )
         else:
             if len(metas) != n:
                 raise ValueError("append_encoded: datas and metas differ in length")
             store._conn.executemany(
-                "INSERT INTO entries (stream, idx, seq, time_ns, value, meta) VALUES (?, ?, ?, ?, ?, ?)",
-                zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas, metas),
+                "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
+                f"VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_SEAL.format(c='?7', i='?2')})",
+                zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas,
+                    metas, checksums(stream, datas, metas)),
             )
         self._seq = seq + n
         self._next[sid] = first + n
@@ -1109,11 +1348,7 @@ class SQLiteTransaction(Transaction):
             sid = self._sid(stream)
         except StreamNotFound:
             return []
-        return self._store._exec(
-            "SELECT idx, seq, value, meta FROM entries WHERE stream = ? AND idx >= ? AND idx < ? "
-            "ORDER BY idx LIMIT ?",
-            (sid, start, end, limit),
-        ).fetchall()
+        return _read_rows(self._store, sid, stream, start, end, limit)
 
     def get(self, stream: str, index: int) -> Entry | None:
         try:
@@ -1135,19 +1370,16 @@ class SQLiteTransaction(Transaction):
             sid = self._sid(stream)
         except StreamNotFound:
             return None
-        row = self._store._exec(
-            "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
-        ).fetchone()
-        return None if row is None else row[0]
+        return _first_index(self._store, sid, stream)
 
     def position(self, stream: str, tailer: str) -> int | None:
         try:
             sid = self._sid(stream)
         except StreamNotFound:
             return None
-        row = self._store._exec(
+        row = self._store._one(
             "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
-        ).fetchone()
+        )
         return None if row is None else int(row[0])
 
     def set_position(self, stream: str, tailer: str, position: int) -> None:
@@ -1177,8 +1409,8 @@ class SQLiteTransaction(Transaction):
         """(shard, table id, count) of ``token``'s rows of ``stream``, or None."""
         store = self._store
         for k in sorted(store._attached):
-            row = store._exec(f"SELECT id, count FROM stage{k}.staged WHERE token = ? AND stream = ?",
-                              (token, stream)).fetchone()
+            row = store._one(f"SELECT id, count FROM stage{k}.staged WHERE token = ? AND stream = ?",
+                              (token, stream))
             if row is not None:
                 return k, row[0], row[1]
         return None
@@ -1195,23 +1427,27 @@ class SQLiteTransaction(Transaction):
             raise StoreError(f"stream {stream!r}: no staged rows beside {store.path} (lost?)")
         seq = self._seq
         if seq is None:
-            seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+            seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
         t = self._time = time.time_ns()
-        meta = ("meta" if not meta_cut else
-                "CASE WHEN meta IS NULL THEN NULL ELSE "
-                "CAST(substr(meta, 1, length(meta) - ?) || ? AS BLOB) END")
+        # The staged rows carry their checksums less the index (added here); where the
+        # metadata is rewritten, the checksum of the value goes on over the new metadata.
+        seal = _SEAL.format(c="checksum" if not meta_cut else "dataspace_adler32(meta, vsum)", i="? + k")
         at = first
         for token, n in staged:
             found = self._find_staged(token, stream)
             if found is None or found[2] != n:
                 raise staged_count_error(stream, token, None if found is None else found[2], n)
             k, tid, _n = found
-            params: tuple[Any, ...] = (sid, at - 1, seq + (at - first) - 1, t)
+            params: tuple[Any, ...] = (sid, at - 1, seq + (at - first) - 1, t, at - 1)
+            src = f"stage{k}.t{tid}"
             if meta_cut:
                 params += (meta_cut, meta_suffix)
+                src = ("(SELECT k, value, vsum, CASE WHEN meta IS NULL THEN NULL ELSE "
+                       "CAST(substr(meta, 1, length(meta) - ?) || ? AS BLOB) END AS meta "
+                       f"FROM {src})")
             cur = store._exec(
-                f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta) "
-                f"SELECT ?, ? + k, ? + k, ?, value, {meta} FROM stage{k}.t{tid}", params)
+                f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
+                f"SELECT ?, ? + k, ? + k, ?, value, meta, {seal} FROM {src}", params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
             at += n
@@ -1225,32 +1461,37 @@ class SQLiteTransaction(Transaction):
         store = self._store
         dropped = 0
         for k in sorted(store._attached):
-            n = store._exec(f"SELECT sum(count) FROM stage{k}.staged WHERE owner = ?",
-                            (owner,)).fetchone()[0]
+            n = store._one(f"SELECT sum(count) FROM stage{k}.staged WHERE owner = ?",
+                            (owner,))[0]
             if n is not None:
                 store._exec(f"DELETE FROM stage{k}.staged WHERE owner = ?", (owner,))
                 dropped += n
         return dropped
+
+    def _first_of(self, sid: int) -> int:
+        return int(self._store._one("SELECT first_index FROM streams WHERE id = ?",
+                                     (sid,))[0])
 
     def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
         if not rows:
             return
         sid = self._sid(stream, create=True)
         nxt = self._next_of(sid)
-        if rows[0][0] < nxt or any(b[0] <= a[0] for a, b in itertools.pairwise(rows)):
-            raise ValueError(f"copy_in {stream!r}: indices must increase from the next index {nxt}")
-        if rows[-1][0] >= MAX_INDEX:
-            raise StoreError(f"stream {stream!r} is full (64-bit indices exhausted)")
+        check_copy_in(stream, nxt, self._first_of(sid) < nxt, [r[0] for r in rows])
         store = self._store
+        if self._first_of(sid) >= nxt and rows[0][0] != nxt:  # empty: it starts there
+            store._exec("UPDATE streams SET first_index = ? WHERE id = ?", (rows[0][0], sid))
         if self._copy_base is None:
             seq = self._seq
             if seq is None:
-                seq = store._exec("SELECT value FROM store_meta WHERE key = 'seq'").fetchone()[0]
+                seq = store._one("SELECT value FROM store_meta WHERE key = 'seq'")[0]
             self._copy_base = self._seq = seq
         base = self._copy_base
+        sums = checksums(stream, [r[2] for r in rows], [r[3] for r in rows])
         store._conn.executemany(
-            "INSERT INTO entries (stream, idx, seq, time_ns, value, meta) VALUES (?, ?, ?, ?, ?, ?)",
-            [(sid, i, base + o, t, v, m) for i, t, v, m, o in rows],
+            "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
+            f"VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_SEAL.format(c='?7', i='?2')})",
+            [(sid, i, base + o, t, v, m, c) for (i, t, v, m, o), c in zip(rows, sums)],
         )
         self._seq = max(self._seq or 0, base + max(r[4] for r in rows) + 1)
         self._next[sid] = rows[-1][0] + 1
@@ -1260,5 +1501,8 @@ class SQLiteTransaction(Transaction):
         if type(next_index) is not int or not 0 <= next_index <= MAX_INDEX:
             raise ValueError(f"a next index is 0 to 2**63-1, not {next_index!r}")
         sid = self._sid(stream, create=True)
-        if next_index > self._next_of(sid):
+        nxt = self._next_of(sid)
+        if next_index > nxt:
+            check_advance(stream, nxt, self._first_of(sid) < nxt, next_index)
+            self._store._exec("UPDATE streams SET first_index = ? WHERE id = ?", (next_index, sid))
             self._next[sid] = next_index

@@ -352,8 +352,10 @@ def import_stream(
     """Append ``items`` to the stream ``name`` (created if absent), ``batch_size``
     entries (or ``batch_bytes``) per transaction; ``progress(entries)`` after each.
 
-    With ``keep_indices`` every entry lands at its exported index (indices must increase,
-    from at least the stream's next index; plain values are refused); otherwise values
+    With ``keep_indices`` every entry lands at its exported index (indices must follow
+    each other from the stream's next index, or from any index at or after it into a
+    stream without entries: a stream's entries have no gaps; plain values are refused);
+    otherwise values
     get the stream's next indices.  Bad input, a failed write or Ctrl-C raises
     :class:`ImportStopped`; the batches committed before it stay (the stream is created
     with the first of them, or at the end of an input without entries).
@@ -375,6 +377,11 @@ def import_stream(
                     raise BadInput(f"{batch_at}: index {indices[0]} is below the next index "
                                    f"of {name!r} ({nxt}): it has entries there already "
                                    "(import without --keep-indices appends at the end)")
+                if indices and indices[0] > nxt and tx.first_index(name) is not None:
+                    raise BadInput(f"{batch_at}: index {indices[0]} would leave indices "
+                                   f"{nxt}..{indices[0] - 1} of {name!r} missing after its "
+                                   "entries (a stream's entries have no gaps); import an "
+                                   f"export from index {nxt} on, or into a new stream")
                 now = time.time_ns()
                 tx.copy_in(name, [(i, now, d, m, o) for o, (i, d, m)
                                   in enumerate(zip(indices, datas, metas))])
@@ -404,6 +411,10 @@ def import_stream(
                 if item.index <= last_index:
                     raise BadInput(f"{item.where}: index {item.index} after index "
                                    f"{last_index}: the indices of an export increase")
+                if last_index >= 0 and item.index != last_index + 1:
+                    raise BadInput(f"{item.where}: index {item.index} after index {last_index}: "
+                                   "the indices of an export follow each other (a stream's "
+                                   "entries have no gaps)")
                 last_index = item.index
                 indices.append(item.index)
             if batch_at is None:

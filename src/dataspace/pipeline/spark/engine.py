@@ -43,12 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from ...progress import NO_PHASES, Phases
-from ...streams.base import Store, StoreLock
+from ...streams.base import Store, StoreCorrupt, StoreLock
 from ..engine import Engine, EngineError, Interrupted, ProcStats, check_sources, claim_graph
 from ..exactly_once import backing_stream, recover, resume
 from ..failure import with_source
 from ..graph import Graph, Processor
 from ._store import store_options
+from .errors import damage_line
 from .placement import read_on
 from .session import SparkSetupError, StartInterrupted, get_session
 from .sink import TRACEBACK_END, TRACEBACK_START, ProcSpec, encode_spec
@@ -486,6 +487,9 @@ class SparkEngine(Engine):
             return
         exc = q.query.exception()
         if exc is not None and not q.failed:
+            damage = damage_line(str(getattr(exc, "desc", None) or exc))
+            if damage is not None:  # a read found the store damaged: stop, as locally
+                raise StoreCorrupt(damage)
             q.failed, q.detail = _failure(exc)
             log.error("processor %s stopped: %s", q.id, q.failed)
             if q.detail:

@@ -24,7 +24,7 @@ import re
 import threading
 from typing import Any
 
-__all__ = ["error_line", "install"]
+__all__ = ["damage_line", "error_line", "install"]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,16 @@ def error_line(text: str) -> str | None:
     """The message of the last ``dataspace`` exception named in ``text`` (a Spark error's
     message or traceback), or None if there is none."""
     found = _LINE.findall(text)
+    return found[-1] if found else None
+
+
+_DAMAGE = re.compile(r"^\s*dataspace\.streams\.base\.StoreCorrupt: (.+?)\s*$", re.M)
+
+
+def damage_line(text: str) -> str | None:
+    """The message of a :class:`~dataspace.streams.StoreCorrupt` named in ``text`` (a
+    damaged store, found by a read in a task), or None."""
+    found = _DAMAGE.findall(text)
     return found[-1] if found else None
 
 
@@ -67,6 +77,10 @@ def install() -> None:
                 if line is not None:
                     converted._desc = line
                     converted._stackTrace = ""
+                    if isinstance(converted, captured.PythonException):
+                        # An error in a task (a partition's read): its str() is the
+                        # worker's traceback, from the JVM error, unless that goes.
+                        converted._origin = None
                     converted = converted.with_traceback(None)
             except Exception:  # never make an error worse than it was
                 log.debug("cannot shorten a Spark error", exc_info=True)
