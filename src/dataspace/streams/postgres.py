@@ -804,21 +804,25 @@ class PostgresStore(Store):
             nxt = tx._next.get(sid, nxt)
         return first, nxt
 
-    def _range(self, sid: int, name: str, cols: str, start: int, end: int, limit: int,
+    def _range(self, name: str, cols: str, start: int, end: int, limit: int,
                values: bool = True, desc: bool = False) -> list[Any] | None:
         """The columns ``cols`` (``idx`` first; with ``values``, then ``value, meta`` and
         the checksum less the index) of ``start <= idx < end`` (newest first with
-        ``desc``), as lists, checked; None: no such stream."""
+        ``desc``), as lists, checked; None: no such stream.  The stream is found by its
+        name in the same statement: one round trip, and never a cached id (a stream
+        another process deleted and made again has a new one)."""
         self._check_open()
         rows = self._rows(
-            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.first_index, "
-            f"s.next_index FROM {_S} s LEFT JOIN LATERAL (SELECT * FROM {_E} WHERE stream = s.id "
-            f"AND idx >= %s AND idx < %s ORDER BY idx {'DESC' if desc else ''} LIMIT %s) e "
-            "ON true WHERE s.id = %s", (max(start, 0), end, limit, sid))
+            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.id, "
+            f"s.first_index, s.next_index FROM {_S} s LEFT JOIN LATERAL (SELECT * FROM {_E} "
+            f"WHERE stream = s.id AND idx >= %s AND idx < %s ORDER BY idx "
+            f"{'DESC' if desc else ''} LIMIT %s) e ON true WHERE s.name = %s",
+            (max(start, 0), end, limit, name))
         if not rows:
             return None
         t = [list(c) for c in zip(*rows)]
-        bounds = self._bounds(sid, t[-2][0], t[-1][0])
+        bounds = self._bounds(t[-3][0], t[-2][0], t[-1][0])
+        del t[-3]
         if t[0][0] is None:  # no entries: the one row of the stream alone
             t = [[] for _c in t]
         verify_indices(self._display, name, *bounds, start, end, limit, t[0], desc)
@@ -829,25 +833,20 @@ class PostgresStore(Store):
     def read(self, name: str, start: int = 0, limit: int | None = None,
              end: int | None = None) -> list[Entry]:
         limit = MAX_INDEX if limit is None else limit
-        self._check_open()
-        sid = self._sid(name)
-        if sid is None or limit <= 0:
+        if limit <= 0:
             return []
-        t = self._range(sid, name, "e.idx, e.seq, e.time_ns", start,
+        t = self._range(name, "e.idx, e.seq, e.time_ns", start,
                         MAX_INDEX if end is None else end, limit)
         return [] if t is None else [Entry(name, *r) for r in zip(t[0], t[3], t[4], t[2], t[1])]
 
     def get(self, name: str, index: int) -> Entry | None:
         self._check_open()
-        sid = self._sid(name)
-        if sid is None:
-            return None
-        row = self._one(f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM}, s.first_index, "
-                        f"s.next_index FROM {_S} s LEFT JOIN {_E} e ON e.stream = s.id AND "
-                        "e.idx = %s WHERE s.id = %s", (index, sid))
+        row = self._one(f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM}, s.id, "
+                        f"s.first_index, s.next_index FROM {_S} s LEFT JOIN {_E} e ON "
+                        "e.stream = s.id AND e.idx = %s WHERE s.name = %s", (index, name))
         if row is None:
             return None
-        i, q, t, v, m, c, first, nxt = row
+        i, q, t, v, m, c, sid, first, nxt = row
         found = None if i is None else row
         verify_get(self._display, name, *self._bounds(sid, first, nxt), index, found)
         if found is None:
@@ -856,22 +855,18 @@ class PostgresStore(Store):
         return Entry(name, i, v, m, t, q)
 
     def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
-        self._check_open()
-        sid = self._sid(name)
-        if sid is None or limit <= 0:
+        if limit <= 0:
             return []
-        t = self._range(sid, name, "e.idx, e.seq, e.time_ns", 0,
+        t = self._range(name, "e.idx, e.seq, e.time_ns", 0,
                         MAX_INDEX if before is None else before, limit, desc=True)
         return [] if t is None else [Entry(name, *r) for r in zip(t[0], t[3], t[4], t[2], t[1])]
 
     def read_rows(
         self, name: str, start: int, end: int, limit: int
     ) -> list[tuple[int, int, bytes, bytes | None]]:
-        self._check_open()
-        sid = self._sid(name)
-        if sid is None or limit <= 0:
+        if limit <= 0:
             return []
-        t = self._range(sid, name, "e.idx, e.seq", start, end, limit)
+        t = self._range(name, "e.idx, e.seq", start, end, limit)
         return [] if t is None else list(zip(t[0], t[1], t[2], t[3]))
 
     def read_columns(
@@ -879,24 +874,20 @@ class PostgresStore(Store):
         limit: int = MAX_INDEX,
     ) -> Columns:
         """One range query, transposed to columns in C (``zip``) and verified."""
-        self._check_open()
-        sid = self._sid(name)
-        t = None if sid is None or limit <= 0 else self._range(
-            sid, name, "e.idx, e.seq, e.time_ns", start, end, limit, values=values)
+        t = None if limit <= 0 else self._range(
+            name, "e.idx, e.seq, e.time_ns", start, end, limit, values=values)
         if t is None or not t[0]:
             return Columns([], [], [], [], [])
         return Columns(t[0], t[1], t[2], t[3] if values else [], t[4] if values and meta else [])
 
     def first_index(self, name: str) -> int | None:
         self._check_open()
-        sid = self._sid(name)
-        if sid is None:
-            return None
-        row = self._one(f"SELECT s.first_index, s.next_index, (SELECT idx FROM {_E} WHERE "
-                        f"stream = s.id ORDER BY idx LIMIT 1) FROM {_S} s WHERE s.id = %s", (sid,))
+        row = self._one(f"SELECT s.id, s.first_index, s.next_index, (SELECT idx FROM {_E} WHERE "
+                        f"stream = s.id ORDER BY idx LIMIT 1) FROM {_S} s WHERE s.name = %s",
+                        (name,))
         if row is None:
             return None
-        first, nxt, got = row
+        sid, first, nxt, got = row
         verify_indices(self._display, name, *self._bounds(sid, first, nxt), 0, MAX_INDEX, 1,
                        () if got is None else (got,))
         return None if got is None else int(got)
