@@ -267,6 +267,17 @@ def test_streaming_batches_follow_admission_control(spark, tmp_path):
          .option("checkpointLocation", str(tmp_path / "ck2")).trigger(once=True).start())
     run_query(q)
     assert seen == [(0, list(range(10)))]
+    # The `tailer` option: a named tailer follows each committed batch (its commit was
+    # once unreachable, nested in another function, and the position never moved).
+    seen.clear()
+    q = (src.option("tailer", "follower").load().writeStream.foreachBatch(record)
+         .option("checkpointLocation", str(tmp_path / "ck3")).trigger(availableNow=True).start())
+    run_query(q)
+    assert [b for _i, b in seen] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    with open_store(tmp_path) as s:
+        # Spark tells a source that a batch committed when it plans the next one, so the
+        # position trails the last batch of a query that stopped (docs/spark.md).
+        assert s.position("a", "follower") in (8, 10)
 
 
 def test_the_connector_reads_and_writes_a_postgresql_store(spark, pg_url):

@@ -555,6 +555,15 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return _staged(self.o, partition)
         return read_partition(self.o, partition)
 
+    def commit(self, end: dict[str, Any]) -> None:
+        if self.o.tailer:
+            ranges = offset_ranges(end)
+            with self._store().transaction() as tx:
+                tx.set_positions([(s, self.o.tailer, b) for s, (_a, b) in ranges.items()])
+
+    def stop(self) -> None:
+        pass
+
 
 def _staged(o: SourceOptions, part: RangePartition) -> Iterator[Any]:
     """A partition of a staged query: the processor runs here and stages its outputs;
@@ -566,15 +575,6 @@ def _staged(o: SourceOptions, part: RangePartition) -> Iterator[Any]:
     assert o.processor is not None and part.batch is not None
     blob = stage_partition(o.path, spec_of(o.processor), part.ranges, *part.batch)
     yield pa.RecordBatch.from_arrays([pa.array([blob], pa.binary())], names=["staged"])
-
-    def commit(self, end: dict[str, Any]) -> None:
-        if self.o.tailer:
-            ranges = offset_ranges(end)
-            with self._store().transaction() as tx:
-                tx.set_positions([(s, self.o.tailer, b) for s, (_a, b) in ranges.items()])
-
-    def stop(self) -> None:
-        pass
 
 
 # -- the data source ---------------------------------------------------------------------
