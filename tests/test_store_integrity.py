@@ -329,14 +329,18 @@ class Raw:
     def sid(self, stream: str) -> int:
         return self("SELECT id FROM T.streams WHERE name = %s", stream)[0][0]
 
-    def flip(self, stream: str, index: int, offset: int = 3, column: str = "value") -> None:
-        """Flip the lowest bit of byte ``offset`` of an entry's value (or metadata)."""
+    def flip(self, stream: str, index: int, offset: int = 3, column: str = "value") -> bool:
+        """Flip the lowest bit of byte ``offset`` of an entry's value (or metadata); False
+        when there is nothing to flip (an entry without metadata)."""
         blob = self(f"SELECT {column} FROM T.entries WHERE stream = %s AND idx = %s",
                     self.sid(stream), index)[0][0]
+        if blob is None:
+            return False
         blob = bytearray(blob)
         blob[offset % len(blob)] ^= 1
         self(f"UPDATE T.entries SET {column} = %s WHERE stream = %s AND idx = %s",
              bytes(blob), self.sid(stream), index)
+        return True
 
     def close(self) -> None:
         self.conn.close()
@@ -609,7 +613,8 @@ def apply_ops(raw: Raw, ops: list) -> set[int]:
         if kind == "flip":
             raw.flip("ab", k, op[2])
         elif kind == "flipmeta":
-            raw.flip("ab", k, op[2], "meta")
+            if not raw.flip("ab", k, op[2], "meta"):  # a swap brought an entry without meta
+                continue
         elif kind == "delete":
             raw("DELETE FROM T.entries WHERE stream = %s AND idx = %s", sid, k)
         elif kind == "move":
