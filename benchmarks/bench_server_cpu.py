@@ -455,6 +455,43 @@ def profiling(pid: int, out: Path | None, name: str) -> Iterator[None]:
             p.wait()
 
 
+# Categories of the server's time, by the function a sample was in (its own time).
+CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
+    ("decode packets", re.compile(
+        r"make_reader|_read_varint|Relay\.(_fast_events|_fast_turn|receive_data|_go_on|"
+        r"_decode_loop|_packet|_wireref_in)|_envelope|Decoder\.|protocol/route\.py.*(scan|span|"
+        r"skip|read|field)")),
+    ("encode deliveries", re.compile(
+        r"make_writer|Relay\.(_send_message|_send_messages|_emit|_body|_seal|take_packets|"
+        r"_encode_int|data_to_send|_send_assert|_send_retract|_splice)|protocol/route\.py.*"
+        r"(emit|splice|body)")),
+    ("index lookup / routing", re.compile(
+        r"dataspace/index\.py|dataspace/pattern\.py|values/model\.py|<string>|"
+        r"protocol/route\.py")),
+    ("dataspace turn and dispatch", re.compile(
+        r"dataspace/dataspace\.py|contextlib\.py|Relay\.(_turn_in|_apply|_all_messages|"
+        r"_yield_now)|RemoteEntity\.|protocol/relay\.py")),
+    ("asyncio, sockets, flow", re.compile(r"asyncio/|selectors\.py|dataspace/net/|socket\.py")),
+]
+
+
+def summarise(path: Path) -> list[tuple[str, float]]:
+    """Share of samples per category in a py-spy raw (folded) profile."""
+    counts: dict[str, int] = {}
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            if not n.isdigit():
+                continue
+            leaf = stack.rsplit(";", 1)[-1]
+            cat = next((name for name, rx in CATEGORIES if rx.search(leaf)), "other")
+            counts[cat] = counts.get(cat, 0) + int(n)
+            total += int(n)
+    names = [c for c, _rx in CATEGORIES] + ["other"]
+    return [(c, 100 * counts.get(c, 0) / max(1, total)) for c in names]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -469,7 +506,13 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, default=None,
                     help="record a py-spy profile (raw folded stacks) of our server per case "
                          "into this directory")
+    ap.add_argument("--summarise", type=Path, nargs="*", default=None,
+                    help="only print the category summary of these py-spy raw profiles")
     args = ap.parse_args()
+    if args.summarise is not None:
+        for f in args.summarise:
+            print(f"{f.name}: " + ", ".join(f"{n} {x:.0f}%" for n, x in summarise(f)))
+        return 0
     target = args.cpu if args.cpu is not None else (0.3 if args.quick else 2.0)
     builds = [b.strip() for b in args.builds.split(",") if b.strip()]
     have_compiled = compiled_present()
@@ -511,6 +554,15 @@ def main() -> int:
         if n is not None:
             line += f"{n.us:14.3f}"
         print(line)
+    if args.profile is not None:
+        print(f"where our server's CPU went (py-spy samples, own time; {args.profile}):")
+        for build in builds:
+            for c in cases:
+                slug = re.sub(r"[^a-z0-9]+", "-", f"{build}-{c.name}".lower()).strip("-")
+                f = args.profile / f"{slug}.txt"
+                if f.exists():
+                    parts = ", ".join(f"{n} {x:.0f}%" for n, x in summarise(f))
+                    print(f"  {build}, {c.name}: {parts}")
     print("(delivered messages / server CPU seconds / wall seconds per measurement:)")
     for c in cases:
         print(f"  {c.name}: " + "; ".join(

@@ -43,10 +43,12 @@ from typing import Any, NewType
 from .index import Index
 from .pattern import Pattern, PatternError, as_pattern, from_preserves, to_preserves
 from .values import Embedded, Record, Sequence, Symbol, Value, key, preserve, strip
+from .values.binary import DEFAULT_MAX_DEPTH, make_reader
 from .values.model import _PLAIN
 
 __all__ = [
     "Dataspace",
+    "Encoded",
     "TurnTooLarge",
     "DataspaceEntity",
     "Entity",
@@ -79,6 +81,44 @@ class TurnTooLarge(Exception):
         self.limit = limit
 
 
+_read_plain = make_reader(False, None, DEFAULT_MAX_DEPTH)
+
+
+class Encoded:
+    """Messages given by their canonical binary encodings: spans of one received buffer
+    ``buf``.  ``msgs`` holds, per message, ``[start, item offsets..., end]``: where it
+    starts, where each item of its outermost record, sequence, set or dictionary starts
+    (a record's label is its first item) and where it ends, as
+    :func:`dataspace.protocol.route.scan` finds them.  A relay hands a run of messages
+    to one entity as one of these, to a dataspace with a message router, which delivers
+    them without decoding; values are decoded only when something needs them."""
+
+    __slots__ = ("_values", "buf", "msgs")
+
+    def __init__(self, buf: bytes, msgs: list[list[int]]) -> None:
+        self.buf = buf
+        self.msgs = msgs
+        self._values: list[Value] | None = None
+
+    def values(self) -> list[Value]:
+        """The messages, decoded (once)."""
+        vs = self._values
+        if vs is None:
+            buf = self.buf
+            vs = self._values = [_read_plain(buf, m[0], 0)[0] for m in self.msgs]
+        return vs
+
+    def encodings(self) -> list[bytes]:
+        buf = self.buf
+        return [buf[m[0]:m[-1]] for m in self.msgs]
+
+    def __len__(self) -> int:
+        return len(self.msgs)
+
+    def __repr__(self) -> str:
+        return f"Encoded({self.encodings()!r})"
+
+
 class Entity:
     """Something assertions and messages can be delivered to (Syndicate's entity).
 
@@ -94,6 +134,11 @@ class Entity:
 
     def on_message(self, value: Value) -> None:
         """``value`` was sent to this entity."""
+
+    send_body: Callable[[bytes], None] | None = None
+    """Optional: when set, ``send_body(body)`` delivers a message given by its canonical
+    encoding ``body`` (a relay's proxy for a peer's object: the bytes go out as they are).
+    A dataspace's message router delivers to such observers without decoding."""
 
     on_messages: Callable[[list[Value]], None] | None = None
     """Optional: when set, a relay hands it the messages of one incoming packet that are
@@ -216,6 +261,13 @@ class _EntityObserver:
                 self.entity.on_retract(h)
         else:
             self.entity.on_message(value)
+
+    def deliver_body(self, body: bytes) -> None:
+        """Deliver a message of captures given by their encoding (``[capture ...]``);
+        the entity has ``send_body``."""
+        if self.live:
+            self.delivered += 1
+            self.entity.send_body(body)
 
     @property
     def dead(self) -> bool:
@@ -464,6 +516,9 @@ class Dataspace(_DataspaceBase):
         self._watch: dict[Any, int] = {}
         self._watch_fn: Callable[[Value], Any] | None = None
         self._tap: Callable[[Any], Any] | None = None  # see tap_messages
+        self.router: Any = None
+        """A message router (:class:`dataspace.protocol.route.MessageRouter`) that
+        delivers :class:`Encoded` messages on their bytes; None: they are decoded."""
         self.max_turn_events: int | None = None
         """When set, a turn (or an action outside a turn) that would deliver more events
         than this to observers is undone and raises :class:`TurnTooLarge` (a server sets
@@ -526,9 +581,13 @@ class Dataspace(_DataspaceBase):
         return True
 
     def send(self, value: Value) -> None:
-        """Send ``value`` as a message to every current matching observer."""
+        """Send ``value`` as a message to every current matching observer (an
+        :class:`Encoded` message too)."""
         if type(value) not in _PLAIN:
-            value = strip(preserve(value))
+            if type(value) is not Encoded:
+                value = strip(preserve(value))
+            elif not value.msgs:
+                return
         turn = self._turn
         if turn is not None:
             turn.append(("m", None, value))
@@ -536,9 +595,7 @@ class Dataspace(_DataspaceBase):
         if self.max_turn_events is not None:
             self._apply_metered({}, (), (value,))
         else:
-            self.index.send_message(value)
-            if self._tap is not None:
-                self._queue.append(("x", (self._tap,), ((value,),)))
+            self._send_messages((value,))
         if self._queue and not self._dispatching:
             self._dispatch()
 
@@ -798,11 +855,24 @@ class Dataspace(_DataspaceBase):
         for _h, v in removed:
             self._remove(v)
         if messages:
-            send = self.index.send_message
-            for m in messages:
-                send(m)
-            if self._tap is not None:
-                self._queue.append(("x", (self._tap,), (messages,)))
+            self._send_messages(messages)
+
+    def _send_messages(self, messages: Any) -> None:
+        """Deliver a turn's messages (unmetered), in order, then tell the tap."""
+        send = self.index.send_message
+        router = self.router
+        q = self._queue
+        for m in messages:
+            if type(m) is Encoded:
+                if router is not None:
+                    router.emit(m, router.prepare(m)[0], q, True)
+                    continue
+                for v in m.values():
+                    send(v)
+                continue
+            send(m)
+        if self._tap is not None:
+            q.append(("x", (self._tap,), (_decoded(messages),)))
 
     def _apply_metered(self, added: Any, removed: Any, messages: Any) -> None:
         """:meth:`_apply` counting the deliveries that additions and messages queue; past
@@ -830,15 +900,36 @@ class Dataspace(_DataspaceBase):
                     done.append(("u", v, self._uninstall_observer(v)))
             for _h, v in removed:
                 done.append(("r", v, self._remove(v)))
+            router = self.router
+            routed: list[Any] = []  # (messages, deliveries): delivered once the turn fits
             for m in messages:
-                n = len(q)
-                self.index.send_message(m)
-                if len(q) != n:
-                    used += _queued_cost(q, n)
-                    if used > limit:
-                        raise TurnTooLarge(limit)
+                if type(m) is Encoded:
+                    if router is not None:
+                        entries, cost = router.prepare(m)
+                        if cost:
+                            used += cost
+                            if used > limit:
+                                raise TurnTooLarge(limit)
+                        routed.append((m, entries))
+                        continue
+                    values = m.values()
+                else:
+                    values = (m,)
+                if routed:  # those before it go first (queued: the turn may not fit)
+                    for rm, entries in routed:
+                        router.emit(rm, entries, q, False)
+                    routed = []
+                for v in values:
+                    n = len(q)
+                    self.index.send_message(v)
+                    if len(q) != n:
+                        used += _queued_cost(q, n)
+                        if used > limit:
+                            raise TurnTooLarge(limit)
+            for rm, entries in routed:
+                router.emit(rm, entries, q, True)
             if messages and self._tap is not None:
-                q.append(("x", (self._tap,), (messages,)))
+                q.append(("x", (self._tap,), (_decoded(messages),)))
         except TurnTooLarge:
             for kind, v, info in reversed(done):
                 if kind == "a":
@@ -860,6 +951,10 @@ class Dataspace(_DataspaceBase):
         try:
             while queue:
                 event, targets, caps = queue.popleft()
+                if event == "b":  # a message's encoding to observers that take bytes
+                    for target in targets:
+                        target.deliver_body(caps)
+                    continue
                 for target in targets:
                     if type(target) is Subscription:
                         if not target.live:
@@ -881,6 +976,20 @@ class Dataspace(_DataspaceBase):
             self._dispatching = False
 
 
+
+
+def _decoded(messages: Any) -> Any:
+    """``messages`` with every :class:`Encoded` run decoded (for the tap)."""
+    for m in messages:
+        if type(m) is Encoded:
+            out: list[Value] = []
+            for x in messages:
+                if type(x) is Encoded:
+                    out += x.values()
+                else:
+                    out.append(x)
+            return out
+    return messages
 
 
 def _queued_cost(q: deque[Any], n: int) -> int:
@@ -934,6 +1043,18 @@ class DataspaceEntity(Entity):
 
     def on_message(self, value: Value) -> None:
         self.dataspace.send(value)
+
+    def on_messages(self, values: list[Value]) -> None:  # type: ignore[override]
+        """The messages of one packet (see :attr:`Entity.on_messages`)."""
+        send = self.dataspace.send
+        for v in values:
+            send(v)
+
+    @property
+    def accepts_encoded(self) -> bool:
+        """Whether :class:`Encoded` messages may be handed in (the dataspace routes them
+        on their bytes)."""
+        return self.dataspace.router is not None
 
     def is_observer(self, obj: Any) -> bool:
         """Whether ``obj`` observes in this dataspace (see :meth:`Dataspace.is_observer`)."""

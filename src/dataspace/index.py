@@ -148,10 +148,11 @@ _NO = object()  # "no entry" in a handler's first-entry slot
 
 
 class _Handler:
-    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "project")
+    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "pattern", "project")
 
-    def __init__(self, project: Callable[[Value], Any]) -> None:
+    def __init__(self, project: Callable[[Value], Any], pattern: Pattern) -> None:
         self.project = project
+        self.pattern = pattern  # the first pattern of this handler (all have its captures)
         # Bag of capture tuples, strict key -> captures: the first distinct entry in
         # ``k1``/``c1``, any more in ``bag`` (a dict costs an allocation, and many
         # handlers only ever hold one).  A count above one is kept in ``extra``
@@ -332,6 +333,10 @@ class Index:
         self.extra: dict[int, int] = {}
         self.values: dict[int, Value] = {}  # id -> assertion
         self.root = _Node(None, None, None, {})
+        self.listener: Callable[[int, Pattern], Any] | None = None
+        """Called as ``listener(+1, pattern)`` / ``listener(-1, pattern)`` whenever a
+        callback that hears messages is added for / removed from ``pattern`` (a message
+        router's cache depends on them)."""
         self._busy = False
         self._next_id = 0
 
@@ -413,7 +418,7 @@ class Index:
                     entry = node.compiled[capkey] = [
                         _compile_captures(node.kinds, tuple(skel.captures)), 0]
                 entry[1] += 1
-                handler = _Handler(entry[0])
+                handler = _Handler(entry[0], pattern)
                 leaf.handlers[capkey] = handler
                 grp.nhandlers += 1
                 proj = handler.project
@@ -433,6 +438,8 @@ class Index:
             initial = list(handler.bag.values())
             if handler.k1 is not _NO:
                 initial.append(handler.c1)
+            if messages and self.listener is not None:
+                self.listener(1, pattern)
         finally:
             self._busy = False
         if self.sink is not None:
@@ -466,6 +473,8 @@ class Index:
             handler = leaf.handlers.get(capkey)
             if handler is None or callback not in handler.callbacks:
                 return
+            if handler.callbacks[callback] and self.listener is not None:
+                self.listener(-1, pattern)
             del handler.callbacks[callback]
             handler.set_callbacks()
             if handler.callbacks:
@@ -614,6 +623,38 @@ class Index:
             self._busy = False
         if sink is None:
             _fire(fire)
+
+    def message_matches(self, value: Value) -> list[tuple[_Handler, tuple[Callback, ...]]]:
+        """The handlers a message ``value`` reaches, in the order :meth:`send_message`
+        fires them, each with its callbacks that hear messages (what a message router
+        caches).  Does not fire anything."""
+        if type(value) not in _PLAIN:
+            value = strip(preserve(value))
+        out: list[tuple[_Handler, tuple[Callback, ...]]] = []
+        root = self.root
+        if root.cont.has_msg:
+            _match_visit(_EMPTY_NODE, [value], value, out, root.cont)
+        if root.move_list:
+            nxt = root.move_list[0][2].get(classof(value))
+            if nxt is not None:
+                _match_visit(nxt, [value, value], value, out, nxt.cont)
+        return out
+
+    def message_patterns(self) -> list[tuple[Pattern, int]]:
+        """Every handler's pattern with how many of its callbacks hear messages (those
+        with some)."""
+        out = []
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            for grp in n.cont.table.values():
+                for leaf in grp.leaves.values():
+                    for h in leaf.hlist:
+                        if h.mcbs:
+                            out.append((h.pattern, len(h.mcbs)))
+            for _get, _up, table in n.moves.values():
+                stack.extend(table.values())
+        return out
 
     def _enter(self) -> None:
         if self._busy:
@@ -869,3 +910,24 @@ def _msg_visit(
     if node.move_list:
         for nxt, st in _children(node, stack):
             _msg_visit(nxt, st, v, fire, nxt.cont)
+
+
+def _match_visit(
+    node: _Node, stack: list[Any], v: Value, out: list[Any], cont: _Continuation
+) -> None:
+    """:func:`_msg_visit` collecting the handlers reached instead of firing them."""
+    for grp in cont.table.values():
+        if not grp.msg:
+            continue
+        ck = grp.project(v)
+        if ck is None or ck not in grp.msg:
+            continue
+        leaf = grp.leaves.get(ck)
+        if leaf is None:  # pragma: no cover - a message entry has its leaf
+            continue
+        for h in leaf.hlist:
+            if h.mcbs and h.project(v) is not None:
+                out.append((h, h.mcbs))
+    if node.move_list:
+        for nxt, st in _children(node, stack):
+            _match_visit(nxt, st, v, out, nxt.cont)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from operator import is_
 from typing import Any
 
-from ..dataspace import OBSERVE, Entity, TurnTooLarge, fresh_handle
+from ..dataspace import OBSERVE, Encoded, Entity, TurnTooLarge, fresh_handle
 from ..values import (
     DecodeError,
     Decoder,
@@ -59,6 +59,7 @@ from ..values import (
     Value,
 )
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
+from .route import scan
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -79,6 +80,8 @@ _B_END2 = b"\x84\x84"
 _HDR_A = b"\xb4\xb3\x01A"
 _HDR_R = b"\xb4\xb3\x01R"
 _HDR_M = b"\xb4\xb3\x01M"
+_HDR_M_SEQ = b"\xb4\xb3\x01M\xb5"
+_B_END3 = b"\x84\x84\x84"
 _HDR_S = b"\xb4\xb3\x01S"
 _B_TRUE = b"\x81"
 
@@ -169,12 +172,14 @@ class RemoteEntity(Entity):
     outbound events; once the connection has closed they are dropped.
     """
 
-    __slots__ = ("count", "oid", "oid_bytes", "permanent", "relay")
+    __slots__ = ("count", "msg_head", "oid", "oid_bytes", "permanent", "relay")
 
     def __init__(self, relay: Relay, oid: int) -> None:
         self.relay = relay
         self.oid = oid
         self.oid_bytes = relay._encode_int(oid)
+        # What a message of captures to it starts with: ``[oid <M [`` (see emit_captures).
+        self.msg_head = _B_SEQ + self.oid_bytes + _HDR_M_SEQ
         self.count = 0
         self.permanent = False
 
@@ -186,6 +191,12 @@ class RemoteEntity(Entity):
 
     def on_message(self, value: Value) -> None:
         self.relay._send_message(self, value)
+
+    def send_body(self, body: bytes) -> None:  # type: ignore[override]
+        """Send the message whose canonical encoding is ``body``, as it is."""
+        relay = self.relay
+        if not relay.closed:
+            relay._emit(self.oid_bytes, _HDR_M, body)
 
     def send_messages(self, values: list[Value]) -> None:
         """:meth:`on_message` for each of ``values``, in order (a link forwarding a
@@ -516,6 +527,11 @@ class Relay:
         :attr:`_cut` is then where that event starts."""
         read = self._read
         keep = _keeping
+        exports = self._exports
+        raw_oid = -1  # the last OID asked whether it takes Encoded messages, and the answer
+        raw = False
+        no_raw = -1  # an event to read as usual (its body is not canonical, or incomplete)
+        n = len(buf)
         e = p
         try:
             while True:
@@ -535,10 +551,42 @@ class Relay:
                 k = buf[q + 3]
                 p = q + 4
                 if k == 0x4D:  # M: its body
-                    a, p = read(buf, q + 4, 3)
-                    b = None
+                    if oid != raw_oid:
+                        raw_oid = oid
+                        ex = exports.get(oid)
+                        raw = not keep and ex is not None and \
+                            getattr(ex.target, "accepts_encoded", False) is True
+                    if raw and e != no_raw:
+                        # A run of messages to this OID, routed on their bytes, not
+                        # decoded: each body canonical, without embedded values (the
+                        # first that is not is read as usual).
+                        env = buf[e:p]  # this event's envelope: the run's other events'
+                        lenv = p - e
+                        msgs: list[list[int]] = []
+                        while True:
+                            items = scan(buf, p, 3)
+                            if items is None:
+                                break
+                            end = items[-1]
+                            if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
+                                items = None
+                                break
+                            msgs.append(items)
+                            p = end + 2
+                            e = p
+                            if not buf.startswith(env, p):
+                                break
+                            p += lenv
+                        if msgs:
+                            events.append((oid, k, Encoded(buf, msgs), None))
+                        if items is None:
+                            no_raw = e
+                        p = e
+                        continue
+                    a, p = read(buf, p, 3)
                     if keep:
                         _received[id(a)] = (a, buf[q + 4 : p])
+                    b = None
                 elif k == 0x52 or k == 0x53:  # R, S: one field
                     a, p = read(buf, p, 3)
                     b = None
@@ -709,7 +757,9 @@ class Relay:
         try:
             with self._turn():
                 if many is not None:
-                    self.messages_in += len(events)
+                    for ev in events:
+                        a = ev[2]
+                        self.messages_in += 1 if type(a) is not Encoded else len(a.msgs)
                     many([ev[2] for ev in events])
                     events = []
                 for ev in events:
@@ -778,7 +828,7 @@ class Relay:
         else:
             target = ex.target
         if k == 0x4D:  # M
-            self.messages_in += 1
+            self.messages_in += 1 if type(a) is not Encoded else len(a.msgs)
             if emb:
                 pins: list[Any] = []
                 a = self._rewrite_in(a, pins)
@@ -983,6 +1033,29 @@ class Relay:
         out: list[bytes] = []
         self._write(n, out, 0)
         return b"".join(out)
+
+    def emit_captures(self, head: bytes, parts: tuple[bytes, ...], size: int) -> None:
+        """Append the event ``[oid <M [parts...]>]`` to the Turn being built, ``head``
+        being its start up to the parts (a proxy's :attr:`RemoteEntity.msg_head`): a
+        message of captures given by their encodings (``size``: their length in all), as
+        a message router splices them from received bytes."""
+        if self.closed:
+            return
+        frags = self._frags
+        if not frags:
+            frags.append(_B_SEQ)
+            self._frag_size = 1
+            if not self._dirty:
+                self._dirty = True
+                if self.on_dirty is not None:
+                    self.on_dirty(self)
+        frags.append(head)
+        frags += parts
+        frags.append(_B_END3)
+        self.events_out += 1
+        self._frag_size += len(head) + size + 3
+        if self._frag_size >= self._max_out:
+            self._seal()
 
     def _emit(self, oid_bytes: bytes, hdr: bytes, body: bytes) -> None:
         """Append the event ``[oid <hdr body>]`` to the Turn being built."""
