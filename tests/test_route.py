@@ -450,3 +450,30 @@ def test_annotated_message_reaches_the_same_observers_as_the_plain_one():
     h.collect()
     assert h.got[i] == [(key("a"), key("b"))] * 2
     assert Counter(h.got[i]) == Counter({(key("a"), key("b")): 2})
+
+
+def test_packets_of_messages_in_a_row_are_each_their_own_turn():
+    """Consecutive one-turn packets are routed in one go, but each is still a turn: the
+    limit applies to each (those before a refused one are delivered, none after), and a
+    callback one of them queues runs before the next is routed."""
+    h = Harness()
+    h.ds.max_turn_events = 2
+    s = h.observe(parse_pattern("<Says $who $text>"), True)
+    says = [encode(Record(Symbol("Says"), ["a", str(i)])) for i in range(6)]
+    big = _packet(says[:3])  # three deliveries: over the limit
+    h.pub.receive_data(b"".join([_packet([says[0]]), _packet(says[1:3]), big, _packet([says[5]])]))
+    assert h.pub.closed and h.pub.error is not None and "turn too large" in h.pub.error[0]
+    h.collect()
+    assert h.got[s] == [(key("a"), key(str(i))) for i in range(3)]
+    assert h.pub.turns_in == 3  # the refused one was received
+
+    h = Harness()
+    late: list[int] = []
+    # An in-process observer that, on the first message, adds a remote one.
+    h.ds.observe("<Says _ \"0\">", on_message=lambda: late.append(
+        h.observe(parse_pattern("<Says $who $text>"), True)))
+    h.pub.receive_data(b"".join(_packet([b]) for b in says))
+    h.collect()
+    assert len(late) == 1
+    assert h.got[late[0]] == [(key("a"), key(str(i))) for i in range(1, 6)]
+    assert h.pub.turns_in == 6 and h.pub.packets_in == 6 and h.pub.messages_in == 6

@@ -79,6 +79,8 @@ class TurnTooLarge(Exception):
             "split it into smaller turns, or observe narrower patterns"
         )
         self.limit = limit
+        self.sent = 0
+        """Turns sent before this one was refused (see :meth:`Dataspace.send_turns`)."""
 
 
 _read_plain = make_reader(False, None, DEFAULT_MAX_DEPTH)
@@ -599,6 +601,39 @@ class Dataspace(_DataspaceBase):
         if self._queue and not self._dispatching:
             self._dispatch()
 
+    def send_turns(self, enc: Encoded, cuts: list[int]) -> int:
+        """Send the messages of ``enc`` as consecutive turns, the messages
+        ``enc.msgs[cuts[i - 1]:cuts[i]]`` forming turn ``i``, as if each were sent (by
+        :meth:`send`, in a turn of its own) after the one before had been applied and
+        its callbacks run.  Returns how many turns were sent: it stops after one whose
+        deliveries queued callbacks (they run first, and may change who observes what),
+        and the caller sends the rest again.  Without a router, or inside a turn or a
+        callback, it sends the first turn only.  A turn over :attr:`max_turn_events`
+        raises :class:`TurnTooLarge` (the ones before it are sent)."""
+        router = self.router
+        if router is None or self._turn is not None or self._dispatching or self._queue:
+            self.send(Encoded(enc.buf, enc.msgs[:cuts[0]]))
+            return 1
+        q = self._queue
+        limit = self.max_turn_events
+        tap = self._tap
+        lo = 0
+        for i, hi in enumerate(cuts):
+            entries, cost = router.prepare(enc, lo, hi)
+            if limit is not None and cost > limit:
+                log.info("%s: a turn was refused: more than %d deliveries", self.name, limit)
+                err = TurnTooLarge(limit)
+                err.sent = i
+                raise err
+            router.emit(enc, entries, q, True, lo)
+            if tap is not None:
+                q.append(("x", (tap,), (enc.values()[lo:hi],)))
+            lo = hi
+            if q:
+                self._dispatch()
+                return i + 1
+        return len(cuts)
+
     def observe(
         self,
         pattern: Pattern | str | Value,
@@ -1049,6 +1084,10 @@ class DataspaceEntity(Entity):
         send = self.dataspace.send
         for v in values:
             send(v)
+
+    def on_message_turns(self, enc: Encoded, cuts: list[int]) -> int:
+        """Consecutive packets of messages (see :meth:`Dataspace.send_turns`)."""
+        return self.dataspace.send_turns(enc, cuts)
 
     @property
     def accepts_encoded(self) -> bool:

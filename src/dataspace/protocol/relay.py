@@ -262,6 +262,8 @@ class Relay:
         # being read (which, when it is incomplete too, the decoder holds).
         self._part: tuple[list[tuple[int, int, Any, Any]], bool, int] | None = None
         self._cut = 0  # where _fast_events stopped (the start of the event it could not read)
+        # The export last asked whether it takes Encoded messages, and the answer.
+        self._raw_ex: tuple[Any, bool] | None = None
         # Peer handles of the live <Observe ...> assertions it made.
         self._observing: set[int] = set()
         self.name = name
@@ -515,10 +517,60 @@ class Relay:
             return -1
         self.packets_in += 1
         if events:
+            if len(events) == 1 and not whole and type(events[0][2]) is Encoded \
+                    and q < len(buf) and buf[q] == 0xB5:
+                r = self._run_of_turns(buf, q, events[0])
+                if r >= 0:
+                    return r
             self._turn_in(events, self._saw_embedded)
             if _received:
                 _received.clear()
         return q
+
+    def _run_of_turns(self, buf: bytes, q: int, ev: tuple[int, int, Any, Any]) -> int:
+        """The packet just read is a run of messages to one entity, routed on their
+        bytes (``ev``), and another packet follows at ``buf[q]``: read the packets after
+        it that are the same (up to 256), and have the entity apply them, turn by turn,
+        in one call (see :meth:`Dataspace.send_turns`).  Returns the offset after the
+        last packet applied, or -1 (nothing applied) when no such packet follows."""
+        oid = ev[0]
+        enc = ev[2]
+        ex = self._exports.get(oid)
+        fn = getattr(ex.target, "on_message_turns", None) if ex is not None else None
+        if fn is None:
+            return -1
+        msgs = enc.msgs
+        cuts = [len(msgs)]
+        ends = [q]
+        n = len(buf)
+        limit = self.limits.max_packet_size
+        while q < n and buf[q] == 0xB5 and len(cuts) < 256:
+            more: list[tuple[int, int, Any, Any]] = []
+            r = self._fast_events(buf, q + 1, more)
+            if r < 0 or r - q > limit or len(more) != 1:
+                break
+            o, _k, e, _b = more[0]
+            if o != oid or type(e) is not Encoded:
+                break
+            msgs += e.msgs
+            cuts.append(len(msgs))
+            ends.append(r)
+            q = r
+        self._saw_embedded = False  # (what was read past the run is read again)
+        if len(cuts) == 1:
+            return -1
+        done = 1
+        try:
+            done = fn(enc, cuts)
+        except TurnTooLarge as e:
+            done = e.sent + 1  # the refused turn was received too
+            self.fail(str(e), Symbol("turn-too-large"))
+        except Exception as e:
+            self._internal_error(e)
+        self.packets_in += done - 1
+        self.turns_in += done
+        self.messages_in += cuts[done - 1]
+        return ends[done - 1]
 
     def _fast_events(self, buf: bytes, p: int, events: list[tuple[int, int, Any, Any]]) -> int:
         """Read the events of a Turn packet from ``buf[p]`` (an event boundary) into
@@ -554,8 +606,14 @@ class Relay:
                     if oid != raw_oid:
                         raw_oid = oid
                         ex = exports.get(oid)
-                        raw = not keep and ex is not None and \
-                            getattr(ex.target, "accepts_encoded", False) is True
+                        c = self._raw_ex
+                        if c is not None and c[0] is ex:
+                            raw = c[1]
+                        else:
+                            raw = ex is not None and \
+                                getattr(ex.target, "accepts_encoded", False) is True
+                            self._raw_ex = (ex, raw)
+                        raw = raw and not keep
                     if raw and e != no_raw:
                         # A run of messages to this OID, routed on their bytes, not
                         # decoded: each body canonical, without embedded values (the

@@ -577,9 +577,10 @@ class MessageRouter:
 
     # -- routing -----------------------------------------------------------------------
 
-    def prepare(self, enc: Encoded) -> tuple[list[_Entry], int]:
-        """The deliveries of each message of ``enc`` (from the cache, or computed and
-        cached) and how many callbacks they reach in all; nothing is delivered yet."""
+    def prepare(self, enc: Encoded, lo: int = 0, hi: int = -1) -> tuple[list[_Entry], int]:
+        """The deliveries of each message of ``enc`` (of ``enc.msgs[lo:hi]``; ``hi`` -1:
+        to the end) from the cache, or computed and cached, and how many callbacks they
+        reach in all; nothing is delivered yet."""
         buf = enc.buf
         classes = self._classes
         entries = self._entries
@@ -589,7 +590,8 @@ class MessageRouter:
         cost = 0
         last_ck = None
         cs = root
-        for items in enc.msgs:
+        msgs = enc.msgs if lo == 0 and hi < 0 else enc.msgs[lo:hi if hi >= 0 else None]
+        for items in msgs:
             s = items[0]
             t = buf[s]
             if t == 0xB4:
@@ -732,14 +734,17 @@ class MessageRouter:
                 self._bytes -= entries.pop(k).size
             self.stats.evictions += drop
 
-    def emit(self, enc: Encoded, entries: list[_Entry], queue: Any, direct: bool) -> None:
+    def emit(self, enc: Encoded, entries: list[_Entry], queue: Any, direct: bool,
+             lo: int = 0) -> None:
         """Deliver the messages of ``enc`` as :meth:`prepare` found: remote observers
         get the received bytes of their captures (``[capture ...]``), at once when
         ``direct`` and ``queue`` (the dataspace's event queue) is empty, else through it
-        in order; other callbacks get decoded captures through the queue."""
+        in order; other callbacks get decoded captures through the queue.  ``entries``
+        are those of ``enc.msgs[lo:]``."""
         buf = enc.buf
         self.stats.routed += len(entries)
-        for items, e in zip(enc.msgs, entries):
+        msgs = enc.msgs if lo == 0 else enc.msgs[lo:lo + len(entries)]
+        for items, e in zip(msgs, entries):
             if e.fallback:  # pragma: no cover - see _miss
                 self.stats.fallbacks += 1
                 self.ds.index.send_message(_read_plain(buf, items[0], 0)[0])
