@@ -544,19 +544,33 @@ class Relay:
         ends = [q]
         n = len(buf)
         limit = self.limits.max_packet_size
-        while q < n and buf[q] == 0xB5 and len(cuts) < 256:
-            more: list[tuple[int, int, Any, Any]] = []
-            r = self._fast_events(buf, q + 1, more)
-            if r < 0 or r - q > limit or len(more) != 1:
+        # The packets read here are Turns of messages to ``oid`` written canonically:
+        # [[oid <M body>] ...], each body canonical (any other packet ends the run).
+        env = _B_SEQ + self._encode_int(oid) + _HDR_M  # an event up to its body
+        penv = _B_SEQ + env
+        lenv = len(env)
+        while q < n and len(cuts) < 256 and buf.startswith(penv, q):
+            p = q + lenv + 1
+            had = len(msgs)
+            while True:
+                items = scan(buf, p, 3)
+                if items is None:
+                    break
+                end = items[-1]
+                if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
+                    items = None
+                    break
+                msgs.append(items)
+                p = end + 2
+                if not buf.startswith(env, p):
+                    break
+                p += lenv
+            if items is None or p >= n or buf[p] != 0x84 or p + 1 - q > limit:
+                del msgs[had:]  # not one of those: read as usual
                 break
-            o, _k, e, _b = more[0]
-            if o != oid or type(e) is not Encoded:
-                break
-            msgs += e.msgs
+            q = p + 1
             cuts.append(len(msgs))
-            ends.append(r)
-            q = r
-        self._saw_embedded = False  # (what was read past the run is read again)
+            ends.append(q)
         if len(cuts) == 1:
             return -1
         done = 1
@@ -1114,6 +1128,29 @@ class Relay:
         self._frag_size += len(head) + size + 3
         if self._frag_size >= self._max_out:
             self._seal()
+
+    def emit_run(self, head: bytes, parts: list[bytes]) -> None:
+        """:meth:`emit_captures` of one part each, for each of ``parts`` in turn."""
+        if self.closed:
+            return
+        frags = self._frags
+        if not frags:
+            frags.append(_B_SEQ)
+            self._frag_size = 1
+            if not self._dirty:
+                self._dirty = True
+                if self.on_dirty is not None:
+                    self.on_dirty(self)
+        size = self._frag_size + (len(head) + 3) * len(parts) + sum(map(len, parts))
+        if size < self._max_out:
+            end = _B_END3
+            for part in parts:
+                frags += (head, part, end)
+            self.events_out += len(parts)
+            self._frag_size = size
+            return
+        for part in parts:
+            self.emit_captures(head, (part,), len(part))
 
     def _emit(self, oid_bytes: bytes, hdr: bytes, body: bytes) -> None:
         """Append the event ``[oid <hdr body>]`` to the Turn being built."""

@@ -414,7 +414,8 @@ class _Entry:
     message then goes through the index.
     """
 
-    __slots__ = ("count", "cs", "fallback", "gen", "groups", "queued", "simple", "size")
+    __slots__ = ("count", "cs", "fallback", "fast", "gen", "groups", "queued", "simple",
+                 "size")
 
     def __init__(self, cs: _Class, groups: list[tuple[Any, ...]], count: int, size: int,
                  fallback: bool = False) -> None:
@@ -426,6 +427,14 @@ class _Entry:
         self.simple = cs.simple is not None
         self.size = size
         self.fallback = fallback
+        # The common case in a form quick to use: every match a remote observer whose
+        # captures are one span of the message (the same one): (start, end, sinks).
+        self.fast: tuple[int, int, tuple[Any, ...]] | None = None
+        if groups and self.simple and not fallback and not self.queued:
+            w = groups[0][0]
+            if len(w[0]) == 1 and all(g[0] is w for g in groups):
+                a, b = w[0][0]
+                self.fast = (a, b, tuple(x for g in groups for x in g[1]))
 
 
 class CacheStats:
@@ -585,11 +594,16 @@ class MessageRouter:
         classes = self._classes
         entries = self._entries
         root = self._root
-        stats = self.stats
         out: list[_Entry] = []
         cost = 0
+        hits = 0
         last_ck = None
         cs = root
+        simple: list[int] | None = None
+        top = 0
+        km: list[tuple[int, int]] = []
+        one = -1  # the item of the one VALUE test of the plan, if that is all it has
+        gen = 0
         msgs = enc.msgs if lo == 0 and hi < 0 else enc.msgs[lo:hi if hi >= 0 else None]
         for items in msgs:
             s = items[0]
@@ -603,19 +617,23 @@ class MessageRouter:
             if ck != last_ck:
                 last_ck = ck
                 cs = classes.get(ck, root)
-            simple = cs.simple
+                simple = cs.simple
+                top = cs.top
+                km = cs.key_modes
+                one = km[0][0] if len(km) == 1 and km[0][1] == VALUE else -1
+                gen = cs.gen
             key: tuple[Any, ...]
             if simple is not None:
                 # Items of the outermost compound only: the key is the class, how many
                 # items there are (up to the highest the plan looks at) and the
                 # encodings (or classes) of the items tested against constants or shapes.
                 n = len(items) - 3  # how many items it has
-                top = cs.top
                 if n > top:
                     n = top
-                km = cs.key_modes
                 if not km:
                     key = (ck, n)
+                elif one >= 0:
+                    key = (ck, n, buf[items[one + 1]:items[one + 2]]) if one < n else (ck, n)
                 else:
                     parts: list[Any] = [ck, n]
                     for item, mode in km:
@@ -628,12 +646,13 @@ class MessageRouter:
             else:
                 key = self._general_key(buf, items, cs, ck)
             e = entries.get(key)
-            if e is None or e.gen != cs.gen or e.cs is not cs:
+            if e is None or e.gen != gen or e.cs is not cs:
                 e = self._miss(buf, items, cs, key)
             else:
-                stats.hits += 1
+                hits += 1
             out.append(e)
             cost += e.count
+        self.stats.hits += hits
         return out, cost
 
     def _general_key(self, buf: bytes, items: list[int], cs: _Class,
@@ -743,49 +762,74 @@ class MessageRouter:
         are those of ``enc.msgs[lo:]``."""
         buf = enc.buf
         self.stats.routed += len(entries)
-        msgs = enc.msgs if lo == 0 else enc.msgs[lo:lo + len(entries)]
-        for items, e in zip(msgs, entries):
-            if e.fallback:  # pragma: no cover - see _miss
-                self.stats.fallbacks += 1
-                self.ds.index.send_message(_read_plain(buf, items[0], 0)[0])
+        msgs = enc.msgs
+        k = lo
+        i = 0
+        n = len(entries)
+        while i < n:
+            e = entries[i]
+            fast = e.fast
+            if fast is not None and direct and not queue:
+                # Messages in a row with these same deliveries, one span each to remote
+                # observers only: each observer's relay takes them all at once.
+                j = i + 1
+                while j < n and entries[j] is e:
+                    j += 1
+                a, b, sinks = fast
+                parts = [buf[items[a]:items[b]] for items in msgs[k:k + j - i]]
+                for o, relay, head in sinks:
+                    o.delivered += j - i
+                    relay.emit_run(head, parts)
+                k += j - i
+                i = j
                 continue
-            spans: list[tuple[int, int] | None] | None = None
-            last: Any = None
-            parts: Any = ()
-            size = 0
-            for w, sinks, observers, others in e.groups:
-                if w is not last:
-                    last = w
-                    where = w[0]
-                    if e.simple:
-                        if len(where) == 1:
-                            lo, hi = where[0]
-                            part = buf[items[lo]:items[hi]]
-                            parts = (part,)
-                            size = len(part)
-                        else:
-                            parts = tuple([buf[items[lo]:items[hi]] for lo, hi in where])
-                            size = sum(map(len, parts))
+            self._emit_one(buf, msgs[k], e, queue, direct)
+            k += 1
+            i += 1
+
+    def _emit_one(self, buf: bytes, items: list[int], e: _Entry, queue: Any,
+                  direct: bool) -> None:
+        if e.fallback:  # pragma: no cover - see _miss
+            self.stats.fallbacks += 1
+            self.ds.index.send_message(_read_plain(buf, items[0], 0)[0])
+            return
+        spans: list[tuple[int, int] | None] | None = None
+        last: Any = None
+        parts: Any = ()
+        size = 0
+        for w, sinks, observers, others in e.groups:
+            if w is not last:
+                last = w
+                where = w[0]
+                if e.simple:
+                    if len(where) == 1:
+                        lo, hi = where[0]
+                        part = buf[items[lo]:items[hi]]
+                        parts = (part,)
+                        size = len(part)
                     else:
-                        if spans is None:
-                            spans = _spans(buf, items, e.cs)
-                        parts = tuple([_span_bytes(buf, spans[i]) for i in where])
+                        parts = tuple([buf[items[lo]:items[hi]] for lo, hi in where])
                         size = sum(map(len, parts))
-                if sinks:
-                    if direct and not queue:
-                        for o, relay, head in sinks:
-                            o.delivered += 1
-                            relay.emit_captures(head, parts, size)
-                    else:
-                        queue.append(("b", observers, b"".join((_B_SEQ, *parts, _B_END))))
-                if others:
-                    if e.simple:
-                        caps = [_read_plain(buf, items[lo], 0)[0] for lo, _hi in w[1]]
-                    else:
-                        if spans is None:
-                            spans = _spans(buf, items, e.cs)
-                        caps = [_read_plain(buf, _span_start(spans[i]), 0)[0] for i in w[1]]
-                    queue.append(("!", others, tuple(caps)))
+                else:
+                    if spans is None:
+                        spans = _spans(buf, items, e.cs)
+                    parts = tuple([_span_bytes(buf, spans[i]) for i in where])
+                    size = sum(map(len, parts))
+            if sinks:
+                if direct and not queue:
+                    for o, relay, head in sinks:
+                        o.delivered += 1
+                        relay.emit_captures(head, parts, size)
+                else:
+                    queue.append(("b", observers, b"".join((_B_SEQ, *parts, _B_END))))
+            if others:
+                if e.simple:
+                    caps = [_read_plain(buf, items[lo], 0)[0] for lo, _hi in w[1]]
+                else:
+                    if spans is None:
+                        spans = _spans(buf, items, e.cs)
+                    caps = [_read_plain(buf, _span_start(spans[i]), 0)[0] for i in w[1]]
+                queue.append(("!", others, tuple(caps)))
 
     def entries(self) -> int:
         """Entries in the cache now (stale ones included until they are replaced)."""
