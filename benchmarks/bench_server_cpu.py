@@ -90,9 +90,14 @@ def compiled_present() -> bool:
 # Servers
 
 
+UVLOOP_MAIN = ("import sys, uvloop; uvloop.install(); from dataspace.cli import main; "
+               "sys.exit(main(sys.argv[1:]))")
+
+
 class OurServer:
-    def __init__(self, build: str) -> None:
+    def __init__(self, build: str, uvloop: bool = False) -> None:
         self.build = build
+        self.uvloop = uvloop
         self.dir = tempfile.mkdtemp(prefix="bench-cpu-")
         self.proc: subprocess.Popen[str] | None = None
         self.address = ("127.0.0.1", 0)
@@ -104,8 +109,9 @@ class OurServer:
             env["DATASPACE_PURE"] = "1"
         else:
             env.pop("DATASPACE_PURE", None)
+        main = ["-c", UVLOOP_MAIN] if self.uvloop else ["-m", "dataspace.cli"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dataspace.cli", "serve", "--tcp", "127.0.0.1:0",
+            [sys.executable, *main, "serve", "--tcp", "127.0.0.1:0",
              "--data-dir", self.dir, "--max-assertions", "1000000"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
@@ -502,6 +508,8 @@ def main() -> int:
     ap.add_argument("--builds", default="pure,compiled",
                     help="builds of our server to run, comma-separated (default pure,compiled: "
                          "compiled only when compiled modules are present)")
+    ap.add_argument("--uvloop", action="store_true",
+                    help="also run our server under uvloop (pip install uvloop)")
     ap.add_argument("--cases", default="", help="run only the cases whose name contains this")
     ap.add_argument("--profile", type=Path, default=None,
                     help="record a py-spy profile (raw folded stacks) of our server per case "
@@ -518,6 +526,12 @@ def main() -> int:
     have_compiled = compiled_present()
     if "compiled" in builds and not have_compiled:
         builds.remove("compiled")
+    if args.uvloop:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            raise SystemExit("--uvloop needs uvloop: .venv/bin/pip install uvloop") from None
+        builds += [f"{b}+uvloop" for b in builds]
     cases = [c for c in CASES if args.cases in c.name]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}; server CPU measured per case: {target:g} s; "
@@ -532,14 +546,14 @@ def main() -> int:
         finally:
             nats.stop()
     for build in builds:
-        srv = OurServer(build).start()
+        srv = OurServer(build.split("+")[0], uvloop=build.endswith("+uvloop")).start()
         try:
             for c in cases:
                 with profiling(srv.pid, args.profile, f"{build}-{c.name}"):
                     rows[c.name][build] = run_ours(srv, c, target)
         finally:
             srv.stop()
-    head = f"{'case':<32}" + "".join(f"{b + ' µs/msg':>18}{'ratio':>8}" for b in builds)
+    head = f"{'case':<32}" + "".join(f"{b + ' µs/msg':>22}{'ratio':>8}" for b in builds)
     if not args.no_nats:
         head += f"{'nats µs/msg':>14}"
     print(head)
@@ -550,7 +564,7 @@ def main() -> int:
         for b in builds:
             x = r[b]
             ratio = f"{x.us / n.us:7.1f}x" if n is not None else f"{'':>8}"
-            line += f"{x.us:18.2f}{ratio}"
+            line += f"{x.us:22.2f}{ratio}"
         if n is not None:
             line += f"{n.us:14.3f}"
         print(line)
