@@ -596,6 +596,10 @@ class Dataspace(_DataspaceBase):
             return
         if self.max_turn_events is not None:
             self._apply_metered({}, (), (value,))
+        elif type(value) is not Encoded:
+            self.index.send_message(value)
+            if self._tap is not None:
+                self._queue.append(("x", (self._tap,), ((value,),)))
         else:
             self._send_messages((value,))
         if self._queue and not self._dispatching:
@@ -1016,15 +1020,32 @@ class Dataspace(_DataspaceBase):
                     if type(target) is Subscription:
                         if not target.live:
                             continue
-                        if event == "+":
-                            fn = target.on_assert
-                        elif event == "-":
-                            fn = target.on_retract
-                        else:
+                        if event == "!":
                             fn = target.on_message
+                        elif event == "+":
+                            fn = target.on_assert
+                        else:
+                            fn = target.on_retract
                         if fn is None:
                             continue
-                        self._run_callback(fn, caps, target.facet)
+                        # _run_callback(fn, caps, target.facet), inlined: the hottest call
+                        prev_turn, prev_facet = self._turn, self._facet
+                        turn: list[tuple[str, Any, Any]] = []
+                        self._turn = turn
+                        self._facet = target.facet
+                        try:
+                            fn(*caps)
+                        except Exception:
+                            log.exception("%s: callback %r failed; its actions are discarded",
+                                          self.name, fn)
+                            self._turn = prev_turn
+                            self._undo(turn)
+                        else:
+                            self._turn = prev_turn
+                            if turn:
+                                self._commit(turn)
+                        finally:
+                            self._turn, self._facet = prev_turn, prev_facet
                     elif event == "x":
                         self._run_callback(target, caps, None)
                     elif not target.dead:
