@@ -477,3 +477,33 @@ def test_packets_of_messages_in_a_row_are_each_their_own_turn():
     assert len(late) == 1
     assert h.got[late[0]] == [(key("a"), key(str(i))) for i in range(1, 6)]
     assert h.pub.turns_in == 6 and h.pub.packets_in == 6 and h.pub.messages_in == 6
+
+
+def test_remote_observers_joining_and_leaving_update_the_cache_in_place():
+    h = Harness()
+    a = h.observe(parse_pattern("<Says $who $text>"), True)
+    b = h.observe(parse_pattern('<Says "bob" $text>'), True)
+    msgs = [encode(Record(Symbol("Says"), [who, "hi"])) for who in ("alice", "bob", "carol")]
+    h.pub.receive_data(_packet(msgs))
+    st_ = h.router.stats
+    assert st_.misses == 3  # one key per speaker: the plan tests the first field
+    c = h.observe(parse_pattern("<Says _ $text>"), True)  # tests what the plan tests
+    e = h.observe(parse_pattern('<Says "carol" $text>'), True)
+    h.pub.receive_data(_packet(msgs))
+    h.collect()
+    assert st_.misses == 3 and st_.hits == 3  # the entries were updated, not dropped
+    assert h.got[c] == [(key("hi"),)] * 3
+    assert h.got[e] == [(key("hi"),)]
+    h.forget(a)
+    h.forget(b)
+    h.pub.receive_data(_packet(msgs))
+    h.collect()
+    assert st_.misses == 3
+    assert len(h.got[a]) == 6 and len(h.got[b]) == 2 and len(h.got[c]) == 6
+    assert len(h.got[e]) == 2
+    # A pattern testing what the plan does not (the second field) replans the class.
+    d = h.observe(parse_pattern('<Says _ "hi">'), True)
+    h.pub.receive_data(_packet(msgs))
+    h.collect()
+    assert st_.misses == 6
+    assert len(h.got[d]) == 3

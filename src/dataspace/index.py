@@ -443,10 +443,10 @@ class Index:
         self.extra: dict[int, int] = {}
         self.values: dict[int, Value] = {}  # id -> assertion
         self.root = _Node(None, None, None, {})
-        self.listener: Callable[[int, Pattern], Any] | None = None
-        """Called as ``listener(+1, pattern)`` / ``listener(-1, pattern)`` whenever a
-        callback that hears messages is added for / removed from ``pattern`` (a message
-        router's cache depends on them)."""
+        self.listener: Callable[[int, Pattern, Any], Any] | None = None
+        """Called as ``listener(+1, pattern, callback)`` / ``listener(-1, pattern,
+        callback)`` whenever a callback that hears messages is added for / removed from
+        ``pattern`` (a message router's cache depends on them)."""
         self._busy = False
         self._next_id = 0
 
@@ -549,7 +549,7 @@ class Index:
             if handler.k1 is not _NO:
                 initial.append(handler.c1)
             if messages and self.listener is not None:
-                self.listener(1, pattern)
+                self.listener(1, pattern, callback)
         finally:
             self._busy = False
         if self.sink is not None:
@@ -584,7 +584,7 @@ class Index:
             if handler is None or callback not in handler.callbacks:
                 return
             if handler.callbacks[callback] and self.listener is not None:
-                self.listener(-1, pattern)
+                self.listener(-1, pattern, callback)
             del handler.callbacks[callback]
             handler.set_callbacks()
             if handler.callbacks:

@@ -388,7 +388,7 @@ def resolve(buf: bytes, s: int, e: int, path: Path) -> tuple[int, int] | None:
 class _Class:
     """The routing state of one class of messages: its plan and generation."""
 
-    __slots__ = ("counts", "gen", "index", "key_modes", "plan", "simple", "top")
+    __slots__ = ("counts", "gen", "index", "key_modes", "keys", "plan", "simple", "top")
 
     def __init__(self) -> None:
         self.counts: dict[tuple[Path, int], int] = {}  # (path, mode) -> patterns testing it
@@ -400,6 +400,7 @@ class _Class:
         self.key_modes: list[tuple[int, int]] = []  # (item, mode) of VALUE/CLASS paths
         self.top = 0  # the key counts items up to this many (one past the highest tested)
         self.gen = 0
+        self.keys: dict[tuple[Any, ...], None] = {}  # keys of the entries kept for it
 
 
 class _Entry:
@@ -423,14 +424,21 @@ class _Entry:
         self.gen = cs.gen
         self.groups = groups
         self.count = count  # callbacks reached (what a turn's metering counts)
-        self.queued = any(g[3] for g in groups)  # some callback needs the queue
+        self.queued = False  # some callback needs the queue
         self.simple = cs.simple is not None
         self.size = size
         self.fallback = fallback
+        self.fast: tuple[int, int, tuple[Any, ...]] | None = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Recompute the derived fields after ``groups`` changed."""
+        groups = self.groups
+        self.queued = any(g[3] for g in groups)
         # The common case in a form quick to use: every match a remote observer whose
         # captures are one span of the message (the same one): (start, end, sinks).
-        self.fast: tuple[int, int, tuple[Any, ...]] | None = None
-        if groups and self.simple and not fallback and not self.queued:
+        self.fast = None
+        if groups and self.simple and not self.fallback and not self.queued:
             w = groups[0][0]
             if len(w[0]) == 1 and all(g[0] is w for g in groups):
                 a, b = w[0][0]
@@ -502,9 +510,11 @@ class MessageRouter:
             self._infos[pattern] = info
         return info
 
-    def _changed(self, delta: int, pattern: Pattern) -> None:
+    def _changed(self, delta: int, pattern: Pattern, callback: Any = None) -> None:
         """The index gained (``delta`` > 0) or lost message-hearing callbacks for
-        ``pattern``."""
+        ``pattern``: a remote observer joining or leaving is added to or removed from
+        the entries of its class (the plan still covers what it tests); any other change
+        makes them stale."""
         info = self._info(pattern)
         if info.never:
             return  # it matches no message routed on bytes: nothing to invalidate
@@ -523,9 +533,89 @@ class MessageRouter:
             del self._classes[info.cls]
             self._gen += 1
             cs.gen = self._gen  # entries holding it are stale
-        else:
+            self.stats.invalidations += 1
+            return
+        if delta > 0 and not _covered(cs, info):
             self._replan(cs)
-        self.stats.invalidations += 1
+            self.stats.invalidations += 1
+            return
+        # (A plan that tests more than its patterns need is still exact: removals keep it.)
+        sink = _sink_of(callback) if abs(delta) == 1 else None
+        if sink is None:
+            self._gen += 1
+            cs.gen = self._gen
+            self.stats.invalidations += 1
+            return
+        if cs.keys:
+            self._patch(cs, info, sink, delta)
+
+    def _patch(self, cs: _Class, info: PatternInfo, sink: tuple[Any, ...], delta: int) -> None:
+        """Add (``delta`` 1) or remove (-1) the remote observer ``sink`` to or from the
+        current entries of ``cs`` whose messages its pattern ``info`` matches."""
+        entries = self._entries
+        gen = cs.gen
+        cb = sink[0]
+        if delta > 0:
+            w = self._placement(cs, info)
+            if w is None:  # pragma: no cover - covered plans place every capture
+                self._gen += 1
+                cs.gen = self._gen
+                return
+        for key in cs.keys:
+            e = entries.get(key)
+            if e is None or e.gen != gen or e.cs is not cs:
+                continue
+            if delta > 0:
+                if not _matches_key(cs, info, key):
+                    continue
+                for g in e.groups:
+                    if g[0] == w:
+                        w = g[0]  # one object for equal placements (see Entry.fast)
+                        break
+                e.groups.append((w, (sink,), (cb,), ()))
+                e.count += 1
+                e.size += 80
+                self._bytes += 80
+                e.refresh()
+            else:
+                groups = []
+                found = False
+                for g in e.groups:
+                    if any(o is cb for o in g[2]):
+                        found = True
+                        obs = tuple(o for o in g[2] if o is not cb)
+                        if obs or g[3]:
+                            groups.append((g[0], tuple(x for x in g[1] if x[0] is not cb),
+                                           obs, g[3]))
+                    else:
+                        groups.append(g)
+                if found:
+                    e.groups = groups
+                    e.count -= 1
+                    e.refresh()
+
+    def _placement(self, cs: _Class, info: PatternInfo) -> tuple[Any, Any] | None:
+        """Where the captures of ``info`` are in a message of ``cs`` (see _Entry)."""
+        pos = cs.index
+        simple = cs.simple
+        where: list[Any] = []
+        each: list[Any] = []
+        for path in info.captures:
+            i = pos.get(path)
+            if i is None:
+                return None
+            if simple is None:
+                where.append(i)
+                each.append(i)
+                continue
+            item = simple[i]
+            lo, hi = (0, -1) if item < 0 else (item + 1, item + 2)
+            each.append((lo, hi))
+            if where and where[-1][1] == lo and lo > 0:
+                where[-1] = (where[-1][0], hi)  # adjacent fields: one span
+            else:
+                where.append((lo, hi))
+        return (tuple(where), tuple(each))
 
     def _count(self, cs: _Class, info: PatternInfo, delta: int) -> None:
         counts = cs.counts
@@ -677,53 +767,27 @@ class MessageRouter:
         groups: list[tuple[Any, ...]] = []
         count = 0
         size = 64
-        pos = cs.index
-        simple = cs.simple
         value = _read_plain(buf, items[0], 0)[0]
         fallback = False
         shared: dict[Any, Any] = {}  # equal capture placements as one object (see emit)
         for handler, mcbs in self.index.message_matches(value):
             count += len(mcbs)
-            info = self._info(handler.pattern)
-            where: list[Any] = []
-            each: list[Any] = []
-            for path in info.captures:
-                i = pos.get(path)
-                if i is None:  # pragma: no cover - every capture path is in the plan
-                    log.warning("route: capture path %r missing from its class's plan", path)
-                    fallback = True
-                    break
-                if simple is None:
-                    where.append(i)
-                    each.append(i)
-                    continue
-                item = simple[i]
-                lo, hi = (0, -1) if item < 0 else (item + 1, item + 2)
-                each.append((lo, hi))
-                if where and where[-1][1] == lo and lo > 0:
-                    where[-1] = (where[-1][0], hi)  # adjacent fields: one span
-                else:
-                    where.append((lo, hi))
-            w = (tuple(where), tuple(each))
+            w = self._placement(cs, self._info(handler.pattern))
+            if w is None:  # pragma: no cover - every capture path is in the plan
+                log.warning("route: a capture path is missing from its class's plan")
+                fallback = True
+                break
             w = shared.setdefault(w, w)
             sinks: list[Any] = []
             observers: list[Any] = []
             others: list[Any] = []
             for cb in mcbs:
-                tc = type(cb)
-                if tc is _EntityObserver:
-                    ent = cb.entity
-                    relay = getattr(ent, "relay", None)
-                    head = getattr(ent, "msg_head", None)
-                    if getattr(relay, "emit_captures", None) is not None \
-                            and type(head) is bytes \
-                            and getattr(ent, "send_body", None) is not None:
-                        sinks.append((cb, relay, head))
-                        observers.append(cb)
-                        continue
-                elif tc is Subscription and cb.on_message is None:
-                    continue  # hears no messages: nothing to do
-                others.append(cb)
+                sink = _sink_of(cb)
+                if sink is not None:
+                    sinks.append(sink)
+                    observers.append(cb)
+                elif type(cb) is not Subscription or cb.on_message is not None:
+                    others.append(cb)  # (a subscription without on_message: nothing to do)
             groups.append((w, tuple(sinks), tuple(observers), tuple(others)))
             size += 64 + 16 * len(mcbs)
         key_bytes = 0
@@ -743,14 +807,18 @@ class MessageRouter:
         old = entries.pop(key, None)
         if old is not None:
             self._bytes -= old.size
+            old.cs.keys.pop(key, None)
         entries[key] = entry
+        entry.cs.keys[key] = None
         self._bytes += entry.size
         if len(entries) > self.max_entries or self._bytes > self.max_bytes:
             # Drop the oldest quarter (insertion order): cheap, and what is still wanted
             # comes back at its next miss.
             drop = max(1, len(entries) // 4)
             for k in list(entries)[:drop]:
-                self._bytes -= entries.pop(k).size
+                e = entries.pop(k)
+                self._bytes -= e.size
+                e.cs.keys.pop(k, None)
             self.stats.evictions += drop
 
     def emit(self, enc: Encoded, entries: list[_Entry], queue: Any, direct: bool,
@@ -837,8 +905,81 @@ class MessageRouter:
 
     def clear(self) -> None:
         """Drop every entry (they come back at their next miss)."""
+        for e in self._entries.values():
+            e.cs.keys.clear()
         self._entries.clear()
         self._bytes = 0
+
+
+def _sink_of(cb: Any) -> tuple[Any, Any, bytes] | None:
+    """``(observer, relay, head)`` for an observer whose entity is a relay's proxy (its
+    messages can be spliced into the relay's packets), else None."""
+    if type(cb) is not _EntityObserver:
+        return None
+    ent = cb.entity
+    relay = getattr(ent, "relay", None)
+    head = getattr(ent, "msg_head", None)
+    if getattr(relay, "emit_captures", None) is None or type(head) is not bytes \
+            or getattr(ent, "send_body", None) is None:
+        return None
+    return (cb, relay, head)
+
+
+def _covered(cs: _Class, info: PatternInfo) -> bool:
+    """Whether the plan of ``cs`` tests everything ``info`` tests (at least as strongly)."""
+    pos = cs.index
+    plan = cs.plan
+    for path, mode, _x in info.tests:
+        i = pos.get(path)
+        if i is None or plan[i][1] < mode:
+            return False
+    for path in info.captures:
+        if path not in pos:
+            return False
+    return True
+
+
+def _matches_key(cs: _Class, info: PatternInfo, key: tuple[Any, ...]) -> bool:
+    """Whether the pattern ``info`` (whose tests the plan of ``cs`` covers) matches the
+    messages whose key is ``key``."""
+    plan = cs.plan
+    pos = cs.index
+    if cs.simple is not None:
+        n = key[1]
+        comps: dict[int, Any] = {}
+        j = 2
+        for item, _mode in cs.key_modes:
+            if item < n:
+                comps[item] = key[j]
+                j += 1
+        for path, mode, expected in info.tests:
+            if not path:
+                continue  # the message itself is there
+            item = path[0][1]
+            if item >= n:
+                return False
+            if mode == EXIST:
+                continue
+            comp = comps[item]
+            if mode == VALUE or plan[pos[path]][1] == CLASS:
+                if comp != expected:
+                    return False
+            elif class_of(comp, 0, len(comp)) != expected:
+                return False
+        return True
+    for path, mode, expected in info.tests:
+        i = pos[path]
+        comp = key[1 + i]
+        if comp is None:
+            return False
+        if mode == EXIST:
+            continue
+        if mode == VALUE or plan[i][1] == CLASS:
+            if comp != expected:
+                return False
+        elif class_of(comp, 0, len(comp)) != expected:
+            return False
+    return True
 
 
 def _spans(buf: bytes, items: list[int], cs: _Class) -> list[tuple[int, int] | None]:
