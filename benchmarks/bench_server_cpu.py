@@ -23,6 +23,8 @@ Run:  .venv/bin/python benchmarks/bench_server_cpu.py          (about a minute)
       .venv/bin/python benchmarks/bench_server_cpu.py --no-nats
       .venv/bin/python benchmarks/bench_server_cpu.py --profile DIR  (py-spy record of
                                                     our server per case, if installed)
+      .venv/bin/python benchmarks/bench_server_cpu.py --baseline OLD/src  (the server of an
+                                                    older checkout beside, same run)
 
 Builds: ``--builds pure,compiled`` runs our server once per build in the same run
 (``DATASPACE_PURE=1`` in the server's environment selects the pure modules); the compiled
@@ -95,9 +97,10 @@ UVLOOP_MAIN = ("import sys, uvloop; uvloop.install(); from dataspace.cli import 
 
 
 class OurServer:
-    def __init__(self, build: str, uvloop: bool = False) -> None:
+    def __init__(self, build: str, uvloop: bool = False, src: str | None = None) -> None:
         self.build = build
         self.uvloop = uvloop
+        self.src = src  # another source tree to run (PYTHONPATH), e.g. the code before
         self.dir = tempfile.mkdtemp(prefix="bench-cpu-")
         self.proc: subprocess.Popen[str] | None = None
         self.address = ("127.0.0.1", 0)
@@ -109,6 +112,9 @@ class OurServer:
             env["DATASPACE_PURE"] = "1"
         else:
             env.pop("DATASPACE_PURE", None)
+        if self.src is not None:
+            env["PYTHONPATH"] = os.pathsep.join([self.src, *filter(None, [
+                env.get("PYTHONPATH")])])
         main = ["-c", UVLOOP_MAIN] if self.uvloop else ["-m", "dataspace.cli"]
         self.proc = subprocess.Popen(
             [sys.executable, *main, "serve", "--tcp", "127.0.0.1:0",
@@ -510,6 +516,10 @@ def main() -> int:
                          "compiled only when compiled modules are present)")
     ap.add_argument("--uvloop", action="store_true",
                     help="also run our server under uvloop (pip install uvloop)")
+    ap.add_argument("--baseline", metavar="SRC", default=None,
+                    help="also run the server from this source tree (a directory holding "
+                         "the dataspace package, e.g. an older checkout's src/), as "
+                         "'baseline', in the same run")
     ap.add_argument("--cases", default="", help="run only the cases whose name contains this")
     ap.add_argument("--profile", type=Path, default=None,
                     help="record a py-spy profile (raw folded stacks) of our server per case "
@@ -532,26 +542,36 @@ def main() -> int:
         except ImportError:
             raise SystemExit("--uvloop needs uvloop: .venv/bin/pip install uvloop") from None
         builds += [f"{b}+uvloop" for b in builds]
+    if args.baseline is not None:
+        if not (Path(args.baseline) / "dataspace" / "__init__.py").exists():
+            raise SystemExit(f"--baseline {args.baseline}: no dataspace package there; give "
+                             "the src/ directory of a checkout")
+        builds.insert(0, "baseline")
     cases = [c for c in CASES if args.cases in c.name]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}; server CPU measured per case: {target:g} s; "
           f"builds: {', '.join(builds)}{'' if have_compiled else ' (no compiled modules present)'}")
     rows: dict[str, dict[str, Result]] = {c.name: {} for c in cases}
-    if not args.no_nats:
-        nats = NatsServer().start()
-        try:
-            for c in cases:
-                # NATS needs more messages for the same CPU time: its clock ticks are 10 ms.
+    # Every server runs from the start; the cases take turns on them, so that what the
+    # shared machine does meanwhile weighs on all of them alike.
+    nats = None if args.no_nats else NatsServer().start()
+    servers: dict[str, OurServer] = {}
+    try:
+        for build in builds:
+            base = build.split("+")[0]
+            servers[build] = OurServer(
+                "pure" if base == "baseline" else base, uvloop=build.endswith("+uvloop"),
+                src=args.baseline if base == "baseline" else None).start()
+        for c in cases:
+            if nats is not None:
                 rows[c.name]["nats"] = run_nats(nats, c, target)
-        finally:
-            nats.stop()
-    for build in builds:
-        srv = OurServer(build.split("+")[0], uvloop=build.endswith("+uvloop")).start()
-        try:
-            for c in cases:
+            for build, srv in servers.items():
                 with profiling(srv.pid, args.profile, f"{build}-{c.name}"):
                     rows[c.name][build] = run_ours(srv, c, target)
-        finally:
+    finally:
+        if nats is not None:
+            nats.stop()
+        for srv in servers.values():
             srv.stop()
     head = f"{'case':<32}" + "".join(f"{b + ' µs/msg':>22}{'ratio':>8}" for b in builds)
     if not args.no_nats:
