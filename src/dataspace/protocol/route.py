@@ -172,6 +172,14 @@ def skip(buf: bytes, p: int, depth: int) -> int:
     return -1  # 0x84 where a value belongs, an annotation, an embedded value, a bad tag
 
 
+def _utf8(buf: bytes, s: int, e: int) -> bool:
+    try:
+        buf[s:e].decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
     """Check the value at ``buf[p]`` as :func:`skip` does, and return its offsets:
     ``[start, item offsets..., close, end]`` -- for a record, sequence, set or
@@ -179,11 +187,12 @@ def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
     dictionary's items are its keys and values in turn) and where its end marker is
     (item ``i`` is ``buf[offsets[i + 1]:offsets[i + 2]]``); for an atom
     ``[start, end, end]``.  None when it is not canonical (or not complete)."""
-    n = len(buf)
-    if p >= n:
+    if p >= len(buf):
         return None
     tag = buf[p]
-    if not 0xB4 <= tag <= 0xB7:
+    if tag != 0xB4 and tag != 0xB5:
+        if tag == 0xB6 or tag == 0xB7:
+            return _scan_ordered(buf, p, depth)
         e = skip(buf, p, depth)
         return None if e < 0 else [p, e, e]
     if depth >= MAX_DEPTH:
@@ -191,41 +200,27 @@ def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
     d1 = depth + 1
     items: list[int] = [p]
     p += 1
-    ordered = tag >= 0xB6  # a set's elements, a dictionary's keys: in canonical order
-    ps = -1
-    pe = -1
     try:
         while True:
             t = buf[p]
             if t == 0x84:
                 break
-            # Short strings, symbols and integers inline (no call); the rest by skip().
+            # Short strings, symbols and integers are checked here; the rest by skip().
+            # (A length running past the end shows at the next tag: IndexError.)
             if t == 0xB1 or t == 0xB3:
                 ln = buf[p + 1]
-                if ln >= 0x80:
+                if ln < 0x80:
+                    q = p + 2 + ln
+                    if not buf[p + 2:q].isascii() and not _utf8(buf, p + 2, q):
+                        return None
+                else:
                     q = skip(buf, p, d1)
                     if q < 0:
                         return None
-                else:
-                    q = p + 2 + ln
-                    if q > n:
-                        return None
-                    raw = buf[p + 2:q]
-                    if not raw.isascii():
-                        try:
-                            raw.decode()
-                        except UnicodeDecodeError:
-                            return None
             elif t == 0xB0:
                 ln = buf[p + 1]
-                if ln >= 0x80:
-                    q = skip(buf, p, d1)
-                    if q < 0:
-                        return None
-                else:
+                if ln < 0x80:
                     q = p + 2 + ln
-                    if q > n:
-                        return None
                     if ln:
                         b0 = buf[p + 2]
                         if ln == 1:
@@ -233,21 +228,53 @@ def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
                                 return None  # zero is written with no bytes
                         elif (b0 == 0 and buf[p + 3] < 0x80) or (b0 == 0xFF and buf[p + 3] >= 0x80):
                             return None  # not minimal
+                else:
+                    q = skip(buf, p, d1)
+                    if q < 0:
+                        return None
             else:
                 q = skip(buf, p, d1)
                 if q < 0:
                     return None
-            if ordered and (tag == 0xB6 or len(items) & 1):
-                if ps >= 0 and not buf[ps:pe] < buf[p:q]:
-                    return None
-                ps = p
-                pe = q
             items.append(p)
             p = q
     except IndexError:
         return None
-    if (tag == 0xB4 and len(items) == 1) or (tag == 0xB7 and not len(items) & 1):
+    if tag == 0xB4 and len(items) == 1:
+        return None  # a record needs a label
+    items.append(p)
+    items.append(p + 1)
+    return items
+
+
+def _scan_ordered(buf: bytes, p: int, depth: int) -> list[int] | None:
+    """:func:`scan` of a set or dictionary (elements, keys in canonical order)."""
+    tag = buf[p]
+    if depth >= MAX_DEPTH:
         return None
+    d1 = depth + 1
+    items: list[int] = [p]
+    p += 1
+    ps = -1
+    pe = -1
+    n = len(buf)
+    while True:
+        if p >= n:
+            return None
+        if buf[p] == 0x84:
+            break
+        q = skip(buf, p, d1)
+        if q < 0:
+            return None
+        if tag == 0xB6 or len(items) & 1:
+            if ps >= 0 and not buf[ps:pe] < buf[p:q]:
+                return None  # out of order, or a duplicate
+            ps = p
+            pe = q
+        items.append(p)
+        p = q
+    if tag == 0xB7 and not len(items) & 1:
+        return None  # a key without a value
     items.append(p)
     items.append(p + 1)
     return items
@@ -694,6 +721,8 @@ class MessageRouter:
         km: list[tuple[int, int]] = []
         one = -1  # the item of the one VALUE test of the plan, if that is all it has
         gen = 0
+        last_n = -1  # (a class whose plan tests no value: the key of the message before,
+        last_e: Any = None  # and its entry)
         msgs = enc.msgs if lo == 0 and hi < 0 else enc.msgs[lo:hi if hi >= 0 else None]
         for items in msgs:
             s = items[0]
@@ -712,6 +741,7 @@ class MessageRouter:
                 km = cs.key_modes
                 one = km[0][0] if len(km) == 1 and km[0][1] == VALUE else -1
                 gen = cs.gen
+                last_n = -1
             key: tuple[Any, ...]
             if simple is not None:
                 # Items of the outermost compound only: the key is the class, how many
@@ -721,7 +751,12 @@ class MessageRouter:
                 if n > top:
                     n = top
                 if not km:
-                    key = (ck, n)
+                    if n == last_n:  # the same key as the message before
+                        out.append(last_e)
+                        cost += last_e.count
+                        hits += 1
+                        continue
+                    key = (last_ck, n)
                 elif one >= 0:
                     key = (ck, n, buf[items[one + 1]:items[one + 2]]) if one < n else (ck, n)
                 else:
@@ -742,6 +777,9 @@ class MessageRouter:
                 hits += 1
             out.append(e)
             cost += e.count
+            if not km and simple is not None:
+                last_n = n
+                last_e = e
         self.stats.hits += hits
         return out, cost
 
