@@ -467,22 +467,22 @@ def profiling(pid: int, out: Path | None, name: str) -> Iterator[None]:
             p.wait()
 
 
-# Categories of the server's time, by the function a sample was in (its own time).
+# Categories of the server's time, by the function a sample was in (its own time; a
+# py-spy frame reads "function (file:line)").
 CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
     ("decode packets", re.compile(
-        r"make_reader|_read_varint|Relay\.(_fast_events|_fast_turn|receive_data|_go_on|"
-        r"_decode_loop|_packet|_wireref_in)|_envelope|Decoder\.|protocol/route\.py.*(scan|span|"
-        r"skip|read|field)")),
+        r"^(make_reader|_read_varint|Decoder|_envelope|scan|skip|_scan_ordered|_utf8|"
+        r"_varint)[ .]|^Relay\.(_fast_events|_fast_turn|receive_data|_go_on|_decode_loop|"
+        r"_packet|_wireref_in|_run_of_turns) |^Encoded\.")),
     ("encode deliveries", re.compile(
-        r"make_writer|Relay\.(_send_message|_send_messages|_emit|_body|_seal|take_packets|"
-        r"_encode_int|data_to_send|_send_assert|_send_retract|_splice)|protocol/route\.py.*"
-        r"(emit|splice|body)")),
+        r"^make_writer|^Relay\.(_send_message|_send_messages|_emit|_body|_seal|take_packets|"
+        r"_encode_int|data_to_send|_send_assert|_send_retract|emit_captures|emit_run) |"
+        r"^MessageRouter\.(emit|_emit_one)[ .]|^RemoteEntity\.send_body")),
     ("index lookup / routing", re.compile(
-        r"dataspace/index\.py|dataspace/pattern\.py|values/model\.py|<string>|"
-        r"protocol/route\.py")),
+        r"dataspace/index\.py|dataspace/pattern\.py|dataspace/values/model\.py|<string>|"
+        r"dataspace/protocol/route\.py")),
     ("dataspace turn and dispatch", re.compile(
-        r"dataspace/dataspace\.py|contextlib\.py|Relay\.(_turn_in|_apply|_all_messages|"
-        r"_yield_now)|RemoteEntity\.|protocol/relay\.py")),
+        r"dataspace/dataspace\.py|contextlib\.py|dataspace/protocol/relay\.py")),
     ("asyncio, sockets, flow", re.compile(r"asyncio/|selectors\.py|dataspace/net/|socket\.py")),
 ]
 
