@@ -47,7 +47,6 @@ from .pattern import (
     Pattern,
     Skeleton,
     apply_move,
-    classof,
     path_key,
     skeleton,
 )
@@ -390,6 +389,32 @@ def _compile_step(kind: str, step: Any) -> Callable[[Any], Any]:
     return get_dict
 
 
+def _class(v: Value) -> Any:
+    """The key of ``v``'s class in the index's class tables: the name of a record's
+    symbol label (a str: hashed in C, its hash kept by the string; a Symbol's __hash__ is
+    Python code run at every lookup), a 1-tuple of the strict key of any other label,
+    or the sequence / dictionary sentinel; None for an atom."""
+    t = type(v)
+    if t is Record:
+        lab = v.label
+        return lab.name if type(lab) is Symbol else (key(lab),)
+    if t is Sequence:
+        return SEQUENCE_CLASS
+    if t is Dictionary:
+        return DICTIONARY_CLASS
+    return None
+
+
+def _table_class(cls: Any) -> Any:
+    """A skeleton's class (see :func:`dataspace.pattern.classof`) as :func:`_class`
+    keys it."""
+    if type(cls) is Symbol:
+        return cls.name
+    if cls is SEQUENCE_CLASS or cls is DICTIONARY_CLASS:
+        return cls
+    return (cls,)
+
+
 def _identity(v: Any) -> Any:
     return v
 
@@ -468,19 +493,20 @@ class Index:
                 node.rebuild_move_list()
             table = entry[2]
             h = apply_move(h, (up, down))
-            nxt = table.get(cls)
+            tk = _table_class(cls)
+            nxt = table.get(tk)
             if nxt is None:
                 new_kinds = dict(kinds)
                 new_kinds[path_key(h)] = (
                     "arr" if cls is SEQUENCE_CLASS else "dict" if cls is DICTIONARY_CLASS else "rec"
                 )
-                nxt = _Node(node, mkey, cls, new_kinds)
+                nxt = _Node(node, mkey, tk, new_kinds)
                 cache = nxt.cont.cache
                 values = self.values
                 for k in node.cont.cache:
-                    if classof(_project(values[k], h)) == cls:
+                    if _class(_project(values[k], h)) == tk:
                         cache[k] = None
-                table[cls] = nxt
+                table[tk] = nxt
             node = nxt
             kinds = node.kinds
         return node
@@ -616,7 +642,7 @@ class Index:
             entry = node.moves.get(mkey)
             if entry is None:
                 return None
-            nxt = entry[2].get(cls)
+            nxt = entry[2].get(_table_class(cls))
             if nxt is None:
                 return None
             node = nxt
@@ -674,12 +700,11 @@ class Index:
                 if root.cont.table:
                     _add_visit(_EMPTY_NODE, [value], vid, value, fire, root.cont)
                 if root.move_list:
-                    if type(value) is Record:  # classof(), inlined: the hottest line
+                    if type(value) is Record:  # _class(), inlined: the hottest line
                         cls = value.label
-                        if type(cls) is not Symbol:
-                            cls = key(cls)
+                        cls = cls.name if type(cls) is Symbol else (key(cls),)
                     else:
-                        cls = classof(value)
+                        cls = _class(value)
                     nxt = root.move_list[0][2].get(cls)
                     if nxt is not None:
                         _add_visit(nxt, [value, value], vid, value, fire, nxt.cont)
@@ -732,12 +757,11 @@ class Index:
             if root.cont.has_msg:  # (a server's links observe everything, assertions only)
                 _msg_visit(_EMPTY_NODE, [value], value, fire, root.cont)
             if root.move_list:
-                if type(value) is Record:  # classof(), inlined
+                if type(value) is Record:  # _class(), inlined
                     cls = value.label
-                    if type(cls) is not Symbol:
-                        cls = key(cls)
+                    cls = cls.name if type(cls) is Symbol else (key(cls),)
                 else:
-                    cls = classof(value)
+                    cls = _class(value)
                 nxt = root.move_list[0][2].get(cls)
                 if nxt is not None:
                     _msg_visit(nxt, [value, value], value, fire, nxt.cont)
@@ -757,7 +781,7 @@ class Index:
         if root.cont.has_msg:
             _match_visit(_EMPTY_NODE, [value], value, out, root.cont)
         if root.move_list:
-            nxt = root.move_list[0][2].get(classof(value))
+            nxt = root.move_list[0][2].get(_class(value))
             if nxt is not None:
                 _match_visit(nxt, [value, value], value, out, nxt.cont)
         return out
@@ -883,7 +907,7 @@ def _children(node: _Node, stack: list[Any]) -> Iterator[tuple[_Node, list[Any]]
         base = stack if up == 0 else stack[: len(stack) - up]
         child = get(base[-1])
         if child is not None:
-            nxt = table.get(classof(child))
+            nxt = table.get(_class(child))
             if nxt is not None:
                 yield nxt, [*base, child]
 
@@ -898,7 +922,12 @@ def _del_root(root: _Node, vid: int, v: Value, fire: list[Any]) -> None:
     if root.cont.table:
         _del_visit(_EMPTY_NODE, [v], vid, v, fire, root.cont)
     if root.move_list:
-        nxt = root.move_list[0][2].get(classof(v))
+        if type(v) is Record:  # _class(), inlined
+            cls = v.label
+            cls = cls.name if type(cls) is Symbol else (key(cls),)
+        else:
+            cls = _class(v)
+        nxt = root.move_list[0][2].get(cls)
         if nxt is not None:
             _del_visit(nxt, [v, v], vid, v, fire, nxt.cont)
 
