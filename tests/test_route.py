@@ -507,3 +507,19 @@ def test_remote_observers_joining_and_leaving_update_the_cache_in_place():
     h.collect()
     assert st_.misses == 6
     assert len(h.got[d]) == 3
+
+
+def test_a_class_with_many_entries_is_invalidated_not_updated(monkeypatch):
+    from dataspace.protocol import route
+
+    monkeypatch.setattr(route, "PATCH_MAX", 4)
+    h = Harness()
+    h.observe(parse_pattern('<Says "user-0" $text>'), True)
+    msgs = [encode(Record(Symbol("Says"), [f"user-{i}", "hi"])) for i in range(10)]
+    h.pub.receive_data(_packet(msgs))
+    before = h.router.stats.invalidations
+    late = h.observe(parse_pattern("<Says _ $text>"), True)
+    assert h.router.stats.invalidations == before + 1
+    h.pub.receive_data(_packet(msgs))
+    h.collect()
+    assert h.got[late] == [(key("hi"),)] * 10

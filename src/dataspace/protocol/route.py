@@ -382,27 +382,34 @@ def class_of(buf: bytes, s: int, e: int) -> bytes:
     return b""
 
 
-def resolve(buf: bytes, s: int, e: int, path: Path) -> tuple[int, int] | None:
+def resolve(buf: bytes, s: int, e: int, path: Path,
+            memo: dict[int, Any] | None = None) -> tuple[int, int] | None:
     """The span of the value at ``path`` inside the (canonical) value ``buf[s:e]``, or
-    None when there is none."""
+    None when there is none.  ``memo`` keeps what was learnt of each compound on the way
+    (its items; a dictionary's keys), so that resolving many paths of one message scans
+    each compound once."""
     for tag, item in path:
         if buf[s] != tag:
             return None
-        items = scan(buf, s, 0)
-        if items is None:  # pragma: no cover - checked as a whole already
-            return None
-        n = len(items) - 3  # how many items it has
-        if tag == 0xB7:
-            found = -1
-            for j in range(1, n, 2):
-                if buf[items[j]:items[j + 1]] == item:
-                    found = j + 1
-                    break
+        got = memo.get(s) if memo is not None else None
+        if got is None:
+            items = scan(buf, s, 0)
+            if items is None:  # pragma: no cover - checked as a whole already
+                return None
+            keys: dict[bytes, int] | None = None
+            if tag == 0xB7:
+                keys = {buf[items[j]:items[j + 1]]: j + 1 for j in range(1, len(items) - 3, 2)}
+            got = (items, keys)
+            if memo is not None:
+                memo[s] = got
+        items, keys = got
+        if keys is not None:
+            found = keys.get(item, -1)
             if found < 0:
                 return None
             s, e = items[found], items[found + 1]
         else:
-            if item >= n:
+            if item >= len(items) - 3:
                 return None
             s, e = items[item + 1], items[item + 2]
     return (s, e)
@@ -490,6 +497,9 @@ MAX_ENTRIES = 8192
 """Entries kept at most (the oldest go first)."""
 MAX_BYTES = 8 << 20
 """Bytes of keys and deliveries kept at most (an estimate)."""
+PATCH_MAX = 512
+"""A class with more entries than this is invalidated, not updated in place, when a
+remote observer joins or leaves it."""
 MAX_KEY = 1024
 """Keys longer than this (in bytes of encodings) are not kept: such messages are routed
 through the index each time."""
@@ -573,7 +583,14 @@ class MessageRouter:
             cs.gen = self._gen
             self.stats.invalidations += 1
             return
-        if cs.keys:
+        if len(cs.keys) > PATCH_MAX:
+            # Updating this many entries would cost each subscription more than the
+            # misses that recomputing the ones in use will (a peer adding observers by
+            # the thousand must not make the server evaluate them against every key).
+            self._gen += 1
+            cs.gen = self._gen
+            self.stats.invalidations += 1
+        elif cs.keys:
             self._patch(cs, info, sink, delta)
 
     def _patch(self, cs: _Class, info: PatternInfo, sink: tuple[Any, ...], delta: int) -> None:
@@ -788,8 +805,9 @@ class MessageRouter:
         s = items[0]
         e = items[-1]
         parts: list[Any] = [ck]
+        memo: dict[int, Any] = {}
         for path, mode in cs.plan:
-            sp = resolve(buf, s, e, path)
+            sp = resolve(buf, s, e, path, memo)
             if sp is None:
                 parts.append(None)
             elif mode == EXIST:
@@ -1023,7 +1041,8 @@ def _matches_key(cs: _Class, info: PatternInfo, key: tuple[Any, ...]) -> bool:
 def _spans(buf: bytes, items: list[int], cs: _Class) -> list[tuple[int, int] | None]:
     s0 = items[0]
     e0 = items[-1]
-    return [resolve(buf, s0, e0, p) for p, _m in cs.plan]
+    memo: dict[int, Any] = {}
+    return [resolve(buf, s0, e0, p, memo) for p, _m in cs.plan]
 
 
 def _span_bytes(buf: bytes, sp: tuple[int, int] | None) -> bytes:
