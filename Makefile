@@ -23,9 +23,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,bench]'
 	@touch $(BENCH_STAMP)
 
-## The main job: the dataspace server in the foreground (Ctrl-C stops it).
+## The main job: the dataspace server in the foreground (Ctrl-C stops it), with its HTTP
+## port on loopback, so that `dataspace info`, `dataspace top` and the web inspector work.
 run: setup
-	$(BIN)/dataspace serve
+	$(BIN)/dataspace serve --http 127.0.0.1:7480
 
 demo: setup
 	$(BIN)/dataspace demo

@@ -185,6 +185,7 @@ def join_fork_end_to_end(n: int, batch: int) -> float:
     try:
         with open_store(d) as store:
             store.create_stream("left")
+            store.create_stream("right")  # sources must exist before the graph starts
             with LocalEngine(_graph(), store, batch=batch) as e:
                 e.start()
                 done = threading.Event()

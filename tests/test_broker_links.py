@@ -9,11 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import re
 import signal
+import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from broker_support import (
     PY,
@@ -307,6 +313,173 @@ async def test_a_link_that_would_close_a_cycle_is_refused(tmp_path):
                 await cl.close()
 
 
+async def log_until(sp: ServerProcess, pattern: str, timeout: float = TIMEOUT) -> str:
+    """Read ``sp``'s log (stderr) until a line matches (every line kept in
+    ``sp.stderr_lines``)."""
+    rx = re.compile(pattern)
+    for line in sp.stderr_lines:
+        if rx.search(line):
+            return line
+    assert sp.proc is not None and sp.proc.stderr is not None
+
+    async def loop() -> str:
+        while True:
+            line = (await sp.proc.stderr.readline()).decode()  # type: ignore[union-attr]
+            if not line:
+                raise EOFError(f"the server ended before logging {pattern!r}")
+            sp.stderr_lines.append(line)
+            if rx.search(line):
+                return line
+
+    return await asyncio.wait_for(loop(), timeout)
+
+
+async def link_status(sp: ServerProcess) -> tuple[list[dict], str]:
+    """``dataspace link status`` of a running server: its rows (--json) and its text."""
+    texts = []
+    for extra in (["--json"], []):
+        p = await asyncio.create_subprocess_exec(
+            PY, "-m", "dataspace.cli", "link", "status", "--data-dir", str(sp.data_dir), *extra,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(p.communicate(), TIMEOUT)
+        texts.append(out.decode())
+    return json.loads(texts[0])["links"], texts[1]
+
+
+@async_test
+async def test_the_issue_x_y_z_a_refused_link_disturbs_nothing(tmp_path):
+    """Issue 20, item 3, as reported: X; `Y --link X`; then `Z --link X --link Y`.  One of
+    Z's links is refused (said in both servers' logs and in `link status`), retried
+    slowly, and nothing that was up flaps: an observer on Y never sees <OnX 1> go, and
+    an assertion on Z (<OnZ "z">) appears on Y once."""
+    x = await ServerProcess(tmp_path / "x").start()
+    procs = [x]
+    try:
+        y = await ServerProcess(tmp_path / "y", extra=(
+            "--link", x.address, "--link-cap", x.sturdyref)).start()
+        procs.append(y)
+        await log_until(y, rf"link {x.address}: up")
+        await log_until(x, r"link from 127\.0\.0\.1:\d+: up \(peer ")  # accepting: said too
+        cx = await connect(x.address, SturdyRef.parse(x.sturdyref))
+        cy = await connect(y.address, SturdyRef.parse(y.sturdyref))
+        oy = Changes()
+        cy.observe("<OnX $n>", **oy.kw())
+        cy.observe("<OnZ $n>", **oy.kw())
+        await cy.sync()
+        cx.assert_(parse("<OnX 1>"))
+        await oy.until(lambda c: (1,) in c.present)
+        z = await ServerProcess(tmp_path / "z", extra=(
+            "--link", x.address, "--link-cap", x.sturdyref,
+            "--link", y.address, "--link-cap", y.sturdyref)).start()
+        procs.append(z)
+        refused = await log_until(z, r"refused: this link would close a cycle: ")
+        assert "through from" not in refused and "it is tried again every 30-60 s" in refused
+        loser = x if f"link {x.address}: refused" in refused else y
+        winner = y if loser is x else x
+        await log_until(z, rf"link {winner.address}: up")
+        # The other end of the refused link says why too (in its log and its status).
+        await log_until(loser, r"link from 127\.0\.0\.1:\d+: refused: this link would "
+                        r"close a cycle")
+        cz = await connect(z.address, SturdyRef.parse(z.sturdyref))
+        cz.assert_(parse('<OnZ "z">'))
+        await oy.until(lambda c: ("z",) in c.present)
+        rows, text = await link_status(z)
+        states = {r["link"]: r["state"] for r in rows}
+        assert states == {winner.address: "up", loser.address: "refused"}, rows
+        (bad,) = [r for r in rows if r["state"] == "refused"]
+        assert bad["refused"].startswith("this link would close a cycle: ")
+        assert "refused" in text and "would close a cycle" in text
+        lrows, _ = await link_status(loser)
+        assert any(r["direction"] == "in" and r.get("state") == "refused"
+                   and "cycle" in r.get("refused", "") for r in lrows), lrows
+        # Z tries the refused link again (30-60 s later): refused again, nothing flaps.
+        await log_until(z, rf"link {loser.address}: refused again", timeout=90)
+        await cy.sync()
+        assert [e for e in oy.log if e[0] == "-"] == []  # nothing ever retracted on Y
+        assert oy.log == [("+", (1,)), ("+", ("z",))]  # <OnX 1> once, <OnZ "z"> once
+        for sp in (x, y):  # and Y -- X never went down
+            assert not any(": down" in line for line in sp.stderr_lines), sp.stderr_lines
+        for c in (cx, cy, cz):
+            await c.close()
+    finally:
+        for sp in reversed(procs):
+            await sp.stop()
+
+
+@st.composite
+def link_plans(draw):
+    """Servers started in a random order, each dialing a random set of those started
+    before it (so cycles are common), each holder asserting before or after it links."""
+    n = draw(st.integers(2, 4))
+    dials = {i: sorted(draw(st.sets(st.integers(0, i - 1), max_size=i))) if i else []
+             for i in range(n)}
+    early = draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    return n, dials, early
+
+
+@settings(max_examples=25, deadline=None,
+          derandomize=bool(os.environ.get("CI")),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(plan=link_plans())
+def test_random_topologies_form_a_forest_and_observers_see_each_holder_once(tmp_path_factory,
+                                                                          plan):
+    n, dials, early = plan
+    base = tmp_path_factory.mktemp("topology")
+
+    async def go() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            servers: list[Server] = []
+            seen: list[Changes] = []
+            clients = []
+            for i in range(n):
+                spec = [(tcp_address(servers[j]), str(servers[j].sturdyref)) for j in dials[i]]
+                srv = await stack.enter_async_context(running_server(base / f"s{i}", link=spec))
+                servers.append(srv)
+                c = await client(srv)
+                clients.append(c)
+                o = Changes()
+                c.observe("<Holder $n>", **o.kw())
+                await c.sync()
+                seen.append(o)
+                if early[i]:
+                    c.assert_(parse(f'<Holder "s{i}">'))
+            for i, c in enumerate(clients):
+                if not early[i]:
+                    c.assert_(parse(f'<Holder "s{i}">'))
+            # Every server ends up linked to every server its configured links reach
+            # (here: all of them, dialed in a chain or not): each observer sees each holder.
+            comp = {i: i for i in range(n)}
+
+            def root(i: int) -> int:
+                while comp[i] != i:
+                    i = comp[i]
+                return i
+
+            for i, js in dials.items():
+                for j in js:
+                    comp[root(i)] = root(j)
+            for i, o in enumerate(seen):
+                want = {(f"s{j}",) for j in range(n) if root(j) == root(i)}
+                await o.until(lambda c, want=want: set(c.present) == want, timeout=40)
+            w = LinkWatch(*servers)
+            await w.until(lambda rows: all(r.get("state") in ("up", "refused", "down")
+                                           for r in rows if r["direction"] == "out"),
+                          timeout=40)
+            for c in clients:
+                await c.sync()
+            # The links up form a forest: n servers, as many trees as components.
+            up = sum(1 for r in w.rows() if r["direction"] == "out" and r.get("state") == "up")
+            assert up == n - len({root(i) for i in range(n)}), w.rows()
+            # No observer saw an assertion twice, nor one retracted (no holder died).
+            for o in seen:
+                assert [e for e in o.log if e[0] == "-"] == [], o.log
+                assert len(o.log) == len(set(o.log)), o.log
+            for c in clients:
+                await c.close()
+
+    asyncio.run(asyncio.wait_for(go(), 150))
+
+
 # ---------------------------------------------------------------------------------------
 # Cuts, restarts, bad peers
 
@@ -420,7 +593,7 @@ async def test_a_bad_link_peer_is_closed_with_an_error_and_the_server_goes_on(tm
         ref = await raw.resolve(u.sturdyref)
         from dataspace.protocol.wire import WireRef
 
-        info = Dictionary({Symbol("id"): "mallory", Symbol("version"): 1,
+        info = Dictionary({Symbol("id"): "mallory", Symbol("version"): 2,
                            Symbol("cap"): u.sturdyref.to_value()})
         req = Record(Symbol("link-request"), [info, Embedded(WireRef(True, 5)),
                                               Embedded(WireRef(True, 6))])
@@ -490,9 +663,34 @@ def test_link_status_command(tmp_path):
     assert "connected" in text and "->" in text and "upstreamed" in text, text
 
 
+def test_link_status_of_a_server_that_is_not_running_does_not_count_up(tmp_path):
+    """Its last status, written a minute ago, says what was, not "connected for N s"."""
+    now = time.time()
+    (tmp_path / "links.json").write_text(json.dumps({"time": now - 60, "links": [
+        {"link": "127.0.0.1:7611", "direction": "out", "dataspace": "root", "connected": True,
+         "state": "up", "since": now - 100, "peer_id": "874894659b9c7413", "upstreamed": 1},
+        {"link": "from 127.0.0.1:4242", "direction": "in", "dataspace": "root",
+         "connected": False, "state": "refused", "down_since": now - 70, "peer_id": "f3ee",
+         "refused": "this link would close a cycle: f3ee already reaches 8748"},
+    ]}))
+    p = subprocess.run([PY, "-m", "dataspace.cli", "link", "status", "--data-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0
+    assert "is not running" in p.stderr
+    lines = p.stdout.splitlines()
+    ago = r"(6\d|[7-9]\d|1[01]\d) s ago"  # (the command itself takes a moment to start)
+    assert re.fullmatch(r"-> 127\.0\.0\.1:7611  \[root\]  was connected for 40 s when the "
+                        rf"server last wrote its status, {ago}, peer 874894659b9c7413",
+                        lines[0]), lines
+    assert "connected for" not in p.stdout.replace("was connected for", "")
+    assert re.fullmatch(r"<- from 127\.0\.0\.1:4242  \[root\]  was refused for 10 s when the "
+                        rf"server last wrote its status, {ago}, peer f3ee", lines[3]), lines
+    assert lines[4] == "     refused: this link would close a cycle: f3ee already reaches 8748"
+
+
 @async_test
 async def test_serve_prints_link_events(tmp_path):
-    u = await ServerProcess(tmp_path / "u").start()
+    u = await ServerProcess(tmp_path / "u").start()  # it only accepts links
     try:
         proc = await spawn("-m", "dataspace.cli", "serve", "--tcp", "127.0.0.1:0",
                            "--data-dir", str(tmp_path / "d"), "--link", u.address,
@@ -501,8 +699,19 @@ async def test_serve_prints_link_events(tmp_path):
         try:
             await read_line_matching(proc, r"linking to 127\.0\.0\.1", seen)
             await read_line_matching(proc, r"link 127\.0\.0\.1:\d+: up", seen)
+            # The accepting server says so too (issue 20: it said nothing), with the peer.
+            up = await log_until(u, r"INFO dataspace\.broker\.link: link from "
+                                 r"127\.0\.0\.1:\d+: up \(peer [0-9a-f]+\)$")
         finally:
-            await kill(proc)
+            await kill(proc)  # the dialer dies (kill -9)
+        name = re.search(r"link (from \S+): up", up).group(1)
+        await log_until(u, rf"link {re.escape(name)}: down \(peer [0-9a-f]+\): the "
+                        r"connection closed")
+        # And its status shows the link down, not connected and counting up.
+        u_rows, text = await link_status(u)
+        (row,) = u_rows
+        assert row["state"] == "down" and row["connected"] is False, row
+        assert f"<- {name}  [root]  down for " in text, text
     finally:
         await u.stop()
 
@@ -516,10 +725,11 @@ def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in():
     (no match and no callback per message), in one packet on the link, each as the bytes
     it was received in (not encoded again: an integer written in two bytes where one
     would do stays so)."""
-    from dataspace.broker.link import LINK_REACH, LINK_RELAY_LIMITS, LinkHub, LinkSession
+    from dataspace.broker.link import LINK_RELAY_LIMITS, LinkHub, LinkSession
     from dataspace.dataspace import Dataspace, DataspaceEntity
     from dataspace.pattern import parse_pattern
     from dataspace.protocol.gatekeeper import Bindings
+    from dataspace.protocol.linktree import CHECK, DECIDE
     from dataspace.protocol.relay import Relay
     from dataspace.protocol.upstream import Subscriber, pattern_chain
     from dataspace.values import Sequence, encode
@@ -538,7 +748,12 @@ def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in():
         sub.add_interest(pattern_chain(parse_pattern('<Says "user-7" $text>')), 0.0)
         for request in sub.take_outgoing():
             s.on_control(request)
-        s.on_control(Record(LINK_REACH, [Sequence(["d"])]))
+        # D's check that the link closes no cycle: U's tree is U alone; D decides "up".
+        check = Sequence(["d", "u", "d", "nonce"])
+        s.on_control(Record(CHECK, [check, 1]))
+        assert not s.ready
+        s.on_control(Record(DECIDE, [check, 1, "up", ""]))
+        assert s.ready
         link.take_packets()
         taps: list[int] = []
         inner = hub._messages

@@ -101,7 +101,7 @@ def test_config_errors_say_what_to_fix(tmp_path):
         parse_config("[1 2]")
     with pytest.raises(ConfigError, match="max-debt must be"):
         parse_config("{max-debt: -1}")
-    with pytest.raises(ConfigError, match="max_debt must be a positive"):
+    with pytest.raises(ConfigError, match="max-debt must be a positive"):
         parse_config("{max-debt: 0}")
     with pytest.raises(ConfigError, match="binding is <ref"):
         parse_config("{bind: [1]}")

@@ -91,10 +91,11 @@ def test_tail_of_a_stream_that_lost_its_first_entries_warns_of_nothing(data_dir)
 
 
 def test_errors_are_clear(data_dir, capsys):
-    assert main(["stream", "ls"]) == 0
-    assert "no streams yet" in capsys.readouterr().out
     assert main(["stream", "tail", "nope"]) == 1
     assert "no stream store" in capsys.readouterr().err
+    open_store(data_dir).close()  # a store without streams
+    assert main(["stream", "ls"]) == 0
+    assert "no streams yet" in capsys.readouterr().out
     main(["stream", "append", "other", "1"])
     capsys.readouterr()
     assert main(["stream", "tail", "nope"]) == 1
@@ -231,8 +232,8 @@ def test_reserved_names_cannot_be_written_but_can_be_read(data_dir, capsys):
 def test_every_stream_command_takes_a_store_url(store_url, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("DATASPACE_DATA_DIR", str(tmp_path / "unused"))
     at = ["--store", store_url]
-    assert main(["stream", "ls", *at]) == 0
-    assert capsys.readouterr().out.startswith("no streams yet")
+    assert main(["stream", "ls", *at]) == 1  # no store there yet (a reading command makes none)
+    assert "no stream store" in capsys.readouterr().err
     assert main(["stream", "append", "chat", "1", "2", *at]) == 0
     assert main(["stream", "create", "chat", "--max-count", "5", *at]) == 0
     assert main(["stream", "tail", "chat", "--tailer", "me", *at]) == 0
@@ -364,3 +365,90 @@ def test_copy_progress_is_a_bar_on_a_terminal_and_periodic_lines_otherwise():
     assert tty.text.startswith("\r[############............] 5,000/10,000 entries (50%), 2,500/s, ETA 0:02")
     assert tty.text.endswith("\n") and tty.text.rstrip().endswith("(100%), 2,500/s, 0:04")
     assert "\r[########################] 10,000/10,000" in tty.text
+
+
+# -- reading commands make no store; stream rm ------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["ls"], ["ls", "--all"], ["tail", "chat"], ["tail", "chat", "-f"],
+                                  ["info", "chat"], ["export", "chat"], ["rm", "chat"]])
+def test_reading_commands_do_not_create_a_store_where_a_typo_points(tmp_path, argv):
+    """`stream ls --data-dir <typo>` said "no streams yet" and `tail -f` made a store."""
+    typo = tmp_path / "dta"
+    r = cli("stream", *argv, "--data-dir", str(typo))
+    assert (r.returncode, r.stdout) == (1, "")
+    assert r.stderr.startswith("dataspace stream: ") and r.stderr.count("\n") == 1
+    assert r.stderr.endswith(f"no stream store at {typo} (the data directory does not exist); "
+                             "check --data-dir, or create one with `dataspace stream create "
+                             "NAME`\n")
+    assert not typo.exists()
+
+
+def test_rm_removes_streams_with_entries_and_tailers(data_dir, capsys):
+    main(["stream", "append", "a", "1", "2"])
+    main(["stream", "append", "b", "3"])
+    main(["stream", "tail", "a", "--tailer", "me"])
+    capsys.readouterr()
+    assert main(["stream", "rm", "a", "b"]) == 0
+    assert capsys.readouterr() == ("removed a (2 entries, 1 tailer)\nremoved b (1 entry, 0 tailers)\n", "")
+    assert main(["stream", "tail", "a"]) == 1
+    assert "no stream named 'a'" in capsys.readouterr().err
+    main(["stream", "append", "a", "9"])  # the name is free: indices from 0 again
+    capsys.readouterr()
+    assert main(["stream", "tail", "a"]) == 0
+    assert capsys.readouterr().out == "0  9\n"
+
+
+def test_rm_refuses_all_or_nothing(data_dir, capsys):
+    main(["stream", "append", "a", "1"])
+    with open_store(data_dir) as s:
+        s.append("__backing/g/p", 1)
+    capsys.readouterr()
+    assert main(["stream", "rm", "a", "nope", "__backing/g/p"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "dataspace stream rm: no stream named 'nope' (dataspace stream ls lists them)",
+        "dataspace stream rm: '__backing/g/p' is one of the store's own streams (a processor's "
+        "backing stream); remove it with --force, or reset its graph (dataspace pipeline reset "
+        "GRAPH.py)",
+        "dataspace stream rm: nothing removed"]
+    with open_store(data_dir) as s:
+        assert s.has_stream("a") and s.has_stream("__backing/g/p")
+    assert main(["stream", "rm", "__backing/g/p", "--force"]) == 0
+    assert capsys.readouterr().out == "removed __backing/g/p (1 entry, 0 tailers)\n"
+
+
+def test_rm_refuses_a_stream_a_graph_reads_unless_forced(data_dir, capsys, tmp_path):
+    (tmp_path / "g.py").write_text(
+        "from dataspace.pipeline import Graph\ngraph = Graph('shout')\ngraph.source('chat')\n"
+        "graph.map('upper', 'chat', 'loud', lambda v: v)\n")
+    main(["stream", "append", "chat", "1", "2"])
+    main(["stream", "append", "notes", "1"])
+    assert main(["pipeline", "run", str(tmp_path / "g.py"), "--engine", "local",
+                 "--until-idle", "-q"]) == 0
+    main(["stream", "tail", "notes", "--tailer", "shout/mine"])  # a user's tailer: not a graph
+    capsys.readouterr()
+    assert main(["stream", "rm", "chat"]) == 1
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "dataspace stream rm: stream 'chat' is read by graph shout (shout/upper); it would go "
+        "on from its old position in a new stream of that name: reset it first (dataspace "
+        "pipeline reset GRAPH.py), or remove anyway with --force")
+    with open_store(data_dir) as s, s.lock("graph:shout"):  # the graph is running
+        assert main(["stream", "rm", "chat", "--force"]) == 1
+        assert "read by the running graph shout (pid" in capsys.readouterr().err
+    assert main(["stream", "rm", "notes"]) == 0
+    assert main(["stream", "rm", "chat", "--force"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "removed notes (1 entry, 1 tailer)\nremoved chat (2 entries, 1 tailer)\n"
+    assert "chat was read by shout/upper; reset its graph" in err
+    # After a reset the graph holds no position in the stream: rm asks nothing.
+    main(["stream", "append", "chat", "3"])
+    assert main(["pipeline", "reset", str(tmp_path / "g.py"), "--keep-outputs"]) == 0
+    assert main(["pipeline", "run", str(tmp_path / "g.py"), "--engine", "local",
+                 "--until-idle", "-q"]) == 0
+    with open_store(data_dir) as s:
+        assert [e.value for e in s.read("loud")] == [1, 2, 3]
+
+
+def test_rm_help_has_examples():
+    r = cli("stream", "rm", "--help")
+    assert r.returncode == 0 and "examples:" in r.stdout and "--force" in r.stdout

@@ -5,6 +5,7 @@ pseudo-terminal (keys sort, q quits).  Waits are bounded and wait on output."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import pty
@@ -13,15 +14,18 @@ import select
 import subprocess
 import time
 
+from rich.console import Console
+
 from broker_support import PY, TIMEOUT, ServerProcess, async_test
+from dataspace.cli.top import COLUMNS, Sample, render
 from dataspace.client import connect
 from dataspace.values import parse
 
 
-async def _cli(*args: str) -> tuple[int, str, str]:
+async def _cli(*args: str, columns: int = 200) -> tuple[int, str, str]:
     p = await asyncio.create_subprocess_exec(
         PY, "-m", "dataspace.cli", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": str(columns)})
     out, err = await asyncio.wait_for(p.communicate(), TIMEOUT)
     assert p.returncode is not None
     return p.returncode, out.decode(), err.decode()
@@ -135,3 +139,141 @@ async def test_top_live_in_a_terminal_sorts_by_key_and_quits(tmp_path):
             proc.wait(TIMEOUT)
         os.close(master)
         await srv.stop()
+
+
+# ------------------------------------------------------------------------------------
+# What top shows: the counts of what the client did, and a screen that fits 80 columns
+
+
+@async_test
+async def test_a_client_that_asserted_one_value_shows_assert_1_match_0(tmp_path):
+    """The gatekeeper's resolve request and its answer are the protocol's, not the
+    user's: they are counted apart (``resolves``), not in ASSERT and MATCH."""
+    srv, url = await _server(tmp_path)
+    data = str(tmp_path / "data")
+    try:
+        alice = await connect(srv.address, srv.sturdyref, reconnect=False)
+        alice.assert_(parse('<Present "alice">'))
+        await alice.sync()
+        seen = asyncio.Event()
+        bob = await connect(srv.address, srv.sturdyref, reconnect=False)
+        bob.observe("<Present $who>", on_assert=lambda *c: seen.set())
+        await asyncio.wait_for(seen.wait(), TIMEOUT)
+        await bob.sync()
+
+        code, out, err = await _cli("info", "--json", "--url", url, "--data-dir", data)
+        assert code == 0, err
+        s = json.loads(out)
+        assert s["assertions"] == 2 and s["resolves"] == 2  # the value and bob's observer
+
+        code, out, err = await _cli("top", "--url", url, "--data-dir", data, columns=80)
+        assert code == 0, err
+        lines = out.splitlines()
+        heads = next(i for i, s in enumerate(lines) if s.startswith("ID "))
+        names = lines[heads].split()
+        assert all(len(s) <= 80 for s in lines), out
+        rows = {}
+        for line in lines[heads + 1:heads + 3]:
+            cells = re.split(r"\s+", line.strip())
+            rows[int(cells[0])] = dict(zip(names, cells, strict=False))
+        a, b = (rows[k] for k in sorted(rows))  # alice connected first
+        assert (a["SUBS"], a["ASSERT"], a["MATCH"]) == ("0", "1", "0"), out
+        assert (b["SUBS"], b["ASSERT"], b["MATCH"]) == ("1", "1", "1"), out
+        await alice.close()
+        await bob.close()
+    finally:
+        assert await srv.stop() == 0
+
+
+def _fake(n: int) -> Sample:
+    """A sample of ``n`` busy connections (big counters, a long address, a named client,
+    one held) and a long pattern, as the endpoints would give them."""
+    server = {"version": "0.1.0", "server_id": "0123456789abcdef", "uptime": 3 * 86400 + 7,
+              "memory_rss": 3 * 2**30, "connections": n, "assertions": 1_234_567,
+              "observers": 5_432, "turns": 98_765_432, "messages_in": 12_345_678_901,
+              "messages_out": 9_876_543, "bytes_in": 5 * 2**40, "bytes_out": 123_456_789,
+              "errors": {"slow_consumer": 3}}
+    conns = []
+    for i in range(n):
+        conns.append({
+            "id": 10_000 + i, "peer": f"[2001:db8:1234:5678::{i:x}]:54321",
+            "dataspaces": [{"name": "root", "attenuated": i % 2 == 1}], "age": 4000.0 + i,
+            "observers": 12 * i, "assertions_in": 123_456 + i, "assertions_out": 7_654_321,
+            "messages_in": 1_234_567 * (i + 1), "messages_out": 42, "bytes_in": 3_500_000,
+            "bytes_out": 12 * 2**30, "pending_output": 2**21, "held": ["debt"] if i == 1 else [],
+            "idle": 0.5})
+    conns[0]["name"] = "billing-worker-with-a-very-long-name"
+    subs = {"dataspace": "root", "patterns": [
+        {"pattern": "<Order $id <Customer $name $address $phone> $items $total $when>",
+         "observers": 1500, "matches": 2_000_000, "delivered": 77_000_000}]}
+    prev = Sample.of(server, {"count": n, "connections": [dict(c) for c in conns]}, subs, t=0.0)
+    for c in conns:
+        c["messages_in"] += 2500
+    server = {**server, "messages_in": server["messages_in"] + 1000}
+    return Sample.of(server, {"count": n, "connections": conns},
+                     {"dataspace": "root", "patterns": [dict(p) for p in subs["patterns"]]},
+                     prev=prev, t=1.0)
+
+
+def _screen(s: Sample, width: int, height: int | None = None, sort: str = "c") -> list[str]:
+    console = Console(width=width, record=True, highlight=False, color_system=None,
+                      file=io.StringIO())
+    console.print(render(s, sort, False, 30, height is not None, width, height))
+    return console.export_text().rstrip("\n").split("\n")
+
+
+def _headings(lines: list[str]) -> str:
+    return next(s for s in lines if s.lstrip().startswith("ID "))
+
+
+def test_top_fits_80_columns_with_every_heading_whole():
+    lines = _screen(_fake(3), 80)
+    assert all(len(s) <= 80 for s in lines), "\n".join(lines)
+    head = _headings(lines)
+    assert _whole_headings(head) == ["ID", "CLIENT", "SUBS", "ASSERT", "MATCH", "MSG IN/s",
+                                     "MSG OUT/s", "PEND"], head
+    rows = lines[lines.index(head) + 1:lines.index(head) + 4]
+    assert [r.split()[0] for r in rows] == ["10000", "10001", "10002"]  # the ID, always
+    # The client's name when it gave one (cut to fit), else its address; human numbers.
+    assert rows[0].split()[1].startswith("billing-worker") and "…" in rows[0]
+    assert "[2001:db8:1234:5678::1]:54321" in rows[1]
+    assert rows[0].split()[2:8] == ["0", "123k", "7.7M", "2.5k", "0", "2.0M"], rows[0]
+    assert "messages in 12G (1.0k/s)" in "\n".join(lines)
+    assert "bytes in 5.0T" in "\n".join(lines)
+
+
+def _whole_headings(head: str) -> list[str]:
+    """The headings of ``head``, each checked to be a whole heading of top's table."""
+    known = [c.head for c in COLUMNS]
+    found, rest = [], head.strip()
+    while rest:
+        name = next((k for k in sorted(known, key=len, reverse=True)
+                     if rest == k or rest.startswith(k + " ")), None)
+        assert name is not None, f"not a whole heading at {rest!r} in {head!r}"
+        found.append(name)
+        rest = rest[len(name):].lstrip()
+    return found
+
+
+def test_top_at_120_columns_adds_the_totals_and_the_sort_column_always_shows():
+    lines = _screen(_fake(3), 120)
+    assert all(len(s) <= 120 for s in lines), "\n".join(lines)
+    assert _whole_headings(_headings(lines)) == [
+        "ID", "CLIENT", "DS", "AGE", "SUBS", "ASSERT", "MATCH", "MSGS IN", "MSGS OUT",
+        "MSG IN/s", "MSG OUT/s", "PEND", "IDLE", "HELD"]
+    row = next(s for s in lines if s.startswith("10001 "))
+    assert "root* 1h06m" in row and row.rstrip().endswith("debt")  # through caveats; held
+    # Wider: the byte counters, and the peer's address beside the name a client gave.
+    heads = _whole_headings(_headings(_screen(_fake(3), 160)))
+    assert {"PEER", "BYTES IN", "BYTES OUT"} <= set(heads), heads
+    # Sorting by bytes out per second shows that column even at 80.
+    heads = _whole_headings(_headings(_screen(_fake(3), 80, sort="B")))
+    assert heads[-1] == "B OUT/s", heads
+
+
+def test_top_live_fits_an_80x24_terminal():
+    lines = _screen(_fake(50), 80, 24)
+    assert len(lines) <= 24 and all(len(s) <= 80 for s in lines), "\n".join(lines)
+    assert any("first" in s and "sorted by connection id" in s for s in lines)
+    assert any(s.startswith("busiest patterns in root") for s in lines)
+    assert lines[-2].startswith("sort: c ID  a ASSERT") and lines[-1].endswith("q quit")

@@ -16,6 +16,7 @@ from broker_support import (
     running_server,
     spawn,
     tcp_address,
+    ws_address,
 )
 from dataspace.client import (
     CapabilityError,
@@ -277,3 +278,144 @@ async def test_cancelling_a_task_that_is_closing_a_client_cancels_it(tmp_path):
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(closing, 10.0)
         await ds.close()  # and closing again afterwards is harmless
+
+
+# ---------------------------------------------------------------------------------------
+# One-shot reads (query, request), client names, and what answered a failed handshake
+
+
+async def _query_and_request(ds, peer, settle) -> None:
+    """The same calls against the in-process Dataspace and the client: ``peer`` asserts
+    and answers, ``settle()`` waits until the peer's actions have been processed."""
+    from dataspace.values import Symbol
+
+    assert await ds.query("<Present $who>") == []
+    peer.assert_(parse('<Present "bob">'))
+    peer.assert_(parse('<Present "alice">'))
+    peer.assert_(parse('<Present "alice">'))  # bag semantics: one match
+    peer.assert_(parse("<Present carol>"))
+    await settle()
+    # Every distinct match, in Preserves order (strings before symbols), once.
+    assert await ds.query("<Present $who>") == [("alice",), ("bob",), (Symbol("carol"),)]
+    assert await ds.query("<Present _>") == [()]  # something matches, nothing captured
+    assert await ds.query("<Absent _>") == []
+    # The query's subscription is gone afterwards: nothing observes <Present ...>.
+    assert await ds.query("<Observe <group <rec Present> _> _>") == []
+
+    peer.observe("<Ask $id $n>", on_message=lambda i, n: peer.send(parse(f"<Answer {i} {n * 2}>")))
+    await settle()
+    assert await ds.request(parse("<Ask 1 21>"), "<Answer 1 $x>") == (42,)
+    # Only a matching reply counts (another request's answer does not).
+    assert await ds.request(parse("<Ask 2 5>"), "<Answer 2 $x>", timeout=10) == (10,)
+    with pytest.raises(TimeoutError, match=r"no reply matching <Answer 3 \$x> within 0.3 s"):
+        await ds.request(parse("<Nobody 3>"), "<Answer 3 $x>", timeout=0.3)
+    with pytest.raises(RuntimeError, match="inside a turn"), ds.turn():
+        await ds.query("<Present $who>")
+
+
+@async_test
+async def test_query_and_request_in_process_and_remote_alike(tmp_path):
+    from dataspace import Dataspace
+
+    local = Dataspace()
+
+    async def nothing() -> None:
+        pass
+
+    await _query_and_request(local, local, nothing)
+    async with running_server(tmp_path) as server:
+        ds = await connect(tcp_address(server), server.sturdyref)
+        peer = await connect(tcp_address(server), server.sturdyref)
+        await _query_and_request(ds, peer, peer.sync)
+        await peer.close()
+        await ds.close()
+        with pytest.raises(ConnectionError, match="not connected"):
+            await ds.query("<Present $who>")
+
+
+@async_test
+async def test_a_query_sees_what_was_there_when_the_server_answered(tmp_path):
+    """query() waits for the server's answer, not a timeout: a large state arrives whole."""
+    async with running_server(tmp_path) as server:
+        peer = await connect(tcp_address(server), server.sturdyref)
+        with peer.turn():
+            for i in range(5000):
+                peer.assert_(parse(f"<Item {i}>"))
+        await peer.sync()
+        ds = await connect(tcp_address(server), server.sturdyref)
+        got = await ds.query("<Item $n>")
+        assert got == [(i,) for i in range(5000)]
+        await ds.close()
+        await peer.close()
+
+
+@async_test
+async def test_clients_name_themselves_to_the_server(tmp_path):
+    async with running_server(tmp_path, idle_timeout=0.5) as server:
+        named = await connect(tcp_address(server), server.sturdyref, name="billing-worker\n#3")
+        anonymous = await connect(tcp_address(server), server.sturdyref)
+        long = await connect(tcp_address(server), server.sturdyref, name="x" * 500)
+        names = sorted((c.client_name or "") for c in server.connections)
+        # Control characters dropped, long names cut to 100 characters.
+        assert names == ["", "billing-worker#3", "x" * 100]
+        with pytest.raises(TypeError, match="name must be a string"):
+            await connect(tcp_address(server), server.sturdyref, name=3)
+        # A name is not something held: a named client holding nothing is idle like any;
+        # the name travels again when it reconnects.
+        gone = asyncio.Event()
+        named.on_disconnect.append(gone.set)
+        await asyncio.wait_for(gone.wait(), 20)
+        await asyncio.wait_for(named.wait_connected(), 20)  # reconnects, named again
+        await named.sync()
+        assert "billing-worker#3" in [c.client_name for c in server.connections]
+        for c in (named, anonymous, long):
+            await c.close()
+
+
+@async_test
+async def test_a_handshake_with_something_else_says_what_answered(tmp_path):
+    from aiohttp import web
+
+    app = web.Application()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    http_port = runner.addresses[0][1]
+    try:
+        async with running_server(tmp_path, ws=["127.0.0.1:0"]) as server:
+            cap = server.sturdyref
+            with pytest.raises(ConnectionError, match=r"127.0.0.1:\d+ is not a dataspace server: "
+                               r"that port speaks HTTP, not the Syndicate protocol \(is it the "
+                               r"--http port, or a --ws port\?"):
+                await connect(f"127.0.0.1:{http_port}", cap, reconnect=False)
+            with pytest.raises(ConnectionError, match=r"that port does not answer in HTTP .*"
+                               r"without ws://"):
+                await connect(f"ws://{tcp_address(server)}/", cap, reconnect=False)
+            with pytest.raises(ConnectionError, match=r"speaks HTTP but answered the WebSocket "
+                               r"request with HTTP 404 .*--http port"):
+                await connect(f"ws://127.0.0.1:{http_port}/", cap, reconnect=False)
+            # A WebSocket port waits, silent, for an HTTP request that never comes.
+            ws = ws_address(server).removeprefix("ws://").rstrip("/")
+            with pytest.raises(ConnectionError, match=rf"no answer from {ws} within 1 s: is it "
+                               r"a dataspace server's port\? \(a WebSocket or HTTP port waits"):
+                await connect(ws, cap, reconnect=False, connect_timeout=1)
+    finally:
+        await runner.cleanup()
+
+
+def test_what_answered_is_read_from_the_first_bytes():
+    from dataspace.net.sniff import SYNDICATE, identify, what_answered
+    from dataspace.values import encode
+
+    assert identify(b"HTTP/1.0 400 Bad Request\r\n") == "HTTP"
+    assert identify(bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46])) == "TLS"  # an alert
+    assert identify(b'INFO {"server_id":"N"}\r\n') == "NATS"
+    assert identify(b"SSH-2.0-OpenSSH_9.2\r\n") == "SSH"
+    assert identify(b"E\x00\x00\x00\x5cSFATAL\x00") == "PostgreSQL"
+    assert identify(encode(parse('<error "malformed packet" malformed-packet>'))) == SYNDICATE
+    assert identify(b"\x00\x01garbage") is None
+    assert what_answered(b"HTTP/1.1 200 OK") == "that port speaks HTTP"
+    assert what_answered(b"") == "that port closed the connection without answering"
+    assert what_answered(b"hello there") == \
+        "that port answered with something else (first bytes: 68 65 6c 6c 6f 20 74 68 = 'hello there')"

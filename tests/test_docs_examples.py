@@ -1,5 +1,6 @@
 """The documentation's examples, run as written: docs/streams.md, docs/pipelines.md,
-docs/spark.md (local mode) and the README's "Streams and pipelines" section.
+docs/spark.md (local mode), the README's "Streams and pipelines" section and
+docs/broker.md's "Command-line tools".
 
 Each document runs top to bottom in a fresh temporary directory (its working directory,
 with the data directory ``data`` in it as ``$DATASPACE_DATA_DIR``), so a document's
@@ -28,7 +29,12 @@ An HTML comment right before a block says what the harness does with it instead:
 * ``<!-- docs-test: skip line N: WHY -->`` -- the block's N-th command is not run;
 * ``<!-- docs-test: setup NAME -->`` (anywhere) -- the data a document assumes from
   another: ``orders`` (docs/pipelines.md's orders.py and its first appends), ``chat``
-  (the README's chat message).
+  (the README's chat message); or ``broker``: a ``dataspace serve`` (free loopback
+  ports for its TCP and HTTP listeners, the document's data directory) for the commands
+  after it, which find it through ``$DATASPACE_SERVER`` and ``$DATASPACE_HTTP``;
+* ``<!-- docs-test: background -->`` -- each line of the ``sh`` block (a trailing ``&``
+  dropped) runs in the background, as in another terminal, once it has printed its
+  first line; it is stopped when the document ends.
 
 Spark runs as the documents say: commands start their own JVM (local[*]); Python blocks
 use the test run's shared session.
@@ -107,7 +113,7 @@ def blocks(doc: str, section: str | None = None, text: str | None = None) -> lis
 _TOKENS = re.compile(
     r"(?P<ellipsis>\.\.\.)"
     r"|(?P<time>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)"
-    r"|(?P<rate>[\d,]+(?= (?:msg|rows)/s))"
+    r"|(?P<rate>[\d,.]+(?= (?:msg|rows)/s))"
     r"|(?P<seconds>\(\d+(?:\.\d+)?s\))"
     r'|(?P<hash>#x"[0-9a-f]+")'
     r"|(?P<spaces> {2,})"
@@ -115,7 +121,7 @@ _TOKENS = re.compile(
 _PATTERNS = {
     "ellipsis": r".*?",
     "time": r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?",
-    "rate": r"[\d,]+",
+    "rate": r"[\d,.]+",
     "seconds": r"\(\d+(?:\.\d+)?s\)",
     "hash": r'#x"[0-9a-f]+"',
     "spaces": r" +",
@@ -265,6 +271,23 @@ class Reader:
         }
         self.ran = 0
         self.timeout = COMMAND_TIMEOUT
+        self.background: list[Background] = []
+
+    def close(self) -> None:
+        """Stop what runs in the background (a server last)."""
+        for bg in reversed(self.background):
+            bg.stop()
+        self.background.clear()
+
+    def start(self, line: str, env: dict[str, str], ready: str = "") -> Background:
+        """``line`` in the background, once it has printed a line (containing
+        ``ready``)."""
+        bg = Background(self.paths(line), self.work, {**self.env, **env})
+        self.background.append(bg)
+        if not bg.wait_for(ready, self.timeout):
+            raise AssertionError(f"`{line}` in the background printed no line"
+                                 f"{' with ' + repr(ready) if ready else ''}:\n{bg.output()}")
+        return bg
 
     def paths(self, text: str) -> str:
         return _TMP.sub(lambda m: str(self.tmp / m.group(1)), text)
@@ -272,7 +295,7 @@ class Reader:
     def run(self, bs: list[Block]) -> None:
         for b in bs:
             env: dict[str, str] = {}
-            skip = until_idle = False
+            skip = until_idle = background = False
             skip_lines: set[int] = set()
             for d in b.directives:
                 word, _, rest = d.partition(" ")
@@ -290,6 +313,8 @@ class Reader:
                     env.update(kv.split("=", 1) for kv in rest.split())
                 elif word == "until-idle":
                     until_idle = True
+                elif word == "background":
+                    background = True
                 elif word == "setup":
                     SETUPS[rest.strip()](self)
                 else:
@@ -308,7 +333,10 @@ class Reader:
                         continue
                     if until_idle and line.startswith("dataspace pipeline run"):
                         line += " --until-idle"
-                    self.command(line, b, env)
+                    if background:
+                        self.start(line.removesuffix("&").strip(), env)
+                    else:
+                        self.command(line, b, env)
             elif b.lang == "python":
                 self.python(b)
             else:
@@ -361,6 +389,67 @@ class Reader:
             exec(compile(code, b.where, "exec"), self.ns)
 
 
+class Background:
+    """A command running beside the document's commands (its output collected)."""
+
+    def __init__(self, command: str, cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            ["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        self.ended = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(
+                lambda: any(text in x for x in self.lines) or self.ended, timeout) and \
+                any(text in x for x in self.lines)
+
+    def output(self) -> str:
+        with self.cond:
+            return "\n".join(self.lines)
+
+    def stop(self) -> None:
+        """SIGINT, as Ctrl-C in its terminal; SIGKILL if that does not end it."""
+        if self.proc.poll() is None:
+            with _suppress():
+                os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                with _suppress():
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(COMMAND_TIMEOUT)
+        self.reader.join(10.0)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def _setup_broker(r: Reader) -> None:
+    srv = r.start("dataspace serve --tcp 127.0.0.1:0 --http 127.0.0.1:0", {},
+                  ready="Ctrl-C stops the server")
+    out = srv.output()
+    tcp = re.search(r"listening on (127\.0\.0\.1:\d+)", out)
+    http = re.search(r"HTTP on (http://127\.0\.0\.1:\d+/)", out)
+    assert tcp and http, out
+    r.env["DATASPACE_SERVER"] = tcp.group(1)
+    r.env["DATASPACE_HTTP"] = http.group(1)
+
+
 def _setup_orders(r: Reader) -> None:
     graph = next(b for b in blocks("docs/pipelines.md") if "file orders.py" in b.directives)
     (r.work / "orders.py").write_text(graph.text)
@@ -376,12 +465,15 @@ def _setup_chat(r: Reader) -> None:
               Block("setup", 0, "sh", ""), {})
 
 
-SETUPS = {"orders": _setup_orders, "chat": _setup_chat}
+SETUPS = {"orders": _setup_orders, "chat": _setup_chat, "broker": _setup_broker}
 
 
 def _run(doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str | None = None) -> None:
     r = Reader(tmp_path, monkeypatch)
-    r.run(blocks(doc, section))
+    try:
+        r.run(blocks(doc, section))
+    finally:
+        r.close()
     assert r.ran, f"{doc}: no example ran"
 
 
@@ -403,6 +495,10 @@ def test_readme_streams_and_pipelines(tmp_path, monkeypatch):
     _run("README.md", tmp_path, monkeypatch, section="Streams and pipelines")
 
 
+def test_broker_md_command_line_tools(tmp_path, monkeypatch):
+    _run("docs/broker.md", tmp_path, monkeypatch, section="Command-line tools")
+
+
 # -- the harness itself ----------------------------------------------------------------------
 
 
@@ -415,7 +511,8 @@ def test_expected_output_patterns():
 
 
 def test_every_skip_says_why():
-    for doc in ("docs/streams.md", "docs/pipelines.md", "docs/spark.md", "README.md"):
+    for doc in ("docs/streams.md", "docs/pipelines.md", "docs/spark.md", "README.md",
+                "docs/broker.md"):
         for b in blocks(doc):
             for d in b.directives:
                 if d.startswith("skip"):

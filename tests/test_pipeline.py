@@ -18,6 +18,7 @@ from dataspace.pipeline import (
     Graph,
     LocalEngine,
     Message,
+    MissingSource,
     delivery_hash,
     get_engine,
 )
@@ -75,6 +76,7 @@ def test_join_takes_one_from_each_input(store):
     g.source("l", "r")
     g.join("pair", ["l", "r"], "pairs", lambda a, b: [a, b])
     store.append_many("l", range(3))
+    store.create_stream("r")  # a source must exist (tests/test_pipeline_cli.py)
     _e, stats = run(g, store)
     assert values(store, "pairs") == []
     assert stats["pair"].state == "waiting" and stats["pair"].lag == {"l": 3, "r": 0}
@@ -211,6 +213,11 @@ def test_errors_go_to_the_error_stream_and_count_as_delivered(store):
         (Symbol("error"), "g/inv", "ZeroDivisionError", (0,)),
         (Symbol("error"), "g/obj", "TypeError", (50,)),
     ]
+    # The traceback of the user's code comes last: a frame of the lambda for the first;
+    # none for the second (the function returned; its result was refused).
+    assert errs[0].fields[4].startswith("Traceback (most recent call last):\n  File ")
+    assert "in <lambda>" in errs[0].fields[4] and "dataspace/pipeline" not in errs[0].fields[4]
+    assert errs[1].fields[4].startswith("TypeError: ")
     assert stats["inv"].errors == 1 and stats["inv"].consumed == 3
     assert store.read("errors")[0].meta[Symbol("src")] == Dictionary({"in": 1})
     assert e.failed == {}
@@ -244,8 +251,14 @@ def test_unhandled_error_stops_the_processor_and_keeps_its_input(store):
     store.append_many("in", [1, 2, 3, 4])
     with LocalEngine(g, store) as e:
         stats = {s.name: s for s in e.drain()}
-        assert e.failed == {"f": "ValueError: bad input 3"}
+        line = f.__code__.co_firstlineno + 2  # the raise
+        assert e.failed == {"f": f"map 'f' failed on entry in/2: test_pipeline.py:{line}: "
+                                 "ValueError: bad input 3"}
     assert stats["f"].state == "failed"
+    tb = stats["f"].detail  # the user's frames only
+    assert tb.splitlines()[1:] == [f'  File "{__file__}", line {line}, in f',
+                                   '    raise ValueError("bad input 3")',
+                                   "ValueError: bad input 3"]
     assert values(store, "out") == []  # the failing step delivered nothing
     assert values(store, "copy") == [1, 2, 3, 4]  # the other processor carried on
     assert store.position("in", "g/f") == 0  # input kept
@@ -317,7 +330,7 @@ def test_at_most_once_gives_the_same_output_without_records(store):
 
 def test_run_follows_appends_and_stops_cleanly(store):
     g = Graph("g")
-    g.source("in")
+    g.source("in", create=True)  # appended to once the graph runs
     g.map("sq", "in", "out", lambda v: v * v)
     e = LocalEngine(g, store)
     progress = []
@@ -338,7 +351,7 @@ def test_run_follows_appends_and_stops_cleanly(store):
 
 def test_a_graph_runs_once_at_a_time(store):
     g = Graph("g")
-    g.source("in")
+    g.source("in", create=True)
     g.map("m", "in", "out", lambda v: v)
     with LocalEngine(g, store) as e:
         e.start()
@@ -346,6 +359,51 @@ def test_a_graph_runs_once_at_a_time(store):
             LocalEngine(g, store).start()
     with LocalEngine(g, store) as e:
         e.start()  # released
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+def test_a_missing_source_is_refused_before_anything_is_created(store, engine):
+    """A typo (`source("chta")`) once ran over an empty stream the engine made up, with a
+    tailer that then hid the typo from `stream tail` and the connector.  Both engines now
+    refuse, before they claim the graph, create a stream or start Spark."""
+    g = Graph("shout")
+    g.source("chta")
+    g.map("upper", "chta", "loud", lambda v: v)
+    store.append("chat", "hi")
+    e = get_engine(engine)(g, store)
+    with pytest.raises(MissingSource) as err:
+        e.start()
+    e.close()
+    assert str(err.value) == (
+        f"source stream 'chta' does not exist in {store.display} (streams there: chat; did "
+        "you mean 'chat'?); create it with `dataspace stream create chta` or declare it with "
+        "graph.source('chta', create=True)")
+    assert err.value.missing == ["chta"]
+    assert [s.name for s in store.streams(include_internal=True)] == ["chat"]
+    assert store.stream_info("chat").tailers == ()
+    assert store.lock_holder("graph:shout") is None
+    assert getattr(e, "spark", None) is None  # Spark never started
+
+
+def test_every_missing_source_is_named_and_create_true_makes_one_legitimate(store):
+    g = Graph("g")
+    g.source("ordrs", "paymnts")
+    g.source("alerts", create=True)  # written later by another program: created empty
+    g.alts("m", ["ordrs", "paymnts", "alerts"], "out")
+    store.append_many("orders", [1])
+    store.append_many("payments", [2])
+    with pytest.raises(MissingSource) as err:
+        LocalEngine(g, store).start()
+    assert str(err.value) == (
+        f"source streams 'ordrs', 'paymnts' do not exist in {store.display} (streams there: "
+        "orders, payments; did you mean 'orders' for 'ordrs', 'payments' for 'paymnts'?); "
+        "create them with `dataspace stream create NAME` or declare them with "
+        "graph.source(NAME, create=True)")
+    store.create_stream("ordrs")  # the other way out: the stream exists (empty)
+    store.append("paymnts", 7)
+    _e, stats = run(g, store)
+    assert values(store, "out") == [7] and store.has_stream("alerts")
+    assert stats["m"].lag == {"ordrs": 0, "paymnts": 0, "alerts": 0}
 
 
 def test_engine_registry():
@@ -450,3 +508,16 @@ def test_sinks_run_without_holding_the_store_write_lock(store, tmp_path):
     finally:
         other.close()
     assert values(store, "audit") == [0, 1, 2]
+
+
+def test_a_traceback_from_another_machine_gets_its_source_lines_here(tmp_path):
+    """A Spark executor elsewhere cannot read the graph file: the driver fills the lines in."""
+    from dataspace.pipeline.failure import with_source
+
+    f = tmp_path / "g.py"
+    f.write_text("def f(v):\n    return 1 // v\n")
+    tb = f'Traceback (most recent call last):\n  File "{f}", line 2, in f\nZeroDivisionError: x'
+    assert with_source(tb).splitlines() == [
+        "Traceback (most recent call last):", f'  File "{f}", line 2, in f',
+        "    return 1 // v", "ZeroDivisionError: x"]
+    assert with_source(with_source(tb)) == with_source(tb)

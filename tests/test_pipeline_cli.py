@@ -42,10 +42,9 @@ def env(tmp_path, monkeypatch):
 
 
 def test_check_and_run_until_idle(env, capsys):
+    assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42"]) == 0
     assert main(["pipeline", "check", str(env / "graph.py")]) == 0
     assert "graph 'shout' is valid" in capsys.readouterr().out
-    assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42"]) == 0
-    capsys.readouterr()
     assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle", "--engine", "local"]) == 0
     out = capsys.readouterr().out
     assert "running graph 'shout'" in out
@@ -90,10 +89,19 @@ def test_failing_processor_without_error_stream(env, capsys):
     capsys.readouterr()
     assert main(["pipeline", "run", str(env / "g.py"), "--until-idle", "--batch", "1", "--engine", "local"]) == 1
     err = capsys.readouterr().err
-    assert "processor inv stopped: ZeroDivisionError" in err and "input is kept" in err
+    # Which processor, which entry, which line of the user's code, what it raised.
+    assert ("processor inv stopped: map 'inv' failed on entry in/1: g.py:4: ZeroDivisionError: "
+            "integer division or modulo by zero (its input is kept") in err
+    assert "-v shows the traceback" in err and "Traceback" not in err
     with open_store(env / "data") as s:
         assert [e.value for e in s.read("out")] == [1]
         assert s.position("in", "g/inv") == 1
+    r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "g.py"),
+                        "--until-idle", "--engine", "local", "-v"],
+                       capture_output=True, text=True, timeout=LONG)
+    assert r.returncode == 1
+    assert "Traceback (most recent call last):" in r.stderr and f'{env / "g.py"}", line 4, in <lambda>' in r.stderr
+    assert "dataspace/pipeline/local.py" not in r.stderr  # the user's frames only
 
 
 def test_format_progress():
@@ -168,9 +176,9 @@ def test_the_documented_example_graph_runs(env, capsys, monkeypatch):
     text = open(doc).read().split("<!-- example-graph -->", 1)[1]
     (env / "orders.py").write_text(text.split("```python", 1)[1].split("```", 1)[0])
     monkeypatch.chdir(env)  # the example's ledger.db is relative
-    assert main(["pipeline", "check", "orders.py"]) == 0
     main(["stream", "append", "orders", '<order 1 "ann" 250>', '<order 2 "bob" 20>'])
     main(["stream", "append", "payments", "<payment 1 250>", "<payment 2 25>"])
+    assert main(["pipeline", "check", "orders.py"]) == 0
     capsys.readouterr()
     assert main(["pipeline", "run", "orders.py", "--until-idle", "-q", "--engine", "local"]) == 0
     with open_store(env / "data") as s:
@@ -197,12 +205,53 @@ def test_ctrl_c_while_the_graph_loads_is_a_clean_stop(env):
         t.join(LONG)
         assert first == ["loading\n"]
         proc.send_signal(signal.SIGINT)
+        # Said at once, while the graph file still waits (it goes on only when told).
+        t = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
+        t.start()
+        t.join(LONG)
+        assert first[1] == STOPPING
         out, err = proc.communicate("go on\n", timeout=LONG)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert (proc.returncode, err) == (0, "")
     assert out == "dataspace pipeline: interrupted before the graph started: nothing ran\n"
+
+
+STOPPING = ("dataspace pipeline: stopping ... (Ctrl-C again stops at once; the next run "
+            "recovers)\n")
+
+
+@pytest.mark.parametrize("after", ["dataspace.cli", "dataspace.broker.server",
+                                   "dataspace.pipeline.loader"])
+def test_ctrl_c_in_the_first_second_is_one_line_not_a_traceback(env, after):
+    """Ctrl-C while the command's modules are still importing (the console script, told
+    by Python's import log when it got this far): one line and exit 130, or -- once the
+    run took Ctrl-C over -- its clean stop; never a KeyboardInterrupt traceback."""
+    script = os.path.join(os.path.dirname(sys.executable), "dataspace")
+    proc = subprocess.Popen([script, "pipeline", "run", str(env / "graph.py"), "--engine", "local",
+                             "--until-idle"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        err: list[str] = []
+        while True:
+            line = proc.stderr.readline()
+            assert line, "".join(err)
+            err.append(line)
+            if line.startswith("import time:") and line.split("|")[-1].strip() == after:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=LONG)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = [x for x in (err + rest.splitlines(True)) if not x.startswith("import time:")]
+    assert "Traceback" not in "".join(said) and "KeyboardInterrupt" not in "".join(said), said
+    if proc.returncode == 130:
+        assert [x.rstrip("\n") for x in said] == ["dataspace: interrupted"]
+    else:
+        assert proc.returncode == 0 and out.startswith(STOPPING), (out, said)
 
 
 def test_the_help_example_graph_works_on_the_readme_data(env, capsys, monkeypatch):
@@ -265,3 +314,216 @@ def test_a_killed_run_releases_its_graph(env, store_url):
     assert r.returncode == 0, r.stderr
     with open_store(store_url) as s:
         assert [e.value.fields[1] for e in s.read("loud")] == ["X", "Y"]
+
+
+# -- a typo is an error, and leaves nothing behind -------------------------------------------
+
+TYPO = GRAPH.replace('"chat"', '"chta"')
+
+
+def _names(store_dir, internal=True):
+    with open_store(store_dir, create=False) as s:
+        return [i.name for i in s.streams(include_internal=internal)]
+
+
+@pytest.mark.parametrize("engine", ["local", "spark"])
+@pytest.mark.parametrize("until_idle", [True, False])
+def test_a_missing_source_stops_check_and_run_and_leaves_no_trace(env, capsys, engine, until_idle):
+    """`graph.source("chta")` passed `check`; `run --until-idle` printed `lag chta:0 ...
+    idle` and exited 0, `run` waited forever, and both made an empty `chta` with a tailer
+    that silenced `stream tail chta`.  On either engine (Spark refuses before it starts)."""
+    (env / "typo.py").write_text(TYPO)
+    main(["stream", "append", "chat", '<Says "alice" "hi">'])
+    capsys.readouterr()
+    line = (f"dataspace pipeline: source stream 'chta' does not exist in {env / 'data' / 'streams.sqlite3'} "
+            "(streams there: chat; did you mean 'chat'?); create it with `dataspace stream "
+            "create chta` or declare it with graph.source('chta', create=True)\n")
+    assert main(["pipeline", "check", str(env / "typo.py")]) == 1
+    assert capsys.readouterr() == ("", line)
+    argv = ["pipeline", "run", str(env / "typo.py"), "--engine", engine]
+    assert main([*argv, *(["--until-idle"] if until_idle else [])]) == 1
+    out, err = capsys.readouterr()
+    assert err == line and "starting Spark" not in out
+    assert _names(env / "data") == ["chat"]
+    assert not (env / "data" / "spark").exists()
+    assert main(["stream", "tail", "chta"]) == 1
+    assert "no stream named 'chta'" in capsys.readouterr().err
+
+
+def test_check_without_a_store_and_the_two_ways_to_declare_a_source(env, capsys):
+    (env / "typo.py").write_text(TYPO)
+    # No store at all: check says so (and creates none); --no-store checks the file only.
+    assert main(["pipeline", "check", str(env / "typo.py")]) == 1
+    assert "no stream store at" in capsys.readouterr().err
+    assert not (env / "data").exists()
+    assert main(["pipeline", "check", str(env / "typo.py"), "--no-store"]) == 0
+    assert "is valid" in capsys.readouterr().out
+    # `stream create` makes the source exist (empty): the run is legitimate.
+    assert main(["stream", "create", "chta"]) == 0
+    assert main(["pipeline", "check", str(env / "typo.py")]) == 0
+    assert main(["pipeline", "run", str(env / "typo.py"), "--engine", "local", "--until-idle"]) == 0
+    # graph.source(..., create=True): created by the run, with --create-store even the store.
+    (env / "later.py").write_text(GRAPH.replace('graph.source("chat")',
+                                                'graph.source("chat", create=True)'))
+    other = env / "other"
+    argv = ["pipeline", "run", str(env / "later.py"), "--engine", "local", "--until-idle",
+            "--data-dir", str(other)]
+    assert main(argv) == 1
+    assert not other.exists()
+    assert main([*argv, "--create-store"]) == 0
+    assert _names(other, internal=False) == ["chat", "loud", "shout.errors"]
+
+
+@pytest.mark.parametrize("command", [["run", "--engine", "local", "--until-idle"],
+                                     ["run"], ["status"], ["check"], ["reset"]])
+def test_a_mistyped_data_dir_is_an_error_not_a_new_store(env, capsys, command):
+    """`pipeline run --data-dir <typo>` quietly made a new store and exited 0."""
+    main(["stream", "append", "chat", '<Says "alice" "hi">'])
+    capsys.readouterr()
+    typo = env / "dta"
+    assert main(["pipeline", command[0], str(env / "graph.py"), *command[1:],
+                 "--data-dir", str(typo)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"dataspace pipeline: no stream store at {typo} (the data directory "
+                          "does not exist); check --data-dir, or create one with `dataspace "
+                          "stream create NAME`"), err
+    assert err.count("\n") == 1
+    assert ("--create-store" in err) == (command[0] == "run")
+    assert not typo.exists()
+    (typo).mkdir()
+    assert main(["pipeline", command[0], str(env / "graph.py"), *command[1:],
+                 "--data-dir", str(typo)]) == 1
+    assert "(the data directory holds no store)" in capsys.readouterr().err
+    assert os.listdir(typo) == []
+
+
+def test_a_database_without_a_store_is_not_laid_out_by_a_reading_command(env, capsys, pg_url):
+    """A PostgreSQL database that exists but holds no store: reading commands say so and
+    leave the database as it is; writing ones create the store."""
+    import psycopg
+
+    at = ["--store", pg_url]
+    for argv in (["pipeline", "status", str(env / "graph.py"), *at],
+                 ["pipeline", "run", str(env / "graph.py"), "--engine", "local", *at],
+                 ["stream", "ls", *at], ["stream", "tail", "chat", *at]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert "(the database holds no stream store); check --store" in err, err
+    with psycopg.connect(pg_url) as c:
+        assert c.execute("SELECT count(*) FROM information_schema.schemata "
+                         "WHERE schema_name = 'dataspace'").fetchone() == (0,)
+    assert main(["stream", "append", "chat", '<Says "a" "x">', *at]) == 0
+    assert main(["pipeline", "run", str(env / "graph.py"), "--engine", "local", "--until-idle",
+                 "-q", *at]) == 0
+
+
+# -- pipeline reset ---------------------------------------------------------------------------
+
+CHAIN = GRAPH + """
+@graph.map("exclaim", "loud", "louder")
+def exclaim(v):
+    return Record(Symbol("Exclaim"), [v])
+"""
+
+
+def _values(store_dir, stream):
+    with open_store(store_dir, create=False) as s:
+        return [e.value for e in s.iter_entries(stream)] if s.has_stream(stream) else None
+
+
+def test_reset_reprocesses_from_the_start_and_never_duplicates_silently(env, capsys):
+    (env / "chain.py").write_text(CHAIN)
+    graph = str(env / "chain.py")
+    data = env / "data"
+    main(["stream", "append", "chat", '<Says "a" "x">', '<Says "b" "y">'])
+    run = ["pipeline", "run", graph, "--engine", "local", "--until-idle", "-q"]
+    assert main(run) == 0
+    first = _values(data, "louder")
+    assert len(first) == 2
+    # A leftover Spark checkpoint of the graph goes too (the Spark test runs it for real).
+    (data / "spark" / "shout" / "upper" / "checkpoint").mkdir(parents=True)
+    capsys.readouterr()
+    # Outputs with entries: the user says what becomes of them.
+    assert main(["pipeline", "reset", graph]) == 1
+    assert capsys.readouterr().err == (
+        "dataspace pipeline: graph 'shout' has written results to loud (2 entries), louder "
+        "(2 entries); reprocessing writes them again: add --delete-outputs to remove those "
+        "streams (each result then once), or --keep-outputs to append the new results after "
+        "the old ones\n")
+    assert main(["pipeline", "reset", graph, "--delete-outputs", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would reset graph 'shout'")
+    assert _values(data, "louder") == first and (data / "spark" / "shout").exists()
+    # Delete: the next run writes every result once, from the start.
+    assert main(["pipeline", "reset", graph, "--delete-outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "positions: chat (shout/upper)" in out
+    assert "backing streams: __backing/shout/exclaim, __backing/shout/upper" in out
+    assert "output streams removed: loud (2 entries), louder (2 entries), shout.errors (0 entries)" in out
+    assert _names(data) == ["chat"] and not (data / "spark" / "shout").exists()
+    assert main(["stream", "info", "chat"]) == 0
+    assert "tailers     none" in capsys.readouterr().out
+    assert main(run) == 0
+    assert _values(data, "louder") == first
+    # Keep: the new results follow the old ones -- once more each, not twice (the second
+    # processor reads its intermediate input from where it ended).
+    assert main(["pipeline", "reset", graph, "--keep-outputs"]) == 0
+    out = capsys.readouterr().out
+    assert "intermediate streams kept, read from their end: loud at 2" in out
+    assert main(run) == 0
+    assert _values(data, "louder") == first + first
+    assert _values(data, "loud") == _values(data, "loud")[:2] * 2
+    # Nothing to reset for a graph that never ran.
+    (env / "other.py").write_text(GRAPH.replace('Graph("shout"', 'Graph("other"'))
+    capsys.readouterr()
+    assert main(["pipeline", "reset", str(env / "other.py")]) == 0
+    assert "nothing to reset (it never ran here)" in capsys.readouterr().out
+
+
+def test_reset_is_refused_while_the_graph_runs(env, capsys):
+    main(["stream", "append", "chat", '<Says "a" "x">'])
+    assert main(["pipeline", "run", str(env / "graph.py"), "--engine", "local", "--until-idle",
+                 "-q"]) == 0
+    with open_store(env / "data") as s, s.lock("graph:shout"):
+        capsys.readouterr()
+        assert main(["pipeline", "reset", str(env / "graph.py"), "--delete-outputs"]) == 1
+        err = capsys.readouterr().err
+        assert "graph 'shout' is running on this store (pid" in err and "stop it first" in err
+    assert _values(env / "data", "loud") is not None  # nothing was removed
+    with open_store(env / "data") as s:
+        assert s.position("chat", "shout/upper") == 1
+
+
+def test_reset_help_has_examples(capsys):
+    with pytest.raises(SystemExit):
+        main(["pipeline", "reset", "--help"])
+    out = capsys.readouterr().out
+    assert "examples:" in out and "--delete-outputs" in out and "--keep-outputs" in out
+
+
+def test_log_records_are_said_in_the_commands_voice(capsys):
+    """A warning of the library reaches the user as a line of the command (no time, level
+    or logger name: "a raw timestamped log line" was the complaint), on one line."""
+    import logging
+
+    from dataspace.cli._voice import speak_as
+
+    h = logging.StreamHandler(sys.stderr)  # what logging.basicConfig makes in main()
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(h)
+    try:
+        speak_as("dataspace pipeline", 0)
+        log = logging.getLogger("dataspace.pipeline.spark.engine")
+        log.warning("processor %s: the store moved on", "g/x")
+        log.warning("two\nlines")
+        try:
+            raise ValueError("bad")
+        except ValueError:
+            log.error("it failed", exc_info=True)
+    finally:
+        root.removeHandler(h)
+    assert capsys.readouterr().err.splitlines() == [
+        "dataspace pipeline: processor g/x: the store moved on",
+        "dataspace pipeline: two (-v says more)",
+        "dataspace pipeline: it failed (ValueError: bad) (-v says more)",
+    ]

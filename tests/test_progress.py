@@ -3,9 +3,14 @@ periodic lines otherwise; and the commands that use it."""
 
 from __future__ import annotations
 
+import os
+import threading
+
+import pytest
+
 from dataspace.cli.pipeline import format_progress
 from dataspace.pipeline.engine import ProcStats
-from dataspace.progress import Progress, hms
+from dataspace.progress import LiveLine, Progress, WallRate, hms
 
 
 class Out:
@@ -103,3 +108,131 @@ def test_other_output_does_not_garble_the_bar():
     q = Progress(plain, total=4, clock=lambda: now[0])
     q.echo("x", file=plain)
     assert plain.text == "x\n"
+
+
+# -- LiveLine: phases and a status line that keeps moving; WallRate -----------------------------
+
+
+def shown(raw: str) -> list[str]:
+    """What a terminal shows for ``raw`` (a carriage return rewrites its line)."""
+    return [x.rsplit("\r", 1)[-1].rstrip() for x in raw.split("\n") if x.rsplit("\r", 1)[-1].strip()]
+
+
+def test_phases_on_a_terminal_move_while_they_last_and_stay_as_one_line_each():
+    now = [0.0]
+    out = Out(True)
+    live = LiveLine(out, prefix="p: ", ticker=False, clock=lambda: now[0])
+    live.begin("launching the JVM")
+    now[0] = 3.2
+    live.tick()  # the ticker: the seconds move while the JVM starts
+    assert shown(out.text) == ["p: launching the JVM ... 3s"]
+    now[0] = 4.1
+    live.end("JVM up")
+    live.begin("starting the Spark context")
+    now[0] = 6.0
+    live.tick()
+    assert shown(out.text) == ["p: JVM up (4.1s)", "p: starting the Spark context ... 1s"]
+    now[0] = 7.5
+    live.end("Spark context ready")
+    live.close()
+    assert shown(out.text) == ["p: JVM up (4.1s)", "p: Spark context ready (3.4s)"]
+
+
+def test_phases_in_a_log_are_a_line_each_and_a_long_one_says_it_is_still_going():
+    now = [0.0]
+    out = Out(False)
+    live = LiveLine(out, prefix="p: ", ticker=False, heartbeat=10.0, clock=lambda: now[0])
+    live.begin("creating the Spark session")
+    for t in (5.0, 10.5, 15.0, 21.0):
+        now[0] = t
+        live.tick()
+    now[0] = 23.0
+    live.end("Spark session ready")
+    assert out.text.splitlines() == ["p: creating the Spark session ... 10s",
+                                     "p: creating the Spark session ... 21s",
+                                     "p: Spark session ready (23.0s)"]
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_busy_status_line_moves_on_a_terminal_and_beats_in_a_log(tty):
+    now = [0.0]
+    out = Out(tty)
+    live = LiveLine(out, ticker=False, heartbeat=10.0, clock=lambda: now[0])
+    live.status(lambda dt: f"batch 0 {hms(dt)}", key="batch 0", busy=True)
+    now[0] = 4.0
+    live.tick()
+    now[0] = 12.0
+    live.tick()
+    live.status(lambda dt: f"batch 0 {hms(12 + dt)}", key="batch 0", busy=True)  # same key
+    now[0] = 13.0
+    live.status(lambda dt: "idle", key="idle", busy=False)
+    now[0] = 30.0
+    live.tick()  # not busy: nothing more
+    live.close()
+    if tty:
+        frames = out.text.split("\r")
+        assert "| batch 0 0:00" in frames[1] and "/ batch 0 0:04" in frames[2]
+        assert "- batch 0 0:12" in frames[3]  # the spinner turned, the seconds moved
+        assert shown(out.text) == ["idle"]
+    else:  # the first, a heartbeat after ten seconds, the change; no repeat of a key
+        assert out.text.splitlines() == ["batch 0 0:00", "batch 0 0:12", "idle"]
+
+
+def test_a_notice_is_written_at_once_past_the_buffer():
+    """What a signal handler says ("stopping ...") must not wait for a buffer, nor take a
+    lock the interrupted code may hold: it is one raw write."""
+    r, w = os.pipe()
+    with open(r, "rb") as rf, open(w, "w", buffering=1 << 16) as wf:
+        live = LiveLine(wf, ticker=False)
+        wf.write("buffered, not flushed")
+        live.notice("stopping ...")
+        assert os.read(rf.fileno(), 100) == b"stopping ...\n"
+
+
+def test_the_ticker_thread_keeps_a_terminal_line_moving_and_stops_with_close():
+    class Watched(Out):
+        def __init__(self) -> None:
+            super().__init__(True)
+            self.cond = threading.Condition()
+
+        def write(self, s: str) -> None:
+            with self.cond:
+                super().write(s)
+                self.cond.notify_all()
+
+    out = Watched()
+    live = LiveLine(out, tick=0.01)
+    live.begin("waiting")  # one draw; the ticker draws the others on its own
+    with out.cond:
+        assert out.cond.wait_for(lambda: out.text.count("\r") >= 3, 30.0)
+    live.close()
+    assert live._thread is not None and not live._thread.is_alive()
+
+
+def test_a_rate_over_wall_time_divides_a_burst_by_the_time_its_work_took():
+    """A micro-batch of a minute commits its 5,000 messages at once: 89/s (the truth),
+    not 5,000 in the tick it landed (13,989 msg/s was once shown for about 89)."""
+    r = WallRate(window=30.0)
+    for t in range(0, 57):
+        r.add(float(t), 0 if t < 56 else 5000, busy=True)
+    assert round(r.rate()) == 89
+    for t in range(57, 81):  # the next batch runs: the rate decays honestly
+        r.add(float(t), 5000, busy=True)
+    assert round(r.rate()) == 62  # 5,000 in 80 s
+    for t in range(81, 113):
+        r.add(float(t), 5000 if t < 112 else 10000, busy=True)
+    assert round(r.rate()) == 89  # the second batch over its own 56 s
+    r.add(113.0, 10000, busy=False)
+    r.add(500.0, 10000, busy=False)
+    assert round(r.rate()) == 89  # idle time after the work does not count
+    # A steady stream: the last window's messages over the window.
+    r = WallRate(window=10.0)
+    for t in range(100):
+        r.add(t / 2, t * 100, busy=True)
+    assert round(r.rate()) == 200
+    # Work done between two samples (too fast to be seen busy) still has a rate.
+    r = WallRate()
+    r.add(0.0, 0, busy=False)
+    assert r.rate() is None
+    r.add(1.0, 7, busy=False)
+    assert r.rate() == 7.0

@@ -60,10 +60,115 @@ async def test_follow_prints_each_entry_once_in_order_as_it_is_appended(tmp_path
             seen += (await follower.stdout.read()).decode().splitlines()
         finally:
             await kill(follower)
-        assert seen == ['0 "before"', '1 <Says "alice" "hi">', '2 "x"', "3 42"]
+        assert seen[0] == f"dataspace scry: following {url}chat from entry 0"  # (stderr)
+        assert seen[1:] == ['0 "before"', '1 <Says "alice" "hi">', '2 "x"', "3 42"]
         assert follower.returncode == 0
     finally:
         await sp.stop()
+
+
+@async_test
+async def test_follow_from_next_prints_what_is_appended_as_the_readme_writes_it(tmp_path):
+    """`dataspace scry follow udp://HOST:PORT/chat` with the default --from next
+    (issue 20, item 2: it printed nothing, whatever was appended)."""
+    sp, url = await publisher(tmp_path, "chat")
+    try:
+        await append(sp.data_dir, "chat", '"old"', '"older"')
+        follower = await spawn("-m", "dataspace.cli", "scry", "follow", url + "chat")
+        seen: list[str] = []
+        try:
+            # It says where it starts (stderr) once the publisher answered...
+            await read_line_matching(follower, rf"^dataspace scry: following {url}chat from "
+                                     r"entry 2$", seen)
+            # ... and prints what is appended from then on, and nothing before.
+            await append(sp.data_dir, "chat", '"new"')
+            await append(sp.data_dir, "chat", '<Says "bob" "hello">')
+            await read_line_matching(follower, r'^3 <Says "bob" "hello">$', seen)
+        finally:
+            await kill(follower)
+        assert seen == [f"dataspace scry: following {url}chat from entry 2",
+                        '2 "new"', '3 <Says "bob" "hello">']
+        # The Python API the same way (start=None is "next").
+        notes: list[str] = []
+        heard = asyncio.Event()
+
+        def notify(line: str) -> None:
+            notes.append(line)
+            heard.set()
+
+        got: list[tuple[int, object]] = []
+
+        async def read() -> None:
+            async for e in scry.follow(url + "chat", notify=notify):
+                got.append((e.index, e.value))
+                if len(got) == 2:
+                    return
+
+        task = asyncio.ensure_future(read())
+        await asyncio.wait_for(heard.wait(), TIMEOUT)
+        assert notes == [f"following {url}chat from entry 4"]
+        await append(sp.data_dir, "chat", "4", "5")
+        await asyncio.wait_for(task, TIMEOUT)
+        assert got == [(4, 4), (5, 5)]
+    finally:
+        await sp.stop()
+
+
+@async_test
+async def test_follow_says_when_nothing_answers_and_keeps_trying_or_gives_up(tmp_path):
+    port = free_udp_port()
+    url = f"udp://127.0.0.1:{port}/chat"
+    # The command with --timeout: one line after 3 s, then it gives up (exit 1).
+    follower = await spawn("-m", "dataspace.cli", "scry", "follow", url, "--timeout", "4")
+    seen: list[str] = []
+    try:
+        line = await read_line_matching(follower, r"no answer", seen)
+        assert line == (f"dataspace scry: no answer from {url} after 3 s (nothing listens on "
+                        f"that port: is a server publishing 'chat' there? start one with: "
+                        f"dataspace serve --scry-udp 127.0.0.1:{port} --publish chat); still "
+                        "trying, giving up after 4 s")
+        assert await asyncio.wait_for(follower.wait(), TIMEOUT) == 1
+        assert follower.stdout is not None
+        rest = (await follower.stdout.read()).decode().splitlines()
+        assert len(rest) == 1 and rest[0].startswith(f"dataspace scry: no answer from {url} "
+                                                     "for 4 s (") and "giving up" in rest[0]
+    finally:
+        await kill(follower)
+    # The Python API without a timeout: says so once, keeps trying, and carries on when a
+    # publisher appears there.
+    notes: list[str] = []
+    changed = asyncio.Event()
+
+    def notify(line: str) -> None:
+        notes.append(line)
+        changed.set()
+
+    got: list[object] = []
+
+    async def read() -> None:
+        async for e in scry.follow(url, start="start", notify=notify):
+            got.append(e.value)
+            return
+
+    task = asyncio.ensure_future(read())
+    sp = None
+    try:
+        await asyncio.wait_for(changed.wait(), TIMEOUT)
+        assert len(notes) == 1 and notes[0].startswith(f"no answer from {url} after 3 s (")
+        assert notes[0].endswith("; still trying")
+        changed.clear()
+        sp, _url = await publisher(tmp_path, "chat", port=port)
+        await append(sp.data_dir, "chat", '"at last"')
+        await asyncio.wait_for(task, TIMEOUT)
+        assert got == ["at last"]
+        assert notes[1].startswith(f"{url} answers again (after ")
+        assert notes[2] == f"following {url} from entry 0"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if sp is not None:
+            await sp.stop()
 
 
 @async_test

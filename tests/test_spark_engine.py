@@ -4,12 +4,15 @@ their reconciliation with the store; progress and ``pipeline status``; the CLI."
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -184,12 +187,28 @@ def test_dataframe_processors(spark, tmp_path):
 def test_unhandled_error_stops_the_processor_and_keeps_the_input(spark, tmp_path):
     g = Graph("g")
     g.source("in")
-    g.map("inv", "in", "out", lambda v: 1 // v)
+    inv = lambda v: 1 // v  # noqa: E731
+    g.map("inv", "in", "out", inv)
+    line = inv.__code__.co_firstlineno
     with open_store(tmp_path) as store:
         store.append_many("in", [1, 2, 0, 4])
         e, stats = spark_run(g, store, spark, batch=2)
-        # Said once: what raised, where (the engine and the CLI say the processor stopped).
-        assert e.failed["inv"] == "ZeroDivisionError: integer division or modulo by zero (at in 2)"
+        # Said once, as the local engine says it: which processor, which entry, which line
+        # of the user's code, what it raised; the traceback of the user's code comes back
+        # from the executor (the engine and the CLI say the processor stopped).
+        assert e.failed["inv"] == (f"map 'inv' failed on entry in/2: test_spark_engine.py:{line}: "
+                                   "ZeroDivisionError: integer division or modulo by zero")
+        tb = stats["inv"].detail
+        assert tb.startswith("Traceback (most recent call last):"), tb
+        assert f'test_spark_engine.py", line {line}, in <lambda>' in tb, tb
+        assert tb.endswith("ZeroDivisionError: integer division or modulo by zero"), tb
+        assert "dataspace/pipeline" not in tb  # the engine's frames say nothing to its author
+        with open_store(tmp_path / "local") as ls:
+            ls.append_many("in", [0])
+            with LocalEngine(g, ls) as le:
+                le.drain()
+                assert le.failed["inv"] == e.failed["inv"].replace("in/2", "in/0")
+                assert le.stats()[0].detail == tb
         assert stats["inv"].state == "failed"
         assert [x.value for x in store.read("out")] == [1, 0]
         assert store.position("in", "g/inv") == 2  # the failed batch [2, 4) is kept
@@ -200,7 +219,7 @@ def test_unhandled_error_stops_the_processor_and_keeps_the_input(spark, tmp_path
         assert not e.failed and [x.value for x in store.read("out")] == [1, 0, 0]
 
 
-def test_restarts_checkpoints_and_engine_switches(spark, tmp_path):
+def test_restarts_checkpoints_and_engine_switches(spark, tmp_path, caplog):
     """Spark resumes from its checkpoint; after the local engine moved the store on, the
     stale checkpoint is set aside; an interrupted local step is retried with its hash."""
     g = Graph("g")
@@ -219,8 +238,16 @@ def test_restarts_checkpoints_and_engine_switches(spark, tmp_path):
         store.append_many("in", range(8, 10))
         with LocalEngine(g, store) as le:
             le.drain()
-        e, _ = spark_run(g, store, spark, batch=3)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="dataspace.pipeline.spark.engine"):
+            e, _ = spark_run(g, store, spark, batch=3)
         assert e.checkpoints()["x"] == "stale checkpoint set aside"
+        # Said in words, one line (the command prints it as its own: cli/_voice.py).
+        said = [r.getMessage() for r in caplog.records if "processor g/x:" in r.getMessage()]
+        assert len(said) == 1 and re.fullmatch(
+            r"processor g/x: the store moved on since its Spark checkpoint \(another engine ran "
+            r"it, or the store was replaced\); Spark starts from the store's positions \(the old "
+            r"checkpoint is kept as checkpoint\.stale-\d{8}-\d{6}-\d+\)", said[0]), said
         assert [x.value for x in store.read("out")] == [v * 10 for v in range(10)]
         # The local engine crashes a sink step before its function: Spark retries it.
         store.append_many("in", [10, 11])
@@ -239,6 +266,36 @@ def test_restarts_checkpoints_and_engine_switches(spark, tmp_path):
         assert log.read_text().splitlines() == [
             f"[100, 110] {delivery_hash('g/s', rec.starts, rec.ends).hex()}"]
         assert recover(store, "g/s").branch == "1f+3a"
+
+
+def test_a_reset_graph_reprocesses_on_spark_from_fresh_checkpoints(spark, tmp_path):
+    """`pipeline reset` removes the graph's checkpoints with its positions and backing
+    streams: the next Spark run starts new queries at the first stored entries (not a
+    checkpoint set aside as stale), and with the outputs removed writes each result once."""
+    from dataspace.pipeline.reset import reset_graph
+
+    g = Graph("again")
+    g.source("in")
+    g.map("x", "in", "mid", lambda v: v * 10)
+    g.map("y", "mid", "out", lambda v: v + 1)
+    with open_store(tmp_path) as store:
+        store.append_many("in", range(7))
+        e, _ = spark_run(g, store, spark, batch=3)
+        root = e.root
+        assert (root / "x" / "checkpoint").is_dir()
+        want = [v * 10 + 1 for v in range(7)]
+        assert [x.value for x in store.read("out")] == want
+        plan = reset_graph(store, g, outputs="delete", spark_dirs=[root])
+        assert plan.spark_dirs == [root] and not root.exists()
+        assert sorted(x.name for x in store.streams(include_internal=True)) == ["in"]
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert e.checkpoints() == {"x": "new checkpoint", "y": "new checkpoint"}
+        assert [x.value for x in store.read("out")] == want
+        # Kept outputs: the results once more each, after the old ones -- y reads only
+        # what x writes again (its intermediate input from where it ended).
+        reset_graph(store, g, outputs="keep", spark_dirs=[root])
+        e, _ = spark_run(g, store, spark, batch=3)
+        assert [x.value for x in store.read("out")] == want + want
 
 
 def test_continuous_run_follows_appends_and_reports_progress(spark, tmp_path):
@@ -266,6 +323,52 @@ def test_continuous_run_follows_appends_and_reports_progress(spark, tmp_path):
         assert [x.value for x in store.read("out")] == ["A", "B"]
         assert reports and reports[-1][0].consumed == 2 and reports[-1][0].produced == 2
         assert (tmp_path / "spark" / "live" / "up" / "progress.json").exists()
+
+
+def test_a_long_batch_shows_it_works_and_the_rate_is_messages_over_wall_time(spark, tmp_path):
+    """While a slow batch runs, the progress says so and moves (starting the query, the
+    batch's number and messages, its tasks, its seconds); afterwards the rate is the
+    messages over the wall time they took, not the batch's messages in the second its
+    commit landed (13,989 msg/s was once shown for about 89)."""
+    import io
+
+    from dataspace.cli.pipeline import _Progress
+
+    def crawl(v):  # made here: Spark's workers get it by value
+        time.sleep(0.1)  # the workload: a slow function (an API call per message, say)
+        return v
+
+    g = Graph("slow")
+    g.source("in")
+    g.map("crawl", "in", "out", crawl)
+    out = io.StringIO()
+    show = _Progress(out)
+    seen = []
+
+    def on_progress(stats):
+        seen.append(stats[0])
+        show(stats)
+
+    n = 30
+    with open_store(tmp_path) as store:
+        store.append_many("in", range(n))
+        t0 = time.monotonic()
+        with SparkEngine(g, store, spark=spark, batch=n, partition_rows=n) as e:
+            stats = e.run(until_idle=True, on_progress=on_progress, progress_interval=0.2)
+        wall = time.monotonic() - t0
+        assert stats[0].consumed == n and not e.failed
+    assert seen[0].activity == "starting its query"
+    during = [s for s in seen if s.activity.startswith(f"batch 0: {n} messages") and s.consumed == 0]
+    assert len(during) >= 3, [s.activity for s in seen]
+    assert during[-1].activity_s > during[0].activity_s  # its seconds move
+    assert any("tasks 0/1" in s.activity for s in during), [s.activity for s in during]
+    assert seen[-1].activity == ""
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith(f"crawl in {n} out {n} lag in:0 |"), last
+    rate = float(last.rsplit("| ", 1)[1].split(" msg/s")[0].replace(",", ""))
+    # n messages in the run's wall time (which includes starting the query): the rate is
+    # between that and what the batch alone allows (n x 0.1 s of work at least).
+    assert n / wall / 2 <= rate <= n / (n * 0.1), (rate, n / wall, last)
 
 
 GRAPH = """
@@ -298,7 +401,18 @@ def test_cli_runs_on_spark_by_default_and_status_shows_the_queries(spark, env, c
     assert main(["pipeline", "status", str(env / "graph.py"), *at]) == 0
     out = capsys.readouterr().out
     assert "last step delivered (1d+3a)" in out
-    assert "spark: batch 0 committed; 1 batches, 2 in, 1 out, 1 errors" in out
+    assert re.search(r"\n      last Spark run \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\): batch 0 "
+                     r"committed; 1 batches, 2 in, 1 out, 1 errors\n", out), out
+    # While the local engine runs the graph, status says so, and Spark's figures (stale
+    # by then) are not shown.
+    from dataspace.pipeline.loader import load_graph
+
+    with open_store(store_url) as s, LocalEngine(load_graph(str(env / "graph.py")), s) as le:
+        le.start()
+        assert main(["pipeline", "status", str(env / "graph.py"), *at]) == 0
+        out = capsys.readouterr().out
+    assert f"running (pid {os.getpid()}" in out and ", engine local)" in out, out
+    assert "last Spark run" not in out and "spark:" not in out, out
 
 
 def test_cli_without_java_says_what_to_install(env, capsys, monkeypatch):
@@ -359,30 +473,67 @@ def test_the_documented_example_graph_runs_on_spark(spark, env, capsys, monkeypa
     assert sqlite3.connect(env / "ledger.db").execute("select * from paid").fetchall() == [(1, "ann", 250)]
 
 
-def test_cli_ctrl_c_while_spark_starts_is_a_clean_stop(env):
-    """The first Ctrl-C stops cleanly in every phase: here while the JVM starts (it once
-    gave four py4j/PySpark tracebacks and exit 130).  Nothing runs after it."""
+STOPPING = ("dataspace pipeline: stopping ... (Ctrl-C again stops at once; the next run "
+            "recovers)")
+
+
+@pytest.mark.parametrize("after, twice", [
+    ("dataspace pipeline: starting Spark (local[1]) ...", False),  # the JVM starts
+    ("dataspace pipeline: JVM up", False),  # the Spark context starts
+    ("dataspace pipeline: starting Spark (local[1]) ...", True),
+])
+def test_cli_ctrl_c_while_spark_starts_is_said_at_once_and_stops(env, after, twice):
+    """Every phase of starting Spark is said as it ends (a long one every ten seconds
+    while it lasts); Ctrl-C is said at once -- the next line, before any other phase --
+    and stops the start-up after the phase under way: exit 0, nothing ran, no traceback
+    (it once gave four py4j/PySpark tracebacks, and said nothing for seconds).  A second
+    Ctrl-C stops at once: exit 130."""
     main(["stream", "append", "chat", '"x"'])
     proc = subprocess.Popen(
         [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
          "--master", "local[1]"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    cond = threading.Condition()
+
+    def pump():
+        for line in proc.stdout:
+            with cond:
+                lines.append(line.rstrip("\n"))
+                cond.notify_all()
+        with cond:
+            lines.append("EOF")
+            cond.notify_all()
+
+    threading.Thread(target=pump, daemon=True).start()
     try:
-        first: list[str] = []
-        t = threading.Thread(target=lambda: first.append(proc.stdout.readline()), daemon=True)
-        t.start()
-        t.join(LONG)
-        assert first and first[0].startswith("dataspace pipeline: starting Spark (local[1])"), first
+        with cond:
+            assert cond.wait_for(lambda: any(x.startswith(after) for x in lines), LONG), lines
+            at = len(lines)
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=LONG)
+        with cond:
+            assert cond.wait_for(lambda: len(lines) > at, LONG)
+            assert lines[at] == STOPPING, lines  # said before the phase under way ends
+        if twice:
+            proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(LONG) == (130 if twice else 0), (lines, err)
+        with cond:
+            assert cond.wait_for(lambda: lines[-1] == "EOF", LONG)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
-    assert out.strip().splitlines() == [
-        "dataspace pipeline: interrupted before the graph started: nothing ran"]
+    if twice:
+        assert err.strip() == "dataspace pipeline: stopped at once (the next run recovers)"
+    else:
+        assert err == ""
+        assert lines[-2] == "dataspace pipeline: interrupted before the graph started: nothing ran"
+        nxt = {"dataspace pipeline: starting Spark (local[1]) ...": "Spark context ready",
+               "dataspace pipeline: JVM up": "Spark session ready"}[after]
+        assert not any(nxt in x for x in lines), lines  # no phase after the one under way
+    assert not any("running graph" in x for x in lines)
     with open_store(env / "data") as s:
         assert s.next_index("loud") == 0
 

@@ -5,6 +5,7 @@ pair of random tables."""
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -110,7 +111,12 @@ def test_route_command_on_a_stream_and_on_a_dataset(spark, tmp_path, capsys, mon
     out = tmp_path / "m.parquet"
     assert main(["pipeline", "route", "--patterns", str(tmp_path / "p.txt"), "--values", "chat",
                  "--out", str(out)]) == 0
-    assert "3 values, 3 matches" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "3 values, 3 matches" in said
+    # Each job is said as it ends (the command was once silent for 27 s).
+    assert re.search(r"\ndataspace pipeline route: 3 values to match \(\d+\.\ds\)\n", said), said
+    assert re.search(r"\ndataspace pipeline route: 3 matches written to .*m\.parquet \(\d+\.\ds\)\n",
+                     said), said
     got = sorted((r["pattern"], r["index"], r["captures_text"]) for r in spark.read.parquet(str(out)).collect())
     assert got == [("0", 0, ['"alice"']), ("0", 1, ['"bob"']), ("present", 2, ["1"])]
     # a JSON dataset of Preserves text, JSON output

@@ -74,6 +74,47 @@ def test_append_many_and_iter(store):
     assert sum(1 for _ in store.iter_entries("nums")) == 2500
 
 
+def test_read_without_a_limit_reads_every_entry(store):
+    """`store.read(name)` once stopped at 1,000 entries without saying so (a user's count
+    said 1,000); without a limit it reads the whole range, with one it reads a page."""
+    store.append_many("nums", range(2500))
+    assert [e.index for e in store.read("nums")] == list(range(2500))
+    assert [e.index for e in store.read("nums", 2000)] == list(range(2000, 2500))
+    assert [e.index for e in store.read("nums", end=1500)][-1] == 1499
+    assert len(store.read("nums", 0, 1000)) == 1000
+    assert store.read("nums", 0, 0) == []
+
+
+def test_a_stream_removed_by_another_handle_is_looked_up_again(store_url):
+    """`stream rm` / `pipeline reset` delete streams that other processes may have open (a
+    recorder, Spark's Python workers): their cached stream id must not make a write fail
+    ("stream id N was deleted") nor put a tailer position on the deleted stream."""
+    with open_store(store_url) as a, open_store(store_url) as b:
+        a.append("s", 1)
+        a.set_position("s", "t", 1)  # a has the stream's id cached
+        b.delete_stream("s")
+        with a.transaction() as tx:
+            assert tx.next_index("s") == 0
+        a.set_position("s", "t", 0)
+        assert a.append("s", 2) == 0
+        with a.transaction() as tx:
+            tx.set_positions([("s", "u", 1)])
+        assert [e.value for e in b.read("s")] == [2]
+        assert (b.position("s", "t"), b.position("s", "u")) == (0, 1)
+        b.delete_stream("s")
+        with a.transaction() as tx:
+            tx.set_positions([("s", "u", 0)])
+        assert [t.name for t in b.tailers("s")] == ["u"]
+        # Reads too: through a stale id they found nothing (a graph's read tasks in a
+        # long-lived Spark worker then delivered an empty step and moved on).
+        assert [e.value for e in a.read("s")] == []
+        b.delete_stream("s")
+        b.append_many("s", [7, 8])
+        assert [e.value for e in a.read("s")] == [7, 8]
+        assert a.read_rows("s", 0, 2, 10)[1][2] == encode(8)
+        assert (a.next_index("s"), a.first_index("s"), a.get("s", 1).value) == (2, 0, 8)
+
+
 def test_indices_are_monotonic_after_retention_removes_everything(store):
     store.create_stream("s", max_count=2)
     for i in range(5):

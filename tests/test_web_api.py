@@ -315,6 +315,47 @@ async def test_what_an_attenuated_token_sees_follows_its_caveats(tmp_path):
         await ds.close()
 
 
+@async_test
+async def test_a_token_shown_whole_values_whenever_its_caveats_allow(tmp_path):
+    """A token that may observe ``<$ P>`` is shown whole values for any ``P`` (``_``
+    too: not one empty match); one that may not gets the captures, and for a pattern
+    without captures only whether something matches (``presence_only``)."""
+    async with api(tmp_path) as a:
+        ds = await client(a)
+        ds.assert_(parse('<Present "alice">'))
+        ds.assert_(parse('<Present "bob">'))
+        await ds.sync()
+        root = a.server.sturdyref
+        assert root is not None
+        anything = str(attenuate(root, _only("<rec Observe [<_> <_>]>")))
+        rows = await a.json("/api/assertions?pattern=_", anything)
+        values = [r["value"] for r in rows["assertions"]]
+        assert '<Present "alice">' in values and '<Present "bob">' in values, rows
+        assert rows["count"] == len(values) and all(r["captures"] == [] for r in rows["assertions"])
+        assert "presence_only" not in rows
+        rows = await a.json("/api/assertions?pattern=" + quote("<Present $who>"), anything)
+        assert rows["assertions"] == [
+            {"captures": ['"alice"'], "match": '<Present "alice">', "value": '<Present "alice">'},
+            {"captures": ['"bob"'], "match": '<Present "bob">', "value": '<Present "bob">'}]
+
+        presence = str(attenuate(root, PRESENCE_ONLY))
+        rows = await a.json("/api/assertions?pattern=" + quote("<Present _>"), presence)
+        assert rows["presence_only"] is True and rows["count"] == 1
+        assert rows["assertions"] == [{"captures": [], "match": "<Present _>"}]
+        async with a.session.get(a.url("/api/watch?pattern=_"),
+                                 headers={"Authorization": "Bearer " + anything}) as r:
+            assert r.status == 200
+            sse = Sse(r)
+            seen = []
+            while "event" not in (ev := await sse.next()):
+                seen.append(json.loads(ev["data"])["value"])
+            synced = json.loads(ev["data"])
+            assert ev["event"] == "synced" and "presence_only" not in synced
+            assert '<Present "alice">' in seen and '<Present "bob">' in seen
+            assert synced["matches"] == len(seen) >= 3  # and the watch's own <Observe ...>
+        await ds.close()
+
+
 # ------------------------------------------------------------------------------------
 # JSON endpoints
 

@@ -14,6 +14,7 @@ Chromium missing fails these tests (it is installed by `make test` and .ci/run a
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,12 +170,16 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}  # an iPhone 12 to 15, in CSS pixels
+
+
 class Page:
     """A page of a fresh browser context; ``errors`` collects script errors."""
 
-    def __init__(self, browser: Any, name: str) -> None:
+    def __init__(self, browser: Any, name: str, viewport: dict[str, int] = DESKTOP) -> None:
         self.name = name
-        self.context = browser.new_context(viewport={"width": 1280, "height": 800})
+        self.context = browser.new_context(viewport=viewport)
         self.page = self.context.new_page()
         self.page.set_default_timeout(10_000)
         self.errors: list[str] = []
@@ -194,8 +200,19 @@ class Page:
 
 @pytest.fixture
 def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Page]:
+    yield from _page(browser, request, DESKTOP)
+
+
+@pytest.fixture
+def phone(browser: Any, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A page the size of a phone's screen."""
+    yield from _page(browser, request, PHONE)
+
+
+def _page(browser: Any, request: pytest.FixtureRequest, viewport: dict[str, int]
+          ) -> Iterator[Page]:
     name = request.node.name.removeprefix("test_")
-    p = Page(browser, name)
+    p = Page(browser, name, viewport)
     (ARTIFACTS / f"{name}-failed.png").unlink(missing_ok=True)
     failures = request.session.testsfailed
     yield p
@@ -346,17 +363,27 @@ def test_the_pipeline_page_shows_lag_falling_as_the_pipeline_catches_up(
         expect(pg.locator('svg.graph g.edge[data-from="loud"][data-to="count"] text.edge-lag')
                ).to_have_text("lag 0")
         expect(pg.locator('[data-graph="shout"] .lag-total')).to_have_text("total lag 30")
+        # No engine holds the graph: the page says so, and that the lag will not move.
+        card = pg.locator('[data-graph="shout"]')
+        expect(card.locator(".run-state")).to_have_text("not running")
+        expect(card.locator(".run-note")).to_contain_text(
+            "No engine runs this graph: 30 waiting entries do not move until one is started")
+        expect(card.locator(".run-note")).to_contain_text("last step ")
         page.screenshot("-behind")
 
         # Ten entries a step, one step per round: the page follows the lag down.
         with LocalEngine(g, store, batch=10, commit="each-write") as eng:
             eng.start()
+            expect(card.locator(".run-state")).to_have_text("running")
+            expect(card.locator(".run-note")).to_contain_text(f"Running: pid {os.getpid()}")
             eng.run_round()
             expect(lag).to_have_text("lag 20", timeout=5000)
             eng.run_round()
             expect(lag).to_have_text("lag 10", timeout=5000)
             eng.run(until_idle=True)
         expect(lag).to_have_text("lag 0", timeout=5000)
+        expect(card.locator(".run-state")).to_have_text("not running")
+        expect(card.locator(".run-note")).to_contain_text("new entries will wait until one is started")
         expect(pg.locator('[data-graph="shout"] .lag-total')).to_have_text("total lag 0")
         expect(pg.locator('svg.graph g.node[data-name="lengths"] text.sub')
                ).to_have_text("50 entries · output")
@@ -417,7 +444,17 @@ def test_pages_are_utf8_from_this_server_only() -> None:
     html = (static / "inspector.html").read_text("utf-8")
     for ref in re.findall(r'(?:src|href)="([^"]*)"', html):
         assert ref.startswith("/") or ref == "data:,", ref
-    js = (static / "inspector.js").read_text("utf-8")
+    scripts = {p.name: p.read_text("utf-8") for p in static.glob("*.js")}
+    assert {"inspector.js", "lib.js", "pv.js", "page-links.js"} <= set(scripts)
+    for name, text in scripts.items():  # every module imported is a file of static/
+        for ref in re.findall(r'^import .* from "([^"]+)";$', text, re.M):
+            assert ref.startswith("./") and ref[2:] in scripts, (name, ref)
+    js = "\n".join(scripts.values())
+    # Every file is package data (pyproject's globs), so an installed server has it.
+    globs = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["tool"]["setuptools"][
+        "package-data"]["dataspace.web"]
+    for f in static.iterdir():
+        assert any(fnmatch.fnmatch("static/" + f.name, g) for g in globs), f.name
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(",
                  "new Function"):
         assert sink not in js, sink
@@ -441,8 +478,9 @@ def test_pages_are_served_with_their_types(serve: Any) -> None:
         assert status == 200 and headers["Content-Type"] == "text/html; charset=utf-8", path
         assert "default-src 'none'" in headers["Content-Security-Policy"]
         assert b'<meta charset="utf-8">' in body
-    status, headers, _ = get("inspector/static/inspector.js")
-    assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
+    for name in ("inspector.js", "lib.js", "pv.js", "page-dataspace.js"):
+        status, headers, _ = get("inspector/static/" + name)
+        assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
     status, headers, _ = get("inspector/static/inspector.css")
     assert status == 200 and headers["Content-Type"] == "text/css; charset=utf-8"
     assert get("inspector/nope")[0] == 404
@@ -471,9 +509,225 @@ def test_a_token_with_caveats_sees_what_they_allow(serve: Any, clients: list[Pro
     expect(pg.locator("#assertions td.value")).to_have_text(['<Present "alice">'])
     pg = page.goto(srv.url + "inspector/streams")
     expect(pg.locator(".error-box")).to_contain_text("needs the server's root capability")
+    pg = page.goto(srv.url + "inspector/pipelines")  # one line, in English
+    expect(pg.locator(".error-box")).to_have_text(re.compile(
+        r"^reading the pipelines needs the server's root capability \(this token reaches "
+        r"dataspace 'root' through its caveats\); sign in with DATA_DIR/root.sturdyref$"))
     pg = page.goto(srv.url + "inspector/connections")
     expect(pg.locator("p.count")).to_contain_text("1 connection")
     expect(pg.locator("p.count")).to_contain_text("connection details need the root capability")
     page.screenshot()
     pg.click("#signout")
     expect(pg.locator("#login")).to_be_visible()
+
+
+def _attenuate(srv: Server, *only: str) -> str:
+    args = [a for p in only for a in ("--only", p)]
+    r = subprocess.run([PY, "-m", "dataspace.cli", "cap", "attenuate", srv.token, *args],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def _sign_in(pg: Any, token: str) -> None:
+    expect(pg.locator("#login")).to_be_visible()
+    pg.fill("#token", token)
+    pg.click("#login button[type=submit]")  # sets the cookie and reloads the page
+    expect(pg.locator("#who")).to_have_text(re.compile("dataspace:root"))
+
+
+def test_an_attenuated_token_browsing_everything_sees_each_value(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    """The default pattern `_` with a token that may observe anything: each assertion,
+    whole, as for the administrator -- not "1 matching" and one `_` row (a pattern
+    without captures tells its observer only whether something matches)."""
+    srv = serve()
+    observer_only = _attenuate(srv, "<rec Observe [<_> <_>]>")
+    c = srv.client("assert", '<Present "alice">', '<Present "bob">')
+    clients.append(c)
+    c.wait_line("asserted")
+    pg = page.goto(srv.url + "inspector/dataspace")
+    _sign_in(pg, observer_only)
+    expect(pg.locator("#pattern")).to_have_value("_")
+    expect(pg.locator("#status")).to_have_text("live")
+    values = pg.locator("#assertions td.value")
+    expect(values.filter(has_text=re.compile("^<Present"))).to_have_text(
+        ['<Present "alice">', '<Present "bob">'])
+    texts = values.all_text_contents()
+    assert "_" not in texts, texts
+    # Every value is a row (the page's own watch is an assertion too), counted right.
+    expect(pg.locator("#count")).to_have_text(f"{len(texts)} matching")
+    assert len(texts) >= 3, texts
+    # The captures column holds what `_` captures: nothing.
+    expect(pg.locator("#assertions td.captures").first).to_have_text("")
+    page.screenshot()
+
+
+def test_a_token_that_may_not_see_values_is_told_only_whether_something_matches(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    srv = serve()
+    presence = _attenuate(srv, "<rec Observe [<rec group [<rec rec [<lit Present>]> <_>]> <_>]>")
+    c = srv.client("assert", '<Present "alice">', '<Present "bob">')
+    clients.append(c)
+    c.wait_line("asserted")
+    pg = page.goto(srv.url + "inspector/dataspace?pattern=%3CPresent%20_%3E")
+    _sign_in(pg, presence)
+    expect(pg.locator("#status")).to_have_text("live")
+    expect(pg.locator("#count")).to_have_text(re.compile(
+        r"^something matches \(this token's caveats let it learn only whether"))
+    # With a capture it sees the captures, one row each.
+    pg.fill("#pattern", "<Present $who>")
+    pg.click("#go")
+    expect(pg.locator("#assertions td.captures")).to_have_text(['"alice"', '"bob"'])
+    expect(pg.locator("#count")).to_have_text("2 matching")
+
+
+def test_the_links_page_is_a_table_with_states_reasons_and_formatted_bytes(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    a = serve("--http-open")
+    b = serve("--http-open", "--link", a.address, "--link-cap", a.token,
+              "--link", "127.0.0.1:1", "--link-cap", a.token)  # nobody listens on port 1
+    b.proc.wait_line(rf"link {re.escape(a.address)}: up")
+    watcher = a.client("observe", "<Says $who $text>")  # a wants b's messages
+    clients.append(watcher)
+    pg = page.goto(b.url + "inspector/links")
+    rows = pg.locator("table.links tbody tr")
+    expect(rows).to_have_count(2)
+    expect(pg.locator("p.count")).to_have_text("2 links, 1 up")
+    up = pg.locator(f'table.links tr[data-link="{a.address}"]')
+    expect(up.locator('td[data-col="subscriptions"]')).to_contain_text("peer wants 1")
+    b.send(*(f'<Says "b" "message {i} {"x" * 200}">' for i in range(40)))  # bytes to format
+    watcher.wait_line("message 39")
+    expect(up.locator('td[data-col="messages_forwarded"]')).to_have_text("40")
+    expect(up.locator('td[data-col="state"] .badge')).to_have_text("up")
+    expect(up.locator('td[data-col="link"]')).to_contain_text(f"→ to {a.address}")
+    expect(up.locator('td[data-col="peer_id"]')).to_have_text(re.compile(r"^[0-9a-f]{16}$"))
+    expect(up.locator('td[data-col="since"]')).to_have_text(re.compile(r"^(\d+ min )?\d+(\.\d)? s$"))
+    expect(up.locator('td[data-col="subscriptions"]')).to_contain_text("upstreamed")
+    # Bytes as people read them, never a raw count; the headings say what they count.
+    human = re.compile(r"^\d+(\.\d)? (B|KiB|MiB)$")
+    expect(up.locator('td[data-col="bytes_out"]')).to_have_text(human)
+    expect(up.locator('td[data-col="bytes_in"]')).to_have_text(human)
+    expect(up.locator('td[data-col="bytes_out"]')).to_contain_text("KiB")  # > 8 KiB sent
+    heads = pg.locator("table.links thead th").all_text_contents()
+    assert heads == ["link", "state", "up for", "peer", "subscriptions", "msgs forwarded",
+                     "suppressed", "received", "bytes out", "bytes in"], heads
+    down = pg.locator('table.links tr[data-link="127.0.0.1:1"]')
+    expect(down.locator('td[data-col="state"] .badge')).to_have_text("down")
+    expect(down.locator('td[data-col="state"] .reason')).to_contain_text("Connect call failed")
+    expect(down.locator('td[data-col="state"]')).to_contain_text(re.compile(r"\d+ attempts?"))
+    expect(down.locator('td[data-col="since"]')).to_have_text("\u2013")  # an en dash: nothing to say
+    # Every counter, formatted, one click away; no raw JSON anywhere.
+    pg.locator(f'details[data-link="{a.address}"] summary').click()
+    facts = pg.locator(f'details[data-link="{a.address}"] dl.facts')
+    expect(facts).to_contain_text("messages suppressed")
+    expect(facts.locator("dd").first).to_be_visible()
+    assert "{" not in (pg.locator("main").text_content() or "")
+    page.screenshot()
+
+
+# What sticks out of a phone's screen: every element whose box leaves the viewport and is
+# not inside a container that scrolls sideways (a table's wrapper, the menu, a graph),
+# and every such container that itself leaves it.
+_OVERFLOW_JS = """() => {
+  const vw = document.documentElement.clientWidth;
+  const scrolls = (el) => ["auto", "scroll"].includes(getComputedStyle(el).overflowX);
+  const out = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const r = el.getBoundingClientRect();
+    if (!r.width || !r.height || getComputedStyle(el).visibility === "hidden") continue;
+    if (r.left >= -0.5 && r.right <= vw + 0.5) continue;
+    let a = el.parentElement;
+    while (a && !scrolls(a)) a = a.parentElement;
+    if (a) continue;
+    out.push(`${el.tagName.toLowerCase()}.${el.className.baseVal ?? el.className} ` +
+             `${Math.round(r.left)}..${Math.round(r.right)}`);
+  }
+  return {width: vw, scrollWidth: document.documentElement.scrollWidth,
+          header: document.querySelector("header.top").getBoundingClientRect().height,
+          out: out.slice(0, 10)};
+}"""
+
+
+def _fits_a_phone(page: Page, what: str) -> None:
+    pg = page.page
+    m = pg.evaluate(_OVERFLOW_JS)
+    assert m["width"] == PHONE["width"], m
+    assert m["header"] < 80, f"{what}: the header is {m['header']:.0f} px tall"
+    assert m["scrollWidth"] <= m["width"], f"{what}: the page scrolls sideways ({m})"
+    assert not m["out"], f"{what}: cut off at the screen's edge: {m['out']}"
+    # The menu shows the current page's entry, whole.
+    cur = pg.locator("#nav a.current")
+    if cur.count():
+        box = cur.bounding_box()
+        assert box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], (what, box)
+    page.screenshot("-" + what)
+
+
+def test_every_page_fits_a_phone(serve: Any, clients: list[Proc], phone: Page) -> None:
+    """At 390 x 844: a header under 80 px, nothing cut off or scrolling the page sideways
+    (wide tables and the graph scroll inside their card), each page's content shown."""
+    from dataspace.pipeline import Graph
+    from dataspace.pipeline.local import LocalEngine
+    from dataspace.streams import open_store
+    from dataspace.values import parse
+
+    a = serve("--http-open")
+    srv = serve("--http-open", "--record", "chat:<Says $who $text>",
+                "--link", a.address, "--link-cap", a.token, "--link", "127.0.0.1:1",
+                "--link-cap", a.token)
+    c = srv.client("assert", '<Present "alice">', '<Note "a rather long note that has to '
+                   'wrap somewhere on a narrow screen, or scroll">')
+    clients.append(c)
+    c.wait_line("asserted")
+    srv.send('<Says "alice" "hi">', '<Says "bob" "a longer message, with words to wrap">')
+    store = open_store(srv.data_dir)
+    try:
+        g = Graph("shout")
+        g.source("words")
+        g.map("upper", "words", "loud", lambda s: s.upper())
+        g.map("count", "loud", "lengths", lambda s: len(s))
+        store.append_many("words", [parse(f'"w{i}"') for i in range(5)])
+        with LocalEngine(g, store) as eng:
+            eng.run(until_idle=True)
+    finally:
+        store.close()
+
+    pg = phone.goto(srv.url)
+    expect(pg.locator(".health")).to_contain_text("ready")
+    _fits_a_phone(phone, "index")
+    checks = {
+        "overview": ('.counter[data-key="connections"] .counter-value', "1"),
+        "connections": ("table.connections tbody tr", "127.0.0.1:"),
+        "dataspace": ("#assertions", '<Present "alice">'),
+        "observe": ("#events", "synced:"),
+        "streams?stream=chat": ("#entries", '<Says "bob"'),
+        "pipelines": ('[data-graph="shout"] .run-state', "not running"),
+        "links": ("table.links", "Connect call failed"),
+    }
+    for path, (sel, text) in checks.items():
+        pg = phone.goto(srv.url + "inspector/" + path)
+        expect(pg.locator("h1")).to_be_visible()
+        expect(pg.locator(sel).first).to_contain_text(text)
+        expect(pg.locator(sel).first).to_be_visible()
+        _fits_a_phone(phone, path.split("?")[0])
+    # A wide table scrolls inside its card: its wrapper is narrower than the table.
+    pg = phone.goto(srv.url + "inspector/connections")
+    expect(pg.locator("table.connections tbody tr")).to_have_count(1)
+    widths = pg.evaluate("""() => { const w = document.querySelector(".table-wrap");
+        return [w.clientWidth, w.scrollWidth]; }""")
+    assert widths[1] > widths[0], widths
+    pg.locator(".table-wrap").evaluate("w => { w.scrollLeft = w.scrollWidth; }")
+    expect(pg.locator('table.connections td[data-col="held"]')).to_be_in_viewport()
+
+
+def test_the_sign_in_box_fits_a_phone(serve: Any, phone: Page) -> None:
+    srv = serve()
+    pg = phone.goto(srv.url + "inspector/overview")
+    expect(pg.locator("#login")).to_be_visible()
+    _fits_a_phone(phone, "sign-in")
+    pg.fill("#token", srv.token)
+    pg.click("#login button[type=submit]")
+    expect(pg.locator("#signout")).to_be_in_viewport()
+    expect(pg.locator('.counter[data-key="connections"]')).to_be_visible()
+    _fits_a_phone(phone, "signed-in")

@@ -18,19 +18,19 @@ if TYPE_CHECKING:
     from .dataspace import OBSERVE, Dataspace, Entity, Facet, Handle, Subscription
     from .index import Index
     from .pattern import Pattern, PatternError, match, parse_pattern
-from .values import (
-    Annotated,
-    Dictionary,
-    Embedded,
-    Record,
-    Sequence,
-    Set,
-    Symbol,
-    decode,
-    encode,
-    parse,
-    stringify,
-)
+    from .values import (
+        Annotated,
+        Dictionary,
+        Embedded,
+        Record,
+        Sequence,
+        Set,
+        Symbol,
+        decode,
+        encode,
+        parse,
+        stringify,
+    )
 
 __version__ = "0.1.0"
 
@@ -71,6 +71,10 @@ _WHERE = {
     "PatternError": "pattern",
     "match": "pattern",
     "parse_pattern": "pattern",
+    # The values too load on first use: the ``dataspace`` command imports this package
+    # before it can take Ctrl-C (cli/__init__.py), so the less it runs the better.
+    **{name: "values" for name in ("Annotated", "Dictionary", "Embedded", "Record", "Sequence",
+                                   "Set", "Symbol", "decode", "encode", "parse", "stringify")},
 }
 
 

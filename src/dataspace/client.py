@@ -50,9 +50,10 @@ from .dataspace import _MISSING, Entity, Facet, Handle, _DataspaceBase, fresh_ha
 from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
 from .net.connection import Connection, connect_stream
 from .net.flow import FlowLimits, Hub
+from .net.sniff import what_answered
 from .net.websocket import connect_ws
 from .pattern import Pattern
-from .protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE
+from .protocol.gatekeeper import ACCEPTED, CLIENT_NAME, REJECTED, RESOLVE
 from .protocol.relay import Relay, RelayLimits, RemoteEntity
 from .protocol.sturdy import SturdyError, SturdyRef
 from .protocol.wire import short
@@ -261,8 +262,12 @@ class RemoteDataspace(_DataspaceBase):
         flow: FlowLimits | None = None,
         relay_limits: RelayLimits | None = None,
         rng: random.Random | None = None,
+        name: str | None = None,
     ) -> None:
         self.address = address
+        self.client_name = name
+        """The name this client gives the server (shown by ``dataspace top``, the
+        inspector and ``/api/connections``), or None."""
         self.cap = cap
         self.reconnect = reconnect
         self.connect_timeout = connect_timeout
@@ -318,6 +323,10 @@ class RemoteDataspace(_DataspaceBase):
         assert relay is not None
         fut: asyncio.Future[RemoteEntity] = loop.create_future()
         gk = relay.import_ref(0)
+        if self.client_name:
+            # Our name, for the server's monitoring (see protocol.gatekeeper): in the
+            # same packet as the resolve, so the server knows it from the start.
+            gk.on_assert(Record._make(CLIENT_NAME, (self.client_name,)), fresh_handle())
         gk.on_assert(
             Record._make(RESOLVE, (self.cap.to_value(), Embedded(_Resolver(fut)))), fresh_handle()
         )
@@ -330,11 +339,9 @@ class RemoteDataspace(_DataspaceBase):
             closed.cancel()
         if not fut.done():
             fut.cancel()
-            reason = relay.peer_error[0] if relay.peer_error else conn.close_reason
+            why = self._handshake_failure(conn, relay)
             conn.close("no answer from the gatekeeper")
-            raise ConnectionError(
-                f"{self.address} did not accept the capability: {reason or 'timed out'}"
-            )
+            raise ConnectionError(why)
         try:
             ref = fut.result()
         except CapabilityRejected:
@@ -350,6 +357,31 @@ class RemoteDataspace(_DataspaceBase):
         self._hub.flush(None)
         conn.on_close.append(self._lost)
         self._connected.set()
+
+    def _handshake_failure(self, conn: Connection, relay: Relay) -> str:
+        """Why the capability was not resolved, saying what answered when it was not a
+        Syndicate server (the first bytes it sent tell: HTTP, TLS ...)."""
+        if relay.peer_error:  # the server said why, in an <error> packet
+            return f"{self.address} did not accept the capability: {relay.peer_error[0]}"
+        a = self.address
+        port_hint = (f"the broker's TCP port is {DEFAULT_PORT} by default; a WebSocket "
+                     "port (--ws) is reached as ws://HOST:PORT/")
+        if relay.error is not None:  # what it sent is not the Syndicate protocol
+            answered = what_answered(conn.head)
+            if answered.endswith("HTTP"):
+                hint = f" (is it the --http port, or a --ws port? {port_hint})"
+            else:
+                hint = f" ({port_hint})"
+            return f"{a} is not a dataspace server: {answered}, not the Syndicate protocol{hint}"
+        if not conn.head:
+            if conn.closed:
+                return (f"{a} closed the connection without answering: is it a dataspace "
+                        f"server's port? ({port_hint})")
+            return (f"no answer from {a} within {self.connect_timeout:g} s: is it a "
+                    f"dataspace server's port? (a WebSocket or HTTP port waits, silent, for "
+                    f"a request of its own; {port_hint})")
+        reason = conn.close_reason if conn.closed else None
+        return f"{a} did not accept the capability: {reason or 'timed out'}"
 
     def _lost(self, conn: Connection) -> None:
         if conn is not self._conn:
@@ -547,6 +579,14 @@ class RemoteDataspace(_DataspaceBase):
                 raise ConnectionError(f"connection to {self.address} lost during sync")
             raise TimeoutError(f"no answer to sync from {self.address} within {timeout} s")
 
+    async def _barrier(self, timeout: float | None) -> None:
+        await self.sync(timeout)
+
+    def _check_ready(self, what: str) -> None:
+        super()._check_ready(what)
+        if self._ref is None:
+            raise ConnectionError(f"not connected to {self.address}")
+
     async def drain(self) -> None:
         """Wait while the connection's send buffer is over its limit (back-pressure)."""
         conn = self._conn
@@ -570,6 +610,7 @@ async def connect(
     data_dir: str | Path | None = None,
     reconnect: bool = True,
     connect_timeout: float = 10.0,
+    name: str | None = None,
     **options: Any,
 ) -> RemoteDataspace:
     """Connect to a server and resolve ``cap``; returns a :class:`RemoteDataspace`.
@@ -578,7 +619,10 @@ async def connect(
       ``$DATASPACE_SERVER`` or ``127.0.0.1:7411``);
     * ``cap`` -- the sturdyref (object, text or value); default: the data directory's
       ``root.sturdyref``;
-    * ``reconnect`` -- reconnect with backoff when the connection drops (default True).
+    * ``reconnect`` -- reconnect with backoff when the connection drops (default True);
+    * ``name`` -- what to call this client in the server's monitoring (``dataspace top``,
+      the inspector, ``/api/connections``) beside its address, e.g. ``"billing-worker"``
+      (at most 100 characters are kept).
 
     Raises ``ConnectionError`` if the server cannot be reached (saying how to start one),
     :class:`CapabilityRejected` if the gatekeeper refuses the capability and
@@ -592,7 +636,10 @@ async def connect(
     except AddressError as e:
         raise ConnectionError(f"bad server address: {e}") from None
     ref = load_capability(cap, data_dir=data_dir)
-    ds = RemoteDataspace(addr, ref, reconnect=reconnect, connect_timeout=connect_timeout, **options)
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string, not {type(name).__name__}")
+    ds = RemoteDataspace(addr, ref, reconnect=reconnect, connect_timeout=connect_timeout,
+                         name=name, **options)
     try:
         await ds._connect_once()
     except CapabilityRejected:

@@ -33,6 +33,7 @@ Semantics
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 from collections import deque
@@ -42,7 +43,7 @@ from typing import Any, NewType
 
 from .index import Index
 from .pattern import Pattern, PatternError, as_pattern, from_preserves, to_preserves
-from .values import Embedded, Record, Sequence, Symbol, Value, key, preserve, strip
+from .values import Embedded, Record, Sequence, Symbol, Value, key, preserve, sort_key, strip
 from .values.binary import DEFAULT_MAX_DEPTH, make_reader
 from .values.model import _PLAIN
 
@@ -413,6 +414,73 @@ class _DataspaceBase:
                 self._commit(turn)
         finally:
             self._turn, self._facet = prev_turn, prev_facet
+
+    # -- one-shot reads: query and request ------------------------------------------------
+
+    async def _barrier(self, timeout: float | None) -> None:
+        """Wait until everything done so far has been processed and its consequences
+        delivered (the remote client's round trip; in process, nothing to wait for)."""
+
+    def _check_ready(self, what: str) -> None:
+        """Raise if ``what`` (query, request) cannot work now."""
+        if self._turn is not None:
+            raise RuntimeError(f"{what}() inside a turn: the turn's actions (the "
+                               "subscription among them) apply only when it ends")
+
+    async def query(self, pattern: Pattern | str | Value,
+                    timeout: float | None = 30.0) -> list[tuple[Any, ...]]:
+        """The matches of ``pattern`` now: one tuple of captures per distinct match, in
+        Preserves order (``[]`` when nothing matches; ``[()]`` when something matches a
+        pattern that captures nothing).
+
+        A one-shot :meth:`observe`: it subscribes, waits until the dataspace has told it
+        everything that matches (for a remote dataspace, a round trip: :meth:`sync`),
+        then cancels.  Like ``redis-cli KEYS`` or ``nats kv ls``; ``dataspace query``
+        on the command line.
+        """
+        self._check_ready("query")
+        present: dict[Any, tuple[Any, ...]] = {}
+
+        def add(*caps: Any) -> None:
+            present[key(Sequence(caps))] = caps
+
+        def drop(*caps: Any) -> None:
+            present.pop(key(Sequence(caps)), None)
+
+        sub = self.observe(pattern, on_assert=add, on_retract=drop)
+        try:
+            await self._barrier(timeout)
+        finally:
+            sub.cancel()
+        return sorted(present.values(), key=lambda caps: sort_key(Sequence(caps)))
+
+    async def request(self, message: Value, reply: Pattern | str | Value,
+                      timeout: float | None = 10.0) -> tuple[Any, ...]:
+        """Send ``message`` and return the captures of the first message matching the
+        pattern ``reply`` (request/reply, like ``nats req``).
+
+        The reply is observed before the request is sent, so a responder cannot answer
+        too early.  Only messages count as replies (an assertion already present is not
+        an answer to this request).  Raises ``TimeoutError`` when no reply comes within
+        ``timeout`` seconds (None: wait for ever).
+        """
+        self._check_ready("request")
+        pat = as_pattern(reply)
+        fut: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+
+        def got(*caps: Any) -> None:
+            if not fut.done():
+                fut.set_result(caps)
+
+        sub = self.observe(pat, on_message=got)
+        try:
+            self.send(message)
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"no reply matching {pat} within {timeout:g} s") from None
+        finally:
+            sub.cancel()
 
     # -- subscriptions and facets (during) -----------------------------------------------
 

@@ -16,19 +16,30 @@ soaks and crash tests, the benchmarks)::
   1,200/s, ETA 0:06``.
 
 Without a total (``total=None``) the line has the count, the rate and the time spent.
-``rate=False`` leaves the rate out (a soak's progress is its clock).  Stdlib only: it
-imports nothing from the rest of the package, so every layer may use it.
+``rate=False`` leaves the rate out (a soak's progress is its clock).
+
+Work that is not a count -- starting Spark, a micro-batch of unknown length -- shows in a
+:class:`LiveLine`: the phases one line each as they end (``JVM up (4.1s)``), and a status
+line that keeps moving while nothing else does (on a terminal a spinner and the seconds
+of what is going on; otherwise a line every ``heartbeat`` seconds).  Library code reports
+its phases to anything with ``begin``/``end`` (:class:`Phases`); :data:`NO_PHASES` says
+nothing.  :class:`WallRate` is a rate over wall time that a burst cannot inflate.
+
+Stdlib only: it imports nothing from the rest of the package, so every layer may use it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-__all__ = ["Progress", "hms"]
+__all__ = ["NO_PHASES", "LiveLine", "Phases", "Progress", "WallRate", "hms"]
 
 
 def hms(seconds: float) -> str:
@@ -226,3 +237,286 @@ def _columns(out: Any) -> int:
         return shutil.get_terminal_size((120, 24)).columns if hasattr(out, "fileno") else 120
     except (OSError, ValueError):
         return 120
+
+
+# -- phases, and a line that keeps moving -----------------------------------------------------
+
+
+class Phases(Protocol):
+    """Where long set-up work says what it does: ``begin("launching the JVM")`` when a
+    phase starts, ``end("JVM up")`` when it is over (the renderer adds how long it took)."""
+
+    def begin(self, what: str) -> None: ...
+
+    def end(self, done: str) -> None: ...
+
+
+class _NoPhases:
+    def begin(self, what: str) -> None:
+        pass
+
+    def end(self, done: str) -> None:
+        pass
+
+
+NO_PHASES: Phases = _NoPhases()
+"""Phases that nobody is shown."""
+
+SPINNER = "|/-\\"
+
+
+class LiveLine:
+    """The output of a command whose work takes long in steps of unknown length.
+
+    * **Phases** (:class:`Phases`): on a terminal the current one is shown live
+      (``PREFIXlaunching the JVM ... 3s``, a ticker thread keeps the seconds moving); when
+      it ends, one line stays: ``PREFIXJVM up (4.1s)``.  Otherwise only the line that
+      stays, and ``PREFIXlaunching the JVM ... 10s`` every ``heartbeat`` seconds of a
+      long phase.
+    * **A status line** (:meth:`status`): ``render(dt)`` gives its text ``dt`` seconds
+      after it was set.  On a terminal it is rewritten in place, redrawn by the ticker
+      while ``busy`` (with a spinner in front); otherwise it is printed when ``key``
+      changes (``key`` leaves out what moves by itself, like seconds), and every
+      ``heartbeat`` seconds while ``busy``.
+    * :meth:`echo` prints a line without garbling the live one; :meth:`notice` does it
+      from a signal handler (a raw write: no lock, no buffer).
+
+    ``ticker=False`` starts no thread (tests call :meth:`tick`); ``clock`` is for tests.
+    """
+
+    def __init__(
+        self,
+        out: TextIO | Any = None,
+        *,
+        prefix: str = "",
+        tty: bool | None = None,
+        heartbeat: float = 10.0,
+        tick: float = 0.25,
+        quiet: bool = False,
+        ticker: bool = True,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.out = sys.stdout if out is None else out
+        self.prefix = prefix
+        self.tty = bool(getattr(self.out, "isatty", lambda: False)()) if tty is None else tty
+        self.heartbeat = heartbeat
+        self.tick_s = tick
+        self.quiet = quiet
+        self.clock = clock or time.monotonic
+        self._ticker = ticker
+        self._lock = threading.RLock()
+        self._phase: tuple[str, float] | None = None
+        self._render: Callable[[float], str] | None = None
+        self._status_t = 0.0
+        self._key: str | None = None
+        self._busy = False
+        self._width = 0
+        self._spin = 0
+        self._said = self.clock()  # the last line printed (heartbeats count from it)
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def begin(self, what: str) -> None:
+        with self._lock:
+            self._phase = (what, self.clock())
+            self._said = self.clock()
+            if self.tty and not self.quiet:
+                self._draw()
+        self._start_ticker()
+
+    def end(self, done: str) -> None:
+        with self._lock:
+            t0 = self._phase[1] if self._phase is not None else self.clock()
+            self._phase = None
+            self.echo(f"{self.prefix}{done} ({self.clock() - t0:.1f}s)", self.out)
+
+    # -- the status line -------------------------------------------------------------------
+
+    def status(self, render: Callable[[float], str], *, key: str | None = None,
+               busy: bool = False) -> None:
+        """Show ``render(0)`` now (see the class docstring for when it is redrawn)."""
+        with self._lock:
+            now = self.clock()
+            self._render, self._status_t, self._busy = render, now, busy
+            if self.quiet:
+                return
+            text = render(0.0)
+            if self.tty:
+                self._draw()
+            elif (key if key is not None else text) != self._key:
+                self._key = key if key is not None else text
+                self._line(text)
+        if busy:
+            self._start_ticker()
+
+    # -- lines -----------------------------------------------------------------------------
+
+    def echo(self, text: str = "", file: TextIO | Any = None) -> None:
+        """Print a line that stays (default: on this line's output), the live line
+        cleared first and drawn again after it on a terminal."""
+        f = self.out if file is None else file
+        with self._lock:
+            if self.quiet and f is self.out:
+                return
+            if self.tty and self._width:
+                self.out.write("\r" + " " * self._width + "\r")
+                self._width = 0
+                self.out.flush()
+            f.write(text + "\n")
+            f.flush()
+            self._said = self.clock()
+            if self.tty and not self.quiet:
+                self._draw()
+
+    def notice(self, text: str) -> None:
+        """Print ``text`` at once from a signal handler: a raw write to the output's file
+        descriptor (the handler may have interrupted a write of this very stream).  On a
+        terminal the live line stays as it was (the moment of the notice) and is drawn
+        again below."""
+        data = ("\n" if self.tty and self._width else "") + text + "\n"
+        self._width = 0
+        try:
+            fd = self.out.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None
+        if fd is None:
+            self.out.write(data)
+            return
+        with contextlib.suppress(OSError):
+            os.write(fd, data.encode(errors="replace"))
+
+    def close(self) -> None:
+        """The end: the ticker stops; on a terminal the live line is closed (it stays)."""
+        self._closed.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(5.0)
+        with self._lock:
+            self._phase = None  # a phase that did not end is not kept
+            self._busy = False
+            if self.tty and self._width and not self.quiet:
+                if self._render is not None:
+                    self._draw()
+                    self.out.write("\n")
+                else:
+                    self.out.write("\r" + " " * self._width + "\r")
+                self.out.flush()
+                self._width = 0
+
+    def __enter__(self) -> LiveLine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- drawing ---------------------------------------------------------------------------
+
+    def _text(self) -> str:
+        now = self.clock()
+        if self._phase is not None:
+            what, t0 = self._phase
+            return f"{self.prefix}{what} ... {int(now - t0)}s"
+        if self._render is None:
+            return ""
+        text = self._render(now - self._status_t)
+        if self._busy and self.tty:
+            text = f"{SPINNER[self._spin % len(SPINNER)]} {text}"
+        return text
+
+    def _draw(self) -> None:
+        text = self._text()
+        if not text and not self._width:
+            return
+        cols = _columns(self.out)
+        if len(text) > cols - 1:
+            text = text[: max(0, cols - 2)] + "…"
+        self.out.write("\r" + text + " " * max(0, self._width - len(text)))
+        self._width = len(text)
+        self.out.flush()
+
+    def _line(self, text: str) -> None:
+        self.out.write(text + "\n")
+        self.out.flush()
+        self._said = self.clock()
+
+    def tick(self) -> None:
+        """What the ticker does every ``tick`` seconds (tests call it themselves)."""
+        with self._lock:
+            if self.quiet:
+                return
+            self._spin += 1
+            if self.tty:
+                if self._phase is not None or self._busy:
+                    self._draw()
+                return
+            if self.clock() - self._said < self.heartbeat:
+                return
+            if self._phase is not None:
+                self._line(self._text())
+            elif self._busy and self._render is not None:
+                self._line(self._text())
+
+    def _start_ticker(self) -> None:
+        if not self._ticker or self.quiet or self._thread is not None or self._closed.is_set():
+            return
+        self._thread = threading.Thread(target=self._run, name="live-line", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed.wait(self.tick_s):
+            with contextlib.suppress(Exception):  # a closed or broken output: stop drawing
+                self.tick()
+
+
+class WallRate:
+    """Items per second of wall time, for work that lands in bursts (a micro-batch of a
+    minute commits all its messages at once).
+
+    Feed it ``add(t, n, busy)``: the time, the running count and whether there is work.
+    A *spell* of work starts with the first busy sample after an idle one; the rate is
+    over the recent part of the current spell (or of the last one, once idle): from the
+    count before the first increase of the last ``window`` seconds -- stretched back to
+    the increase before it, so a burst is divided by the time its work took -- to now.
+    A batch of 5,000 messages committed after 56 s is 89/s, not 5,000 per tick.
+    """
+
+    def __init__(self, window: float = 30.0) -> None:
+        self.window = window
+        self._marks: list[tuple[float, int]] = []  # the spell's start, then each increase
+        self._last: tuple[float, int] | None = None
+        self._idle = True
+
+    def add(self, t: float, n: int, busy: bool) -> None:
+        last = self._last
+        busy = busy or (last is not None and n > last[1])  # work done between two samples
+        if busy and self._idle:  # a new spell, from the sample before it
+            self._marks = [last if last is not None else (t, n)]
+            self._idle = False
+        if self._marks and n > self._marks[-1][1]:
+            self._marks.append((t, n))
+            cut = t - self.window
+            # Keep what a rate may start from: the increase before the window, and on.
+            while len(self._marks) > 2 and self._marks[2][0] <= cut:
+                self._marks.pop(0)
+        self._last = (t, n)
+        if not busy:
+            self._idle = True
+
+    def rate(self) -> float | None:
+        """Items per second; None before a spell has two samples.  Once idle, the rate of
+        the last spell up to its last increase (idle time after it does not count)."""
+        if not self._marks or self._last is None:
+            return None
+        t, n = self._marks[-1] if self._idle else self._last
+        cut = t - self.window
+        incs = self._marks[1:]
+        if not incs:
+            t0, n0 = self._marks[0]
+        else:
+            j = next((k for k, (ti, _n) in enumerate(incs) if ti >= cut), len(incs) - 1)
+            t0, n0 = self._marks[j]  # the mark before increase j (the spell's start for 0)
+        if t <= t0:
+            return None
+        return (n - n0) / (t - t0)

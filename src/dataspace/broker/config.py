@@ -80,6 +80,42 @@ class ConfigError(ValueError):
     """A configuration that cannot be used (the message says what to fix)."""
 
 
+MIN_PACKET_SIZE = 1024
+"""The smallest ``max-packet-size``: a client's first packet (the capability it presents,
+with its caveats) must fit."""
+MAX_PACKET_SIZE = 64 << 20
+"""The largest ``max-packet-size``: the largest packet our own clients accept."""
+
+SETTING_RANGES: dict[str, tuple[int | float, int | float | None, str]] = {
+    "max_packet_size": (MIN_PACKET_SIZE, MAX_PACKET_SIZE, "bytes"),
+    "max_assertions": (1, None, ""),
+    "max_references": (1, None, ""),
+    "max_observers": (1, None, ""),
+    "max_matches": (1, None, ""),
+    "max_turn_events": (1, None, ""),
+    "max_total_assertions": (1, None, ""),
+    "max_buffered": (1, None, "bytes"),
+    "max_debt": (1, None, "bytes"),
+    "max_send_queue": (1, None, "bytes"),
+    "work_rate": (1, None, "events per second"),
+    "max_connections": (1, None, ""),
+    "max_connections_per_address": (1, None, ""),
+    "throttle_limit": (0.0, None, "seconds; 0 = never"),
+    "connect_rate": (0.0, None, "per second; 0 = unlimited"),
+    "idle_timeout": (0.0, None, "seconds; 0 = never"),
+    "send_timeout": (0.0, None, "seconds"),
+    "handshake_timeout": (0.0, None, "seconds; 0 = none"),
+    "keepalive": (0.0, None, "seconds; 0 = off"),
+    "ws_ping_interval": (0.0, None, "seconds; 0 = off"),
+}
+"""The range of each number setting: (lowest, highest or None, unit)."""
+
+RANGE_WHY = {
+    "max_packet_size": " (1 KiB to 64 MiB: a client's first packet, its capability, must "
+    "fit, and a client accepts no packet over 64 MiB; the default is 1048576)",
+}
+
+
 @dataclass(frozen=True)
 class BindingSpec:
     """Sturdyrefs for ``oid`` signed with ``key`` reach the dataspace named ``dataspace``."""
@@ -152,6 +188,7 @@ class ServerConfig:
         return out
 
     def relay_limits(self) -> RelayLimits:
+        self.check_ranges()
         try:
             return RelayLimits(
                 max_packet_size=self.max_packet_size,
@@ -165,6 +202,7 @@ class ServerConfig:
             raise ConfigError(str(e).replace("max_imports", "max_references")) from None
 
     def flow_limits(self) -> FlowLimits:
+        self.check_ranges()
         try:
             return FlowLimits(
                 max_debt=self.max_debt,
@@ -212,25 +250,51 @@ class ServerConfig:
             out.append(LinkSpec(address, ref))
         return out
 
-    def host_port(self, which: str) -> tuple[str, int] | None:
+    def host_port(self, which: str, prefix: str = "") -> tuple[str, int] | None:
         """The ``scry_udp`` or ``http`` address as (host, port), or None if not set."""
         text = getattr(self, which)
         if not text:
             return None
         host, sep, port = text.rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"{which.replace('_', '-')} {text!r}: expected HOST:PORT, e.g. "
-                              "127.0.0.1:7413")
+            example = "127.0.0.1:7480" if which == "http" else "127.0.0.1:7413"
+            raise ConfigError(f"{prefix}{which.replace('_', '-')} {text!r}: expected HOST:PORT, "
+                              f"e.g. {example}")
         return (host.strip("[]") or DEFAULT_HOST, int(port))
 
-    def check(self) -> None:
-        """Raise :class:`ConfigError` for settings that cannot work together."""
+    def check_ranges(self, prefix: str = "") -> None:
+        """Raise :class:`ConfigError` for a number setting out of its range, naming the
+        setting as the user wrote it: ``work-rate`` in a file, ``--work-rate`` on the
+        command line (``prefix="--"``), with the range accepted."""
+        for name, (lo, hi, unit) in SETTING_RANGES.items():
+            v = getattr(self, name)
+            if v is None and name == "max_connections_per_address":
+                continue
+            whole = type(lo) is int
+            ok = (type(v) is int if whole else
+                  isinstance(v, int | float) and not isinstance(v, bool) and v == v)
+            if ok and lo <= v and (hi is None or v <= hi):
+                continue
+            option = prefix + name.replace("_", "-")
+            if hi is not None:
+                rng = f"an integer from {lo} to {hi}" + (f" {unit}" if unit else "")
+            elif whole:
+                rng = "a positive integer" + (f" ({unit})" if unit else "")
+            else:
+                rng = "a non-negative number" + (f" ({unit})" if unit else "")
+            why = RANGE_WHY.get(name, "")
+            raise ConfigError(f"{option} must be {rng}, not {v!r}{why}")
+
+    def check(self, prefix: str = "") -> None:
+        """Raise :class:`ConfigError` for settings that cannot work together (naming
+        them with ``prefix``: ``"--"`` for the command line's options)."""
+        self.check_ranges(prefix)
         self.relay_limits()
         self.flow_limits()
         self.listeners()
         self.link_specs()
-        self.host_port("scry_udp")
-        self.host_port("http")
+        self.host_port("scry_udp", prefix)
+        self.host_port("http", prefix)
         if self.publish and not (self.scry_udp or self.http):
             raise ConfigError("publish names streams for remote readers: give --scry-udp "
                               "HOST:PORT or --http HOST:PORT too")
@@ -244,20 +308,6 @@ class ServerConfig:
                                   f"token, so it is refused on {hp[0]}, which is not a "
                                   "loopback address: use --http 127.0.0.1:PORT, or drop "
                                   "--http-open and send the root sturdyref as a bearer token")
-        for name in ("max_turn_events", "max_total_assertions", "max_buffered",
-                     "max_connections"):
-            v = getattr(self, name)
-            if type(v) is not int or v < 1:
-                raise ConfigError(
-                    f"{name.replace('_', '-')} must be a positive integer, not {v!r}"
-                )
-        m = self.max_connections_per_address
-        if m is not None and (type(m) is not int or m < 1):
-            raise ConfigError(f"max-connections-per-address must be a positive integer, not {m!r}")
-        for name in ("connect_rate", "idle_timeout"):
-            v = getattr(self, name)
-            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be a non-negative number, not {v!r}")
 
     def override(self, **settings: Any) -> ServerConfig:
         """A copy with the given settings replaced (``None`` values are ignored)."""

@@ -5,17 +5,17 @@ A server started with ``--link ADDRESS --link-cap CAP`` keeps one connection to 
 at ADDRESS (reconnecting with backoff), resolves CAP there, and asserts into the
 dataspace it designates::
 
-    <link-request {id: SERVER-ID version: 1 cap: CAP} #:control #:data>
+    <link-request {id: SERVER-ID version: 2 cap: CAP} #:control #:data>
 
-The other server answers on ``control`` with ``<link-accept {id: SERVER-ID version: 1}
+The other server answers on ``control`` with ``<link-accept {id: SERVER-ID version: 2}
 #:control #:data>`` (or ``<link-refused MESSAGE>``).  From then on the link is symmetric;
 each side is the *subscriber* of what it wants from the other and the *producer* of what
 the other wants, and sends to the other's entities:
 
 ``control``  Syndicate messages: the seed's requests ``<subscribe SEQ LOW CHAIN>``,
              ``<reject ...>``, ``<reset ...>`` and answers ``<confirm KIND SEQ>``;
-             ``<link-reach [SERVER-ID ...]>``, the servers reachable through the sender
-             (a link that would close a cycle is refused); ``<link-refused MESSAGE>``.
+             the ``<tree-...>`` messages of the check that the link closes no cycle
+             (:mod:`dataspace.protocol.linktree`); ``<link-refused MESSAGE>``.
 ``data``     the values themselves: a message as a message, an assertion as an
              assertion (retracted by the sender, or by the connection closing), so the
              Syndicate protocol's own lifetimes carry presence across the link.
@@ -26,7 +26,9 @@ link's producer trie covers (assertions: never ``<Observe ...>`` or ``<link-requ
 source other than that link holds it (bag semantics across the link).  What it wants
 from a link: the prefixes of the patterns of its own observers (``<Observe PATTERN _>``
 in its dataspace) and of what its *other* links want from it (so chains and trees of
-servers work).  A link that would close a cycle is refused: see docs/links.md.
+servers work).  Data crosses a link only once it is *up*: checked to close no cycle
+(:mod:`dataspace.protocol.linktree`); a link that would close one is refused, and its
+dialer tries again every 30-60 s.  See docs/links.md.
 
 Only a capability without caveats may link (a linked server can assert and send
 anything, as its own clients can): the acceptor checks the ``cap`` of the request
@@ -56,6 +58,8 @@ from ..net.flow import FlowLimits, Hub
 from ..net.websocket import connect_ws
 from ..pattern import Bind, PatternError, from_preserves
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings
+from ..protocol.linktree import MESSAGES as TREE_MESSAGES
+from ..protocol.linktree import Forest, ForestError
 from ..protocol.relay import Relay, RelayLimits, keep_received
 from ..protocol.sturdy import SturdyError, SturdyRef, validate
 from ..protocol.upstream import (
@@ -69,18 +73,19 @@ from ..protocol.upstream import (
     chain_matches,
     pattern_chain,
 )
-from ..values import Dictionary, Embedded, Record, Sequence, Symbol, Value, key, stringify
+from ..values import Dictionary, Embedded, Record, Symbol, Value, key, stringify
 from ..values.model import _PLAIN
 
 __all__ = ["LinkHub", "LinkSpec", "load_server_id"]
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
+"""Version 2: links are checked for cycles by locking both trees (the ``<tree-...>``
+messages), where version 1 exchanged reach sets (``<link-reach ...>``)."""
 LINK_REQUEST = Symbol("link-request")
 LINK_ACCEPT = Symbol("link-accept")
 LINK_REFUSED = Symbol("link-refused")
-LINK_REACH = Symbol("link-reach")
 SERVER_ID = "server.id"
 """The file in the data directory that holds this server's link identity."""
 STATUS_FILE = "links.json"
@@ -90,6 +95,12 @@ _ID = Symbol("id")
 _VERSION = Symbol("version")
 _CAP = Symbol("cap")
 _NAME = Symbol("name")
+_NONCE = Symbol("nonce")
+REFUSED_RETRY = (30.0, 60.0)
+"""Seconds (a random wait in this range) before a refused link is tried again."""
+GONE_KEEP = 600.0
+"""Seconds an accepted link that went down (or was refused) stays in the status."""
+GONE_MAX = 64
 
 LINK_RELAY_LIMITS = RelayLimits(
     max_packet_size=16 << 20, max_assertions=10_000_000, max_imports=1_000_000,
@@ -187,14 +198,16 @@ class LinkSession:
         self.injected: dict[int, tuple[int, Value]] = {}  # peer handle -> (local handle, value)
         self.injected_count: dict[Any, int] = {}
         self.echo: deque[Value] = deque()   # messages injected, to recognise as ours
-        self.reach: frozenset[str] = frozenset()
         self.ready = False
-        """Data crosses only once the peer's reach is known and closes no cycle."""
+        """Data crosses only once the link is up: checked to close no cycle."""
         self.settled = False
         """The subscriber's :attr:`~Subscriber.settled`, as of the last control step."""
-        self.cycle = False
+        self.refused: str | None = None
+        """Why the check refused this link (it would close a cycle)."""
+        self.nonce = secrets.token_hex(8) if dialed else ""
         self.closed = False
         self.since = time.time()
+        self.up_since: float | None = None
         self.counters = {
             "messages_forwarded": 0, "messages_suppressed": 0, "messages_received": 0,
             "messages_dropped": 0, "assertions_forwarded": 0, "assertions_received": 0,
@@ -209,7 +222,6 @@ class LinkSession:
             self.sub.add_interest(chain, now)
         self.prod.start()
         self.flush_control()
-        self.hub.announce()
 
     def send_control(self, v: Value) -> None:
         if not self.closed and self.ctl_out is not None:
@@ -260,8 +272,14 @@ class LinkSession:
                     self.hub.producer_changed(self, chain)
             elif lab == CONFIRM:
                 self.sub.on_confirm(v, time.monotonic())
-            elif lab == LINK_REACH:
-                self._on_reach(v)
+            elif lab in TREE_MESSAGES:
+                try:
+                    self.hub.forest.message(self, v, time.monotonic())
+                except ForestError as e:
+                    raise UpstreamError(str(e)) from None
+                self.hub.flush_forest()
+                if self.closed:
+                    return
             elif lab == LINK_REFUSED:
                 why = v.fields[0] if v.fields and type(v.fields[0]) is str else "refused"
                 self.hub.last_error[self.name] = f"the peer refused the link: {why}"
@@ -276,23 +294,6 @@ class LinkSession:
             self.fail(f"bad link message: {e}")
             return
         self.flush_control()
-
-    def _on_reach(self, v: Record) -> None:
-        f = v.fields
-        if len(f) != 1 or type(f[0]) is not Sequence or not all(type(x) is str for x in f[0]):
-            raise UpstreamError("expected <link-reach [SERVER-ID ...]>")
-        if len(f[0]) > 10_000:
-            raise UpstreamError("too many servers in <link-reach>")
-        self.reach = frozenset(f[0])
-        cycle = self.hub.cycle_through(self)
-        if cycle is not None:
-            self.cycle = True
-            self.fail(cycle)
-            return
-        self.hub.announce(exclude=self)
-        if not self.ready:
-            self.ready = True
-            self.hub.ready(self)
 
     # -- data from the peer -------------------------------------------------------------
 
@@ -413,13 +414,23 @@ class LinkSession:
 
     # -- status -------------------------------------------------------------------------
 
+    @property
+    def state(self) -> str:
+        """``up`` (data crosses), ``checking`` (for cycles), ``refused`` or ``down``."""
+        if self.closed:
+            return "down"
+        if self.ready:
+            return "up"
+        return "refused" if self.refused is not None else "checking"
+
     def status(self) -> dict[str, Any]:
         s = self.sub.summary()
         prod = self.prod.entries()
         out: dict[str, Any] = {
-            "connected": not self.closed,
+            "connected": self.ready and not self.closed,
+            "state": self.state,
             "peer_id": self.peer_id,
-            "since": self.since,
+            "since": self.up_since if self.up_since is not None else self.since,
             "dialed": self.dialed,
             "upstreamed": s.subscribed,
             "canonical": s.canonical,
@@ -434,6 +445,8 @@ class LinkSession:
             "assertions_from_peer": len(self.injected),
             **self.counters,
         }
+        if self.refused is not None:
+            out["refused"] = self.refused
         conn = self.hub.connection_of(self)
         if conn is not None:
             out["bytes_in"] = conn.bytes_in
@@ -462,6 +475,12 @@ class LinkHub:
         self.sessions: list[LinkSession] = []
         self.last_error: dict[str, str] = {}
         self.dialers: list[LinkDialer] = []
+        self._rng = random.Random()
+        self.forest = Forest(server_id, random=self._rng.random)
+        """Which links are up: the check that a new link closes no cycle."""
+        self.gone: dict[str, dict[str, Any]] = {}
+        """Accepted links that went down or were refused, by peer id (for the status)."""
+        self._said: dict[str, str] = {}  # peer id -> the last refusal logged as a warning
         # Local interest: Observe pattern (key) -> [chain, count]
         self._interest: dict[Any, list[Any]] = {}
         self._present: dict[Any, Value] = {}
@@ -527,7 +546,7 @@ class LinkHub:
         other links want from here."""
         out = [e[0] for e in self._interest.values()]
         for s in self.sessions:
-            if s is not session:
+            if s is not session and s.ready:
                 out += s.wants.values()
         return out
 
@@ -538,18 +557,22 @@ class LinkHub:
         k = chain_key(chain)
         positive = session.prod.wants(chain)
         had = k in session.wants
+        # What a link's peer wants is passed on to the other links once the link is up
+        # (a link refused as a cycle never asks the rest of the tree for anything).
         if positive and not had:
             session.wants[k] = chain
-            for s in self.sessions:
-                if s is not session:
-                    s.sub.add_interest(chain, time.monotonic())
-                    s.flush_control()
+            if session.ready:
+                for s in self.sessions:
+                    if s is not session:
+                        s.sub.add_interest(chain, time.monotonic())
+                        s.flush_control()
         elif had and not positive:
             del session.wants[k]
-            for s in self.sessions:
-                if s is not session:
-                    s.sub.remove_interest(chain, time.monotonic())
-                    s.flush_control()
+            if session.ready:
+                for s in self.sessions:
+                    if s is not session:
+                        s.sub.remove_interest(chain, time.monotonic())
+                        s.flush_control()
         for v in self._candidates(chain):
             vk = key(v)
             session.reassess(vk, v, self.ds.count(v))
@@ -645,41 +668,121 @@ class LinkHub:
     # -- sessions -------------------------------------------------------------------------
 
     def begin(self, session: LinkSession) -> None:
-        """A link is established: its control starts at once; its data once the peer's
-        reach shows it closes no cycle (:meth:`ready`)."""
+        """A link is established: its control starts at once; its data once the check
+        that it closes no cycle has passed (:meth:`ready`)."""
         self.sessions.append(session)
+        if not session.dialed:
+            self.gone.pop(session.peer_id, None)
         self._ensure_catch_all()
         session.start()
+        self.forest.opened(session, session.peer_id, dialed=session.dialed,
+                           nonce=session.nonce or "-", now=time.monotonic())
+        self.flush_forest()
         self._tap_messages()
         self.write_status()
 
+    def flush_forest(self) -> None:
+        """Send what the cycle check queued, and act on what it decided."""
+        f = self.forest
+        while True:
+            out = f.take_outgoing()
+            events = f.take_events()
+            if not out and not events:
+                break
+            for link, msg in out:
+                link.send_control(msg)
+            for kind, link, why in events:
+                if kind == "up":
+                    self.ready(link)
+                elif kind == "refused":
+                    self.refuse(link, why or "refused")
+        self.schedule_tick()
+
     def ready(self, session: LinkSession) -> None:
+        """The check passed: data crosses from now on (the peer knows it first)."""
+        if session.closed or session.ready:
+            return
+        session.ready = True
+        session.up_since = time.time()
         self.last_error.pop(session.name, None)
+        self._said.pop(session.peer_id, None)
+        now = time.monotonic()
+        for chain in session.wants.values():
+            for s in self.sessions:
+                if s is not session:
+                    s.sub.add_interest(chain, now)
+                    s.flush_control()
         for k, v in list(self._present.items()):
             session.reassess(k, v, self.ds.count(v))
         log.info("link %s: up (peer %s)", session.name, session.peer_id)
         self.write_status()
 
-    def end(self, session: LinkSession) -> None:
+    def refuse(self, session: LinkSession, why: str) -> None:
+        """The check refused the link (it would close a cycle): no data ever crossed it.
+        Its dialer closes it and tries again later; the links that are up stay up."""
+        session.refused = why
+        self.last_error[session.name] = why
+        retry = " (it is tried again every 30-60 s)" if session.dialed else ""
+        if self._said.get(session.peer_id) != why:
+            self._said[session.peer_id] = why
+            log.warning("link %s: refused: %s%s", session.name, why, retry)
+        else:
+            log.info("link %s: refused again: %s", session.name, why)
+        # The accepting end closes the connection once it has heard the decision (so
+        # both ends say why); the dialer does, after 5 s, if it is still open.
+        if session.dialed:
+            self.loop.call_later(5.0, self._close_refused, session)
+        else:
+            self.loop.call_soon(self._close_refused, session)
+        self.write_status()
+
+    def _close_refused(self, session: LinkSession) -> None:
         if session.closed:
             return
+        conn = self.connection_of(session)
+        if conn is not None and not conn.closed:
+            conn.close(f"link refused: {session.refused}")
+
+    def end(self, session: LinkSession, why: str | None = None) -> None:
+        if session.closed:
+            return
+        was_up = session.ready
         session.closed = True
         if session in self.sessions:
             self.sessions.remove(session)
-        for chain in session.wants.values():
-            for s in self.sessions:
-                s.sub.remove_interest(chain, time.monotonic())
-                s.flush_control()
+        if was_up:
+            now = time.monotonic()
+            for chain in session.wants.values():
+                for s in self.sessions:
+                    s.sub.remove_interest(chain, now)
+                    s.flush_control()
         session.wants.clear()
         session.retract_injected()
         session.fwd.clear()
         for h, s in list(self._requests.items()):
             if s is session:
                 del self._requests[h]
+        self.forest.closed(session, time.monotonic())
+        self.flush_forest()
         self._ensure_catch_all()
         self._tap_messages()
-        self.announce()
-        log.info("link %s: down", session.name)
+        if why is None and session.refused is None:
+            why = self.last_error.get(session.name)
+        if was_up:
+            log.info("link %s: down (peer %s)%s", session.name, session.peer_id,
+                     f": {why}" if why else "")
+        if not session.dialed:
+            now_t = time.time()
+            self.gone[session.peer_id] = {
+                "link": session.name, "direction": "in", "dataspace": self.name,
+                "connected": False, "state": "refused" if session.refused else "down",
+                "peer_id": session.peer_id, "down_since": now_t,
+                **({"refused": session.refused} if session.refused else {}),
+                **({"last_error": session.refused or why} if session.refused or why else {}),
+            }
+            for pid, row in list(self.gone.items()):
+                if now_t - row["down_since"] > GONE_KEEP or len(self.gone) > GONE_MAX:
+                    del self.gone[pid]
         self.write_status()
 
     # -- accepting links (the other side dialed) ---------------------------------------------
@@ -688,7 +791,10 @@ class LinkHub:
         # The dialing server retracted its request, or its connection closed.
         s = self._requests.pop(key(req), None)
         if s is not None:
-            self.end(s)
+            conn = self.connection_of(s)
+            reason = conn.close_reason if conn is not None else None
+            self.end(s, f"the connection closed ({reason})" if reason else
+                     "the peer ended the link or its connection closed")
 
     def accept(self, req: Value) -> None:
         """A ``<link-request INFO #:control #:data>`` appeared here (asserted by a dialing
@@ -741,40 +847,13 @@ class LinkHub:
             return "the link request's capability is not one of this server's"
         return None
 
-    # -- cycles -------------------------------------------------------------------------
-
-    def reach_excluding(self, session: LinkSession | None) -> frozenset[str]:
-        out = {self.server_id}
-        for s in self.sessions:
-            if s is not session:
-                out |= s.reach | {s.peer_id}
-        return frozenset(out)
-
-    def cycle_through(self, session: LinkSession) -> str | None:
-        theirs = session.reach | {session.peer_id}
-        if self.server_id in session.reach:
-            return (f"this link would close a cycle: this server ({self.server_id}) is "
-                    f"already reachable through {session.name}")
-        for s in self.sessions:
-            if s is session:
-                continue
-            both = theirs & (s.reach | {s.peer_id})
-            if both:
-                return (f"this link would close a cycle: server {sorted(both)[0]} is "
-                        f"reachable both through {session.name} and through {s.name}")
-        return None
-
-    def announce(self, exclude: LinkSession | None = None) -> None:
-        for s in self.sessions:
-            if s is exclude:
-                continue
-            ids = sorted(self.reach_excluding(s))
-            s.send_control(Record(LINK_REACH, [Sequence(ids)]))
-
     # -- timers and status ----------------------------------------------------------------
 
     def schedule_tick(self) -> None:
         deadlines = [d for s in self.sessions if (d := s.sub.next_deadline()) is not None]
+        d = self.forest.next_deadline()
+        if d is not None:
+            deadlines.append(d)
         if not deadlines:
             return
         when = min(deadlines)
@@ -788,9 +867,12 @@ class LinkHub:
     def _on_tick(self) -> None:
         self._tick = None
         now = time.monotonic()
+        self.forest.tick(now)
+        self.flush_forest()
         for s in list(self.sessions):
             s.sub.tick(now)
             s.flush_control()
+        self.schedule_tick()
 
     def connection_of(self, session: LinkSession) -> Connection | None:
         if session.relay is None:
@@ -812,15 +894,28 @@ class LinkHub:
             if s is not None and not s.closed:
                 row.update(s.status())
             else:
-                row.update({"connected": False, "attempts": d.attempts})
+                row.update({"connected": False, "attempts": d.attempts,
+                            "state": "refused" if d.refused else "connecting",
+                            "down_since": d.down_since})
+                if d.last_peer:
+                    row["peer_id"] = d.last_peer
+                if d.refused:
+                    row["refused"] = d.refused
+                if d.next_attempt is not None:
+                    row["next_attempt"] = d.next_attempt
             if d.spec.address in self.last_error:
                 row["last_error"] = self.last_error[d.spec.address]
             out.append(row)
+        live = set()
         for name, s in up.items():
             if s.dialed:
                 continue
+            live.add(s.peer_id)
             row = {"link": name, "direction": "in", "dataspace": self.name, **s.status()}
             out.append(row)
+        for pid, row in self.gone.items():
+            if pid not in live:
+                out.append(dict(row))
         return out
 
     def write_status(self) -> None:
@@ -905,16 +1000,23 @@ class LinkDialer:
     """Keeps the link of one ``--link`` connected, reconnecting with backoff."""
 
     def __init__(self, hub: LinkHub, spec: LinkSpec, net_hub: Hub,
-                 turn: Callable[[], Any] | None, backoff: tuple[float, float] = (0.1, 10.0)) -> None:
+                 turn: Callable[[], Any] | None, backoff: tuple[float, float] = (0.1, 10.0),
+                 refused_retry: tuple[float, float] = REFUSED_RETRY) -> None:
         self.hub = hub
         self.spec = spec
         self.net_hub = net_hub
         self.turn = turn
         self.backoff = backoff
+        self.refused_retry = refused_retry
         self.session: LinkSession | None = None
         self.conn: Connection | None = None
         self.attempts = 0
         self.connects = 0
+        self.refused: str | None = None
+        """Why the last connection was refused as a cycle (None once a link is up)."""
+        self.down_since = time.time()
+        self.next_attempt: float | None = None  # (epoch seconds)
+        self.last_peer = ""
         self._stop = asyncio.Event()
         self._answer: asyncio.Future[Value] | None = None
         self.early: list[Value] = []
@@ -944,34 +1046,51 @@ class LinkDialer:
         delay = lo
         while not self._stop.is_set():
             self.attempts += 1
+            self.next_attempt = None
+            wait: float | None = None
             try:
                 await self._connect_once()
                 delay = lo
                 assert self.conn is not None
                 await self.conn.wait_closed()
                 reason = self.conn.close_reason
-                if not self._stop.is_set():
+                s = self.session
+                if s is not None and s.refused is not None:
+                    # Refused as a cycle (said when it was): tried again slowly, as the
+                    # links that close the cycle may go meanwhile.
+                    a, b = self.refused_retry
+                    wait = a + (b - a) * self._rng.random()
+                elif not self._stop.is_set():
                     log.warning("link %s: connection lost (%s); reconnecting",
                                 self.spec.address, reason)
             except (OSError, ConnectionError, TimeoutError) as e:
                 msg = str(e) or type(e).__name__
                 self.hub.last_error[self.spec.address] = msg
-                log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, delay)
+                wait = delay * (0.5 + self._rng.random())
+                delay = min(hi, delay * 2)
+                log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
             finally:
                 s = self.session
                 self.session = None
+                self.refused = s.refused if s is not None else None
                 if s is not None:
-                    if s.cycle:
-                        delay = hi  # retried, slowly: the cycle may have gone meanwhile
-                    self.hub.end(s)
+                    self.last_peer = s.peer_id
+                    self.hub.end(s, None if s.refused else
+                                 f"the connection closed ({self.conn.close_reason})"
+                                 if self.conn is not None and self.conn.close_reason else None)
                 if self.conn is not None and not self.conn.closed:
                     self.conn.close("link ended")
                 self.conn = None
+                self.down_since = time.time()
             if self._stop.is_set():
                 return
+            if wait is None:
+                wait = delay * (0.5 + self._rng.random())
+                delay = min(hi, delay * 2)
+            self.next_attempt = time.time() + wait
+            self.hub.write_status()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay * (0.5 + self._rng.random()))
-            delay = min(hi, delay * 2)
+                await asyncio.wait_for(self._stop.wait(), wait)
 
     async def _open(self) -> Connection:
         a: Address = parse_address(self.spec.address, default_kind="tcp")

@@ -47,7 +47,8 @@ from ..values import Symbol
 from .config import ConfigError, ServerConfig
 from .link import STATUS_FILE, LinkDialer, LinkHub, load_server_id, write_status_file
 
-__all__ = ["ERROR_KINDS", "DurableSource", "ListenError", "Server", "SyncGate", "error_kind"]
+__all__ = ["ERROR_KINDS", "DurableSource", "ListenError", "Server", "SyncGate", "error_kind",
+           "listen_error"]
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +61,22 @@ class ListenError(OSError):
 
 
 _LISTEN_HINTS = {
-    errno.EADDRINUSE: "the address is already in use: is another `dataspace serve` running? "
-    "Stop it, or choose another address with --tcp/--ws HOST:PORT",
-    errno.EACCES: "permission denied: use a port above 1023, or another path",
-    errno.EADDRNOTAVAIL: "that address is not one of this machine's; use 127.0.0.1, 0.0.0.0 "
-    "or an address of one of its interfaces",
+    errno.EADDRINUSE: "address already in use (is another `dataspace serve` running? stop "
+    "it, or choose another port)",
+    errno.EACCES: "permission denied (ports below 1024 need privileges: use a port above "
+    "1023, or another path)",
+    errno.EADDRNOTAVAIL: "that address is not one of this machine's (use 127.0.0.1, 0.0.0.0 "
+    "or an address of one of its interfaces)",
 }
+
+
+def listen_error(e: OSError, where: str, option: str) -> ListenError:
+    """The one-line error for a listener that could not start: the address, the option
+    that asked for it (``--tcp``, ``--http``, ``--scry-udp`` ...) and what to do."""
+    why = _LISTEN_HINTS.get(e.errno) if e.errno is not None else None
+    if why is None:
+        why = (e.strerror or str(e)).lower() if e.errno is not None else str(e)
+    return ListenError(e.errno or 0, f"cannot listen on {where} for {option}: {why}")
 
 
 class DurableSource(Protocol):
@@ -345,12 +356,8 @@ class Server:
             else:  # pragma: no cover - parse_address only makes these kinds
                 raise ConfigError(f"unknown listener kind {addr.kind}")
         except OSError as e:
-            why = _LISTEN_HINTS.get(e.errno) if e.errno is not None else None
-            if why is None:
-                why = (e.strerror or str(e)).lower() if e.errno is not None else str(e)
-            raise ListenError(
-                e.errno or 0, f"cannot listen on {addr.kind} {addr}: {why}"
-            ) from None
+            where = f"{addr.host}:{addr.port}" if addr.kind == "ws" else str(addr)
+            raise listen_error(e, where, f"--{addr.kind}") from None
         self._listeners.append(srv)
         log.info("listening on %s", self.addresses[-1])
 
@@ -386,7 +393,7 @@ class Server:
             write_status_file(self.data_dir / STATUS_FILE, list(self.links.values()))
         except OSError as e:
             log.warning("cannot write %s: %s", self.data_dir / STATUS_FILE, e)
-        if any(h.dialers or h.sessions for h in self.links.values()):
+        if any(h.dialers or h.sessions or h.gone for h in self.links.values()):
             self._status_timer = asyncio.get_running_loop().call_later(2.0, self._write_links)
 
     @property
@@ -417,7 +424,8 @@ class Server:
         if gate is not None:
             relay.sync_gate = lambda answer: gate.hold(answer, relay)
         gk = Gatekeeper(self.bindings, on_rejected=relay.fail,
-                        on_accepted=lambda b, ref: self._resolved(conn, b.name, bool(ref.caveats)))
+                        on_accepted=lambda b, ref: self._resolved(conn, b.name, bool(ref.caveats)),
+                        on_name=lambda name: self._named(conn, name))
         relay.export_at(0, gk)
         refusal = self._refusal(conn)
         if refusal is not None:
@@ -460,6 +468,11 @@ class Server:
                     "close some, or raise --max-connections-per-address",
                     Symbol("too-many-connections"))
         return None
+
+    def _named(self, conn: Connection, name: str | None) -> None:
+        if name is not None and name != conn.client_name:
+            log.info("%s: the client calls itself %r", conn.name, name)
+        conn.client_name = name
 
     def _resolved(self, conn: Connection, dataspace: str, attenuated: bool) -> None:
         if conn in self.connections:
@@ -584,6 +597,19 @@ class Server:
                 out["messages_out"] += relay.messages_out
                 out["turns_in"] += relay.turns_in
         return out
+
+    def resolve_requests(self, conn: Connection) -> tuple[int, int]:
+        """The protocol's own part of ``conn``'s assertion counts: its live gatekeeper
+        ``resolve`` requests (among the assertions it holds), and the answers to them
+        asserted back to it (among what it is sent).  A client that resolved one
+        capability and asserted one value holds 2 and is sent 1; the user's counts are
+        the relay's tables minus these (see docs/operations.md)."""
+        gk = self._gatekeepers.get(conn)
+        if gk is None:
+            return 0, 0
+        relay = conn.relay
+        answers = sum(1 for o in gk.answered() if getattr(o, "relay", None) is relay)
+        return gk.pending, answers
 
     def stats(self) -> dict[str, Any]:
         """Connections, assertions held by peers, buffered bytes, refusals, and per

@@ -9,17 +9,43 @@ in ``--help``.
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import logging
 import os
-import pkgutil
+import signal
 import sys
 
-from .. import __version__
 
-ORDER = ["serve", "observe", "assert_", "send", "cap", "info", "top", "link", "stream", "scry",
-         "pipeline", "demo"]  # module names
+def _interrupted_early(signum: int, frame: object) -> None:
+    os.write(2, b"dataspace: interrupted\n")
+    os._exit(130)
+
+
+def _is_the_command() -> bool:
+    """Whether this process is the ``dataspace`` command (its console script, ``python -m
+    dataspace[.cli]``), not a program that imports the package."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
+    if len(argv) > 2 and argv[1] == "-m":
+        return argv[2] in ("dataspace", "dataspace.cli")
+    return len(argv) > 1 and os.path.basename(argv[1]) == "dataspace"
+
+
+# Ctrl-C while the command's own modules still import (before main() takes it): one line
+# and exit 130, not a KeyboardInterrupt traceback from deep in an import.
+if _is_the_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    try:
+        signal.signal(signal.SIGINT, _interrupted_early)
+    except ValueError:  # not the main thread
+        pass
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import importlib  # noqa: E402
+import logging  # noqa: E402
+import pkgutil  # noqa: E402
+
+from .. import __version__  # noqa: E402
+
+ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
+         "stream", "scry", "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:
@@ -35,6 +61,9 @@ examples:
   dataspace observe '<Present $who>'      watch assertions appear and go
   dataspace assert '<Present "alice">'    hold an assertion until Ctrl-C
   dataspace send '<Says "alice" "hi">'    send a message
+  dataspace query '<Present $who>'        list what matches now, and exit
+  dataspace request '<Ask 1>' --reply '<Answer 1 $x>'
+                                          send a request, print the first reply
   dataspace cap mint                      print the server's root capability
   dataspace top                           live connections and rates (serve --http)
   dataspace demo                          simulated users chatting, in process
@@ -64,10 +93,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dataspace`` console script."""
+    try:
+        if signal.getsignal(signal.SIGINT) is _interrupted_early:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt now
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C that no command took over: while the commands' modules import, or one a
+        # command leaves to us.  One line, no traceback; a second one while we exit ends
+        # the process at once.
+        if argv is None:
+            with contextlib.suppress(ValueError):  # not the main thread
+                signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+        print("dataspace: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command and args.command != "serve":  # a server keeps a log's format
+        from ._voice import speak_as
+
+        speak_as(f"dataspace {args.command}", args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -75,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
         _use_system_allocator()
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         return 0
 

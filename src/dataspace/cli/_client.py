@@ -1,4 +1,5 @@
-"""Shared by the client commands (observe, assert, send): options, connecting, signals."""
+"""Shared by the client commands (observe, assert, send, query, request): options,
+connecting, signals, and what a capability's caveats do to what the command sends."""
 
 from __future__ import annotations
 
@@ -17,16 +18,21 @@ from ..client import (
     connect,
     default_address,
 )
+from ..datadir import resolve_data_dir
+from ..dataspace import OBSERVE, Entity
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
-from ..protocol.sturdy import SturdyError, SturdyRef
-from ..values import ParseError, Value, parse
+from ..pattern import Pattern, to_preserves
+from ..protocol.sturdy import Attenuation, SturdyError, SturdyRef
+from ..values import Embedded, ParseError, Record, Symbol, Value, key, parse, stringify
 
 CONNECTION_HELP = f"""\
 connecting:
   By default the command connects to $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT} with the
   capability in the data directory's root.sturdyref (written by `dataspace serve`).  Use
   --server for another address (HOST:PORT, unix:PATH, ws://HOST:PORT/) and --cap for
-  another capability (Preserves text, e.g. from `dataspace cap`, or @FILE).
+  another capability (Preserves text, e.g. from `dataspace cap`, or @FILE: a relative
+  FILE is looked for here, then in the data directory).  --name is what `dataspace top`
+  and the inspector call this client (default: the command, e.g. "dataspace observe").
 """
 
 
@@ -39,20 +45,40 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", metavar="DIR", default=None,
                    help="data directory holding root.sturdyref (default: $DATASPACE_DATA_DIR, else "
                    "$XDG_DATA_HOME/dataspace, else ~/.local/share/dataspace)")
+    p.add_argument("--name", metavar="NAME", default=None,
+                   help="what the server's monitoring (`dataspace top`, the inspector) calls "
+                   "this client (default: the command, e.g. \"dataspace observe\")")
 
 
 class ArgumentError(ValueError):
     """A command-line argument that cannot be used; the message says why (for stderr)."""
 
 
-def read_text_arg(arg: str, what: str, *, stdin: bool = False) -> str:
+def read_text_arg(arg: str, what: str, *, stdin: bool = False,
+                  data_dir: str | Path | bool | None = False) -> str:
     """A textual argument as the user gave it: the text itself, ``@FILE`` for the
-    contents of FILE, or (when ``stdin``) ``-`` for standard input."""
+    contents of FILE, or (when ``stdin``) ``-`` for standard input.
+
+    Unless ``data_dir`` is False, a relative FILE that is not in the current directory
+    is looked for in the data directory too (``data_dir``: the one given, or None for
+    the default), where the server writes ``root.sturdyref``."""
     if stdin and arg == "-":
         return sys.stdin.read()
     if not arg.startswith("@"):
         return arg
     path = Path(arg[1:]).expanduser()
+    if data_dir is not False and not path.is_absolute() and not path.exists():
+        try:
+            where = resolve_data_dir(data_dir or None, create=False)  # type: ignore[arg-type]
+        except OSError:
+            where = None
+        if where is not None and (where / path).exists():
+            path = where / path
+        else:
+            raise ArgumentError(
+                f"cannot read the {what}: no file {path} here ({Path.cwd()}) or in the data "
+                f"directory {where}; give its path (@/path/to/{path.name}), or the server's "
+                "data directory with --data-dir DIR")
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -61,10 +87,12 @@ def read_text_arg(arg: str, what: str, *, stdin: bool = False) -> str:
         raise ArgumentError(f"cannot read the {what} from {path}: {e}") from None
 
 
-def read_capability_arg(arg: str, *, stdin: bool = False) -> SturdyRef:
+def read_capability_arg(arg: str, *, stdin: bool = False,
+                        data_dir: str | Path | bool | None = False) -> SturdyRef:
     """A capability argument (``--cap``, ``dataspace cap``'s REF): Preserves text
-    ``<ref {...}>``, ``@FILE``, or (when ``stdin``) ``-``."""
-    text = read_text_arg(arg, "ref", stdin=stdin)
+    ``<ref {...}>``, ``@FILE`` (see :func:`read_text_arg` for ``data_dir``), or (when
+    ``stdin``) ``-``."""
+    text = read_text_arg(arg, "ref", stdin=stdin, data_dir=data_dir)
     try:
         return SturdyRef.parse(text)
     except SturdyError as e:
@@ -78,8 +106,9 @@ async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace
     """Connect as the options say, or print what went wrong (and what to do) and return
     None."""
     try:
-        cap = None if args.cap is None else read_capability_arg(args.cap)
-        return await connect(args.server or default_address(), cap, data_dir=args.data_dir)
+        cap = None if args.cap is None else read_capability_arg(args.cap, data_dir=args.data_dir)
+        return await connect(args.server or default_address(), cap, data_dir=args.data_dir,
+                             name=args.name if args.name is not None else prog)
     except ArgumentError as e:
         print(f"{prog}: --cap: {e}", file=sys.stderr)
     except CapabilityRejected as e:
@@ -119,3 +148,58 @@ def stop_event() -> asyncio.Event:
 
 def formatter() -> Any:
     return argparse.RawDescriptionHelpFormatter
+
+
+# ---------------------------------------------------------------------------------------
+# What the capability's caveats do (known locally: the server applies the same ones)
+
+
+class _Probe(Entity):
+    """Stands for this client's observer in a subscription checked against caveats."""
+
+
+def through_caveats(ds: RemoteDataspace, value: Value) -> Value | None:
+    """``value`` as the server will receive it through this client's capability: None
+    when the caveats drop it, else the value (rewritten if a caveat rewrites it)."""
+    caveats = ds.cap.caveats
+    if not caveats:
+        return value
+    return Attenuation(caveats).apply(value)
+
+
+def subscription_through_caveats(ds: RemoteDataspace, pattern: Pattern) -> tuple[Value, Value | None]:
+    """The subscription ``<Observe PATTERN #:observer>`` that observing ``pattern``
+    asserts, and what the capability's caveats make of it (None: dropped)."""
+    sub = Record._make(OBSERVE, (to_preserves(pattern), Embedded(_Probe())))
+    return sub, through_caveats(ds, sub)
+
+
+def _text(v: Value) -> str:
+    s = stringify(v, embedded=lambda obj: Symbol("observer"))
+    return s if len(s) <= 200 else s[:197] + "..."
+
+
+def warn_dropped(prog: str, ds: RemoteDataspace, value: Value, *, what: str) -> bool:
+    """Say (one line on stderr) what the caveats of the capability do to ``value`` (an
+    assertion or message: ``what``); True if they drop it."""
+    out = through_caveats(ds, value)
+    if out is None:
+        print(f"{prog}: the capability's caveats drop {_text(value)}: the server will "
+              f"ignore this {what} (see `dataspace cap show` for the caveats)", file=sys.stderr)
+        return True
+    if key(out) != key(value):
+        print(f"{prog}: the capability's caveats rewrite {_text(value)} to {_text(out)}",
+              file=sys.stderr)
+    return False
+
+
+def check_subscription(prog: str, ds: RemoteDataspace, pattern: Pattern) -> bool:
+    """Whether the capability lets this client observe ``pattern``; if not, say so (one
+    line on stderr: nothing could ever match)."""
+    sub, out = subscription_through_caveats(ds, pattern)
+    if out is None:
+        print(f"{prog}: the capability's caveats drop the subscription {_text(sub)}: "
+              "nothing can match (use a capability that allows <Observe ...>, e.g. one "
+              "attenuated with --only '<rec Observe [<_> <_>]>')", file=sys.stderr)
+        return False
+    return True

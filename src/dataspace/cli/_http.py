@@ -4,6 +4,7 @@ endpoints (``dataspace serve --http``) with its capability as a bearer token."""
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import urllib.error
@@ -11,6 +12,7 @@ import urllib.request
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, ROOT_STURDYREF, resolve_data_dir
+from ..net.sniff import SYNDICATE, identify
 
 DEFAULT_URL = "http://127.0.0.1:7480"
 
@@ -66,13 +68,36 @@ class Api:
                 hint = " (give the server's root sturdyref with --token @FILE or --data-dir)"
             elif e.code == 404:
                 hint = " (is this a dataspace server's HTTP port?)"
+            elif e.code == 426:
+                hint = (" (that is a WebSocket port, a --ws port of the broker: --url takes "
+                        "the port given to `dataspace serve --http`)")
             raise HttpFail(f"{self.base}{path.lstrip('/')}: {e.code} {why}{hint}") from None
+        except http.client.HTTPException as e:
+            raise HttpFail(f"{self.base}: {_not_http(e)}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise HttpFail(f"cannot reach {self.base}: {reason}; is `dataspace serve --http "
                            "HOST:PORT` running there? (give its address with --url)") from None
         except ValueError as e:
             raise HttpFail(f"{self.base}{path.lstrip('/')}: not JSON ({e})") from None
+
+
+def _not_http(e: http.client.HTTPException) -> str:
+    """What answered, when it did not answer in HTTP (the broker's own port, say)."""
+    advice = ("--url takes the port given to `dataspace serve --http HOST:PORT` "
+              f"({DEFAULT_URL} by default)")
+    line = e.args[0] if e.args and isinstance(e.args[0], str) else ""
+    if isinstance(e, http.client.BadStatusLine) and line:
+        what = identify(line.encode("latin-1", "replace"))
+        if what == SYNDICATE:
+            return (f"that port speaks the Syndicate protocol, not HTTP: it is the broker's "
+                    f"port, not its HTTP port; {advice}")
+        if what is not None:
+            return f"that port speaks {what}, not HTTP; {advice}"
+    if isinstance(e, http.client.RemoteDisconnected):
+        return (f"that port closed the connection without an HTTP answer (is it the broker's "
+                f"Syndicate port?); {advice}")
+    return f"that port does not speak HTTP; it may be the broker's Syndicate port; {advice}"
 
 
 def _token(args: argparse.Namespace) -> str | None:

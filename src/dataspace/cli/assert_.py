@@ -9,7 +9,14 @@ import sys
 from typing import Any
 
 from ..values import stringify
-from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, parse_value, stop_event
+from ._client import (
+    CONNECTION_HELP,
+    add_connection_args,
+    open_dataspace,
+    parse_value,
+    stop_event,
+    warn_dropped,
+)
 
 EXAMPLES = """\
 examples:
@@ -19,6 +26,8 @@ examples:
 
 The assertion lasts while the command runs: Ctrl-C (or SIGTERM, or the process dying)
 retracts it.  If the server restarts, the command reconnects and asserts it again.
+With a capability whose caveats drop a VALUE (the server would ignore it), the command
+says so and does not claim it; when they drop every VALUE it exits with status 1.
 
 """ + CONNECTION_HELP
 
@@ -53,11 +62,18 @@ async def _assert(args: argparse.Namespace, vals: list[Any]) -> int:
     ds = await open_dataspace("dataspace assert", args)
     if ds is None:
         return 1
+    dropped = [warn_dropped("dataspace assert", ds, v, what="assertion") for v in vals]
+    if all(dropped):
+        await ds.close()
+        print("dataspace assert: nothing to hold: the capability allows none of these "
+              "assertions", file=sys.stderr)
+        return 1
     stop = stop_event()
     handles = [ds.assert_(v) for v in vals]
     await ds.sync()
-    for v in vals:
-        print(f"asserted {stringify(v)}", file=sys.stderr)
+    for v, gone in zip(vals, dropped):
+        if not gone:
+            print(f"asserted {stringify(v)}", file=sys.stderr)
     print("dataspace assert: holding; Ctrl-C retracts and exits", file=sys.stderr, flush=True)
     ended = asyncio.ensure_future(ds.wait_closed())
     waiter = asyncio.ensure_future(stop.wait())

@@ -40,8 +40,10 @@ examples:
   dataspace cap show @ref.pr                  the oid and caveats, one per line
 
 REF is Preserves text <ref {oid: ... sig: ...}>, @FILE to read it from a file, or - for
-standard input.  Caveats and patterns use the attenuation language of Syndicate's
-sturdy.prs: see docs/capabilities.md.
+standard input.  A relative FILE not in the current directory is looked for in the data
+directory (--data-dir, else $DATASPACE_DATA_DIR ...), so @root.sturdyref is the server's
+root ref from anywhere.  Caveats and patterns use the attenuation language of
+Syndicate's sturdy.prs: see docs/capabilities.md.
 """
 
 MINT_EPILOG = f"""\
@@ -93,6 +95,12 @@ examples:
   dataspace cap show @ref.pr
   dataspace cap show '<ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>'
 """
+
+
+REF_DATA_DIR_HELP = (
+    "where to look for @FILE when it is not in the current directory: the data directory "
+    "(default: $DATASPACE_DATA_DIR, else $XDG_DATA_HOME/dataspace, else "
+    "~/.local/share/dataspace), so that @root.sturdyref is the server's root ref")
 
 
 class _Fail(Exception):
@@ -149,6 +157,7 @@ def register(sub: Any) -> None:
     a.add_argument("--allow-unknown", action="store_true",
                    help="accept a CAVEAT of a kind this version does not know (such a "
                    "caveat rejects everything)")
+    a.add_argument("--data-dir", metavar="DIR", help=REF_DATA_DIR_HELP)
     a.set_defaults(func=run, cap_func=_attenuate)
 
     c = cmds.add_parser(
@@ -168,6 +177,7 @@ def register(sub: Any) -> None:
         epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("ref", metavar="REF", help="the ref: Preserves text, @FILE or -")
+    s.add_argument("--data-dir", metavar="DIR", help=REF_DATA_DIR_HELP)
     s.set_defaults(func=run, cap_func=_show)
 
 
@@ -196,9 +206,9 @@ def run(args: argparse.Namespace) -> int:
 # Reading input
 
 
-def _read_ref(arg: str) -> SturdyRef:
+def _read_ref(arg: str, args: argparse.Namespace) -> SturdyRef:
     try:
-        return read_capability_arg(arg, stdin=True)
+        return read_capability_arg(arg, stdin=True, data_dir=getattr(args, "data_dir", None))
     except ArgumentError as e:
         raise _Fail(str(e)) from None
 
@@ -330,7 +340,7 @@ def _reject(p: Value) -> Value:
 
 
 def _attenuate(args: argparse.Namespace) -> int:
-    ref = _read_ref(args.ref)
+    ref = _read_ref(args.ref, args)
     new: list[Value] = []
     for i, text in enumerate(args.caveats, 1):
         c = _parse_value(text, f"CAVEAT {i}")
@@ -372,7 +382,7 @@ def _describe_caveats(ref: SturdyRef) -> tuple[list[str], list[str]]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    ref = _read_ref(args.ref)
+    ref = _read_ref(args.ref, args)
     key = _load_key(args)
     ok = validate(ref, key)
     lines, problems = _describe_caveats(ref)
@@ -391,7 +401,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    ref = _read_ref(args.ref)
+    ref = _read_ref(args.ref, args)
     print(f"oid: {stringify(ref.oid)}")
     print(f"sig: {ref.sig.hex()}")
     lines, _problems = _describe_caveats(ref)

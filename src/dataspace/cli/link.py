@@ -41,13 +41,40 @@ def register(sub: Any) -> None:
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _age(t: float) -> str:
-    s = max(0.0, time.time() - t)
+def _age(t: float, now: float | None = None) -> str:
+    s = max(0.0, (time.time() if now is None else now) - t)
     if s < 120:
         return f"{s:.0f} s"
     if s < 7200:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def _state_line(r: dict[str, Any], written: float, running: bool) -> str:
+    """What a link is doing, in words: ``connected for 54 s, peer ...``, ``refused ...``."""
+    state = r.get("state") or ("up" if r.get("connected") else "down")
+    peer = f", peer {r['peer_id']}" if r.get("peer_id") else ""
+    since = r.get("since") if state in ("up", "checking") else r.get("down_since")
+    if not running:
+        # The server is gone: its last status says nothing about now (no counting up).
+        was = {"up": "was connected", "checking": "was being checked for cycles",
+               "refused": "was refused", "down": "was down",
+               "connecting": "was not connected"}.get(state, f"was {state}")
+        held = f" for {_age(since, written)}" if since else ""
+        return f"{was}{held} when the server last wrote its status, {_age(written)} ago{peer}"
+    if state == "up":
+        return f"connected for {_age(since)}{peer}" if since else f"connected{peer}"
+    if state == "checking":
+        return f"checking that it closes no cycle{peer}"
+    nxt = r.get("next_attempt")
+    retry = f"; next attempt in {max(0.0, nxt - time.time()):.0f} s" if nxt else ""
+    if state == "refused":
+        if r.get("direction") == "in" and since:
+            return f"refused {_age(since)} ago{peer}"
+        return f"refused{peer}{retry}"
+    if r.get("direction") == "in":
+        return f"down for {_age(since)}{peer}" if since else f"down{peer}"
+    return f"not connected (attempts: {r.get('attempts', 0)}){retry}"
 
 
 def run_status(args: argparse.Namespace) -> int:
@@ -66,23 +93,24 @@ def run_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    age = time.time() - float(doc.get("time", 0))
-    if age > STALE:
-        print(f"dataspace link: {path} was written {_age(doc.get('time', 0))} ago: the server "
-              "is probably not running; what follows is its last status", file=sys.stderr)
+    written = float(doc.get("time", 0))
+    running = time.time() - written <= STALE
+    if not running:
+        print(f"dataspace link: {path} was written {_age(written)} ago: the server "
+              "is not running (its links are down); what follows is its last status",
+              file=sys.stderr)
     rows = doc.get("links", [])
     if not rows:
         print("no links")
         return 0
     for r in rows:
-        state = "connected" if r.get("connected") else "not connected"
         arrow = "->" if r.get("direction") == "out" else "<-"
-        print(f"{arrow} {r.get('link')}  [{r.get('dataspace')}]  {state}"
-              + (f" for {_age(r['since'])}, peer {r.get('peer_id')}" if r.get("connected") else
-                 f" (attempts: {r.get('attempts', 0)})"))
-        if r.get("last_error"):
+        print(f"{arrow} {r.get('link')}  [{r.get('dataspace')}]  {_state_line(r, written, running)}")
+        if r.get("refused"):
+            print(f"     refused: {r['refused']}")
+        elif r.get("last_error"):
             print(f"     last error: {r['last_error']}")
-        if not r.get("connected"):
+        if "upstreamed" not in r:
             continue
         print(f"     upstreamed {r.get('upstreamed', 0)} of {r.get('canonical', 0)} wanted, "
               f"{r.get('negative', 0)} negative, {r.get('pending', 0)} pending; "

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import json
 import sys
+import time
 from typing import Any
 
 from ..pattern import Pattern, PatternError, instantiate, parse_pattern
 from ..values import Sequence, Symbol, Value, stringify
-from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, stop_event
+from ._client import (
+    CONNECTION_HELP,
+    add_connection_args,
+    check_subscription,
+    open_dataspace,
+    stop_event,
+)
+from ._json import to_json
 
 EXAMPLES = """\
 examples:
@@ -18,6 +28,8 @@ examples:
   dataspace observe '$v'                            everything asserted and sent
   dataspace observe '<Says $who $text>' --captures  just the captured fields
   dataspace observe '<Present _>' --count 1         wait for the first match, then exit
+  dataspace observe '<Says $who $text>' --json | jq -r '.values[1]'
+  dataspace observe '<Present $who>' --timestamps   each line with the local time
 
 output (one line per event, values in Preserves text):
   + VALUE    a match appeared (those present at start come first)
@@ -26,7 +38,12 @@ output (one line per event, values in Preserves text):
   VALUE is the pattern with each $ replaced by what it captured; a _ of the pattern
   stays _ (the server sends subscribers only the captures).  Matches that differ only
   where the pattern has _ are one match.  With --captures, VALUE is the sequence of the
-  captures.
+  captures.  --timestamps puts the local time (2026-11-21T10:06:16.123) before each line.
+  --json prints one JSON object per line instead:
+    {"event": "+", "time": 1795000000.123, "text": "<Says \"alice\" \"hi\">",
+     "values": ["alice", "hi"]}
+  time is seconds since the epoch; text the value in Preserves text; values the
+  captures in JSON (symbols, records ... as {"@symbol": ...}: docs/broker.md).
 
 patterns: _ matches anything, $name captures, other values match themselves; records,
 sequences and dictionaries match the fields they list (extra fields are ignored).  The
@@ -51,8 +68,12 @@ def register(sub: Any) -> None:
     p.add_argument("pattern", metavar="PATTERN", help="what to watch, e.g. '<Present $who>'")
     p.add_argument("--captures", action="store_true",
                    help="print the sequence of captures instead of the pattern filled with them")
-    p.add_argument("--count", type=int, metavar="N", default=0,
-                   help="exit after printing N events")
+    p.add_argument("--count", type=int, metavar="N", default=None,
+                   help="exit after printing N events (at least 1; default: run until Ctrl-C)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per event: {\"event\", \"time\", \"text\", \"values\"}")
+    p.add_argument("--timestamps", "-t", action="store_true",
+                   help="put the local time before each event")
     add_connection_args(p)
     p.set_defaults(func=run)
 
@@ -68,15 +89,48 @@ def run(args: argparse.Namespace) -> int:
     except PatternError as e:
         print(f"dataspace observe: {e}\n  e.g. dataspace observe '<Present $who>'", file=sys.stderr)
         return 2
-    if args.count < 0:
-        print("dataspace observe: --count must be >= 0", file=sys.stderr)
+    if args.count is not None and args.count < 1:
+        print(f"dataspace observe: --count must be at least 1, not {args.count} (leave it "
+              "out to observe until Ctrl-C)", file=sys.stderr)
+        return 2
+    if args.json and args.captures:
+        print("dataspace observe: --json already gives the captures (\"values\") and the "
+              "value (\"text\"): drop --captures", file=sys.stderr)
         return 2
     return asyncio.run(_observe(args, pattern))
+
+
+def event_line(args: argparse.Namespace, pattern: Pattern, prefix: str | None,
+               caps: tuple[Value, ...], now: float | None = None) -> str:
+    """One event as ``observe`` prints it -- ``prefix`` (+, -, !) and the value -- or one
+    match as ``query`` and ``request`` print it (``prefix`` None: the value alone).
+    ``args.json``: a JSON object instead (with ``event`` and ``time`` when there is a
+    prefix); ``args.captures``: the sequence of captures; ``args.timestamps``: the
+    local time first."""
+    if getattr(args, "json", False):
+        obj: dict[str, Any] = {}
+        if prefix is not None:
+            obj["event"] = prefix
+            obj["time"] = round(time.time() if now is None else now, 6)
+        obj["text"] = stringify(instantiate(pattern, caps), embedded=_embedded_text)
+        obj["values"] = [to_json(c, _embedded_text) for c in caps]
+        return json.dumps(obj, ensure_ascii=False)
+    v = Sequence(caps) if args.captures else instantiate(pattern, caps)
+    line = stringify(v, embedded=_embedded_text)
+    if prefix is not None:
+        line = f"{prefix} {line}"
+    if getattr(args, "timestamps", False):
+        t = time.time() if now is None else now
+        line = f"{datetime.datetime.fromtimestamp(t).isoformat(timespec='milliseconds')} {line}"
+    return line
 
 
 async def _observe(args: argparse.Namespace, pattern: Pattern) -> int:
     ds = await open_dataspace("dataspace observe", args)
     if ds is None:
+        return 1
+    if not check_subscription("dataspace observe", ds, pattern):
+        await ds.close()
         return 1
     stop = stop_event()
     printed = 0
@@ -86,15 +140,14 @@ async def _observe(args: argparse.Namespace, pattern: Pattern) -> int:
         nonlocal printed
         if stop.is_set():
             return
-        v = Sequence(caps) if args.captures else instantiate(pattern, caps)
         try:
-            out.write(f"{prefix} {stringify(v, embedded=_embedded_text)}\n")
+            out.write(event_line(args, pattern, prefix, caps, time.time()) + "\n")
             out.flush()
         except (BrokenPipeError, ValueError):
             stop.set()
             return
         printed += 1
-        if args.count and printed >= args.count:
+        if args.count is not None and printed >= args.count:
             stop.set()
 
     # The same subscription as dataspace.client's observe(pattern) -- and any Syndicate

@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
@@ -17,15 +18,18 @@ from ..pipeline.engine import (
     ENGINES,
     GUARANTEES,
     EngineError,
+    Interrupted,
     ProcStats,
+    check_sources,
     get_engine,
     graph_holder,
+    holder_engine,
 )
 from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
-from ..progress import hms
+from ..progress import LiveLine, WallRate, hms
 from ..streams import StoreError
-from ._store import add_store_argument, open_data_store, spark_data_dir
+from ._store import CREATE_HINT, add_store_argument, open_data_store, spark_data_dir
 
 EPILOG = """\
 examples:
@@ -36,6 +40,7 @@ examples:
   dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
   dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
   dataspace pipeline check graph.py               validate the graph without running it
+  dataspace pipeline reset graph.py --delete-outputs   reprocess from the start next run
   dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
 
 A graph file is Python that defines `graph` (see docs/pipelines.md); this one
@@ -101,6 +106,10 @@ def register(sub: Any) -> None:
                      help="how often the progress line is refreshed (default 1); not on a "
                      "terminal, a line is printed only when something changed")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress output")
+    run.add_argument("--create-store", action="store_true",
+                     help="create the store if there is none (default: refuse, so that a "
+                     "mistyped --data-dir is an error; the graph's sources must exist or "
+                     "be declared with graph.source(NAME, create=True))")
     run.set_defaults(func=run_run)
 
     st = ss.add_parser("status", parents=[common], help="positions, lag and last step per processor",
@@ -139,8 +148,40 @@ def register(sub: Any) -> None:
 
     ck = ss.add_parser("check", parents=[common], help="validate a graph file",
                        description="Load and validate a graph file (cycles, unknown streams, "
-                       "processor shapes) without running it.")
+                       "processor shapes) without running it, and check that its sources "
+                       "exist in the store, as `pipeline run` does before it starts.")
+    ck.add_argument("--no-store", action="store_true",
+                    help="validate the file only, without looking at a store")
     ck.set_defaults(func=run_check)
+
+    rs = ss.add_parser(
+        "reset", parents=[common], help="reprocess a graph from the start on its next run",
+        description="Forget where a graph is, so that its next run processes its sources "
+        "from the first stored entry: remove its processors' positions (tailers named "
+        "GRAPH/PROCESSOR), their backing streams (__backing/GRAPH/...) and their Spark "
+        "checkpoints.  The sources are not touched.  The graph must not be running.  "
+        "Reprocessing writes the graph's results again, so when its outputs hold entries "
+        "say what becomes of them: --delete-outputs removes the streams it writes (its "
+        "outputs and error stream: each result then once), --keep-outputs keeps them (the "
+        "new results are appended after the old ones; processors reading an intermediate "
+        "stream start at its end).  A sink's own delivery records (SQLiteSink's "
+        "deliveries table) are outside the store and kept: clear them to redo its effects.",
+        epilog="examples:\n"
+        "  dataspace pipeline reset shout.py --dry-run          what a reset would remove\n"
+        "  dataspace pipeline reset shout.py --delete-outputs   start over, outputs too\n"
+        "  dataspace pipeline reset shout.py --keep-outputs     reprocess, appending again",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = rs.add_mutually_exclusive_group()
+    what.add_argument("--delete-outputs", action="store_true",
+                      help="also remove the streams the graph writes (outputs, error stream)")
+    what.add_argument("--keep-outputs", action="store_true",
+                      help="keep them: the next run appends its results after the old ones")
+    rs.add_argument("--checkpoint-dir", metavar="DIR",
+                    help="where the graph's Spark checkpoints are, if `pipeline run` was "
+                    "given --checkpoint-dir (default DATA_DIR/spark/GRAPH)")
+    rs.add_argument("--dry-run", "-n", action="store_true",
+                    help="say what would be removed, change nothing")
+    rs.set_defaults(func=run_reset)
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -153,8 +194,11 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
-    """One line: per processor messages in/out (errors), lag per input and state; with
+def format_progress(stats: list[ProcStats], rate: float | None = None,
+                    dt: float | None = 0.0) -> str:
+    """One line: per processor messages in/out (errors), lag per input, what it is doing
+    if that takes a while (``[batch 3: 5,000 messages, tasks 1/4, 0:12]``: seconds
+    ``dt`` later than the statistics say; None leaves the time out) and state; with
     ``rate``, the messages per second and, while there is lag, when it will be caught up
     at that rate."""
     parts = []
@@ -164,12 +208,15 @@ def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
         if s.errors:
             part += f" err {_n(s.errors)}"
         part += f" lag {lag}"
+        if s.activity:
+            part += f" [{s.activity}" + ("]" if dt is None else f", {hms(s.activity_s + dt)}]")
         if s.state == "failed":
             part += " FAILED"
         parts.append(part)
     line = " | ".join(parts)
     if rate is not None:
-        line += f" | {_n(round(rate))} msg/s"
+        # A slow function's rate is under 10/s: a decimal, rather than "0 msg/s".
+        line += f" | {rate:,.1f} msg/s" if 0 < rate < 9.95 else f" | {_n(round(rate))} msg/s"
         lag = sum(v for s in stats for v in s.lag.values())
         if lag and rate > 0 and lag / rate >= 1:  # under a second: nothing to wait for
             line += f", catching up: ETA {hms(lag / rate)}"
@@ -177,58 +224,44 @@ def format_progress(stats: list[ProcStats], rate: float | None = None) -> str:
 
 
 class _Progress:
-    """Renders progress: rewrites one line on a terminal; otherwise (a log, a pipe) prints
-    a line per interval when something changed."""
+    """Renders progress on a :class:`~dataspace.progress.LiveLine`: one line rewritten on
+    a terminal (kept moving during a long batch); otherwise (a log, a pipe) a line when
+    something changed, and every ten seconds while a batch runs.  The rate is messages
+    over wall time (:class:`~dataspace.progress.WallRate`): a batch that commits 5,000
+    messages after a minute is 83/s, not 5,000 in the second it landed."""
 
-    def __init__(self, out: Any, quiet: bool) -> None:
-        self.out = out
+    def __init__(self, out: Any, quiet: bool = False, *, live: LiveLine | None = None,
+                 clock: Any = time.monotonic) -> None:
+        self.live = live if live is not None else LiveLine(out, quiet=quiet, ticker=False)
         self.quiet = quiet
-        self.tty = bool(getattr(out, "isatty", lambda: False)())
-        self.last_t = time.monotonic()
-        self.last_n = 0
-        self.width = 0
-        self.last_state = ""
+        self.clock = clock
+        self.rate = WallRate()
+
+    def begin(self) -> None:
+        """The run starts (nothing consumed yet): work done before the first report still
+        has a rate."""
+        self.rate.add(self.clock(), 0, False)
 
     def __call__(self, stats: list[ProcStats]) -> None:
-        if self.quiet:
-            return
-        now = time.monotonic()
         n = sum(s.consumed for s in stats)
-        dt = now - self.last_t
-        rate = (n - self.last_n) / dt if dt > 0 else None
-        self.last_t, self.last_n = now, n
-        line = format_progress(stats, rate)
-        if self.tty:
-            cols = _columns()
-            if len(line) > cols - 1:
-                line = line[: cols - 2] + "…"
-            pad = max(0, self.width - len(line))
-            self.out.write("\r" + line + " " * pad)
-            self.width = len(line)
-        else:
-            state = format_progress(stats)
-            if state == self.last_state:
-                return  # nothing moved: no repeated line in a log
-            self.last_state = state
-            self.out.write(line + "\n")
-        self.out.flush()
+        busy = any(s.state == "running" or s.activity for s in stats)
+        self.rate.add(self.clock(), n, busy)
+        rate = self.rate.rate()
+        shown = 0.0 if rate is None else rate
+        self.live.status(lambda dt: format_progress(stats, shown, dt),
+                         key=format_progress(stats, None, None) + f" {round(shown)}",
+                         busy=any(s.activity for s in stats))
 
     def end(self) -> None:
-        if self.tty and not self.quiet and self.width:
-            self.out.write("\n")
-            self.out.flush()
+        self.live.close()
 
 
-def _columns() -> int:
-    try:
-        return os.get_terminal_size().columns
-    except OSError:
-        return 120
-
-
-def _open(args: argparse.Namespace, durability: str = "full", create: bool = True) -> Any:
+def _open(args: argparse.Namespace, durability: str = "full", create: bool = False,
+          create_hint: str = CREATE_HINT) -> Any:
+    """The store of a pipeline command: never created unless ``create`` (``run
+    --create-store``), so that a mistyped --data-dir is an error, not a new store."""
     return open_data_store(args.data_dir, create=create, durability=durability,
-                           store=getattr(args, "store", None))
+                           store=getattr(args, "store", None), create_hint=create_hint)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -236,6 +269,12 @@ def run_check(args: argparse.Namespace) -> int:
         g = load_graph(args.graph)
     except GraphLoadError as e:
         return _fail(str(e), 2)
+    if not args.no_store:
+        try:
+            with _open(args) as store:
+                check_sources(g, store)
+        except (EngineError, StoreError, OSError, ValueError) as e:
+            return _fail(str(e))
     print(f"{args.graph}: graph {g.name!r} is valid: {len(g.processors)} processors, "
           f"{len(g.streams())} streams")
     for p in g.order():
@@ -266,17 +305,21 @@ def _java_ok() -> str | None:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    # Ctrl-C is ours from the first moment: the first one stops cleanly (exit 0) in every
-    # phase -- loading the graph, starting Spark, recovering, running -- and a second one
-    # stops at once (exit 130).
+    # Ctrl-C is ours from the first moment and said at once ("stopping ..."): the first
+    # one stops cleanly (exit 0) in every phase -- loading the graph, starting Spark
+    # (between two of its phases), recovering, running (after the current step) -- and a
+    # second one stops at once (exit 130).
     stop = threading.Event()
     stores: list[Any] = []
     interrupted = {"n": 0}
+    live = LiveLine(sys.stdout, prefix="dataspace pipeline: ", quiet=args.quiet)
 
     def on_sigint(signum: int, frame: Any) -> None:
         interrupted["n"] += 1
         if interrupted["n"] > 1:
             raise KeyboardInterrupt
+        live.notice("dataspace pipeline: stopping ... (Ctrl-C again stops at once; the "
+                    "next run recovers)")
         stop.set()
         for s in stores:
             with contextlib.suppress(Exception):
@@ -285,17 +328,19 @@ def run_run(args: argparse.Namespace) -> int:
     main = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGINT, on_sigint) if main else None
     try:
-        return _run(args, stop, stores, on_sigint if main else None)
+        return _run(args, stop, stores, on_sigint if main else None, live)
     except KeyboardInterrupt:
+        live.close()
         print("dataspace pipeline: stopped at once (the next run recovers)", file=sys.stderr)
         return 130
     finally:
+        live.close()
         if old is not None:
             signal.signal(signal.SIGINT, old)
 
 
 def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
-         on_sigint: Any) -> int:
+         on_sigint: Any, live: LiveLine) -> int:
     if (args.batch is not None and args.batch < 1) or args.interval <= 0:
         return _fail("--batch must be >= 1 and --interval > 0", 2)
     try:
@@ -316,11 +361,19 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
         options["batch"] = args.batch
     if spark:
         options.update(master=args.master, checkpoint_dir=args.checkpoint_dir,
-                       verbose=getattr(args, "verbose", 0), conf=conf)
+                       verbose=getattr(args, "verbose", 0), conf=conf, phases=live, cancel=stop)
+    if stop.is_set():  # Ctrl-C while the graph loaded: no store opened, nothing ran
+        return _stopped_before_start(args, live)
     try:
         engine_cls = get_engine(args.engine)
-        store = _open(args, args.durability)
+        store = _open(args, args.durability, create=args.create_store,
+                      create_hint=CREATE_HINT + ", or run with --create-store")
     except (EngineError, StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    try:
+        check_sources(g, store)  # before Spark starts; nothing is created when refused
+    except (EngineError, StoreError) as e:
+        store.close()
         return _fail(str(e))
     stores.append(store)
     if spark:
@@ -329,37 +382,41 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
         except OSError as e:
             store.close()
             return _fail(str(e))
-    progress = _Progress(sys.stdout, args.quiet)
+    progress = _Progress(sys.stdout, args.quiet, live=live)
     engine = None
     stats: list[ProcStats] = []
+    t0 = time.monotonic()
     try:
         if stop.is_set():
-            return _stopped_before_start(args)
+            return _stopped_before_start(args, live)
         engine = engine_cls(g, store, **options)
         with engine:
-            if spark and not args.quiet:
-                print(f"dataspace pipeline: starting Spark ({args.master}) ...", flush=True)
-            engine.start()
+            if spark:
+                live.echo(f"dataspace pipeline: starting Spark ({args.master}) ...")
+            try:
+                engine.start()
+            except Interrupted:
+                return _stopped_before_start(args, live)
             if on_sigint is not None:  # a session someone else started may have its own
                 signal.signal(signal.SIGINT, on_sigint)
             if stop.is_set():  # Ctrl-C while starting: nothing ran, nothing to stop
-                return _stopped_before_start(args)
-            if not args.quiet:
-                rec = getattr(engine, "recovery", None)
-                branches = rec() if callable(rec) else {}
-                retried = {k: v for k, v in branches.items() if v in ("1b", "1c+1b") or v.endswith("3b")}
-                where = f"engine {args.engine}"
-                if spark:
-                    where += f" on {engine.spark.sparkContext.master}"  # type: ignore[attr-defined]
-                print(f"dataspace pipeline: running graph {g.name!r} ({len(g.processors)} "
+                return _stopped_before_start(args, live)
+            rec = getattr(engine, "recovery", None)
+            branches = rec() if callable(rec) else {}
+            retried = {k: v for k, v in branches.items() if v in ("1b", "1c+1b") or v.endswith("3b")}
+            where = f"engine {args.engine}"
+            if spark:
+                where += f" on {engine.spark.sparkContext.master}"  # type: ignore[attr-defined]
+            live.echo(f"dataspace pipeline: running graph {g.name!r} ({len(g.processors)} "
                       f"processors, {args.guarantee}, {where}, store {store.display})"
-                      + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""),
-                      flush=True)
+                      + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""))
             if spark and getattr(engine, "read_on", "executor") == "driver":
-                print(f"dataspace pipeline: the driver does all the reading: the executors of "
-                      f"{engine.spark.sparkContext.master} cannot open an SQLite store (a "  # type: ignore[attr-defined]
-                      "file on this machine); a PostgreSQL store (--store postgresql://USER@HOST"
-                      "/DATABASE) lets the executors do it", file=sys.stderr, flush=True)
+                live.echo(f"dataspace pipeline: the driver does all the reading: the executors of "
+                          f"{engine.spark.sparkContext.master} cannot open an SQLite store (a "  # type: ignore[attr-defined]
+                          "file on this machine); a PostgreSQL store (--store postgresql://USER@HOST"
+                          "/DATABASE) lets the executors do it", sys.stderr)
+            t0 = time.monotonic()
+            progress.begin()
             stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
                                progress_interval=args.interval)
         progress.end()
@@ -381,16 +438,23 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
     total_out = sum(s.produced for s in stats)
     if not args.quiet:
         why = "interrupted" if stop.is_set() else "idle" if args.until_idle else "stopped"
-        print(f"dataspace pipeline: {why}: {_n(total_in)} messages in, {_n(total_out)} out")
+        took = time.monotonic() - t0
+        print(f"dataspace pipeline: {why}: {_n(total_in)} messages in, {_n(total_out)} out "
+              f"in {hms(took)}")
+    verbose = getattr(args, "verbose", 0)
     for s in failed:
         print(f"dataspace pipeline: processor {s.name} stopped: {s.error} (its input is kept; "
-              "fix the function or configure an error stream, then run again)", file=sys.stderr)
+              "fix the function or configure an error stream, then run again"
+              + ("" if verbose or not s.detail else "; -v shows the traceback") + ")",
+              file=sys.stderr)
     return 1 if failed else 0
 
 
-def _stopped_before_start(args: argparse.Namespace) -> int:
+def _stopped_before_start(args: argparse.Namespace, live: LiveLine | None = None) -> int:
+    if live is not None:
+        live.close()
     if not args.quiet:
-        print("dataspace pipeline: interrupted before the graph started: nothing ran")
+        print("dataspace pipeline: interrupted before the graph started: nothing ran", flush=True)
     return 0
 
 
@@ -405,6 +469,7 @@ def run_status(args: argparse.Namespace) -> int:
         return _fail(str(e))
     try:
         running = graph_holder(store, g.name)
+        engine = holder_engine(running)
         nexts = store.next_indices()
         print(f"graph {g.name!r} on {store.display}: "
               f"{'running (' + running + ')' if running else 'not running'}")
@@ -425,7 +490,10 @@ def run_status(args: argparse.Namespace) -> int:
                     print(f"      {s:<22} position -        (stream at {_n(nxt)})")
                 else:
                     print(f"      {s:<22} position {_n(pos):<8} lag {_n(max(0, nxt - pos))}")
-            line = _spark_status(store, args.data_dir, g.name, p.name)
+            # Spark's figures are the engine's that runs the graph now, or the last run's
+            # (labelled so); while another engine runs it they would be stale: left out.
+            line = None if running and engine != "spark" else \
+                _spark_status(store, args.data_dir, g.name, p.name, live=bool(running))
             if line:
                 print(f"      {line}")
         if g.error_stream:
@@ -437,8 +505,50 @@ def run_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spark_status(store: Any, data_dir: str | None, graph: str, proc: str) -> str | None:
-    """One line about a processor's Spark query (None if it never ran on Spark)."""
+def run_reset(args: argparse.Namespace) -> int:
+    from ..pipeline.reset import reset_graph
+    from ..pipeline.spark.status import store_graph_dir
+
+    try:
+        g = load_graph(args.graph)
+    except GraphLoadError as e:
+        return _fail(str(e), 2)
+    outputs = "delete" if args.delete_outputs else "keep" if args.keep_outputs else None
+    try:
+        store = _open(args)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    try:
+        if args.checkpoint_dir:
+            dirs = [Path(args.checkpoint_dir) / p for p in g.processors]
+        else:
+            try:
+                dirs = [store_graph_dir(store.url, spark_data_dir(store, args.data_dir,
+                                                                  create=False), g.name)]
+            except OSError:
+                dirs = []
+        plan = reset_graph(store, g, outputs=outputs, spark_dirs=dirs, dry_run=args.dry_run)
+    except (EngineError, StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+    if plan.empty:
+        print(f"graph {g.name!r} on {store.display}: nothing to reset (it never ran here)")
+        return 0
+    verb = "would reset" if args.dry_run else "reset"
+    print(f"{verb} graph {g.name!r} on {store.display}:")
+    for line in plan.lines():
+        print(f"  {line}")
+    if not args.dry_run:
+        print(f"the next `dataspace pipeline run {args.graph}` processes its sources from "
+              "the start")
+    return 0
+
+
+def _spark_status(store: Any, data_dir: str | None, graph: str, proc: str,
+                  live: bool = False) -> str | None:
+    """One line about a processor's Spark query (None if it never ran on Spark): the
+    running query's (``live``), or the last Spark run's, with when it ended."""
     from ..pipeline.spark.status import query_status, store_graph_dir
 
     try:
@@ -454,20 +564,20 @@ def _spark_status(store: Any, data_dir: str | None, graph: str, proc: str) -> st
     elif st["offsets"] is None:
         parts.append("no batch yet")
     if st["offsets"] is not None and st["offsets"] != st["committed"]:
-        parts.append(f"batch {st['offsets']} in flight")
+        ranges = st.get("ranges") or {}
+        msgs = sum(b - a for a, b in ranges.values())
+        parts.append(f"batch {st['offsets']} in flight" + (f" ({_n(msgs)} messages)" if msgs else "")
+                     if live else f"batch {st['offsets']} unfinished (the next run retries it)")
     t = st["totals"]
     if t:
         parts.append(f"{_n(t.get('batches', 0))} batches, {_n(t.get('in', 0))} in, "
                      f"{_n(t.get('out', 0))} out" + (f", {_n(t['errors'])} errors" if t.get("errors") else ""))
-    pr = st["progress"]
-    if pr:
-        rate = pr.get("processed_rows_per_s")
-        if isinstance(rate, (int, float)):
-            parts.append(f"{_n(round(rate))} rows/s in its last batch")
-        saved = pr.get("saved_ms")
-        if isinstance(saved, int):
-            parts.append("progress at " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(saved / 1000)))
-    return "spark: " + "; ".join(parts)
+    pr = st["progress"] or {}
+    stamps = [x for x in ((t or {}).get("time_ms"), pr.get("saved_ms")) if isinstance(x, int)]
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(max(stamps) / 1000)) if stamps else None
+    if live:
+        return "spark: " + "; ".join(parts + ([f"progress at {when}"] if when else []))
+    return "last Spark run" + (f" (until {when})" if when else "") + ": " + "; ".join(parts)
 
 
 def run_route(args: argparse.Namespace) -> int:
@@ -492,17 +602,22 @@ def run_route(args: argparse.Namespace) -> int:
     from ..pipeline.spark.session import get_session, stop_session
 
     t0 = time.monotonic()
-    print(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
-          "starting Spark ...", flush=True)
-    spark, created = get_session(args.master, app_name="dataspace route",
-                                 verbose=getattr(args, "verbose", 0), conf=conf,
-                                 log_file=data_dir / "spark" / "spark.log")
+    live = LiveLine(sys.stdout, prefix="dataspace pipeline route: ")
+    live.echo(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
+              f"starting Spark ({args.master}) ...")
+    created = False
     try:
+        spark, created = get_session(args.master, app_name="dataspace route",
+                                     verbose=getattr(args, "verbose", 0), conf=conf,
+                                     log_file=data_dir / "spark" / "spark.log", phases=live)
         n_values, n_matches = route_to(spark, patterns, args.values, args.out,
-                                       data_dir=data_dir, fmt=args.format, store=args.store)
+                                       data_dir=data_dir, fmt=args.format, store=args.store,
+                                       phases=live)
     except (RouteError, StoreError) as e:
+        live.close()
         return _fail(str(e))
     finally:
+        live.close()
         if created:
             with contextlib.suppress(Exception):
                 stop_session()

@@ -18,9 +18,11 @@ examples:
   dataspace scry follow udp://10.0.0.2:7413/chat --poll fixed:1 a naive poller, for comparison
   dataspace scry get udp://127.0.0.1:7413/chat/34               one entry, waiting for it
 
-Each entry is printed once, in order, as `INDEX VALUE-TEXT` on its own line.  The server
-publishes streams with `dataspace serve --scry-udp HOST:PORT --publish STREAM`.  Ctrl-C
-stops.  See docs/scry.md.
+Each entry is printed once, in order, as `INDEX VALUE-TEXT` on its own line (stdout).
+On stderr: `following URL from entry N` once the publisher answers, and a line when
+nothing answers for 3 s (it keeps trying; --timeout gives up).  The server publishes
+streams with `dataspace serve --scry-udp HOST:PORT --publish STREAM`.  Ctrl-C stops.
+See docs/scry.md.
 """
 
 
@@ -42,6 +44,9 @@ def register(sub: Any) -> None:
     f.add_argument("--count", type=int, metavar="K", help="stop after K entries")
     f.add_argument("--poll", default="adaptive", metavar="adaptive|poisson|fixed:SECONDS",
                    help="when to poll while waiting (default adaptive)")
+    f.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="give up (exit 1) when nothing has answered for this long; default: "
+                   "keep trying (saying so after 3 s)")
     f.set_defaults(func=run_follow)
     g = ssub.add_parser("get", help="print one entry, waiting for it to exist",
                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,6 +65,10 @@ def _line(index: int, entry: scry.ScryEntry) -> str:
     return f"{index} {text}"
 
 
+def _notify(line: str) -> None:
+    print(f"dataspace scry: {line}", file=sys.stderr, flush=True)
+
+
 def _start(text: str) -> int | str:
     if text in ("start", "next"):
         return text
@@ -70,7 +79,8 @@ def _start(text: str) -> int | str:
 
 async def _follow(args: argparse.Namespace, start: int | str) -> int:
     n = 0
-    async for e in scry.follow(args.url, start, poll=args.poll):
+    async for e in scry.follow(args.url, start, poll=args.poll, timeout=args.timeout,
+                               notify=_notify):
         sys.stdout.write(_line(e.index, e) + "\n")
         sys.stdout.flush()
         n += 1
@@ -82,6 +92,9 @@ async def _follow(args: argparse.Namespace, start: int | str) -> int:
 def run_follow(args: argparse.Namespace) -> int:
     if args.count is not None and args.count < 1:
         print("dataspace scry: --count must be at least 1", file=sys.stderr)
+        return 2
+    if args.timeout is not None and not args.timeout > 0:
+        print("dataspace scry: --timeout must be a number of seconds above 0", file=sys.stderr)
         return 2
     try:
         scry.parse_url(args.url)
@@ -106,7 +119,7 @@ def run_get(args: argparse.Namespace) -> int:
         print(f"dataspace scry: {e}", file=sys.stderr)
         return 2
     try:
-        e = asyncio.run(scry.get(args.url, timeout=args.timeout))
+        e = asyncio.run(scry.get(args.url, timeout=args.timeout, notify=_notify))
     except scry.ScryError as e:
         print(f"dataspace scry: {e}", file=sys.stderr)
         return 1

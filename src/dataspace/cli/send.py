@@ -7,8 +7,8 @@ import asyncio
 import sys
 from typing import Any
 
-from ..values import ParseError, Value, parse
-from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, parse_value
+from ..values import ParseError, Value, parse, stringify
+from ._client import CONNECTION_HELP, add_connection_args, open_dataspace, parse_value, warn_dropped
 
 EXAMPLES = """\
 examples:
@@ -16,8 +16,12 @@ examples:
   dataspace send '<Tick 1>' '<Tick 2>' '<Tick 3>'      several, in order, in one turn
   printf '<Tick %s>\\n' 1 2 3 | dataspace send -        one value per line from stdin
 
+  dataspace send -v '<Says "alice" "hello">'         say what was sent, once the server has it
+
 A message reaches the observers present when it arrives and is then gone; the command
-exits once the server has processed it.
+exits once the server has processed it (-v then prints `sent VALUE` for each).  With a
+capability whose caveats drop a VALUE, the server ignores it: the command says so and
+exits with status 1 (the other values are sent).
 
 """ + CONNECTION_HELP
 
@@ -32,6 +36,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("values", nargs="+", metavar="VALUE",
                    help="a value, e.g. '<Says \"alice\" \"hi\">', or - to read lines from stdin")
+    p.add_argument("-v", "--verbose", dest="confirm", action="store_true",
+                   help="print `sent VALUE` (stderr) for each value once the server has "
+                   "processed it")
     add_connection_args(p)
     p.set_defaults(func=run)
 
@@ -72,6 +79,7 @@ async def _send(args: argparse.Namespace, vals: list[Any]) -> int:
     ds = await open_dataspace("dataspace send", args)
     if ds is None:
         return 1
+    dropped = [warn_dropped("dataspace send", ds, v, what="message") for v in vals]
     try:
         with ds.turn():
             for v in vals:
@@ -82,4 +90,13 @@ async def _send(args: argparse.Namespace, vals: list[Any]) -> int:
         return 1
     finally:
         await ds.close()
+    if args.confirm:
+        for v, gone in zip(vals, dropped):
+            if not gone:
+                print(f"sent {stringify(v)}", file=sys.stderr)
+    if any(dropped):
+        n = sum(dropped)
+        print(f"dataspace send: {n} of {len(vals)} message(s) dropped by the capability's "
+              "caveats", file=sys.stderr)
+        return 1
     return 0

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..broker.config import ConfigError, ServerConfig, load_config
-from ..broker.server import Server
+from ..broker.server import Server, listen_error
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
 from ..streams import Store, StoreError, check_stream_name, recorder_specs, start_recorders
@@ -181,7 +181,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           "--link-cap per --link, in the same order")
     if links:
         cfg = cfg.override(link=[*cfg.link, *zip(links, caps)])
-    cfg.check()
+    cfg.check(prefix="--")
     _recorder_specs(cfg)
     for name in cfg.publish:
         try:
@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     verbose = max(getattr(args, "verbose", 0) or 0, cfg.verbose)
     if verbose:
         logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
-    if cfg.link:
-        _link_events()
+    _link_events()  # (a server that only accepts links says so too)
     return asyncio.run(_serve(cfg))
 
 
@@ -250,6 +249,7 @@ async def _serve(cfg: ServerConfig) -> int:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     stop = stop_event()
+    started = False
     recorders: list[Any] = []
     scry_server: ScryServer | None = None
     http: Any = None  # dataspace.web.HttpServer (aiohttp is imported only when used)
@@ -266,14 +266,20 @@ async def _serve(cfg: ServerConfig) -> int:
         udp = cfg.host_port("scry_udp")
         if udp is not None:
             assert store is not None
-            scry_server = await start_scry_udp(store, udp[0], udp[1], cfg.publish)
+            try:
+                scry_server = await start_scry_udp(store, udp[0], udp[1], cfg.publish)
+            except OSError as e:
+                raise listen_error(e, cfg.scry_udp or "", "--scry-udp") from None
         http_address = cfg.host_port("http")
         if http_address is not None:
             from ..web import start_http
 
-            http = await start_http(*http_address, store=store, publish=cfg.publish,
-                                    server=server, recorders=recorders,
-                                    open_access=cfg.http_open)
+            try:
+                http = await start_http(*http_address, store=store, publish=cfg.publish,
+                                        server=server, recorders=recorders,
+                                        open_access=cfg.http_open)
+            except OSError as e:
+                raise listen_error(e, cfg.http or "", "--http") from None
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)
@@ -297,12 +303,14 @@ async def _serve(cfg: ServerConfig) -> int:
                   "shows the links)", file=sys.stderr, flush=True)
         print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
               file=sys.stderr, flush=True)
+        started = True
         await stop.wait()
     except (StoreError, OSError, ValueError) as e:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     finally:
-        print("dataspace serve: shutting down", file=sys.stderr, flush=True)
+        if started:
+            print("dataspace serve: shutting down", file=sys.stderr, flush=True)
         if http is not None:  # readers first: event streams end cleanly
             await http.close()
         if scry_server is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB
 from ..progress import Progress
-from ..streams import StoreError, StoreNotFound, check_user_name
+from ..streams import StoreError, check_user_name, is_reserved
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..streams.copy import CopyRefused, copy_streams
 from ..streams.transfer import ImportStopped, Input, export_stream, import_stream, text_values
@@ -39,6 +39,7 @@ examples:
   dataspace stream export chat chat.pr              a stream to a file (text; --format binary)
   dataspace stream export chat --from 100 --to 199  entries 100..199 to stdout
   dataspace stream import chat2 chat.pr             append an export's (or plain) values
+  dataspace stream rm chat2                         remove a stream, its entries and tailers
 
 Every subcommand takes --store URL: a data directory or .sqlite3 file, sqlite:PATH, or
 postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (the password also from PGPASSWORD or
@@ -197,6 +198,27 @@ def register(sub: Any) -> None:
     _progress_arguments(im)
     im.set_defaults(func=run_import)
 
+    rm = ss.add_parser(
+        "rm", parents=[common], help="remove streams with their entries and tailers",
+        description="Remove each stream NAME with all its entries and named tailers; its "
+        "name can then be created afresh (indices from 0).  Nothing is asked: what was "
+        "removed is printed.  Refused, and nothing removed, when a NAME does not exist, is "
+        "one of the store's own (__...), or is read by a processor graph (a tailer "
+        "GRAPH/PROCESSOR with its backing stream): the graph would go on from its old "
+        "position in a new stream of that name -- reset it first (dataspace pipeline reset "
+        "GRAPH.py), or remove anyway with --force.  Never while a graph reading it runs.  "
+        "Stop the programs writing a stream (a server recording into it) before removing it.",
+        epilog="examples:\n"
+        "  dataspace stream rm chat2                      remove one stream\n"
+        "  dataspace stream rm tmp1 tmp2                  several (all or none)\n"
+        "  dataspace stream rm chat --force               even though a graph reads it\n"
+        "  dataspace stream rm __backing/old/p --force    a backing stream left by an old graph",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rm.add_argument("names", nargs="+", metavar="NAME")
+    rm.add_argument("--force", action="store_true",
+                    help="remove even a stream a graph reads, or one of the store's own (__...)")
+    rm.set_defaults(func=run_rm)
+
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
@@ -242,8 +264,6 @@ def run_ls(args: argparse.Namespace) -> int:
     try:
         with _store(args) as store:
             streams = store.streams(include_internal=args.all)
-    except StoreNotFound:
-        streams = []
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     if not streams:
@@ -374,7 +394,7 @@ def run_tail(args: argparse.Namespace) -> int:
         print("dataspace stream tail: -n must be >= 0", file=sys.stderr)
         return 2
     try:
-        store = _store(args, create=args.follow)
+        store = _store(args)
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     try:
@@ -461,6 +481,57 @@ def run_create(args: argparse.Namespace) -> int:
         return _fail(str(e))
     print(f"{s.name}: {s.count} entries, retention {_retention(s)}"
           + (f" ({removed} old entries removed)" if removed else ""))
+    return 0
+
+
+def run_rm(args: argparse.Namespace) -> int:
+    from ..pipeline.engine import graph_holder
+    from ..pipeline.reset import graph_readers
+
+    names = list(dict.fromkeys(args.names))
+    try:
+        with _store(args) as store:
+            problems: list[str] = []
+            infos: dict[str, StreamInfo] = {}
+            readers: dict[str, list[str]] = {}
+            for name in names:
+                if not store.has_stream(name):
+                    problems.append(f"no stream named {name!r} (dataspace stream ls lists them)")
+                    continue
+                if is_reserved(name) and not args.force:
+                    problems.append(f"{name!r} is one of the store's own streams (a processor's "
+                                    "backing stream); remove it with --force, or reset its "
+                                    "graph (dataspace pipeline reset GRAPH.py)")
+                    continue
+                infos[name] = store.stream_info(name)
+                readers[name] = graph_readers(store, name)
+                graphs = sorted({r.split("/", 1)[0] for r in readers[name]})
+                running = [f"{g} ({h})" for g in graphs if (h := graph_holder(store, g))]
+                if running:
+                    problems.append(f"stream {name!r} is read by the running graph "
+                                    f"{', '.join(running)}; stop it first")
+                elif readers[name] and not args.force:
+                    problems.append(
+                        f"stream {name!r} is read by graph {', '.join(graphs)} "
+                        f"({', '.join(readers[name])}); it would go on from its old position "
+                        "in a new stream of that name: reset it first (dataspace pipeline "
+                        "reset GRAPH.py), or remove anyway with --force")
+            if problems:
+                for pr in problems:
+                    print(f"dataspace stream rm: {pr}", file=sys.stderr)
+                print("dataspace stream rm: nothing removed", file=sys.stderr)
+                return 1
+            for name in names:
+                store.delete_stream(name)
+                s = infos[name]
+                print(f"removed {name} ({_plural(s.count, 'entry', 'entries')}, "
+                      f"{_plural(len(s.tailers), 'tailer')})")
+                if readers[name]:
+                    print(f"dataspace stream rm: {name} was read by {', '.join(readers[name])}; "
+                          "reset its graph (dataspace pipeline reset GRAPH.py) before it "
+                          "reads a new stream of that name", file=sys.stderr)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
     return 0
 
 

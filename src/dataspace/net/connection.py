@@ -23,6 +23,7 @@ from typing import Any, cast
 from ..protocol.relay import Relay
 from ..values import Symbol
 from .flow import Account, FlowLimits, Hub
+from .sniff import HEAD_BYTES
 
 __all__ = ["Connection", "SessionFactory", "StreamConnection", "connect_stream", "listen_tcp", "listen_unix"]
 
@@ -80,6 +81,12 @@ class Connection:
         self.close_reason: str | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.head = b""
+        """The first bytes the peer sent (up to ``sniff.HEAD_BYTES``): what answered, when
+        a handshake fails (:func:`dataspace.net.sniff.what_answered`)."""
+        self.client_name: str | None = None
+        """The name the peer gave itself (``<client-name "...">`` to the gatekeeper), if
+        any: shown beside its address in monitoring."""
         self._closed_waiters: list[asyncio.Future[None]] = []
         self.on_close: list[Callable[[Connection], Any]] = []
         self.on_released: list[Callable[[Connection], Any]] = []
@@ -448,6 +455,8 @@ class StreamConnection(Connection, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.bytes_in < HEAD_BYTES:
+            self.head = (self.head + data)[:HEAD_BYTES]
         self.bytes_in += len(data)
         relay = self.relay
         assert relay is not None

@@ -14,11 +14,18 @@ from typing import Any
 
 from websockets.asyncio.client import connect as ws_connect
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+    InvalidURI,
+)
 
 from ..values import Symbol
 from .connection import Connection, SessionFactory
 from .flow import Account, FlowLimits, Hub
+from .sniff import HEAD_BYTES
 
 __all__ = ["WebSocketConnection", "connect_ws", "listen_ws"]
 
@@ -55,6 +62,8 @@ class WebSocketConnection(Connection):
                     await self._readable.wait()
                     continue
                 msg = await self.ws.recv()
+                if self.bytes_in < HEAD_BYTES and isinstance(msg, bytes):
+                    self.head = (self.head + msg)[:HEAD_BYTES]
                 self.bytes_in += len(msg)
                 if isinstance(msg, str):
                     self.fail("text WebSocket message: send each packet as one binary message",
@@ -199,6 +208,16 @@ async def connect_ws(
             ping_timeout=ping,
             write_limit=flow.write_buffer,
         )
+    except InvalidStatus as e:
+        status = e.response.status_code
+        raise ConnectionError(
+            f"{url} is not a WebSocket port: that port speaks HTTP but answered the "
+            f"WebSocket request with HTTP {status} (is it the --http port? connect to the "
+            "server's --ws port, or to its TCP port as HOST:PORT)") from e
+    except InvalidMessage as e:
+        raise ConnectionError(
+            f"{url} is not a WebSocket port: that port does not answer in HTTP (is it the "
+            "broker's TCP port? then connect as HOST:PORT, without ws://)") from e
     except (InvalidHandshake, InvalidURI) as e:
         raise ConnectionError(f"WebSocket handshake with {url} failed: {e}") from e
     conn = WebSocketConnection(hub, flow, ws, f"ws:{url}")

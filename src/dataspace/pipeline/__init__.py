@@ -17,6 +17,8 @@
 * :mod:`.exactly_once` -- backing-stream records, the delivery hash, the recovery component.
 * :mod:`.local` -- the local engine (:class:`LocalEngine`); :mod:`.engine` -- the engine
   interface and registry (``spark``, the default, in :mod:`.spark`; ``local``).
+* :mod:`.reset` -- reprocessing a graph from the start (:func:`reset_graph`, ``dataspace
+  pipeline reset``).
 * :mod:`.sinks` -- :class:`SQLiteSink`, the idempotent side-effecting sink pattern.
 * :mod:`.loader` -- loading a graph from a Python file (``dataspace pipeline run``).
 * :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).
@@ -27,10 +29,19 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .engine import DEFAULT_ENGINE, ENGINES, Engine, EngineError, ProcStats, get_engine
+    from .engine import (
+        DEFAULT_ENGINE,
+        ENGINES,
+        Engine,
+        EngineError,
+        MissingSource,
+        ProcStats,
+        get_engine,
+    )
     from .exactly_once import delivery_hash
     from .graph import Context, Delivery, Graph, GraphError, Message, Processor
     from .local import Crash, LocalEngine
+    from .reset import reset_graph
 
 __all__ = [
     "DEFAULT_ENGINE",
@@ -44,10 +55,12 @@ __all__ = [
     "GraphError",
     "LocalEngine",
     "Message",
+    "MissingSource",
     "ProcStats",
     "Processor",
     "delivery_hash",
     "get_engine",
+    "reset_graph",
 ]
 
 _WHERE = {
@@ -55,6 +68,7 @@ _WHERE = {
     "ENGINES": "engine",
     "Engine": "engine",
     "EngineError": "engine",
+    "MissingSource": "engine",
     "ProcStats": "engine",
     "get_engine": "engine",
     "delivery_hash": "exactly_once",
@@ -66,6 +80,7 @@ _WHERE = {
     "Processor": "graph",
     "Crash": "local",
     "LocalEngine": "local",
+    "reset_graph": "reset",
 }
 
 

@@ -98,7 +98,7 @@ def _merge(v: Record) -> Record:
 def build_graph(directory: str | os.PathLike[str]) -> Graph:
     """The crash-test graph; its sink writes to ``directory/sink.db``."""
     g = Graph("crash", error_stream="errors")
-    g.source(*SOURCES)
+    g.source(*SOURCES, create=True)  # the producer writes them while the graph runs
     g.join("pair", ["left", "right"], "pairs", _pair)
     g.fork("route", "pairs", ["even", "odd"], _route)
     g.alts("merge", ["odd", "extra"], "merged", _merge)

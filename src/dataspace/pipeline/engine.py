@@ -8,7 +8,9 @@ implements :class:`Engine`.  ``dataspace pipeline run --engine NAME`` looks the 
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -23,10 +25,14 @@ __all__ = [
     "GUARANTEES",
     "Engine",
     "EngineError",
+    "Interrupted",
+    "MissingSource",
     "ProcStats",
+    "check_sources",
     "claim_graph",
     "get_engine",
     "graph_holder",
+    "holder_engine",
 ]
 
 ENGINES: dict[str, str] = {
@@ -41,14 +47,70 @@ class EngineError(RuntimeError):
     """The engine cannot run the graph (the message says why and what to do)."""
 
 
-def claim_graph(store: Store, graph: str) -> StoreLock:
+class MissingSource(EngineError):
+    """A source stream of the graph does not exist in the store (``missing`` names them)."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+def check_sources(graph: Graph, store: Store) -> None:
+    """Refuse a graph whose declared sources are not in ``store``: :class:`MissingSource`,
+    whose one line names them, the streams there, the likely intended name and the two
+    ways out.  A source declared with ``graph.source(name, create=True)`` may be missing
+    (the engine creates it).  Every engine calls this before it claims the graph or
+    creates anything, so a refused run leaves no trace in the store; ``pipeline check``
+    and ``pipeline run`` call it before anything starts (Spark included).
+
+    A source that does not exist is almost always a typo, and a run over an empty stream
+    it made up would wait forever (or report "idle") -- Kafka Streams refuses a missing
+    source topic for the same reason."""
+    missing = [s for s in graph.sources
+               if s not in graph.created_sources and not store.has_stream(s)]
+    if missing:
+        there = [i.name for i in store.streams()]
+        missing = [s for s in missing if s not in there]  # unless created meanwhile
+        if missing:
+            raise MissingSource(missing_sources_message(store, missing, there), missing)
+
+
+def missing_sources_message(store: Store, missing: list[str], there: list[str]) -> str:
+    """The one line of :func:`check_sources` (see there); ``there``: the store's streams."""
+    if there:
+        shown = ", ".join(there[:8]) + (f", ... ({len(there)} in all)" if len(there) > 8 else "")
+        hint = f"streams there: {shown}"
+    else:
+        hint = "it has no streams yet"
+    guesses = {s: difflib.get_close_matches(s, there, n=1) for s in missing}
+    means = [f"{m[0]!r}" + (f" for {s!r}" if len(missing) > 1 else "")
+             for s, m in guesses.items() if m]
+    if means:
+        hint += f"; did you mean {', '.join(means)}?"
+    if len(missing) == 1:
+        s = missing[0]
+        return (f"source stream {s!r} does not exist in {store.display} ({hint}); create it "
+                f"with `dataspace stream create {s}` or declare it with "
+                f"graph.source({s!r}, create=True)")
+    names = ", ".join(repr(s) for s in missing)
+    return (f"source streams {names} do not exist in {store.display} ({hint}); create them "
+            "with `dataspace stream create NAME` or declare them with "
+            "graph.source(NAME, create=True)")
+
+
+class Interrupted(EngineError):
+    """The engine was stopped (Ctrl-C) while it was starting: nothing ran."""
+
+
+def claim_graph(store: Store, graph: str, engine: str = "") -> StoreLock:
     """Claim ``graph`` on ``store`` for this process, whatever the engine: the store's lock
     ``graph:NAME`` (a ``flock``ed file beside an SQLite store, a session advisory lock on
-    PostgreSQL), released when the process dies.  Release the result to give it up;
+    PostgreSQL), released when the process dies, its holder saying which ``engine`` runs
+    the graph (:func:`graph_holder`).  Release the result to give it up;
     :class:`EngineError` when another process runs the graph -- two runs would break
     exactly-once."""
     try:
-        return store.lock(f"graph:{graph}")
+        return store.lock(f"graph:{graph}", f"engine {engine}" if engine else "")
     except LockHeld as e:
         raise EngineError(
             f"graph {graph!r} is already running on this store ({e.holder}); "
@@ -57,8 +119,18 @@ def claim_graph(store: Store, graph: str) -> StoreLock:
 
 
 def graph_holder(store: Store, graph: str) -> str | None:
-    """Who runs ``graph`` on the store (``"pid N"``, ``"pid N on HOST"``), or None."""
+    """Who runs ``graph`` on the store (``"pid N, engine local"``, ``"pid N on HOST,
+    engine spark"``), or None."""
     return store.lock_holder(f"graph:{graph}")
+
+
+def holder_engine(holder: str | None) -> str | None:
+    """The engine a :func:`graph_holder` names (None: not running, or a holder that did
+    not say)."""
+    if holder is None:
+        return None
+    m = re.search(r"\bengine (\w+)", holder)
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -76,6 +148,9 @@ class ProcStats:
     state: str = "idle"  # idle | running | waiting (a join missing inputs) | failed
     error: str | None = None
     recovery: str = ""
+    activity: str = ""  # what it is doing now, if that takes long ("batch 3: 5,000 messages")
+    activity_s: float = 0.0  # for how many seconds
+    detail: str | None = None  # the failure's traceback (the user's code), with error
 
 
 class Engine(ABC):

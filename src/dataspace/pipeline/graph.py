@@ -177,19 +177,29 @@ class Graph:
         self.name = name
         self.error_stream = error_stream
         self.sources: list[str] = []
+        self.created_sources: set[str] = set()
+        """Sources declared with ``create=True``: created empty at start if missing."""
         self.processors: dict[str, Processor] = {}
         self._nodes: list[Processor] = []  # every processor added, duplicates included
         self._problems: list[str] = []
 
     # -- building ---------------------------------------------------------------------
 
-    def source(self, *streams: str) -> None:
-        """Declare input streams fed from outside the graph (appenders, recorders)."""
+    def source(self, *streams: str, create: bool = False) -> None:
+        """Declare input streams fed from outside the graph (appenders, recorders).
+
+        A source must exist in the store when the graph starts: an engine refuses a
+        graph whose source is missing (a typo must not run quietly over an empty stream
+        it made up), as ``dataspace pipeline check`` does.  ``create=True`` says the
+        stream may not exist yet -- it is written later (a recorder, another program) --
+        and the engine creates it empty at start."""
         for s in streams:
             if s in self.sources:
                 self._problems.append(f"source {s!r} declared twice")
             else:
                 self.sources.append(s)
+            if create:
+                self.created_sources.add(s)
 
     def _add(self, p: Processor) -> Processor:
         # A duplicate is kept for validation (its streams, shape and function are checked

@@ -47,7 +47,7 @@ from typing import Any
 
 from ..streams.base import MAX_INDEX, Store, StoreLock, Transaction, encode_value
 from ..values import Record, Sequence, Symbol, decode, encode
-from .engine import GUARANTEES, Engine, EngineError, ProcStats, claim_graph
+from .engine import GUARANTEES, Engine, EngineError, ProcStats, check_sources, claim_graph
 from .exactly_once import (
     ATTEMPT_ERROR,
     ATTEMPT_NIL,
@@ -65,6 +65,7 @@ from .exactly_once import (
     resume,
     snapshot_record,
 )
+from .failure import describe_failure
 from .graph import Context, Delivery, Graph, Message, Processor
 
 __all__ = ["Crash", "LocalEngine", "POINTS"]
@@ -85,10 +86,16 @@ class Crash(BaseException):
 
 
 class _Unhandled(Exception):
-    def __init__(self, exc: BaseException, positions: dict[str, int]) -> None:
-        super().__init__(str(exc))
+    """A function's error with nowhere to go (no error stream): ``line`` and ``detail``
+    (the user's traceback) say it (:func:`.failure.describe_failure`)."""
+
+    def __init__(self, exc: BaseException, positions: dict[str, int], line: str = "",
+                 detail: str = "") -> None:
+        super().__init__(line or str(exc))
         self.exc = exc
         self.positions = positions
+        self.line = line or f"{type(exc).__name__}: {exc}"
+        self.detail = detail
 
 
 class _IO:
@@ -175,6 +182,7 @@ class _Proc:
         self.skip_snapshot = False
         self.have_alts = False
         self.failed: str | None = None
+        self.detail: str | None = None
         self.recovery = ""
         self.meta = MetaEncoder(p.inputs)
         self.prefix = {s: self.meta.prefix_one(s) for s in p.inputs}
@@ -374,13 +382,11 @@ class _Proc:
         return st.nsets
 
     def _fail(self, u: _Unhandled) -> None:
-        e = u.exc
-        self.failed = f"{type(e).__name__}: {e}"
-        log.error(
-            "processor %s stopped: its function raised %s at %s and the graph has no error "
-            "stream; the input is kept and will be retried after a restart",
-            self.id, self.failed, u.positions, exc_info=e,
-        )
+        self.failed = u.line
+        self.detail = u.detail
+        log.error("processor %s stopped: %s (the graph has no error stream; the input is kept "
+                  "and retried after a restart)", self.id, self.failed)
+        log.info("%s: the function's traceback:\n%s", self.id, u.detail)
 
     # -- step 5: running the function ---------------------------------------------------
 
@@ -589,16 +595,17 @@ class _Proc:
     def _error(self, e: Exception, srcs: list[tuple[str, Any]], suffix: bytes,
                err_d: list[bytes], err_m: list[bytes]) -> None:
         positions = {s: r[0] for s, r in srcs}
+        line, detail = describe_failure(self.p.kind, self.p.name, positions, e, self.p.fn)
         if self.err_stream is None:
-            raise _Unhandled(e, positions)
-        log.info("%s: %s at %s -> error stream", self.id, e, positions)
+            raise _Unhandled(e, positions, line, detail)
+        log.info("%s -> error stream", line)
         inputs = []
         for _s, r in srcs:
             try:
                 inputs.append(decode(r[2]))
             except ValueError:
                 inputs.append(r[2])
-        err = Record(_ERROR, [self.id, type(e).__name__, str(e), Sequence(inputs)])
+        err = Record(_ERROR, [self.id, type(e).__name__, str(e), Sequence(inputs), detail])
         err_d.append(encode(err))
         if len(srcs) == 1:
             err_m.append(self.prefix[srcs[0][0]] + enc_int(srcs[0][1][0]) + suffix)
@@ -659,7 +666,7 @@ class _Proc:
         else:
             state = "idle"
         return ProcStats(self.p.name, self.p.kind, self.consumed, self.produced, self.errors,
-                         self.steps, lag, state, self.failed, self.recovery)
+                         self.steps, lag, state, self.failed, self.recovery, detail=self.detail)
 
 
 def _encode(v: Any) -> bytes:
@@ -752,11 +759,12 @@ class LocalEngine(Engine):
     # -- start: claim the graph, recover every processor ---------------------------------
 
     def _claim(self) -> None:
-        self._lock = claim_graph(self.store, self.graph.name)
+        self._lock = claim_graph(self.store, self.graph.name, self.name)
 
     def start(self) -> None:
         if self.started:
             return
+        check_sources(self.graph, self.store)  # before anything is claimed or created
         self._claim()
         try:
             self._recover()

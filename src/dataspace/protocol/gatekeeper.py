@@ -14,8 +14,16 @@ by asserting to ``observer`` either
 * ``<rejected detail>`` -- and then calls ``on_rejected(message, detail)`` (the broker
   closes the connection with an ``<error ...>``).
 
-Retracting the ``resolve`` retracts the answer.  Other assertions to the gatekeeper are
-ignored.
+Retracting the ``resolve`` retracts the answer.
+
+A peer may also name itself, for the people monitoring the server, by asserting
+``<client-name "NAME">`` to the gatekeeper (our client does, before its resolve, when
+given a name).  The Syndicate protocol has no field for this: the gatekeeper object is
+the one place every connection reaches before it has any capability, and other
+gatekeepers ignore assertions they do not understand, as this one does, so clients that
+send no name (syndicate-py's) and servers that know no names are unaffected.  The name is
+cut to :data:`MAX_CLIENT_NAME` characters, control characters dropped; the newest name
+asserted wins.  Other assertions to the gatekeeper are ignored.
 """
 
 from __future__ import annotations
@@ -30,13 +38,30 @@ from ..values import Embedded, Record, Symbol, Value, key
 from .sturdy import AttenuatedEntity, Attenuation, SturdyError, SturdyRef, validate
 from .wire import short
 
-__all__ = ["ACCEPTED", "REJECTED", "RESOLVE", "Binding", "Bindings", "Gatekeeper"]
+__all__ = ["ACCEPTED", "CLIENT_NAME", "MAX_CLIENT_NAME", "REJECTED", "RESOLVE", "Binding",
+           "Bindings", "Gatekeeper", "client_name"]
 
 log = logging.getLogger(__name__)
 
 RESOLVE = Symbol("resolve")
 ACCEPTED = Symbol("accepted")
 REJECTED = Symbol("rejected")
+CLIENT_NAME = Symbol("client-name")
+
+MAX_CLIENT_NAME = 100
+"""The longest client name kept (characters); longer ones are cut."""
+
+
+def client_name(value: Value) -> str | None:
+    """The name in a ``<client-name "NAME">`` assertion, cleaned for display (control
+    characters dropped, cut to :data:`MAX_CLIENT_NAME`), or None if it is not one."""
+    if type(value) is not Record or value.label != CLIENT_NAME or len(value.fields) != 1:
+        return None
+    name = value.fields[0]
+    if type(name) is not str:
+        return None
+    name = "".join(c for c in name[: 4 * MAX_CLIENT_NAME] if c.isprintable()).strip()
+    return name[:MAX_CLIENT_NAME] or None
 
 
 @dataclass(frozen=True)
@@ -91,15 +116,25 @@ class Gatekeeper(Entity):
         *,
         on_rejected: Callable[[str, Value], None] | None = None,
         on_accepted: Callable[[Binding, SturdyRef], None] | None = None,
+        on_name: Callable[[str | None], None] | None = None,
     ) -> None:
         self.bindings = bindings
         self.on_rejected = on_rejected
         self.on_accepted = on_accepted
+        self.on_name = on_name
+        self._name_handle: int | None = None
         self.accepted = 0
         self.rejected = 0
         self._answers: dict[int, tuple[Entity, int]] = {}
 
     def on_assert(self, value: Value, handle: int) -> None:
+        if type(value) is Record and value.label == CLIENT_NAME:
+            name = client_name(value)
+            if name is not None:
+                self._name_handle = handle
+                if self.on_name is not None:
+                    self.on_name(name)
+            return
         if type(value) is not Record or value.label != RESOLVE:
             if log.isEnabledFor(logging.DEBUG):  # short() of a peer's value is not free
                 log.debug("gatekeeper: ignoring assertion %s", short(value))
@@ -146,10 +181,20 @@ class Gatekeeper(Entity):
 
     @property
     def pending(self) -> int:
-        """Resolve requests currently asserted (each answered)."""
-        return len(self._answers)
+        """Assertions the peer holds at the gatekeeper: its resolve requests (each
+        answered) and its name, if it gave one."""
+        return len(self._answers) + (self._name_handle is not None)
+
+    def answered(self) -> list[Entity]:
+        """The observer of each answer asserted now (one per pending request)."""
+        return [observer for observer, _h in self._answers.values()]
 
     def on_retract(self, handle: int) -> None:
+        if handle == self._name_handle:
+            self._name_handle = None
+            if self.on_name is not None:
+                self.on_name(None)
+            return
         answer = self._answers.pop(handle, None)
         if answer is not None:
             observer, h = answer

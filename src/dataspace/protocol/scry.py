@@ -38,8 +38,9 @@ reader that missed all three still polls), and carries those requesters over to 
 next path -- a reader that just got entry 34 will ask for 35 -- so a following reader
 sends no request per entry at all while broadcasts reach it.  A requester is still
 forgotten when it has not asked for ``shield_age`` seconds: readers poll at least every
-30 s, so only gone readers are.  Requests further than ``ahead`` entries into the future are dropped without
-being remembered, so a flood of requests for future paths cannot grow memory.
+30 s, so only gone readers are.  Requests further than ``ahead`` entries into the future
+are not remembered (answered with the stream's end, from memory), so a flood of requests
+for future paths cannot grow memory.
 
 **The reader** (:class:`Reader`) delivers each entry once, in order.  It asks for the
 next path; if that is premature, its request (dropped by the publisher) registered it
@@ -47,6 +48,10 @@ for the broadcast, and it polls again on a dynamic interval (:class:`HazardPoll`
 default, estimated from recent inter-arrival times; :class:`PoissonPoll` and
 :class:`FixedPoll` for comparison), re-requests missing fragments, and verifies each
 entry's hash.  It pipelines requests when it knows entries are waiting (``NEXT``).
+With ``start=None`` it first asks where the stream ends (``<scry-head STREAM>``) and
+follows from there.  It notices when nothing answers its requests for ``quiet`` seconds
+(a :class:`ReaderNotice` for its host to report; it keeps trying, or gives up after
+``give_up`` seconds).
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ __all__ = [
     "Publisher",
     "PublisherStats",
     "Reader",
+    "ReaderNotice",
     "ScryError",
     "decode_datagram",
     "entry_hash",
@@ -120,8 +126,8 @@ def decode_datagram(data: bytes) -> Record:
         raise ScryError("a datagram is a <scry-...> record")
     f = v.fields
     lab = v.label
-    want = {GET: 3, HEAD: 1, FRAG: 8, GONE: 3, ERROR: 2, WAIT: 2}.get(lab)
-    if want is None or len(f) != want:
+    want = {GET: (3,), HEAD: (1, 3), FRAG: (8,), GONE: (3,), ERROR: (2,), WAIT: (2,)}.get(lab)
+    if want is None or len(f) not in want:
         raise ScryError(f"unknown or malformed datagram <{lab.name} ...>")
     _stream(f[0])
     if lab == GET:
@@ -140,8 +146,12 @@ def decode_datagram(data: bytes) -> Record:
             raise ScryError("malformed fragment data")
         if f[7] is not False:
             _nat(f[7], "the index waited for")
-    elif lab == HEAD and len(f) != 1:
-        raise ScryError("malformed head")
+    elif lab == HEAD and len(f) == 3:  # the answer: <scry-head STREAM NEXT FIRST>
+        _nat(f[1], "the next index")
+        _nat(f[2], "the first index")
+    elif lab == GONE:
+        _nat(f[1], "the index")
+        _nat(f[2], "the first index")
     return v
 
 
@@ -302,7 +312,7 @@ class Publisher:
                            addr)
                 return
             self._get(stream, f[1], f[2], addr, head, now)
-        elif lab == HEAD:
+        elif lab == HEAD and len(f) == 1:
             if head is None:
                 self.stats.not_published += 1
                 self._send(Record(ERROR, [stream, f"stream {stream!r} is not published here"]),
@@ -321,7 +331,9 @@ class Publisher:
             # Premature: no store, no answer; remember who asked (bounded).
             self.stats.premature += 1
             if index >= nxt + self.ahead:
+                # Not remembered; the stream's end, from memory, says we are here.
                 self.stats.too_far += 1
+                self._send(Record(HEAD, [stream, nxt, first]), addr)
                 return
             shield = self.shields.get(path)
             if shield is None:
@@ -329,6 +341,7 @@ class Publisher:
                     self._expire(now)
                     if len(self.shields) >= self.max_paths:
                         self.stats.shield_full += 1
+                        self._send(Record(HEAD, [stream, nxt, first]), addr)
                         return
                 shield = self.shields[path] = _Shield(now)
             else:
@@ -559,6 +572,27 @@ class ReaderStats:
     ignored: int = 0       # for another stream or path than expected
 
 
+@dataclass(frozen=True)
+class ReaderNotice:
+    """Something the reader's user should hear of (the host says it: a line, a log record).
+
+    ``kind``:
+
+    * ``"ready"`` -- the publisher answered for the first time; ``index`` is the first
+      entry awaited (with ``start=None``, the next to be appended);
+    * ``"silent"`` -- nothing answered any request for ``seconds`` (the reader keeps
+      trying); ``malformed``: datagrams heard meanwhile that were not scry datagrams;
+    * ``"back"`` -- the publisher answers again, after ``seconds`` of silence;
+    * ``"gave-up"`` -- nothing answered for ``seconds`` (the reader's ``give_up``):
+      :attr:`Reader.error` is set and the reader sends nothing more.
+    """
+
+    kind: str
+    seconds: float = 0.0
+    index: int | None = None
+    malformed: int = 0
+
+
 class _Partial:
     __slots__ = ("asked", "frags", "hash", "total")
 
@@ -576,11 +610,15 @@ class Reader:
     (the reader asks the publisher where the stream ends first).  ``poll``: a
     :class:`PollModel` (default :class:`HazardPoll`).  ``window``: entries requested at
     once when the stream is known to be ahead.  ``refetch``: seconds before an
-    unanswered request (a poll, missing fragments) is sent again.
+    unanswered request (a poll, missing fragments) is sent again.  ``quiet``: seconds
+    without any answer to a request before a ``"silent"`` notice (:meth:`take_notices`);
+    ``give_up``: seconds without any answer before the reader stops (:attr:`error` set;
+    None: it keeps trying for ever).
     """
 
     def __init__(self, stream: str, start: int | None, *, poll: PollModel | None = None,
-                 window: int = 16, refetch: float = 0.2, max_entry: int = 16 << 20) -> None:
+                 window: int = 16, refetch: float = 0.2, max_entry: int = 16 << 20,
+                 quiet: float = 3.0, give_up: float | None = None) -> None:
         _stream(stream)
         self.stream = stream
         self.next = start
@@ -602,6 +640,13 @@ class Reader:
         self._miss = 0.0              # share of polls left unanswered (EWMA)
         self._last_arrival: float | None = None
         self._asked_head = 0.0
+        self.quiet = quiet
+        self.give_up = give_up
+        self._unanswered: float | None = None  # the first request sent since the last answer
+        self._bad_before = 0          # stats.malformed when that request was sent
+        self._silent = False          # the "silent" notice was given for this silence
+        self._ready = False           # the publisher has answered once
+        self._notices: list[ReaderNotice] = []
         self.error: str | None = None
         self.stats = ReaderStats()
 
@@ -614,17 +659,20 @@ class Reader:
 
     def _ask_head(self, now: float) -> None:
         self._asked_head = now
-        self._send(encode(Record(HEAD, [self.stream])))
+        self._send(encode(Record(HEAD, [self.stream])), now)
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, now: float) -> None:
         self.stats.requests += 1
         self._out.append(data)
+        if self._unanswered is None:
+            self._unanswered = now
+            self._bad_before = self.stats.malformed
 
     def _poll(self, now: float) -> None:
         """Ask for the next entry (which may not exist yet: then this registers us)."""
         assert self.next is not None
         self.stats.polls += 1
-        self._send(_get(self.stream, self.next, 0))
+        self._send(_get(self.stream, self.next, 0), now)
         self._asked = now
         self._tries = 0
         self._poll_at = None
@@ -655,7 +703,25 @@ class Reader:
         if f[0] != self.stream:
             self.stats.ignored += 1
             return
+        if self.error is not None:
+            return  # stopped
         lab = v.label
+        if lab == GET or (lab == HEAD and len(f) == 1):
+            self.stats.ignored += 1  # a request, not an answer
+            return
+        if self._silent:
+            assert self._unanswered is not None
+            self._notices.append(ReaderNotice("back", now - self._unanswered, self.next))
+            self._silent = False
+        self._unanswered = None
+        awaited = self.next
+        self._handle(lab, f, now)
+        if not self._ready and self.next is not None and self.error is None:
+            self._ready = True
+            self._notices.append(ReaderNotice(
+                "ready", 0.0, self.next if awaited is None or lab == GONE else awaited))
+
+    def _handle(self, lab: Symbol, f: list[Any], now: float) -> None:
         if lab == FRAG:
             self._frag(f[1], f[2], f[3], f[4], f[5], f[6], now, f[7])
         elif lab == WAIT:
@@ -668,12 +734,15 @@ class Reader:
                 self._k += 1
             else:
                 self.stats.ignored += 1
-        elif lab == HEAD:
+        elif lab == HEAD and len(f) == 3:
             if self.next is None:
                 self.next = max(f[1], f[2])
                 self.known_next = f[1]
                 self._k = 0
                 self._poll(now)
+            elif f[1] > self.known_next:
+                # The answer to a request too far ahead (not remembered): keep polling.
+                self.known_next = f[1]
         elif lab == GONE:
             idx, first = f[1], f[2]
             if self.next is not None and idx == self.next and first > self.next:
@@ -721,7 +790,7 @@ class Reader:
                 for i in range(1, total):
                     if i not in p.frags:
                         self.stats.refetches += 1
-                        self._send(_get(self.stream, index, i))
+                        self._send(_get(self.stream, index, i), now)
                 p.asked = now
             return
         whole = b"".join(p.frags[i] for i in range(total))
@@ -754,7 +823,7 @@ class Reader:
             if i not in self.partial and i not in self.done:
                 q = self.partial[i] = _Partial(0, b"")  # asked, nothing yet
                 q.asked = now
-                self._send(_get(self.stream, i, 0))
+                self._send(_get(self.stream, i, 0), now)
         if self.next >= self.known_next and self.next not in self.partial:
             if self._remembered == self.next:
                 # Carried over by the broadcast: no request, only an insurance poll later.
@@ -767,7 +836,21 @@ class Reader:
     # -- time ---------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Send again what was not answered; poll when the insurance poll is due."""
+        """Send again what was not answered; poll when the insurance poll is due; say when
+        nothing answers (and give up, with ``give_up``)."""
+        if self.error is not None:
+            return
+        if self._unanswered is not None:
+            # (The same sums as next_deadline(): a deadline that has passed is acted on.)
+            silent = now - self._unanswered
+            bad = self.stats.malformed - self._bad_before
+            if self.give_up is not None and self._unanswered + self.give_up <= now:
+                self.error = f"no answer for {silent:.0f} s"
+                self._notices.append(ReaderNotice("gave-up", silent, self.next, bad))
+                return
+            if not self._silent and self._unanswered + self.quiet <= now:
+                self._silent = True
+                self._notices.append(ReaderNotice("silent", silent, self.next, bad))
         if self.next is None:
             if self._asked_head + self.refetch * 5 <= now:
                 self._ask_head(now)
@@ -778,25 +861,32 @@ class Reader:
             p.asked = now
             if p.total == 0:
                 self.stats.refetches += 1
-                self._send(_get(self.stream, index, 0))
+                self._send(_get(self.stream, index, 0), now)
                 continue
             for i in range(p.total):
                 if i not in p.frags:
                     self.stats.refetches += 1
-                    self._send(_get(self.stream, index, i))
+                    self._send(_get(self.stream, index, i), now)
         if self._asked is not None and self._asked + self.refetch <= now:
             # Neither the entry nor an acknowledgement: lost; ask again (backing off).
             self.stats.retries += 1
             self.stats.polls += 1
             self._miss += 0.1 * (1.0 - self._miss)
-            self._send(_get(self.stream, self.next, 0))
+            self._send(_get(self.stream, self.next, 0), now)
             self._tries += 1
             self._asked = now + min(self.refetch * (2 ** min(self._tries, 5)), 5.0) - self.refetch
         elif self._poll_at is not None and self._poll_at <= now:
             self._poll(now)
 
     def next_deadline(self) -> float | None:
+        if self.error is not None:
+            return None
         ds = [p.asked + self.refetch for p in self.partial.values()]
+        if self._unanswered is not None:
+            if not self._silent:
+                ds.append(self._unanswered + self.quiet)
+            if self.give_up is not None:
+                ds.append(self._unanswered + self.give_up)
         if self._asked is not None:
             ds.append(self._asked + self.refetch)
         if self._poll_at is not None:
@@ -808,6 +898,15 @@ class Reader:
     def take_outgoing(self) -> list[bytes]:
         out, self._out = self._out, []
         return out
+
+    def take_notices(self) -> list[ReaderNotice]:
+        """What the user should hear of since the last call (see :class:`ReaderNotice`)."""
+        out, self._notices = self._notices, []
+        return out
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the first request nothing has answered yet (0: none waiting)."""
+        return 0.0 if self._unanswered is None else now - self._unanswered
 
     def take_entries(self) -> list[tuple[int, bytes]]:
         """Entries in order, each once: ``(index, encoded value)``."""

@@ -34,6 +34,8 @@ class SimResult:
     premature: int
     broadcasts: int
     memory: dict[str, int] = field(default_factory=dict)
+    firsts: list[int | None] = field(default_factory=list)  # per reader: its first index
+    appended_then: list[int] = field(default_factory=list)  # ... entries appended by then
 
     @property
     def requests_per_entry_per_reader(self) -> float:
@@ -86,8 +88,10 @@ def simulate(
     size: Callable[[int], int] = lambda i: 40,
     settle: float = 60.0,
     publisher: Callable[[], Publisher] | None = None,
+    start: int | None = 0,
 ) -> SimResult:
-    """Run one trace: entries appended at ``times``; ``readers`` following from index 0;
+    """Run one trace: entries appended at ``times``; ``readers`` following from ``start``
+    (None: the next entry to be appended, as ``dataspace scry follow`` does by default);
     each datagram lost with probability ``loss``, duplicated with ``dup``, delayed by a
     uniform ``delay``.  ``broadcast=False`` disables the optimistic broadcast (the
     publisher still remembers requesters, but never pushes)."""
@@ -97,7 +101,11 @@ def simulate(
         pub.appended = _no_broadcast(pub)  # type: ignore[method-assign]
     store: dict[int, bytes] = {}
     pub.publish("chat", 0, 0)
-    rs = [Reader("chat", 0, poll=poll() if poll is not None else None) for _ in range(readers)]
+    rs = [Reader("chat", start, poll=poll() if poll is not None else None)
+          for _ in range(readers)]
+    firsts: list[int | None] = [start] * readers
+    appended_then = [0] * readers
+    appended = 0
     delivered: list[list[int]] = [[] for _ in rs]
     latencies: list[float] = []
     seq = itertools.count()
@@ -135,6 +143,9 @@ def simulate(
     def run_reader(k: int, now: float) -> None:
         nonlocal requests
         r = rs[k]
+        if firsts[k] is None and r.next is not None:  # learned where the stream ends
+            firsts[k] = r.next
+            appended_then[k] = appended
         for data in r.take_outgoing():
             requests += 1
             send(now, "to-pub", (k, data))
@@ -151,6 +162,7 @@ def simulate(
             break
         if kind == "append":
             store[arg] = bytes(size(arg))
+            appended = arg + 1
             pub.appended("chat", arg + 1, now)
             run_pub(now)
         elif kind == "start":
@@ -180,7 +192,8 @@ def simulate(
         entries=len(times), readers=readers, requests=requests, delivered=delivered,
         latencies=latencies, publisher_seconds=cpu, publisher_requests=pub.stats.requests,
         store_reads=pub.stats.loads, premature=pub.stats.premature,
-        broadcasts=pub.stats.broadcasts, memory=pub.memory(),
+        broadcasts=pub.stats.broadcasts, memory=pub.memory(), firsts=firsts,
+        appended_then=appended_then,
     )
 
 

@@ -355,15 +355,17 @@ class Store(ABC):
     # -- locks ----------------------------------------------------------------------------
 
     @abstractmethod
-    def lock(self, name: str) -> StoreLock:
+    def lock(self, name: str, note: str = "") -> StoreLock:
         """Take the store-wide exclusive lock ``name`` for this process, without waiting:
         :class:`LockHeld` if another holds it.  Released by :meth:`StoreLock.release`,
         and by the store when the holder dies (kill -9 included) -- the pipeline engines
-        take ``graph:NAME`` so that one graph runs once at a time per store."""
+        take ``graph:NAME`` so that one graph runs once at a time per store.  ``note``
+        (a few words: ``engine spark``) is said with the holder (:meth:`lock_holder`)."""
 
     @abstractmethod
     def lock_holder(self, name: str) -> str | None:
-        """Who holds the lock ``name`` (``"pid N"``, ``"pid N on HOST"``), or None."""
+        """Who holds the lock ``name`` (``"pid N"``, ``"pid N on HOST"``, with the
+        holder's note: ``"pid N, engine spark"``), or None."""
 
     # -- streams --------------------------------------------------------------------------
 
@@ -436,8 +438,13 @@ class Store(ABC):
     # -- reading --------------------------------------------------------------------------
 
     @abstractmethod
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
-        """Up to ``limit`` entries of ``name`` from index ``start`` (below ``end``)."""
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
+        """The stored entries of ``name`` from index ``start`` (below ``end``), in index
+        order: all of them, or at most ``limit`` (a page: go on from the last index + 1).
+        Without ``limit`` the whole range is read into one list (like Redis' XRANGE
+        without COUNT); for a stream too large for memory use :meth:`iter_entries`, which
+        reads it in chunks.  (Up to version 0.1 the default was ``limit=1000``.)"""
 
     @abstractmethod
     def get(self, name: str, index: int) -> Entry | None:

@@ -177,6 +177,16 @@ def _connect_error(display: str, e: BaseException, secret: str | None) -> StoreE
             f"cannot reach the PostgreSQL server of {display} ({detail}); is it running? "
             "Start it, or check the host and port in the store URL"
         )
+    for probe in ("invalid response to ssl negotiation: ", "but received "):
+        if probe in low:  # something answered, but not in PostgreSQL's protocol
+            got = text[low.index(probe) + len(probe):][:1]
+            what = ("speaks HTTP, not PostgreSQL" if got == "H" else
+                    f"does not speak PostgreSQL (it answered {got!r})" if got.isprintable()
+                    and got != "\ufffd" else "does not speak PostgreSQL (it answered in binary: "
+                    "a dataspace server's port?)")
+            return StoreError(
+                f"cannot use the PostgreSQL store {display}: that port {what}; check the host "
+                "and port in the store URL (PostgreSQL listens on 5432 by default)")
     if "invalid" in low or ("missing" in low and "=" in low):
         return StoreError(f"{display}: not a usable PostgreSQL URL ({detail}); the form is "
                           "postgresql://USER:PASSWORD@HOST:PORT/DATABASE")
@@ -377,7 +387,6 @@ class PostgresStore(Store):
         self.durability = durability
         self.busy_timeout = busy_timeout
         self.connect_timeout = max(1, round(connect_timeout))
-        self._ids: dict[str, int] = {}
         self._closed = False
         self._local = threading.local()
         self._pool: Any = None
@@ -410,10 +419,19 @@ class PostgresStore(Store):
     def _make_pool(self, size: int) -> Any:
         from psycopg_pool import ConnectionPool, PoolTimeout
 
+        from ._pglog import answered, pool_name, register_pool
+
+        name = pool_name()
+        register_pool(name, self._url)  # its retries said once, our way (_pglog)
+
+        def configure(conn: Any) -> None:
+            self._configure(conn)
+            answered(name)
+
         pool = ConnectionPool(
             self._url, kwargs=self._kwargs(), min_size=1, max_size=max(1, size),
-            configure=self._configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
-            name="dataspace-store", num_workers=1, reconnect_timeout=30.0,
+            configure=configure, open=False, timeout=self.busy_timeout + self.connect_timeout,
+            name=name, num_workers=1, reconnect_timeout=30.0,
         )
         try:
             pool.open(wait=True, timeout=self.connect_timeout + 5)
@@ -585,16 +603,11 @@ class PostgresStore(Store):
             return cur.fetchone()
 
     def _sid(self, name: str) -> int | None:
-        sid = self._ids.get(name)
-        if sid is not None:
-            return sid
+        # Looked up by name on every call, never from a cache: a stream deleted by another
+        # process (stream rm, pipeline reset) and created again has a new id, and a read
+        # through the old one would find nothing.
         row = self._one(f"SELECT id FROM {_S} WHERE name = %s", (name,))
-        if row is None:
-            return None
-        if getattr(self._local, "tx", None) is None:
-            # An id read inside a transaction may be of a stream it created: cached at commit.
-            self._ids[name] = row[0]
-        return int(row[0])
+        return None if row is None else int(row[0])
 
     # -- transactions ---------------------------------------------------------------------
 
@@ -649,7 +662,6 @@ class PostgresStore(Store):
                     if isinstance(e, psycopg.Error):
                         raise self._fail(e) from None
                     raise
-                self._ids.update(tx._new_ids)
             else:
                 with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")
@@ -722,7 +734,6 @@ class PostgresStore(Store):
             c.execute(f"DELETE FROM {_S} WHERE id = %s", (sid,))
             tx._next.pop(sid, None)
             tx._dirty = True
-        self._ids.pop(name, None)
 
     def next_indices(self) -> dict[str, int]:
         return {n: int(x) for n, x in self._rows(f"SELECT name, next_index FROM {_S}")}
@@ -733,14 +744,13 @@ class PostgresStore(Store):
         if sid is None:
             return 0
         row = self._one(f"SELECT next_index FROM {_S} WHERE id = %s", (sid,))
-        if row is None:  # deleted by another process
-            self._ids.pop(name, None)
-            return 0
-        return int(row[0])
+        return 0 if row is None else int(row[0])
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
+        limit = MAX_INDEX if limit is None else limit
         self._check_open()
         sid = self._sid(name)
         if sid is None or limit <= 0:
@@ -831,7 +841,7 @@ class PostgresStore(Store):
 
     # -- locks ----------------------------------------------------------------------------
 
-    def lock(self, name: str) -> PostgresLock:
+    def lock(self, name: str, note: str = "") -> PostgresLock:
         """A session advisory lock on a connection of its own (released by the server when
         that session ends: the holder released it, exited or died)."""
         self._check_open()
@@ -851,7 +861,8 @@ class PostgresStore(Store):
             conn.execute(
                 f"INSERT INTO {SCHEMA}.locks VALUES (%s, %s, %s) ON CONFLICT (name) DO UPDATE "
                 "SET holder = excluded.holder, since_ns = excluded.since_ns",
-                (name, f"pid {os.getpid()} on {socket.gethostname()}", time.time_ns()))
+                (name, f"pid {os.getpid()} on {socket.gethostname()}" + (f", {note}" if note else ""),
+                 time.time_ns()))
         except BaseException as e:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -983,6 +994,9 @@ class PostgresStore(Store):
         if pool is not None:
             with contextlib.suppress(Exception):
                 pool.close(timeout=5)
+            from ._pglog import unregister_pool
+
+            unregister_pool(pool.name)
         n, self._notifier = self._notifier, None
         if n is not None:
             _release_notifier(n)
@@ -1033,8 +1047,8 @@ def _retain(conn: Any, sid: int, nxt: int, max_count: int | None, max_age_ms: in
 class PostgresTransaction(Transaction):
     """A write transaction of :class:`PostgresStore` (see :meth:`PostgresStore.begin`)."""
 
-    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_new_ids", "_next", "_no_retention",
-                 "_seq", "_seq0", "_start_next", "_store", "_time")
+    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_ids", "_new_ids", "_next",
+                 "_no_retention", "_seq", "_seq0", "_start_next", "_store", "_time")
 
     def __init__(self, store: PostgresStore, conn: Any, seq: int) -> None:
         self._store = store
@@ -1045,6 +1059,9 @@ class PostgresTransaction(Transaction):
         self._next: dict[int, int] = {}
         self._start_next: dict[int, int] = {}
         self._new_ids: dict[str, int] = {}
+        # Ids looked up in this transaction: a writer holds the write lock, so no other
+        # process deletes a stream meanwhile (ids are never cached across transactions).
+        self._ids: dict[str, int] = {}
         self._no_retention: set[int] = set()
         self._copy_base: int | None = None
         self._time: int | None = None
@@ -1068,12 +1085,12 @@ class PostgresTransaction(Transaction):
         if sid is not None:
             return sid
         store = self._store
-        sid = store._ids.get(name)
+        sid = self._ids.get(name)
         if sid is not None:
             return sid
         row = self._q(f"SELECT id FROM {_S} WHERE name = %s", (name,)).fetchone()
         if row is not None:
-            store._ids[name] = row[0]
+            self._ids[name] = row[0]
             return int(row[0])
         if not create:
             raise StreamNotFound(f"no stream named {name!r} in {store.display}")
@@ -1101,7 +1118,7 @@ class PostgresTransaction(Transaction):
         try:
             return sid, self._next_of(sid, name)
         except StreamNotFound:
-            self._store._ids.pop(name, None)
+            self._ids.pop(name, None)
             sid = self._sid_of(name, create=True)
             return sid, self._next_of(sid, name)
 

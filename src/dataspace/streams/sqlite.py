@@ -210,7 +210,6 @@ class SQLiteStore(Store):
         self.path = Path(path)
         self.durability = durability
         self._lock = threading.RLock()
-        self._ids: dict[str, int] = {}
         self._closed = False
         self._in_tx = False
         self._busy_timeout = busy_timeout
@@ -365,7 +364,7 @@ class SQLiteStore(Store):
         check_lock_name(name)
         return self.path.with_name(self.path.name + "-locks") / (name.replace("/", "%2F") + ".lock")
 
-    def lock(self, name: str) -> SQLiteLock:
+    def lock(self, name: str, note: str = "") -> SQLiteLock:
         """An exclusive ``flock`` on ``streams.sqlite3-locks/NAME.lock`` holding our pid,
         released by the kernel when the process dies."""
         path = self._lock_file(name)
@@ -375,12 +374,12 @@ class SQLiteStore(Store):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:
-                other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                other = os.pread(fd, 128, 0).decode(errors="replace").strip()
             finally:
                 os.close(fd)
             raise LockHeld(name, f"pid {other or '?'}") from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        os.pwrite(fd, (f"{os.getpid()}, {note}" if note else str(os.getpid())).encode()[:128], 0)
         return SQLiteLock(fd)
 
     def lock_holder(self, name: str) -> str | None:
@@ -391,7 +390,7 @@ class SQLiteStore(Store):
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return "pid " + (os.pread(fd, 32, 0).decode(errors="replace").strip() or "?")
+            return "pid " + (os.pread(fd, 128, 0).decode(errors="replace").strip() or "?")
         finally:
             os.close(fd)
         return None
@@ -416,18 +415,11 @@ class SQLiteStore(Store):
             raise _corrupt(self.path, e) from e
 
     def _stream_id(self, name: str) -> int | None:
-        sid = self._ids.get(name)
-        if sid is not None:
-            return sid
+        # Looked up by name on every call (an indexed point query), never from a cache: a
+        # stream deleted by another process (stream rm, pipeline reset) and created again
+        # has a new id, and a read through the old one would find nothing.
         row = self._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
-        if row is None:
-            return None
-        sid = row[0]
-        if not self._in_tx:
-            # Inside a transaction the row may be uncommitted (a stream created in it):
-            # caching its id would outlive a rollback.  Transactions cache at commit.
-            self._ids[name] = sid
-        return sid
+        return None if row is None else int(row[0])
 
     def begin(self) -> SQLiteTransaction:
         """Start a write transaction (``BEGIN IMMEDIATE``: waits for other writers up to
@@ -456,7 +448,6 @@ class SQLiteStore(Store):
                 except BaseException:
                     self._rollback()
                     raise
-                tx._committed()
             else:
                 self._rollback()
         finally:
@@ -548,7 +539,6 @@ class SQLiteStore(Store):
             self._exec("DELETE FROM tailers WHERE stream = ?", (sid,))
             self._exec("DELETE FROM streams WHERE id = ?", (sid,))
             tx._next.pop(sid, None)
-        self._ids.pop(name, None)
 
     def next_indices(self) -> dict[str, int]:
         with self._lock:
@@ -562,20 +552,18 @@ class SQLiteStore(Store):
             if sid is None:
                 return 0
             row = self._exec("SELECT next_index FROM streams WHERE id = ?", (sid,)).fetchone()
-            if row is None:  # deleted by another process
-                self._ids.pop(name, None)
-                return 0
-            return int(row[0])
+            return 0 if row is None else int(row[0])
 
     # -- reading --------------------------------------------------------------------------
 
-    def read(self, name: str, start: int = 0, limit: int = 1000, end: int | None = None) -> list[Entry]:
+    def read(self, name: str, start: int = 0, limit: int | None = None,
+             end: int | None = None) -> list[Entry]:
         with self._lock:
             self._check_open()
             sid = self._stream_id(name)
             if sid is None:
                 return []
-            return _read(self, sid, name, start, limit, end)
+            return _read(self, sid, name, start, MAX_INDEX if limit is None else limit, end)
 
     def get(self, name: str, index: int) -> Entry | None:
         with self._lock:
@@ -958,8 +946,8 @@ def _retain(
 class SQLiteTransaction(Transaction):
     """A write transaction of :class:`SQLiteStore` (see :meth:`SQLiteStore.transaction`)."""
 
-    __slots__ = ("_changes0", "_copy_base", "_done", "_new_ids", "_next", "_no_retention",
-                 "_retained", "_seq", "_start_next", "_store", "_time")
+    __slots__ = ("_changes0", "_copy_base", "_done", "_ids", "_new_ids", "_next",
+                 "_no_retention", "_retained", "_seq", "_start_next", "_store", "_time")
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
@@ -969,6 +957,9 @@ class SQLiteTransaction(Transaction):
         self._start_next: dict[int, int] = {}
         self._seq: int | None = None
         self._new_ids: dict[str, int] = {}
+        # Ids looked up in this transaction: a writer holds the write lock, so no other
+        # process deletes a stream meanwhile (ids are never cached across transactions).
+        self._ids: dict[str, int] = {}
         self._retained = 0
         self._time: int | None = None
         self._no_retention: set[int] = set()
@@ -981,11 +972,11 @@ class SQLiteTransaction(Transaction):
         if sid is not None:
             return sid
         store = self._store
-        sid = store._ids.get(name)
+        sid = self._ids.get(name)
         if sid is None:
             row = store._exec("SELECT id FROM streams WHERE name = ?", (name,)).fetchone()
             if row is not None:
-                sid = store._ids[name] = row[0]
+                sid = self._ids[name] = row[0]
             elif create:
                 check_stream_name(name)
                 sid = store._exec(
@@ -1028,9 +1019,6 @@ class SQLiteTransaction(Transaction):
             for sid, nxt, max_count, max_age_ms in rows:
                 self._retained += _retain(store, sid, nxt, max_count, max_age_ms, now)
 
-    def _committed(self) -> None:
-        self._store._ids.update(self._new_ids)
-
     def commit(self) -> None:
         self._store._end(self, True)
 
@@ -1063,12 +1051,12 @@ class SQLiteTransaction(Transaction):
 
     def next_index(self, stream: str) -> int:
         store = self._store
-        sid = self._new_ids.get(stream) or store._ids.get(stream)
+        sid = self._new_ids.get(stream) or self._ids.get(stream)
         if sid is None:
             row = store._exec("SELECT id FROM streams WHERE name = ?", (stream,)).fetchone()
             if row is None:
                 return 0
-            sid = store._ids[stream] = row[0]
+            sid = self._ids[stream] = row[0]
         return self._next_of(sid)
 
     def append(self, stream: str, value: Value, meta: Value | None = None) -> int:

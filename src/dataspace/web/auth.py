@@ -82,10 +82,12 @@ class Access:
                            f"{name!r}")
 
     def require_admin(self, what: str) -> None:
-        """Raise 403 unless this is the administrator."""
+        """Raise 403 unless this is the administrator (``what``: a noun phrase such as
+        ``"the pipelines"``; the message reads "reading the pipelines needs ...")."""
         if not self.admin:
-            raise ApiError(403, f"{what} needs the server's root capability (this token "
-                           f"reaches dataspace {self.dataspace!r} through its caveats)")
+            raise ApiError(403, f"reading {what} needs the server's root capability (this "
+                           f"token reaches dataspace {self.dataspace!r} through its caveats); "
+                           "sign in with DATA_DIR/root.sturdyref")
 
 
 class Authorizer:

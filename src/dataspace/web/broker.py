@@ -97,6 +97,7 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
     now = time.time()
     started = server.started_at
     totals = server.totals()
+    resolves = sum(server.resolve_requests(c)[0] for c in server.connections)
     dataspaces = {
         name: {"assertions": len(ds.index.bag), "observers": ds.observer_count()}
         for name, ds in server.dataspaces.items()
@@ -112,7 +113,8 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
         "connections": len(server.connections),
         "connections_accepted": server.accepted,
         "connections_refused": server.refused,
-        "assertions": server.quota.assertions,
+        "assertions": max(0, server.quota.assertions - resolves),
+        "resolves": resolves,
         "dataspaces": dataspaces,
         "observers": sum(d["observers"] for d in dataspaces.values()),
         "turns": totals["turns_in"],
@@ -156,17 +158,20 @@ def connection_row(server: Any, conn: Any, now: float | None = None) -> dict[str
     now = time.time() if now is None else now
     relay = conn.relay
     st = relay.stats() if relay is not None else {}
+    resolves, answers = server.resolve_requests(conn)  # the protocol's, not the user's
     return {
         "id": conn.id,
         "peer": conn.name,
+        "name": conn.client_name,
         "address": conn.peer_host,
         "transport": _transport(conn),
         "since": conn.since,
         "age": now - conn.since,
         "dataspaces": [{"name": n, "attenuated": a} for n, a in server.resolved.get(conn, ())],
-        "assertions_in": st.get("assertions_in", 0),
+        "assertions_in": max(0, st.get("assertions_in", 0) - resolves),
         "observers": relay.observers if relay is not None else 0,
-        "assertions_out": st.get("assertions_out", 0),
+        "assertions_out": max(0, st.get("assertions_out", 0) - answers),
+        "resolves": resolves,
         "references": st.get("imports", 0),
         "turns": relay.turns_in if relay is not None else 0,
         "messages_in": relay.messages_in if relay is not None else 0,
@@ -234,7 +239,7 @@ def setup(app: web.Application, ctx: WebContext) -> None:
     async def api_links(request: web.Request, access: Access) -> web.StreamResponse:
         server = _need_server(ctx)
         access.require_admin("the links")
-        return json_response({"links": server.link_status()})
+        return json_response({"time": time.time(), "links": server.link_status()})
 
     r = app.router
     r.add_get("/healthz", healthz, allow_head=False)

@@ -16,12 +16,13 @@ are Preserves text; an embedded reference is shown readably (``#:<peer "HOST:POR
 object 3 of that connection, for the administrator; ``#:<ref>`` / ``#:<opaque>``
 otherwise).  A bad pattern is answered 400 with the parser's message and the position.
 
-What a token sees follows its caveats: its caveats are applied to ``<Observe P
-#:observer>`` as the server applies them to a subscription made through it.  Rejected:
-403.  Accepted, perhaps rewritten to ``<Observe P' ...>``: the token is shown what that
-subscription would tell it -- the matches of ``P'``, as captures (and the whole value when
-``P'`` binds it at the top), passed through any caveats the rewrite put on the observer.
-The administrator sees whole values always.
+What a token sees follows its caveats: its caveats are applied to ``<Observe <$ P>
+#:observer>`` (whole values), and when they refuse it to ``<Observe P #:observer>``, as
+the server applies them to a subscription made through it.  Rejected: 403.  Accepted,
+perhaps rewritten to ``<Observe P' ...>``: the token is shown what that subscription
+would tell it -- the matches of ``P'``, as captures (and the whole value when ``P'`` binds
+it at the top), passed through any caveats the rewrite put on the observer.  The
+administrator sees whole values always.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from ..pattern import (
     from_value_syntax,
     instantiate,
     match,
+    skeleton,
 )
 from ..pattern import to_preserves as pattern_value
 from ..protocol.relay import RemoteEntity
@@ -137,47 +139,83 @@ class _Probe(Entity):
 
 
 class View:
-    """What ``access`` sees of ``pattern``: the pattern actually observed
+    """What ``access`` sees of ``pattern``: the pattern asked for through the token's
+    caveats (:attr:`asked`), the pattern actually observed once they rewrote it
     (:attr:`observed`), whether whole values are shown, and the caveats on what the
     observer is told (:attr:`inner`).  Raises :class:`ApiError` 403 when the token's
-    caveats would not let it observe ``pattern``."""
+    caveats would not let it observe ``pattern``.
+
+    Whole values are shown whenever the caveats allow: the administrator always observes
+    ``<$ P>``; another token asks for ``<$ P>`` first too, and for ``P`` itself (its
+    captures only) when its caveats refuse that.  Asking for ``P`` alone would make a
+    pattern without captures (``_``, the pages' default) tell only *whether* something
+    matches: one empty match, however many assertions there are."""
 
     def __init__(self, access: Access, pattern: Pattern) -> None:
         self.access = access
         self.admin = access.admin
         self.pattern = pattern
         self.inner: Attenuation | None = None
+        self.wrapped = False
+        """True when ``<$ P>`` was observed for a ``P`` that is not ``<$ ...>`` itself:
+        the first capture is then the whole value, not one of ``P``'s."""
         if access.admin:
             self.shown = pattern
-            self.observed: Pattern = Bind(pattern)  # caps[0]: the whole value
+            self.asked: Pattern = Bind(pattern)
+            self.observed: Pattern = self.asked  # caps[0]: the whole value
             self.whole = True
             return
         att = access.attenuation
         self.shown = pattern
-        if att is not None:
-            probe = _Probe()
-            r = att.apply(Record._make(OBSERVE, (pattern_value(pattern), Embedded(probe))))
-            if r is None:
-                raise ApiError(403, f"this token's caveats do not let it observe {pattern}")
-            if (type(r) is not Record or r.label != OBSERVE or len(r.fields) != 2
-                    or type(r.fields[1]) is not Embedded):
-                raise ApiError(403, f"this token's caveats turn a subscription to {pattern} "
-                               "into something else; it cannot be shown here")
+        self.asked = pattern
+        if type(pattern) is not Bind:
             try:
-                self.shown = from_preserves(r.fields[0])
-            except PatternError:
-                raise ApiError(403, "this token's caveats rewrite the pattern into one that "
-                               "is not valid") from None
-            obs = r.fields[1].value
-            while type(obs) is AttenuatedRef:
-                self.inner = (obs.attenuation if self.inner is None
-                              else obs.attenuation.then(self.inner))
-                obs = obs.target
-            if obs is not probe:
-                raise ApiError(403, "this token's caveats replace the observer of a "
-                               "subscription; it cannot be shown here")
+                self._through(att, Bind(pattern))
+                self.wrapped = type(self.shown) is Bind
+            except ApiError:
+                self.shown, self.inner = pattern, None
+        if not self.wrapped:
+            self._through(att, pattern)
         self.observed = self.shown
         self.whole = type(self.shown) is Bind
+        if self.wrapped:
+            self.shown = self.shown.pattern  # type: ignore[attr-defined]
+
+    def _through(self, att: Attenuation | None, asked: Pattern) -> None:
+        """Ask the caveats ``att`` for a subscription to ``asked``: set :attr:`asked`,
+        :attr:`shown` (what it became) and :attr:`inner`, or raise 403."""
+        self.asked = self.shown = asked
+        self.inner = None
+        if att is None:
+            return
+        pattern = self.pattern
+        probe = _Probe()
+        r = att.apply(Record._make(OBSERVE, (pattern_value(asked), Embedded(probe))))
+        if r is None:
+            raise ApiError(403, f"this token's caveats do not let it observe {pattern}")
+        if (type(r) is not Record or r.label != OBSERVE or len(r.fields) != 2
+                or type(r.fields[1]) is not Embedded):
+            raise ApiError(403, f"this token's caveats turn a subscription to {pattern} "
+                           "into something else; it cannot be shown here")
+        try:
+            self.shown = from_preserves(r.fields[0])
+        except PatternError:
+            raise ApiError(403, "this token's caveats rewrite the pattern into one that "
+                           "is not valid") from None
+        obs = r.fields[1].value
+        while type(obs) is AttenuatedRef:
+            self.inner = (obs.attenuation if self.inner is None
+                          else obs.attenuation.then(self.inner))
+            obs = obs.target
+        if obs is not probe:
+            raise ApiError(403, "this token's caveats replace the observer of a "
+                           "subscription; it cannot be shown here")
+
+    @property
+    def presence_only(self) -> bool:
+        """True when what is observed captures nothing: its observers are told only
+        whether something matches (one empty match), not what."""
+        return not self.whole and not skeleton(self.observed).captures
 
     def row(self, caps: tuple[Value, ...], filtered: bool = True) -> dict[str, Any] | None:
         """A match as shown: ``captures``, ``match`` (the pattern filled with them) and
@@ -192,6 +230,8 @@ class View:
                     return None
                 caps = tuple(r) if type(r) is Sequence else (r,)
             whole = caps[0] if self.whole and caps else None
+            if self.wrapped:
+                caps = caps[1:]
         texts = [value_text(c, self.admin) for c in caps]
         out: dict[str, Any] = {"captures": [t for t, _cut in texts]}
         try:
@@ -211,6 +251,8 @@ class View:
         d: dict[str, Any] = {"pattern": str(self.pattern)}
         if self.shown != self.pattern:
             d["observed"] = str(self.shown)
+        if self.presence_only:
+            d["presence_only"] = True
         return d
 
 
@@ -393,7 +435,7 @@ async def _watch(ctx: WebContext, watches: Watches, request: web.Request, access
     observed: Pattern = view.observed
     if not access.admin and access.attenuation is not None:
         target = AttenuatedEntity(target, access.attenuation)
-        observed = pattern  # the caveats rewrite it as for any subscription
+        observed = view.asked  # the caveats rewrite it as for any subscription
     w = _Watcher(watches.queue)
     handle = fresh_handle()
     try:

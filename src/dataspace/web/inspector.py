@@ -12,11 +12,12 @@ sign-in box, or from an ``--http-open`` server):
     as they arrive), ``streams`` (a stream's tail with search), ``pipelines`` (the
     processor graphs drawn, lag on the edges), ``links``.
 ``GET /inspector/static/FILE``
-    The page's one script and one stylesheet.
+    The pages' scripts (JavaScript modules: ``inspector.js`` the entry point, ``lib.js``
+    and ``pv.js`` the shared parts, ``page-NAME.js`` one per page) and stylesheet.
 
-Every page is the same HTML shell (``static/inspector.html``); the script draws the page
-its path names.  There is no build step and nothing is loaded from another host (the
-``Content-Security-Policy`` says so to the browser).  See docs/operations.md.
+Every page is the same HTML shell (``static/inspector.html``); the entry script draws
+the page its path names.  There is no build step and nothing is loaded from another host
+(the ``Content-Security-Policy`` says so to the browser).  See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from importlib import resources
+from pathlib import PurePosixPath
 
 from aiohttp import web
 
@@ -44,11 +46,8 @@ PAGES: dict[str, str] = {
 }
 """The pages under ``/inspector/``, with what each shows."""
 
-_TYPES = {
-    "inspector.html": "text/html",
-    "inspector.js": "text/javascript",
-    "inspector.css": "text/css",
-}
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
+"""The files of ``static/`` served, by their suffix (every such file there is served)."""
 
 _HEADERS = {
     # Everything comes from this server; values are inserted as text, never as HTML,
@@ -66,9 +65,9 @@ _HEADERS = {
 class _File:
     """A file of the inspector, read once from the package."""
 
-    def __init__(self, name: str) -> None:
-        self.body = resources.files(__package__).joinpath("static", name).read_bytes()
-        self.content_type = _TYPES[name]
+    def __init__(self, name: str, body: bytes) -> None:
+        self.body = body
+        self.content_type = _TYPES[PurePosixPath(name).suffix]
         self.etag = '"' + hashlib.blake2s(self.body, digest_size=12).hexdigest() + '"'
 
     def response(self, request: web.Request) -> web.Response:
@@ -78,9 +77,19 @@ class _File:
                             headers={**_HEADERS, "ETag": self.etag})
 
 
+def _files() -> dict[str, _File]:
+    """Every file of ``static/`` with a suffix of :data:`_TYPES`, read once."""
+    out: dict[str, _File] = {}
+    for entry in resources.files(__package__).joinpath("static").iterdir():
+        name = entry.name
+        if entry.is_file() and PurePosixPath(name).suffix in _TYPES:
+            out[name] = _File(name, entry.read_bytes())
+    return out
+
+
 def setup(app: web.Application, ctx: WebContext) -> None:
     """Add ``/``, ``/inspector/PAGE`` and ``/inspector/static/FILE``."""
-    files = {name: _File(name) for name in _TYPES}
+    files = _files()
     shell = files["inspector.html"]
 
     async def index(request: web.Request) -> web.StreamResponse:

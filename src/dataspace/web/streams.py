@@ -172,9 +172,11 @@ def pipelines(store: Store) -> list[dict[str, Any]]:
         edges = [{"from": r["stream"], "to": p["name"], "lag": r["lag"]}
                  for p in procs for r in p["inputs"]]
         edges += [{"from": p["name"], "to": s, "lag": None} for p in procs for s in p["outputs"]]
+        steps = [p["last_step"]["time"] for p in procs if p["last_step"] is not None]
         out.append({"graph": graph, "running": running, "processors": procs,
                     "streams": streams, "edges": edges,
-                    "lag": sum(p["lag"] for p in procs)})
+                    "lag": sum(p["lag"] for p in procs),
+                    "last_progress": max(steps) if steps else None})
     return out
 
 

@@ -7,6 +7,8 @@
 * :mod:`.sink` -- ``writeStream.format("dataspace")``: each micro-batch committed once,
   keyed by the delivery hash of seed 002;
 * :mod:`.engine` -- :class:`SparkEngine` (``dataspace pipeline run``'s default engine);
+* :mod:`.placement` -- where a master's work runs, and so where the connector reads a
+  store (the executors, or the driver for an SQLite store on a cluster);
 * :mod:`.route` -- matching a table of values against a table of patterns;
 * :mod:`.crashtest` -- the SIGKILL crash harness for the Spark engine;
 * :mod:`.status` -- reading the engine's progress files (no Spark needed).

@@ -42,13 +42,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ...progress import NO_PHASES, Phases
 from ...streams.base import Store, StoreLock
-from ..engine import Engine, EngineError, ProcStats, claim_graph
+from ..engine import Engine, EngineError, Interrupted, ProcStats, check_sources, claim_graph
 from ..exactly_once import backing_stream, recover, resume
+from ..failure import with_source
 from ..graph import Graph, Processor
 from ._store import store_options
-from .session import SparkSetupError, get_session, read_on
-from .sink import ProcSpec, encode_spec
+from .placement import read_on
+from .session import SparkSetupError, StartInterrupted, get_session
+from .sink import TRACEBACK_END, TRACEBACK_START, ProcSpec, encode_spec
 from .status import checkpoint_state, default_data_dir_for, store_graph_dir
 
 __all__ = ["SparkEngine"]
@@ -72,7 +75,12 @@ class _Query:
         self.recovery = ""
         self.note = "new checkpoint"
         self.query: Any = None
+        self.run_id: str | None = None
         self.failed: str | None = None
+        self.detail: str | None = None  # the failure's traceback (the user's frames)
+        self.activity = ""  # what the query does now ("batch 3: 5,000 messages")
+        self.activity_t0 = 0.0  # since when (time.monotonic())
+        self.batch: int | None = None  # the batch in flight, if any
         self.base = {"in": 0, "out": 0, "errors": 0, "batches": 0}
         self.last_progress: dict[str, Any] | None = None
 
@@ -106,7 +114,10 @@ class SparkEngine(Engine):
     (longest sleep of an idle source before it answers Spark, default 250),
     ``data_dir`` (where checkpoints and logs go: default the SQLite store's directory, or
     for a PostgreSQL store the default data directory; a PostgreSQL store's checkpoints
-    are under ``DATA_DIR/spark/pg-KEY/GRAPH``, KEY naming its server and database).
+    are under ``DATA_DIR/spark/pg-KEY/GRAPH``, KEY naming its server and database),
+    ``phases`` (told of each phase of starting Spark: :class:`dataspace.progress.Phases`),
+    ``cancel`` (an event that stops the start-up between two phases, e.g. Ctrl-C;
+    default: :meth:`stop`).
     """
 
     name = "spark"
@@ -129,6 +140,8 @@ class SparkEngine(Engine):
         backing_keep: int = 1000,
         data_dir: str | os.PathLike[str] | None = None,
         staged: bool = True,
+        phases: Phases | None = None,
+        cancel: threading.Event | None = None,
     ) -> None:
         super().__init__(graph, store)
         if guarantee != "exactly-once":
@@ -158,6 +171,8 @@ class SparkEngine(Engine):
         """Pure processors (map, join, alts, fork) run in the read tasks, which stage
         their outputs in the store for the commit to take (nothing goes through Spark);
         False: the rows go through Spark to the write tasks, the outputs to the driver."""
+        self.phases = phases or NO_PHASES
+        self.cancel = cancel if cancel is not None else self._stop
         self.read_on = "executor"
         """Where the queries read the store: ``executor``, or ``driver`` for an SQLite
         store on a cluster (its executors cannot open the driver's file); set by start."""
@@ -165,11 +180,12 @@ class SparkEngine(Engine):
     # -- start ---------------------------------------------------------------------------
 
     def _claim(self) -> None:
-        self._lock = claim_graph(self.store, self.graph.name)
+        self._lock = claim_graph(self.store, self.graph.name, self.name)
 
     def start(self) -> None:
         if self.started:
             return
+        check_sources(self.graph, self.store)  # before the claim, the streams and Spark
         self._claim()
         try:
             with self.store.transaction() as tx:
@@ -186,7 +202,10 @@ class SparkEngine(Engine):
                 try:
                     self.spark, self.created_session = get_session(
                         self.master, app_name=f"dataspace {self.graph.name}",
-                        verbose=self.verbose, conf=self.conf, log_file=self.log_file)
+                        verbose=self.verbose, conf=self.conf, log_file=self.log_file,
+                        phases=self.phases, cancel=self.cancel)
+                except StartInterrupted as e:
+                    raise Interrupted(str(e)) from None
                 except SparkSetupError as e:
                     raise EngineError(str(e)) from None
             else:
@@ -221,7 +240,9 @@ class SparkEngine(Engine):
             q.start_pos = dict(rec.starts)
             q.first_batch = {"starts": dict(rec.starts), "ends": dict(rec.ends)}
             if ck.exists():
-                self._set_aside(q, "the store holds an interrupted step to retry")
+                self._set_aside(q, "the store holds an interrupted step, to retry",
+                                "the store holds an interrupted step (of another engine's run)",
+                                "Spark retries that step")
             q.note = "retrying the interrupted step"
             return
         pos = r.positions
@@ -246,15 +267,20 @@ class SparkEngine(Engine):
             q.note = f"checkpoint at batch {n}" + (" (in flight)" if in_flight else "")
             return
         self._set_aside(q, f"its last batch {n} ({ranges}) is not the store's state "
-                           f"(delivered {step}, positions {pos})")
+                           f"(delivered {step}, positions {pos})",
+                        "the store moved on since its Spark checkpoint (another engine ran "
+                        "it, or the store was replaced)", "Spark starts from the store's positions")
         q.note = "stale checkpoint set aside"
 
-    def _set_aside(self, q: _Query, why: str) -> None:
+    def _set_aside(self, q: _Query, why: str, said: str, then: str) -> None:
+        """Move ``q``'s checkpoint aside (kept: ``checkpoint.stale-TIME-PID``), saying
+        ``said`` and ``then`` in one line (``why``, the details, at info level)."""
         dest = q.checkpoint.with_name(f"checkpoint.stale-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         os.replace(q.checkpoint, dest)
-        extra = " (its aggregation state is lost)" if q.p.kind == "dataframe" else ""
-        log.warning("%s: Spark checkpoint set aside to %s: %s; starting from the store's "
-                    "positions%s", q.id, dest, why, extra)
+        extra = "; its aggregation state starts afresh" if q.p.kind == "dataframe" else ""
+        log.warning("processor %s: %s; %s (the old checkpoint is kept as %s)%s", q.id, said, then,
+                    dest.name, extra)
+        log.info("%s: checkpoint set aside to %s: %s", q.id, dest, why)
 
     # -- queries -------------------------------------------------------------------------
 
@@ -336,6 +362,8 @@ class SparkEngine(Engine):
              .queryName(q.id))
         w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="0 seconds")
         q.query = w.start()
+        with contextlib.suppress(Exception):
+            q.run_id = str(q.query.runId)
         return q.query
 
     # -- running -------------------------------------------------------------------------
@@ -377,14 +405,80 @@ class SparkEngine(Engine):
                     on_progress(self.stats())
         return self.stats()
 
-    def _tick(self, on_progress: Callable[[list[ProcStats]], None] | None, interval: float) -> None:
+    def _tick(self, on_progress: Callable[[list[ProcStats]], None] | None, interval: float,
+              force: bool = False) -> None:
         now = time.monotonic()
-        if now < self._progress_t:
+        if now < self._progress_t and not force:
             return
         self._progress_t = now + interval
+        for q in self.queries:
+            with contextlib.suppress(Exception):  # progress must not stop the run
+                self._observe(q)
         self._save_progress()
         if on_progress is not None:
             on_progress(self.stats())
+
+    def _observe(self, q: _Query) -> None:
+        """What ``q``'s query does now, when it takes a while: starting, or the batch in
+        flight (its number and messages from the offset log, which Spark writes before
+        running it; the tasks done from Spark's status tracker)."""
+        if q.query is None:
+            return  # not started (or starting: _starting said so)
+        if not _active(q.query):
+            q.activity, q.batch = "", None
+            return
+        n, c, ranges = checkpoint_state(q.checkpoint)
+        if n is None or (c is not None and c >= n):  # no batch in flight
+            if q.activity.startswith("starting"):
+                try:
+                    message = str(q.query.status.get("message", ""))
+                except Exception:
+                    message = ""
+                if message.startswith("Initializing"):
+                    return  # Spark still starts the query's sources
+            q.activity, q.batch = "", None
+            return
+        if q.batch != n:
+            q.batch = n
+            q.activity_t0 = time.monotonic()
+            with contextlib.suppress(OSError):  # since Spark wrote the batch's offsets
+                age = time.time() - os.stat(q.checkpoint / "offsets" / str(n)).st_mtime
+                q.activity_t0 -= max(0.0, min(age, 3600.0))
+        msgs = sum(b - a for a, b in ranges.values()) if ranges else 0
+        what = f"batch {n}" + (f": {msgs:,} messages" if msgs else "")
+        tasks = self._tasks(q)
+        if tasks is not None:
+            what += f", tasks {tasks[0]}/{tasks[1]}"
+        q.activity = what
+
+    def _tasks(self, q: _Query) -> tuple[int, int] | None:
+        """(tasks done, tasks) of the query's running jobs, None if Spark does not say."""
+        if q.run_id is None:
+            return None
+        try:
+            tr = self.spark.sparkContext.statusTracker()
+            active = set(tr.getActiveJobsIds())
+            done = total = 0
+            for j in tr.getJobIdsForGroup(q.run_id):
+                if j not in active:
+                    continue
+                info = tr.getJobInfo(j)
+                for sid in (info.stageIds if info is not None else ()):
+                    st = tr.getStageInfo(sid)
+                    if st is not None:
+                        done += st.numCompletedTasks
+                        total += st.numTasks
+        except Exception:
+            return None
+        return (done, total) if total else None
+
+    def _starting(self, q: _Query, on_progress: Any, interval: float) -> None:
+        """Say that ``q``'s query starts (a second or more: planning and a Python process
+        for its source) before it blocks the run loop."""
+        q.query = None  # the last round's, finished
+        q.activity, q.batch = "starting its query", None
+        q.activity_t0 = time.monotonic()
+        self._tick(on_progress, interval, force=True)
 
     def _check(self, q: _Query) -> None:
         """Record a query that ended with an error."""
@@ -392,8 +486,10 @@ class SparkEngine(Engine):
             return
         exc = q.query.exception()
         if exc is not None and not q.failed:
-            q.failed = _summary(exc)
+            q.failed, q.detail = _failure(exc)
             log.error("processor %s stopped: %s", q.id, q.failed)
+            if q.detail:
+                log.info("%s: the function's traceback:\n%s", q.id, q.detail)
 
     def _until_idle(self, stop: threading.Event, on_progress: Any, interval: float) -> None:
         while not stop.is_set() and not self._stop.is_set():
@@ -404,6 +500,7 @@ class SparkEngine(Engine):
                 if not self._has_input(q):
                     continue
                 ran = True
+                self._starting(q, on_progress, interval)
                 self._start_query(q, available_now=True)
                 while q.query.isActive:
                     with contextlib.suppress(Exception):  # a failure: see _check
@@ -423,6 +520,7 @@ class SparkEngine(Engine):
             if stop.is_set() or self._stop.is_set():
                 return  # stopped while queries were starting: start no more
             if not q.failed:
+                self._starting(q, on_progress, interval)
                 self._start_query(q, available_now=False)
         while not stop.is_set() and not self._stop.is_set():
             stop.wait(min(interval, 0.5))
@@ -444,6 +542,7 @@ class SparkEngine(Engine):
 
     def _stop_queries(self) -> None:
         for q in self.queries:
+            q.activity, q.batch = "", None
             if q.query is not None:
                 with contextlib.suppress(Exception):
                     if q.query.isActive:
@@ -480,6 +579,7 @@ class SparkEngine(Engine):
     def stats(self) -> list[ProcStats]:
         nexts = self.store.next_indices()
         out = []
+        now = time.monotonic()
         for q in self.queries:
             t = q.totals()
             lag = {s: max(0, nexts.get(s, 0) - self._pos(q, s)) for s in q.p.inputs}
@@ -495,7 +595,8 @@ class SparkEngine(Engine):
             out.append(ProcStats(
                 q.p.name, q.p.kind, t["in"] - q.base["in"], t["out"] - q.base["out"],
                 t["errors"] - q.base["errors"], t["batches"] - q.base["batches"], lag, state,
-                q.failed, q.recovery))
+                q.failed, q.recovery, q.activity if not q.failed else "",
+                max(0.0, now - q.activity_t0), q.detail))
         return out
 
     @property
@@ -551,6 +652,19 @@ def _active(query: Any) -> bool:
         return bool(query.isActive)
     except Exception:
         return False
+
+
+def _failure(exc: Any) -> tuple[str, str | None]:
+    """A query's exception as (its useful line, the traceback of the user's function if
+    it carries one: see ``sink._unhandled``)."""
+    text = str(getattr(exc, "desc", None) or exc)
+    detail = None
+    a = text.find(TRACEBACK_START + "\n")
+    if a >= 0:
+        b = text.find("\n" + TRACEBACK_END, a)
+        if b > a:
+            detail = with_source(text[a + len(TRACEBACK_START) + 1:b])
+    return _summary(exc), detail
 
 
 def _summary(exc: Any) -> str:

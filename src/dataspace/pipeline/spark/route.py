@@ -43,6 +43,7 @@ from typing import Any
 
 from ...index import Index
 from ...pattern import PatternError, parse_pattern
+from ...progress import NO_PHASES, Phases
 from ...values import ParseError, decode, encode, parse, stringify
 
 __all__ = [
@@ -214,11 +215,11 @@ def values_frame(spark: Any, source: str | os.PathLike[str], data_dir: str | os.
     path that exists, otherwise the stream ``source`` of ``store`` (a store URL) or of
     the store in ``data_dir`` (:func:`find_values`).  The frame has ``index`` and
     ``value`` (or ``text``) columns.  On a cluster the executors read a PostgreSQL
-    store; an SQLite store is read by the driver (:func:`.session.read_on`)."""
+    store; an SQLite store is read by the driver (:func:`.placement.read_on`)."""
     from pyspark.sql import functions as F
 
     from ._store import store_options, store_url
-    from .session import read_on
+    from .placement import read_on
 
     p, stream = find_values(source, data_dir, store=store)
     if stream is not None:
@@ -281,15 +282,21 @@ def route(
 
 def route_to(spark: Any, patterns: Sequence[tuple[str, str]], source: str, out: str,
              *, data_dir: str | os.PathLike[str] | None = None, fmt: str | None = None,
-             store: str | None = None) -> tuple[int, int]:
+             store: str | None = None, phases: Phases | None = None) -> tuple[int, int]:
     """Run :func:`route` and write the matches to ``out`` (Parquet, or JSON by format or
     extension); returns (values read, matches written).  On a cluster ``out`` must be
-    where the executors write and the driver reads alike (HDFS, S3, a shared mount)."""
+    where the executors write and the driver reads alike (HDFS, S3, a shared mount).
+    ``phases`` hears of the reading and the matching as each begins and ends."""
+    phases = phases or NO_PHASES
+    phases.begin("reading the values")
     vdf = values_frame(spark, source, data_dir, store=store)
     n_values = vdf.count()
+    phases.end(f"{n_values:,} values to match")
     res = route(spark, patterns, vdf)
     fmt = fmt or ("json" if str(out).lower().endswith((".json", ".jsonl")) else "parquet")
+    phases.begin(f"matching {n_values:,} values against {len(patterns):,} patterns")
     w = res.write.mode("overwrite")
     (w.json(out) if fmt == "json" else w.parquet(out))
     n_matches = spark.read.json(out).count() if fmt == "json" else spark.read.parquet(out).count()
+    phases.end(f"{n_matches:,} matches written to {out}")
     return n_values, n_matches

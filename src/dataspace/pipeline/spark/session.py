@@ -15,13 +15,17 @@ Classic failures this module prevents:
   :func:`ship_package` zips the ``dataspace`` package and adds it with ``addPyFile``
   (the zip is removed when the session ends: :func:`stop_session`, or at exit).
 * **Executors that cannot open the store**: an SQLite store is a file on the driver's
-  machine; :func:`read_on` says where a cluster's reads go (the executors with a
+  machine; :func:`.placement.read_on` says where a cluster's reads go (the executors with a
   PostgreSQL store, else the driver), and :func:`register` tells the connector the
   master, so that it refuses ``readOn=executor`` on an SQLite store of a cluster
   before a job starts.
 * **Slow query starts**: Spark starts a fresh Python process for each streaming query's
   source, 0.3 s of imports; in local mode a fork server (:mod:`.forkserver`) started
   with the session forks it from preloaded imports instead.
+* **Silent start-up**: starting Spark takes 10-25 s (the JVM, the context, the session,
+  the data source); ``phases`` (:class:`dataspace.progress.Phases`) is told of each as it
+  begins and ends, and ``cancel`` (an event: Ctrl-C) stops the start-up between two of
+  them (:class:`StartInterrupted`), so a command can say what it waits for and stop.
 * **log4j noise on the user's terminal**: the JVM's own output goes to a log file
   (:data:`DEFAULT_LOG`, or the one given) and log4j logs errors only; ``verbose`` keeps
   Spark's usual warnings on the terminal.  The Spark UI is off unless asked for.
@@ -45,6 +49,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...progress import NO_PHASES, Phases
+from .placement import is_local, read_on
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -52,6 +59,7 @@ __all__ = [
     "JAVA_HINT",
     "MIN_JAVA",
     "SparkSetupError",
+    "StartInterrupted",
     "check_java",
     "get_session",
     "is_local",
@@ -96,6 +104,11 @@ class SparkSetupError(RuntimeError):
     """Spark cannot start here; the message is one line that says what to do."""
 
 
+class StartInterrupted(SparkSetupError):
+    """The start-up was cancelled (its ``cancel`` event set: Ctrl-C) between two phases;
+    what was started is stopped."""
+
+
 def find_java() -> str | None:
     """The ``java`` Spark will run: ``$JAVA_HOME/bin/java``, else ``java`` on ``PATH``."""
     home = os.environ.get("JAVA_HOME")
@@ -134,20 +147,6 @@ def check_java() -> int:
     return v
 
 
-def is_local(master: str) -> bool:
-    """Whether ``master`` runs everything in this machine's JVM (``local``, ``local[N]``)."""
-    return master == "local" or master.startswith("local[") or master.startswith("local-cluster")
-
-
-def read_on(master: str, store_url: str) -> str:
-    """Where the connector reads a store for a session on ``master``: ``executor`` in
-    local mode or with a PostgreSQL store (every machine reaches the server), else
-    ``driver`` (an SQLite store is a file only the driver's machine has)."""
-    from ._store import is_postgres
-
-    return "executor" if is_local(master) or is_postgres(store_url) else "driver"
-
-
 def _log4j_file(level: str) -> str:
     d = Path(tempfile.gettempdir()) / f"dataspace-spark-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
@@ -170,6 +169,8 @@ def get_session(
     verbose: int = 0,
     conf: dict[str, str] | None = None,
     log_file: str | os.PathLike[str] | None = None,
+    phases: Phases | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[SparkSession, bool]:
     """The process's SparkSession and whether this call created it.
 
@@ -179,8 +180,13 @@ def get_session(
     output goes to ``log_file`` (default :data:`DEFAULT_LOG`) unless ``verbose``.
     ``conf`` adds or overrides Spark settings (``spark.ui.enabled=true`` brings the UI
     back).  The ``dataspace`` data source is registered on the session.
+
+    ``phases`` hears of each phase of the start-up as it begins and ends (JVM, context,
+    session, data source); once ``cancel`` is set the start-up stops at the end of the
+    phase under way, stops what it started and raises :class:`StartInterrupted`.
     """
     global _created
+    phases = phases or NO_PHASES
     with _lock:
         from pyspark.sql import SparkSession
 
@@ -198,12 +204,28 @@ def get_session(
         check_java()
         master = master or "local[*]"
         _python_env(master)
-        spark = _start(master, app_name, verbose, conf or {}, log_file)
-        register(spark)
-        if not is_local(master):
-            ship_package(spark)
+        spark = _start(master, app_name, verbose, conf or {}, log_file, phases, cancel)
+        try:
+            # The first use of the session's SQL state builds it (seconds): here.
+            phases.begin("preparing Spark SQL and the dataspace data source")
+            register(spark)
+            phases.end("Spark SQL ready, dataspace data source registered")
+            _check_cancel(cancel)
+            if not is_local(master):
+                phases.begin("shipping the dataspace package to the workers")
+                ship_package(spark)
+                phases.end("package shipped")
+        except BaseException:
+            _created = spark
+            _stop_created()
+            raise
         _created = spark
         return spark, True
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise StartInterrupted("interrupted while Spark was starting")
 
 
 def _python_env(master: str) -> None:
@@ -215,7 +237,8 @@ def _python_env(master: str) -> None:
 
 
 def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
-           log_file: str | os.PathLike[str] | None) -> SparkSession:
+           log_file: str | os.PathLike[str] | None, phases: Phases,
+           cancel: threading.Event | None) -> SparkSession:
     from pyspark import SparkConf
     from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
@@ -247,18 +270,33 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
         out = open(path, "ab")  # the JVM keeps it for its lifetime
         popen = {"stdout": out, "stderr": out}
     fork = _start_fork_server(master, None if verbose else path)
+    gateway = sc = None
     try:
         with _keep_sigint_handler():
-            if os.environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: a gateway exists
-                sc = _context(conf, None, fork)
-            else:
+            if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # else spark-submit made one
+                phases.begin("launching the JVM")
                 with _workers_import_installed_pyspark():
                     gateway = launch_gateway(conf, popen_kwargs=popen)
-                sc = _context(conf, gateway, fork)
-    except BaseException:
+                phases.end("JVM up")
+                _check_cancel(cancel)
+            phases.begin("starting the Spark context")
+            sc = _context(conf, gateway, fork)
+            phases.end("Spark context ready")
+        _check_cancel(cancel)
+        sc.setLogLevel("WARN" if verbose else "ERROR")
+        phases.begin("creating the Spark session")
+        spark = SparkSession.builder.getOrCreate()
+        phases.end("Spark session ready")
+        _check_cancel(cancel)
+    except BaseException as e:
+        if not isinstance(e, KeyboardInterrupt):  # that one is "stop at once": no waiting
+            if sc is not None:
+                with contextlib.suppress(Exception):
+                    sc.stop()
+            elif gateway is not None:
+                _stop_gateway(gateway)
         _stop_fork_server()
         raise
-    sc.setLogLevel("WARN" if verbose else "ERROR")
     if not verbose:
         # PySpark logs every failed query's error as JSON on stderr; the engine reports
         # failures itself (one line per processor).
@@ -266,7 +304,23 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
 
         for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
             PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
-    return SparkSession.builder.getOrCreate()
+    return spark
+
+
+def _stop_gateway(gateway: Any) -> None:
+    """Stop a JVM launched for a context that was never made (it exits when its standard
+    input closes)."""
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None:
+        with contextlib.suppress(Exception):
+            proc.stdin.close()
+        try:
+            proc.wait(30)
+        except Exception:
+            with contextlib.suppress(Exception):
+                proc.kill()
 
 
 def _start_fork_server(master: str, log_file: Path | None) -> Any:
@@ -421,15 +475,19 @@ _register = register  # the engine's older name
 
 def stop_session() -> None:
     """Stop the session :func:`get_session` created (sessions it found are left alone)."""
-    global _created
     with _lock:
-        if _created is not None:
-            try:
-                _created.stop()
-            finally:
-                _created = None
-                remove_shipped()
-                _stop_fork_server()
+        _stop_created()
+
+
+def _stop_created() -> None:
+    global _created
+    if _created is not None:
+        try:
+            _created.stop()
+        finally:
+            _created = None
+            remove_shipped()
+            _stop_fork_server()
 
 
 def remove_shipped() -> None:

@@ -236,11 +236,15 @@ def _output_name(name: str) -> str:
         raise CommitError(f"option stream: {e}") from None
 
 
+TRACEBACK_START = "-- the function's traceback --"
+TRACEBACK_END = "-- end of the function's traceback --"
+
+
 def _unhandled(spec: ProcSpec, u: Any) -> CommitError:
-    # What the function raised, where: the engine says which processor stopped and that
-    # the batch is kept (the same words as the local engine's), so this says only that.
-    where = ", ".join(f"{s} {i}" for s, i in u.positions.items())
-    return CommitError(f"{type(u.exc).__name__}: {u.exc} (at {where})")
+    # What the function raised, where (the local engine's line): the engine says which
+    # processor stopped and that the batch is kept.  The user's traceback rides along
+    # between markers, through Spark's error, to the driver (engine._failure).
+    return CommitError(f"{u.line}\n{TRACEBACK_START}\n{u.detail}\n{TRACEBACK_END}")
 
 
 def run_on_executor(spec: ProcSpec, cols: dict[str, list[Any]], h: bytes | None = None) -> BatchPart:

@@ -70,6 +70,7 @@ from ...streams.base import MAX_INDEX, Columns, StoreError, StreamNotFound
 from . import faults
 from ._store import location_option, store_for
 from .offsets import KEY, make_offset, offset_ranges
+from .placement import read_on
 
 __all__ = [
     "KEY",
@@ -581,8 +582,6 @@ def _staged(o: SourceOptions, part: RangePartition) -> Iterator[Any]:
 
 def _executors_reach(master: str, url: str) -> bool:
     """Whether the executors of ``master`` can open the store at ``url``."""
-    from .session import read_on
-
     return read_on(master, url) == "executor"
 
 

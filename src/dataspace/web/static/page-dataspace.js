@@ -1,0 +1,107 @@
+// The dataspace browser: the current assertions matching a pattern, live.
+import { h, $, main, api, patternError, every, watch, table, section, pageHead, errorBox, patternForm } from "./lib.js";
+import { pv } from "./pv.js";
+
+export async function pageDataspace() {
+  const m = main();
+  const status = h("span", { id: "status", class: "status" });
+  const err = h("div", { id: "pattern-error" });
+  const tbody = h("tbody", { id: "assertions" });
+  const count = h("span", { id: "count" }, "");
+  const subs = h("div");
+  let current = null;
+  const rows = new Map(); // key -> {tr, n, sort}
+  let order = []; // {sort, tr} in the table's order (binary search: 10,000 rows stay quick)
+  let synced = false;
+  const place = (sort) => {
+    let lo = 0, hi = order.length;
+    while (lo < hi) { const mid = (lo + hi) >> 1; if (order[mid].sort < sort) lo = mid + 1; else hi = mid; }
+    return lo;
+  };
+  const start = (ds, pattern) => {
+    if (current) current.stop();
+    err.replaceChildren();
+    tbody.replaceChildren();
+    rows.clear();
+    order = [];
+    count.textContent = "";
+    status.textContent = "connecting …";
+    status.className = "status";
+    if (!pattern.trim()) { status.textContent = "type a pattern"; return; }
+    const keyOf = (ev) => ev.value ?? ev.match ?? JSON.stringify(ev.captures);
+    let presence = false; // the observed pattern captures nothing: told only whether it matches
+    const update = () => {
+      count.textContent = !presence ? `${rows.size} matching`
+        : (rows.size ? "something matches" : "nothing matches") +
+          " (this token's caveats let it learn only whether something matches, not what)";
+    };
+    current = watch({ dataspace: ds, pattern }, {
+      open() {
+        tbody.replaceChildren(); rows.clear(); order = []; synced = false; presence = false; update();
+        status.textContent = "loading …";
+      },
+      synced(s) {
+        synced = true; presence = !!s.presence_only;
+        status.textContent = "live"; status.className = "status live"; update();
+      },
+      status(text, bad) { status.textContent = text; status.className = "status" + (bad ? " bad" : ""); },
+      error(e) {
+        status.textContent = "stopped";
+        status.className = "status bad";
+        err.replaceChildren(e.status === 400 ? patternError(e, pattern) : errorBox(e));
+      },
+      event(ev) {
+        const key = keyOf(ev);
+        if (ev.event === "+") {
+          const had = rows.get(key);
+          if (had) { had.n++; return; }
+          const text = ev.value ?? ev.match ?? "";
+          const tr = h("tr", { class: synced ? "fresh" : null },
+            h("td", { class: "value" }, pv(text)),
+            h("td", { class: "captures" }, ev.captures.map((c, i) => [i ? h("span", { class: "sep" }, " · ") : null, pv(c)])));
+          // keep the rows sorted by their text
+          const sort = text + "\u0000" + key;
+          const at = place(sort);
+          tbody.insertBefore(tr, at < order.length ? order[at].tr : null);
+          order.splice(at, 0, { sort, tr });
+          rows.set(key, { tr, n: 1, sort });
+        } else if (ev.event === "-") {
+          const had = rows.get(key);
+          if (!had) return;
+          if (--had.n <= 0) {
+            had.tr.remove();
+            rows.delete(key);
+            const at = place(had.sort);
+            if (at < order.length && order[at].sort === had.sort) order.splice(at, 1);
+          }
+        }
+        update();
+      },
+    });
+  };
+  const { form } = await patternForm({ pattern: "_" }, start, "Watch");
+  m.append(pageHead("Dataspace", "The assertions in a dataspace that match a pattern, kept up to date as they appear and go. " +
+    "Patterns: _ anything, $name capture, <Label field ...> records (extra fields ignored), [ ... ] sequences, literals."),
+    form, err,
+    h("div", { class: "two wide-left" },
+      section(h("span", null, "Assertions ", count, " ", status),
+        h("div", { class: "scroll" }, h("table", { class: "grid values" },
+          h("thead", null, h("tr", null, h("th", null, "assertion"), h("th", null, "captures"))), tbody))),
+      section("Observed patterns", h("p", { class: "note" }, "Who is interested in what (click one to browse it)."), subs)));
+  start($("#dataspace").value, $("#pattern").value);
+  every(3000, async () => {
+    try {
+      const s = await api("/api/subscriptions?dataspace=" + encodeURIComponent($("#dataspace").value));
+      subs.replaceChildren(table([
+        { key: "pattern", label: "pattern", render: (r) => h("a", {
+          href: "#", class: "pick",
+          onclick: (ev) => { ev.preventDefault(); $("#pattern").value = r.pattern; $("#go").click(); },
+        }, pv(r.pattern)) },
+        { key: "observers", label: "observers", num: true },
+        { key: "matches", label: "matches", num: true },
+      ], s.patterns, { empty: "Nobody observes anything." }));
+    } catch (e) {
+      subs.replaceChildren(errorBox(e));
+    }
+  });
+}

@@ -1,0 +1,78 @@
+// Links: the links of this server to other brokers, one row each, and every counter.
+import { h, main, fmtAge, fmtBytes, fmtNum, fmtTime, api, every, table, section, pageHead, errorBox } from "./lib.js";
+
+// up, down or refused (the peer answered and said no: a capability it rejects), and why.
+export function linkState(l) {
+  if (l.connected) return { state: "up", reason: null };
+  const refused = l.refused;
+  const why = (typeof refused === "string" ? refused : null) ?? l.refused_reason ?? l.reason ?? l.last_error ?? null;
+  return { state: refused ? "refused" : "down", reason: why };
+}
+
+const plural = (n, one, many) => `${fmtNum(n)} ${n === 1 ? one : many}`;
+
+// Every field of a row, formatted: counts as numbers, bytes as bytes, times as times.
+function facts(l, now) {
+  const out = [];
+  for (const [k, v] of Object.entries(l)) {
+    if (v == null || k === "link") continue;
+    let shown;
+    if (k.startsWith("bytes")) shown = fmtBytes(v);
+    else if (k === "since") shown = `${fmtTime(v)} (${fmtAge(now - v)} ago)`;
+    else if (typeof v === "boolean") shown = v ? "yes" : "no";
+    else if (typeof v === "number") shown = fmtNum(v);
+    else if (typeof v === "object") shown = JSON.stringify(v);
+    else shown = String(v);
+    out.push(h("dt", null, k.replaceAll("_", " ")), h("dd", null, shown));
+  }
+  return h("dl", { class: "facts" }, out);
+}
+
+export function pageLinks() {
+  const m = main();
+  const out = h("div");
+  m.append(pageHead("Links", "The links of this server to other brokers: whether each is up, since when, what it upstreams and what it forwards. Refreshed every two seconds."), out);
+  every(2000, async () => {
+    let data;
+    try { data = await api("/api/links"); } catch (e) { out.replaceChildren(errorBox(e)); return; }
+    if (!data.links.length) {
+      out.replaceChildren(h("p", { class: "empty" }, "No links. Link brokers with dataspace serve --link ADDRESS --link-cap CAP (docs/links.md)."));
+      return;
+    }
+    const now = data.time ?? Date.now() / 1000;
+    const up = data.links.filter((l) => l.connected).length;
+    const open = new Set([...out.querySelectorAll("details[open]")].map((d) => d.dataset.link));
+    out.replaceChildren(h("section", { class: "card" },
+      h("p", { class: "count" }, `${data.links.length} link${data.links.length === 1 ? "" : "s"}, ${up} up`),
+      table([
+        { key: "link", label: "link", render: (l) => [
+          h("span", { class: "dir", title: l.direction === "in" ? "the peer dialed this server" : "this server dials the peer" },
+            l.direction === "in" ? "← from " : "→ to "),
+          h("code", null, l.link.replace(/^from /, "")), h("div", { class: "meta" }, `dataspace ${l.dataspace}`)] },
+        { key: "state", label: "state", render: (l) => {
+          const s = linkState(l);
+          return [h("span", { class: "badge link-state " + (s.state === "up" ? "ok" : "bad") }, s.state),
+            s.reason ? h("div", { class: "reason" }, s.reason) : null,
+            !l.connected && l.attempts != null ? h("div", { class: "meta" }, plural(l.attempts, "attempt", "attempts")) : null];
+        } },
+        { key: "since", label: "up for", render: (l) => l.connected && l.since != null
+          ? h("span", { title: "since " + fmtTime(l.since) }, fmtAge(now - l.since)) : "–" },
+        { key: "peer_id", label: "peer", render: (l) => l.peer_id ? h("code", null, l.peer_id) : "–" },
+        { key: "subscriptions", label: "subscriptions", title: "what this server asked the peer for (upstreamed of the prefixes its observers want), and what the peer asked for",
+          render: (l) => l.connected ? [
+            `${fmtNum(l.upstreamed ?? 0)} of ${fmtNum(l.canonical ?? 0)} upstreamed`,
+            h("div", { class: "meta" }, `peer wants ${l.peer_everything ? "everything" : fmtNum(l.peer_wants ?? 0)}` +
+              ((l.pending ?? 0) ? ` · ${fmtNum(l.pending)} pending` : ""))] : "–" },
+        { key: "messages_forwarded", label: "msgs forwarded", num: true },
+        { key: "messages_suppressed", label: "suppressed", num: true, title: "messages the peer did not want, not sent" },
+        { key: "messages_received", label: "received", num: true },
+        { key: "bytes_out", label: "bytes out", num: true, render: (l) => l.bytes_out == null ? "–" : fmtBytes(l.bytes_out) },
+        { key: "bytes_in", label: "bytes in", num: true, render: (l) => l.bytes_in == null ? "–" : fmtBytes(l.bytes_in) },
+      ], data.links, { class: "links", rowAttrs: (l) => ({ dataset: { link: l.link, state: linkState(l).state } }) })),
+      section("Every counter", ...data.links.map((l) => {
+        const d = h("details", { dataset: { link: l.link }, open: open.has(l.link) },
+          h("summary", null, `${l.direction === "in" ? "from" : "to"} ${l.link.replace(/^from /, "")}`), facts(l, now));
+        return d;
+      })));
+  });
+}

@@ -1,0 +1,95 @@
+// Streams: the list, and one stream's tail with search.
+import { h, main, fmtTime, api, every, table, section, pageHead, errorBox, query, setQuery } from "./lib.js";
+import { pv } from "./pv.js";
+
+export function pageStreams() {
+  const m = main();
+  const list = h("div");
+  const tail = h("div", { id: "tail" });
+  m.append(pageHead("Streams", "The durable streams in the server's store, and the tail of one (click its name)."), list, tail);
+  let selected = query().get("stream");
+  every(2000, async () => {
+    let data;
+    try { data = await api("/api/streams"); } catch (e) { list.replaceChildren(errorBox(e)); return; }
+    list.replaceChildren(section("Streams", table([
+      { key: "name", label: "stream", render: (r) => h("a", { href: "?stream=" + encodeURIComponent(r.name), class: r.name === selected ? "sel" : null,
+        onclick: (ev) => { ev.preventDefault(); selected = r.name; setQuery({ stream: r.name }); showTail(r.name); } }, r.name) },
+      { key: "length", label: "entries", num: true },
+      { key: "next", label: "next index", num: true },
+      { key: "last_time", label: "last append", render: (r) => fmtTime(r.last_time) },
+      { key: "retention", label: "retention", render: (r) => [r.max_count != null ? `${r.max_count} entries` : null, r.max_age != null ? `${r.max_age} s` : null].filter(Boolean).join(", ") || "all" },
+      { key: "tailers", label: "readers (lag)", render: (r) => r.tailers.map((t) => `${t.name} (${t.lag})`).join(", ") || "" },
+      { key: "published", label: "published", render: (r) => r.published ? "yes" : "" },
+    ], data.streams, { empty: "No streams yet: record some with dataspace serve --record STREAM:PATTERN." })));
+  });
+  let tailTimer = null;
+  const showTail = (name) => {
+    if (tailTimer) tailTimer.stop();
+    const search = h("input", { id: "search", type: "search", placeholder: "search (text contained, any case)", value: query().get("search") || "", "aria-label": "search" });
+    const follow = h("input", { id: "follow", type: "checkbox", checked: true });
+    const body = h("tbody", { id: "entries" });
+    const info = h("span", { class: "note" });
+    const more = h("button", { type: "button", class: "secondary", hidden: true }, "Older");
+    let next = null, before = null, gen = 0, summary = "";
+    const tell = () => { info.textContent = `${body.children.length} shown${summary}`; };
+    const row = (e) => h("tr", null, h("td", { class: "num" }, String(e.index)), h("td", { class: "time" }, fmtTime(e.time)),
+      h("td", { class: "value" }, pv(e.value), e.meta ? h("div", { class: "meta" }, "meta ", pv(e.meta)) : null));
+    const params = (extra) => {
+      const p = new URLSearchParams(extra);
+      if (search.value) p.set("search", search.value);
+      return p.toString();
+    };
+    const url = (extra) => "/api/stream/" + encodeURIComponent(name) + "?" + params(extra);
+    const load = async () => {
+      const g = ++gen;
+      body.replaceChildren();
+      info.textContent = "loading …";
+      try {
+        const d = await api(url({ limit: 100 }));
+        if (g !== gen) return;
+        body.append(...d.entries.map(row));
+        next = d.next;
+        before = d.next_before;
+        more.hidden = before == null;
+        summary = ` of ${d.next - (d.first ?? d.next)} (indices ${d.first ?? "–"} to ${d.next - 1})` + (d.search ? `, matching “${d.search}”` : "");
+        tell();
+      } catch (e) {
+        info.textContent = "";
+        body.replaceChildren(h("tr", null, h("td", { colspan: 3 }, errorBox(e))));
+      }
+    };
+    more.addEventListener("click", async () => {
+      if (before == null) return;
+      try {
+        const d = await api(url({ limit: 100, before }));
+        body.prepend(...d.entries.map(row));
+        before = d.next_before;
+        more.hidden = before == null;
+        tell();
+      } catch (e) { info.textContent = e.message; }
+    });
+    let typing = null;
+    search.addEventListener("input", () => {
+      clearTimeout(typing);
+      typing = setTimeout(() => { setQuery({ stream: name, search: search.value }); load(); }, 250);
+    });
+    tail.replaceChildren(section(h("span", null, "Tail of ", h("code", null, name)),
+      h("div", { class: "pattern-form" }, h("label", { class: "grow" }, "search ", search), h("label", null, follow, " follow"), more, info),
+      h("div", { class: "scroll tall" }, h("table", { class: "grid entries" },
+        h("thead", null, h("tr", null, h("th", { class: "num" }, "index"), h("th", null, "time"), h("th", null, "value"))), body))));
+    load();
+    tailTimer = every(1000, async () => {
+      if (!follow.checked || next == null) return;
+      const g = gen;
+      const d = await api(url({ from: next, limit: 1000 }));
+      if (g !== gen) return;
+      next = d.next_from ?? d.next;
+      if (!d.entries.length) return;
+      body.append(...d.entries.map(row));
+      while (body.children.length > 2000) body.firstChild.remove();
+      summary = ` (followed up to index ${next - 1})` + (search.value ? `, matching “${search.value}”` : "");
+      tell();
+    });
+  };
+  if (selected) showTail(selected);
+}
