@@ -8,6 +8,9 @@
 (e) what durable acknowledgement costs: send + sync() round trips against a plain server
     and against one recording every message into a stream (sync answered only once the
     message is committed and fsynced), with 1 and 10 clients (group commit);
+(f) what TLS costs: (a)'s 1 -> 1 rates and (c)'s round trip over TLS beside plain TCP,
+    and the time to open a connection (TCP or TLS handshake, then the capability
+    resolved), two fresh servers side by side (certificates made with trustme);
 and, in the same run, (a) and (c) against Redis pub/sub (Debian's redis-server on a free
 loopback port, driven by redis-py's asyncio client, one PUBLISH at a time and pipelined),
 printing the ratios.
@@ -17,6 +20,7 @@ process, in one asyncio event loop (the way a Python program would use either sy
 
 Run:  .venv/bin/python benchmarks/bench_broker.py            (about 1-2 minutes)
       .venv/bin/python benchmarks/bench_broker.py --quick    (smaller, a smoke test)
+      .venv/bin/python benchmarks/bench_broker.py --tls      ((f) alone)
 
 Each throughput figure is the best of --repeat runs (the machine is shared and noisy).
 """
@@ -53,17 +57,21 @@ REDIS = "/usr/bin/redis-server"
 
 
 class OurServer:
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, tls: Certificates | None = None) -> None:
         self.extra = extra
         self.dir = tempfile.mkdtemp(prefix="bench-broker-")
         self.proc: subprocess.Popen[str] | None = None
         self.address = ""
         self.cap = ""
+        self.tls = tls
+        self.kw: dict[str, Any] = {"tls_ca": tls.ca} if tls else {}
+        """What connect() needs besides the address and capability."""
 
     def start(self) -> OurServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dataspace.cli", "serve", "--tcp", "127.0.0.1:0",
-             "--data-dir", self.dir, "--max-assertions", "1000000", *self.extra],
+             "--data-dir", self.dir, "--max-assertions", "1000000", *self.extra,
+             *(["--tls-cert", self.tls.cert, "--tls-key", self.tls.key] if self.tls else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert self.proc.stdout and self.proc.stderr
@@ -72,7 +80,7 @@ class OurServer:
             raise SystemExit(f"server did not start: {line}{self.proc.stderr.read()}")
         self.cap = line[len("sturdyref: "):].strip()
         for line in self.proc.stderr:
-            m = re.search(r"listening on (127\.0\.0\.1:\d+)", line)
+            m = re.search(r"listening on ((?:tls://)?127\.0\.0\.1:\d+)", line)
             if m:
                 self.address = m.group(1)
             if "Ctrl-C stops" in line:
@@ -87,6 +95,13 @@ class OurServer:
                     return int(line.split()[1])
         return 0
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server process has used so far."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
@@ -94,6 +109,28 @@ class OurServer:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Certificates:
+    """A CA and a server certificate for 127.0.0.1 (ECDSA P-256), in a temporary directory."""
+
+    def __init__(self) -> None:
+        try:
+            import trustme
+        except ImportError:
+            raise SystemExit("the TLS figures need trustme (the test extra: make setup)") from None
+        self.dir = tempfile.mkdtemp(prefix="bench-tls-")
+        ca = trustme.CA(organization_name="bench CA")
+        leaf = ca.issue_cert("127.0.0.1", common_name="bench server")
+        self.ca = os.path.join(self.dir, "ca.crt")
+        self.cert = os.path.join(self.dir, "server.crt")
+        self.key = os.path.join(self.dir, "server.key")
+        ca.cert_pem.write_to_path(self.ca)
+        leaf.cert_chain_pems[0].write_to_path(self.cert)
+        leaf.private_key_pem.write_to_path(self.key)
+
+    def remove(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -140,8 +177,8 @@ def msg(i: int) -> Record:
 
 async def ours_fanout(srv: OurServer, n: int, subscribers: int, batch: int) -> float:
     """Messages/s delivered to each subscriber (n messages, ``batch`` per turn)."""
-    subs = [await connect(srv.address, srv.cap) for _ in range(subscribers)]
-    pub = await connect(srv.address, srv.cap)
+    subs = [await connect(srv.address, srv.cap, **srv.kw) for _ in range(subscribers)]
+    pub = await connect(srv.address, srv.cap, **srv.kw)
     remaining = [n * subscribers]
     done = asyncio.Event()
 
@@ -179,8 +216,8 @@ async def ours_fanout(srv: OurServer, n: int, subscribers: int, batch: int) -> f
 
 async def ours_assert_retract(srv: OurServer, n: int, batch: int) -> float:
     """(assertions + retractions)/s, until an observer has seen every retraction."""
-    obs = await connect(srv.address, srv.cap)
-    actor = await connect(srv.address, srv.cap)
+    obs = await connect(srv.address, srv.cap, **srv.kw)
+    actor = await connect(srv.address, srv.cap, **srv.kw)
     seen = [0, 0]
     added, removed = asyncio.Event(), asyncio.Event()
 
@@ -220,8 +257,8 @@ async def ours_assert_retract(srv: OurServer, n: int, batch: int) -> float:
 
 async def ours_latency(srv: OurServer, n: int) -> list[float]:
     """Round trips requester -> server -> responder -> server -> requester (seconds)."""
-    responder = await connect(srv.address, srv.cap)
-    requester = await connect(srv.address, srv.cap)
+    responder = await connect(srv.address, srv.cap, **srv.kw)
+    requester = await connect(srv.address, srv.cap, **srv.kw)
     resp = Symbol("Resp")
     responder.observe("<Req $i>", on_message=lambda i: responder.send(Record._make(resp, (i,))))
     await responder.sync()
@@ -242,11 +279,80 @@ async def ours_latency(srv: OurServer, n: int) -> list[float]:
     return out
 
 
+async def ours_setup(srv: OurServer, n: int) -> list[float]:
+    """Seconds from nothing to a usable connection: TCP (and TLS) handshake, then the
+    capability resolved at the gatekeeper (what connect() returns after)."""
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        ds = await connect(srv.address, srv.cap, reconnect=False, **srv.kw)
+        out.append(time.perf_counter() - t)
+        await ds.close()
+    return out
+
+
+async def cpu_measured(srv: OurServer, fa: tuple[int, int, int]) -> tuple[float, float, float]:
+    """(messages/s, server CPU µs per message, this process's CPU µs per message)."""
+    s0, c0 = srv.cpu_seconds(), time.process_time()
+    rate = await ours_fanout(srv, *fa)
+    s1, c1 = srv.cpu_seconds(), time.process_time()
+    n = fa[0]
+    return rate, (s1 - s0) / n * 1e6, (c1 - c0) / n * 1e6
+
+
+async def tls_costs(args: argparse.Namespace, out: Callable[..., None], bar: Progress) -> None:
+    """(f): plain and TLS servers side by side, the same workloads in turn."""
+    n = 20_000 if args.quick else 100_000
+    n_one = 10_000 if args.quick else 50_000
+    n_lat = 500 if args.quick else 3_000
+    n_setup = 50 if args.quick else 300
+    rep = args.repeat
+    certs = Certificates()
+    plain = OurServer().start()
+    tls = OurServer(tls=certs).start()
+    try:
+        out(f"(f) TLS beside plain TCP ({tls.address}: TLS 1.3, ECDSA P-256; two fresh servers)")
+        out("  messages/s (best of runs alternating plain and TLS), and CPU per message of the "
+            "server and of the client process (least of the runs: the machine's load slows "
+            "the rates, less the CPU)")
+        rows = [("1 -> 1, batched turns (100/turn)", (n, 1, 100)),
+                ("1 -> 1, one message per packet", (n_one, 1, 1))]
+        for label, fa in rows:
+            got: dict[str, list[tuple[float, float, float]]] = {"plain": [], "tls": []}
+            for _ in range(rep):
+                for name, srv in (("plain", plain), ("tls", tls)):
+                    got[name].append(await cpu_measured(srv, fa))
+            bar.advance(note=f"TLS: {label}")
+            (p, ps, pc), (t, ts, tc) = [
+                (max(r[0] for r in got[k]), min(r[1] for r in got[k]),
+                 min(r[2] for r in got[k])) for k in ("plain", "tls")]
+            out(f"  {label:36s} plain {p:>9,.0f}/s ({ps:4.1f} + {pc:4.1f} µs)   tls {t:>9,.0f}/s "
+                f"({ts:4.1f} + {tc:4.1f} µs)   tls/plain {t / p:4.2f}x rate, "
+                f"{(ts + tc) / (ps + pc):4.2f}x CPU")
+        lp = await ours_latency(plain, n_lat)
+        lt = await ours_latency(tls, n_lat)
+        bar.advance(note="TLS: round trips")
+        out(f"  round trip p50 / p99                 plain {pct(lp, 50) * 1e6:5.0f} / "
+            f"{pct(lp, 99) * 1e6:5.0f} µs   tls {pct(lt, 50) * 1e6:5.0f} / "
+            f"{pct(lt, 99) * 1e6:5.0f} µs")
+        sp = await ours_setup(plain, n_setup)
+        st = await ours_setup(tls, n_setup)
+        bar.advance(note="TLS: connection set-up")
+        out(f"  connection set-up p50 / p99 ({n_setup})    plain {pct(sp, 50) * 1e3:5.2f} / "
+            f"{pct(sp, 99) * 1e3:5.2f} ms   tls {pct(st, 50) * 1e3:5.2f} / "
+            f"{pct(st, 99) * 1e3:5.2f} ms")
+    finally:
+        plain.stop()
+        tls.stop()
+        certs.remove()
+    out()
+
+
 async def ours_acked(srv: OurServer, n: int, clients: int) -> tuple[float, list[float]]:
     """``clients`` clients each send ``n`` messages, awaiting sync() after each: messages
     acknowledged per second (all clients), and the round-trip times (seconds)."""
     says = Symbol("Says")
-    conns = [await connect(srv.address, srv.cap) for _ in range(clients)]
+    conns = [await connect(srv.address, srv.cap, **srv.kw) for _ in range(clients)]
     rtts: list[float] = []
 
     async def one(ds: RemoteDataspace, c: int) -> None:
@@ -271,7 +377,7 @@ async def ours_memory(srv: OurServer, clients: int, each: int) -> tuple[int, int
     conns: list[RemoteDataspace] = []
     present = Symbol("Present")
     for c in range(clients):
-        ds = await connect(srv.address, srv.cap)
+        ds = await connect(srv.address, srv.cap, **srv.kw)
         with ds.turn():
             for k in range(each):
                 ds.assert_(Record._make(present, (f"client-{c}", k, PAYLOAD)))
@@ -389,8 +495,15 @@ async def main(args: argparse.Namespace) -> None:
     clients = 200 if args.quick else 1_000
     rep = args.repeat
     # A bar with the time left on a terminal (standard error), plain lines in a log.
-    bar = Progress(sys.stderr, total=11, what="steps", verb="benchmark", rate=False)
+    bar = Progress(sys.stderr, total=4 if args.tls else 15, what="steps", verb="benchmark",
+                   rate=False)
     out = bar.echo
+    if args.tls:
+        await tls_costs(args, out, bar)
+        out("command: .venv/bin/python benchmarks/bench_broker.py --tls"
+            + (" --quick" if args.quick else ""))
+        bar.finish()
+        return
 
     srv = OurServer().start()
     red = RedisServer().start()
@@ -478,6 +591,7 @@ async def main(args: argparse.Namespace) -> None:
         plain.stop()
         recording.stop()
     out()
+    await tls_costs(args, out, bar)
     out("command: .venv/bin/python benchmarks/bench_broker.py" + (" --quick" if args.quick else ""))
     bar.finish()
 
@@ -486,4 +600,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per throughput figure (default 3)")
+    ap.add_argument("--tls", action="store_true", help="only (f): what TLS costs")
     asyncio.run(main(ap.parse_args()))

@@ -114,8 +114,8 @@ class Server:
         self.proc = Proc("serve", "--tcp", "127.0.0.1:0", "--data-dir", str(data_dir),
                          "--http", "127.0.0.1:0", *extra)
         self.token = self.proc.wait_line(r"^sturdyref: (.*)$").group(1).strip()
-        self.address = self.proc.wait_line(r"listening on (127\.0\.0\.1:\d+)").group(1)
-        self.url = self.proc.wait_line(r"HTTP on (http://127\.0\.0\.1:\d+/)").group(1)
+        self.address = self.proc.wait_line(r"listening on ((?:tls://)?127\.0\.0\.1:\d+)").group(1)
+        self.url = self.proc.wait_line(r"HTTP on (https?://127\.0\.0\.1:\d+/)").group(1)
         self.proc.wait_line("Ctrl-C stops the server")
 
     def client(self, command: str, *args: str) -> Proc:
@@ -731,3 +731,36 @@ def test_the_sign_in_box_fits_a_phone(serve: Any, phone: Page) -> None:
     expect(pg.locator("#signout")).to_be_in_viewport()
     expect(pg.locator('.counter[data-key="connections"]')).to_be_visible()
     _fits_a_phone(phone, "signed-in")
+
+
+def test_the_inspector_over_https(serve: Any, browser: Any, tmp_path: Path) -> None:
+    import trustme
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "server.crt", tmp_path / "server.key"
+    leaf.cert_chain_pems[0].write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    srv = serve("--tls-cert", str(cert), "--tls-key", str(key))
+    assert srv.url.startswith("https://") and srv.address.startswith("tls://")
+    # The browser is not given the test CA: it accepts the certificate as a person who
+    # checked it would; what is tested is that the inspector works over HTTPS.
+    context = browser.new_context(viewport=DESKTOP, ignore_https_errors=True)
+    try:
+        pg = context.new_page()
+        pg.set_default_timeout(10_000)
+        errors: list[str] = []
+        pg.on("pageerror", lambda e: errors.append(str(e)))
+        pg.goto(srv.url + "inspector/dataspace", wait_until="domcontentloaded")
+        expect(pg.locator("#login")).to_be_visible()
+        pg.fill("#token", srv.token)
+        pg.click("#login button[type=submit]")
+        expect(pg.locator("#status")).to_have_text("live")  # its event stream, over TLS
+        expect(pg.locator("#who")).to_contain_text("admin")
+        cookie = next(c for c in context.cookies() if c["name"] == "dataspace_token")
+        assert cookie["secure"], cookie  # never sent over plain HTTP
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        pg.screenshot(path=str(ARTIFACTS / "inspector_over_https.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        context.close()

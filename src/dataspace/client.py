@@ -41,6 +41,7 @@ import contextlib
 import logging
 import os
 import random
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,11 @@ from typing import Any
 from .datadir import ROOT_STURDYREF, resolve_data_dir
 from .dataspace import _MISSING, Entity, Facet, Handle, _DataspaceBase, fresh_handle
 from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, parse_address
-from .net.connection import Connection, connect_stream
+from .net.connection import Connection
+from .net.dial import dial, explain_early_close
 from .net.flow import FlowLimits, Hub
 from .net.sniff import what_answered
-from .net.websocket import connect_ws
+from .net.tls import ClientTLS, TLSError
 from .pattern import Pattern
 from .protocol.gatekeeper import ACCEPTED, CLIENT_NAME, REJECTED, RESOLVE
 from .protocol.relay import Relay, RelayLimits, RemoteEntity
@@ -113,6 +115,12 @@ class CapabilityRejected(PermissionError):
 def default_address() -> str:
     """``$DATASPACE_SERVER``, or the local server's default address."""
     return os.environ.get("DATASPACE_SERVER") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+def _secure(addr: Address) -> str:
+    if addr.kind == "ws":
+        return str(addr.with_kind("wss"))
+    return f"tls://{addr.host_port}" if addr.kind == "tcp" else "tls://HOST:PORT or wss://HOST:PORT/"
 
 
 def load_capability(cap: SturdyRef | str | Value | None = None, *, data_dir: str | Path | None = None) -> SturdyRef:
@@ -263,12 +271,18 @@ class RemoteDataspace(_DataspaceBase):
         relay_limits: RelayLimits | None = None,
         rng: random.Random | None = None,
         name: str | None = None,
+        tls: ClientTLS | None = None,
     ) -> None:
         self.address = address
         self.client_name = name
         """The name this client gives the server (shown by ``dataspace top``, the
         inspector and ``/api/connections``), or None."""
         self.cap = cap
+        self.tls = tls if tls is not None or not address.secure else ClientTLS.from_env()
+        """What the client trusts on a ``tls://`` or ``wss://`` address."""
+        # Built once (bad files fail here, not in the reconnect loop).
+        self._ssl: ssl.SSLContext | None = (
+            self.tls.ssl_context() if address.secure and self.tls is not None else None)
         self.reconnect = reconnect
         self.connect_timeout = connect_timeout
         self.backoff = backoff
@@ -302,13 +316,8 @@ class RemoteDataspace(_DataspaceBase):
         return self._ref is not None
 
     async def _open(self) -> Connection:
-        a = self.address
-        if a.kind == "ws":
-            return await connect_ws(
-                a.url, self._hub, self.flow, self._session, self.relay_limits.max_packet_size
-            )
-        where: tuple[str, int] | str = a.path if a.kind == "unix" else (a.host, a.port)
-        return await connect_stream(a.kind, where, self._hub, self.flow, self._session)
+        return await dial(self.address, self._hub, self.flow, self._session,
+                          self.relay_limits.max_packet_size, tls=self.tls, context=self._ssl)
 
     def _session(self, conn: Connection) -> Relay:
         return Relay(limits=self.relay_limits, name=f"client:{self.address}")
@@ -339,8 +348,13 @@ class RemoteDataspace(_DataspaceBase):
             closed.cancel()
         if not fut.done():
             fut.cancel()
+            closed_early = conn.closed and not relay.peer_error and not conn.head
             why = self._handshake_failure(conn, relay)
             conn.close("no answer from the gatekeeper")
+            tls_why = await explain_early_close(self.address, conn, self.tls) if closed_early \
+                else None
+            if tls_why is not None:
+                raise TLSError(tls_why)
             raise ConnectionError(why)
         try:
             ref = fut.result()
@@ -611,23 +625,38 @@ async def connect(
     reconnect: bool = True,
     connect_timeout: float = 10.0,
     name: str | None = None,
+    ssl: ssl.SSLContext | None = None,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    tls_server_name: str | None = None,
+    tls_insecure_skip_verify: bool = False,
     **options: Any,
 ) -> RemoteDataspace:
     """Connect to a server and resolve ``cap``; returns a :class:`RemoteDataspace`.
 
-    * ``address`` -- ``HOST:PORT``, ``unix:PATH``, ``ws://HOST:PORT/`` ... (default:
-      ``$DATASPACE_SERVER`` or ``127.0.0.1:7411``);
+    * ``address`` -- ``HOST:PORT``, ``tls://HOST:PORT``, ``unix:PATH``,
+      ``ws://HOST:PORT/``, ``wss://HOST:PORT/`` ... (default: ``$DATASPACE_SERVER`` or
+      ``127.0.0.1:7411``);
     * ``cap`` -- the sturdyref (object, text or value); default: the data directory's
       ``root.sturdyref``;
     * ``reconnect`` -- reconnect with backoff when the connection drops (default True);
     * ``name`` -- what to call this client in the server's monitoring (``dataspace top``,
       the inspector, ``/api/connections``) beside its address, e.g. ``"billing-worker"``
       (at most 100 characters are kept).
+    * on ``tls://`` and ``wss://`` addresses: ``ssl`` (an :class:`ssl.SSLContext` to use
+      as it is), or ``tls_ca`` (the CA file to trust; default ``$DATASPACE_TLS_CA``, else
+      the system's trust store), ``tls_cert`` and ``tls_key`` (a client certificate, for
+      servers that ask for one; default ``$DATASPACE_TLS_CERT``/``$DATASPACE_TLS_KEY``),
+      ``tls_server_name`` (the name the certificate must have; default the host) and
+      ``tls_insecure_skip_verify`` (accept any certificate: tests only).
 
-    Raises ``ConnectionError`` if the server cannot be reached (saying how to start one),
-    :class:`CapabilityRejected` if the gatekeeper refuses the capability and
+    Raises ``ConnectionError`` if the server cannot be reached (saying how to start one;
+    :class:`~dataspace.net.tls.TLSError` for TLS failures, saying what to change),
+    :class:`CapabilityRejected` if the gatekeeper refuses the capability,
     :class:`CapabilityError` if there is no usable capability
-    (:class:`CapabilityMissing` when none was given and the data directory has none).
+    (:class:`CapabilityMissing` when none was given and the data directory has none) and
+    :class:`~dataspace.net.tls.TLSConfigError` for certificate files that cannot be used.
     """
     if address is None:
         address = default_address()
@@ -635,20 +664,31 @@ async def connect(
         addr = address if isinstance(address, Address) else parse_address(address)
     except AddressError as e:
         raise ConnectionError(f"bad server address: {e}") from None
+    tls_given = ssl is not None or any((tls_ca, tls_cert, tls_key, tls_server_name,
+                                        tls_insecure_skip_verify))
+    if tls_given and not addr.secure:
+        raise ConnectionError(f"TLS options were given for {addr}, which is not a TLS "
+                              f"address: write {_secure(addr)}")
+    tls = None
+    if addr.secure:
+        tls = ClientTLS.from_env(tls_ca, tls_cert, tls_key, server_name=tls_server_name,
+                                 insecure_skip_verify=tls_insecure_skip_verify, context=ssl)
     ref = load_capability(cap, data_dir=data_dir)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a string, not {type(name).__name__}")
     ds = RemoteDataspace(addr, ref, reconnect=reconnect, connect_timeout=connect_timeout,
-                         name=name, **options)
+                         name=name, tls=tls, **options)
     try:
         await ds._connect_once()
     except CapabilityRejected:
         raise
     except (ConnectionRefusedError, FileNotFoundError):
         default = addr.kind == "tcp" and (addr.host, addr.port) == (DEFAULT_HOST, DEFAULT_PORT)
+        option = {"unix": "unix", "tcp": "tcp", "tls": "tcp"}.get(addr.kind, "ws")
         how = "dataspace serve" if default else (
-            f"dataspace serve --{'unix' if addr.kind == 'unix' else addr.kind} "
-            f"{addr.path if addr.kind == 'unix' else f'{addr.host}:{addr.port}'}"
+            f"dataspace serve --{option} "
+            f"{addr.path if addr.kind == 'unix' else addr.host_port}"
+            + (" --tls-cert CERT --tls-key KEY" if addr.secure else "")
         )
         raise ConnectionError(f"no server at {addr}: start one with `{how}`") from None
     except ConnectionError:

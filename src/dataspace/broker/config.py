@@ -37,8 +37,13 @@ followed by a space starts a comment)::
       http: "127.0.0.1:7480"                  # the HTTP port (docs/http.md)
       http-open: #f                           # its /api and /metrics without a token (loopback only)
       publish: ["chat"]                       # streams readable by path (scry, HTTP)
+      tls-cert: "/etc/dataspace/server.crt"   # TLS on every TCP, WebSocket and HTTP
+      tls-key: "/etc/dataspace/server.key"    #   listener (docs/security.md)
+      tls-client-ca: "/etc/dataspace/ca.crt"  # mutual TLS: clients need a certificate
+      tls-ca: "/etc/dataspace/ca.crt"         # the CA links trust (default: the system's)
       link: [                                 # linked servers (docs/links.md)
         {address: "10.0.0.2:7411" cap: "@/etc/dataspace/peer.sturdyref"}
+        {address: "tls://10.0.0.3:7411" cap: "@peer3.sturdyref" tls-ca: "peer3-ca.crt"}
       ]
       bind: [
         # syndicate-py's examples: <ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>
@@ -68,12 +73,17 @@ from ..net.address import (
     parse_address,
 )
 from ..net.flow import FlowLimits
+from ..net.tls import ClientTLS, ServerTLS, TLSConfigError
 from ..protocol.relay import RelayLimits
 from ..protocol.sturdy import SturdyError, SturdyRef
 from ..values import Dictionary, ParseError, Record, Sequence, Symbol, Value, parse, stringify
 from .link import LinkSpec
 
 __all__ = ["BindingSpec", "ConfigError", "ServerConfig", "load_config", "parse_config"]
+
+LINK_TLS_KEYS = ("tls-ca", "tls-cert", "tls-key", "tls-server-name")
+"""The TLS settings a link of the configuration file may have (each overrides the
+server's: ``tls-ca``, and its own certificate shown to peers that ask for one)."""
 
 
 class ConfigError(ValueError):
@@ -160,8 +170,16 @@ class ServerConfig:
     keepalive: float = FlowLimits.keepalive
     ws_ping_interval: float = FlowLimits.ws_ping_interval
     bind: list[BindingSpec] = field(default_factory=list)
-    # Links to other servers: (address, capability text or @FILE), see broker.link.
-    link: list[tuple[str, str]] = field(default_factory=list)
+    # Links to other servers: (address, capability text or @FILE), see broker.link, and
+    # optionally a third item, the link's own TLS settings {"tls-ca": FILE ...}.
+    link: list[tuple[str, str] | tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    # TLS (docs/security.md): the certificate and key of every TCP, WebSocket and HTTP
+    # listener; the CA client certificates must be signed by (mutual TLS); the CA links
+    # trust (default: the system's trust store).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    tls_ca: str | None = None
     # Remote readers of streams (scry over UDP, HTTP) -- started by the serve command,
     # like the recorders: the broker layer knows nothing of streams.
     scry_udp: str | None = None
@@ -185,7 +203,43 @@ class ServerConfig:
             raise ConfigError(str(e)) from None
         if not out:
             out.append(Address("tcp", DEFAULT_HOST, DEFAULT_PORT))
+        for a in out:
+            if a.kind not in ("tcp", "tls", "unix", "ws", "wss"):
+                raise ConfigError(f"cannot listen on {a}: give HOST:PORT")
+        if self.tls_cert:  # TLS on every TCP and WebSocket listener
+            out = [a.with_kind({"tcp": "tls", "ws": "wss"}.get(a.kind, a.kind)) for a in out]
         return out
+
+    def server_tls(self) -> ServerTLS | None:
+        """The server's certificate, loaded (None without ``tls_cert``); raises
+        :class:`ConfigError` naming a file that cannot be used."""
+        if not self.tls_cert:
+            return None
+        try:
+            return ServerTLS(self.tls_cert, self.tls_key, self.tls_client_ca)
+        except TLSConfigError as e:
+            raise ConfigError(str(e)) from None
+
+    def clear_text_warning(self) -> str | None:
+        """What crosses a network in clear with these settings (listeners on an address
+        other than loopback without TLS), or None; said once at start (a warning, not a
+        refusal: a network of one's own is the owner's call)."""
+        if self.tls_cert:
+            return None
+        exposed = [str(a) for a in self.listeners()
+                   if a.kind in ("tcp", "ws") and not is_loopback(a.host)]
+        try:
+            http = self.host_port("http")
+        except ConfigError:
+            http = None
+        if http is not None and not is_loopback(http[0]):
+            exposed.append(f"http://{http[0]}:{http[1]}/")
+        if not exposed:
+            return None
+        return (f"listening on {', '.join(exposed)} without TLS: capabilities (sturdyrefs, "
+                "the HTTP port's token) and everything clients send will cross the network "
+                "in clear; give --tls-cert and --tls-key (docs/security.md), or listen on "
+                "127.0.0.1")
 
     def relay_limits(self) -> RelayLimits:
         self.check_ranges()
@@ -227,11 +281,16 @@ class ServerConfig:
     def link_specs(self) -> list[LinkSpec]:
         """The links to dial, their capabilities read (``@FILE`` names a file)."""
         out = []
-        for address, cap in self.link:
+        for item in self.link:
+            address, cap = item[0], item[1]
+            opts: dict[str, str] = item[2] if len(item) > 2 else {}  # type: ignore[misc]
             try:
-                parse_address(address, default_kind="tcp")
+                addr = parse_address(address, default_kind="tcp")
             except AddressError as e:
                 raise ConfigError(f"link {address!r}: {e}") from None
+            if opts and not addr.secure:
+                raise ConfigError(f"link {address}: TLS settings for an address without TLS: "
+                                  f"write tls://{addr.host_port}")
             text = cap
             if cap.startswith("@"):
                 try:
@@ -247,7 +306,14 @@ class ServerConfig:
             if ref.caveats:
                 raise ConfigError(f"link {address}: links need a capability without caveats "
                                   "(the peer refuses others)")
-            out.append(LinkSpec(address, ref))
+            tls = None
+            if addr.secure:
+                # A link shows the server's own certificate to a peer that asks for one.
+                cert = opts.get("tls-cert") or self.tls_cert
+                key = opts.get("tls-key") or (self.tls_key if cert == self.tls_cert else None)
+                tls = ClientTLS(ca=opts.get("tls-ca") or self.tls_ca, cert=cert, key=key,
+                                server_name=opts.get("tls-server-name"))
+            out.append(LinkSpec(address, ref, tls))
         return out
 
     def host_port(self, which: str, prefix: str = "") -> tuple[str, int] | None:
@@ -292,9 +358,22 @@ class ServerConfig:
         self.relay_limits()
         self.flow_limits()
         self.listeners()
-        self.link_specs()
+        for spec in self.link_specs():
+            if spec.tls is not None:
+                try:
+                    spec.tls.ssl_context()
+                except TLSConfigError as e:
+                    raise ConfigError(f"link {spec.address}: {e}") from None
         self.host_port("scry_udp", prefix)
         self.host_port("http", prefix)
+        if (self.tls_key or self.tls_client_ca) and not self.tls_cert:
+            raise ConfigError("tls-key and tls-client-ca go with tls-cert: give the "
+                              "certificate too (--tls-cert FILE)")
+        if self.tls_cert and not self.tls_key:
+            raise ConfigError("tls-cert needs its key: give --tls-key FILE too")
+        if not self.tls_cert and any(a.secure for a in self.listeners()):
+            raise ConfigError("a tls:// or wss:// listener needs a certificate: give "
+                              "--tls-cert FILE and --tls-key FILE")
         if self.publish and not (self.scry_udp or self.http):
             raise ConfigError("publish names streams for remote readers: give --scry-udp "
                               "HOST:PORT or --http HOST:PORT too")
@@ -344,9 +423,11 @@ _SECONDS_KEYS = {
     "ws-ping-interval": "ws_ping_interval",
 }
 _LIST_KEYS = {"tcp": "tcp", "unix": "unix", "ws": "ws"}
+_FILE_KEYS = {"tls-cert": "tls_cert", "tls-key": "tls_key", "tls-client-ca": "tls_client_ca",
+              "tls-ca": "tls_ca"}
 _KNOWN = sorted(
-    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, "data-dir", "store", "root-oid", "root-key", "bind",
-     "record", "link", "scry-udp", "http", "http-open", "publish"]
+    [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, *_FILE_KEYS, "data-dir", "store", "root-oid",
+     "root-key", "bind", "record", "link", "scry-udp", "http", "http-open", "publish"]
 )
 
 
@@ -420,6 +501,11 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not str:
                 raise ConfigError(f"data-dir must be a string, not {_short(x)}")
             changes["data_dir"] = x
+        elif name in _FILE_KEYS:
+            if type(x) is not str or not x:
+                raise ConfigError(f'{name} must be a file name, e.g. {name}: "/etc/dataspace/'
+                                  f'{"server.key" if name == "tls-key" else "server.crt"}"')
+            changes[_FILE_KEYS[name]] = x
         elif name == "store":
             if type(x) is not str or not x:
                 raise ConfigError('store must be a store URL string, e.g. store: '
@@ -463,7 +549,7 @@ def parse_config(text: str) -> ServerConfig:
     return cfg
 
 
-def _link(item: Value) -> tuple[str, str]:
+def _link(item: Value) -> tuple[str, str] | tuple[str, str, dict[str, str]]:
     if type(item) is not Dictionary:
         raise ConfigError('a link is {address: "HOST:PORT" cap: "<ref {...}>" or "@FILE"}')
     addr = item.get(Symbol("address"))
@@ -474,10 +560,19 @@ def _link(item: Value) -> tuple[str, str]:
         cap = stringify(cap)
     if type(cap) is not str or not cap:
         raise ConfigError(f"the link {_short(item)} needs cap: a sturdyref or \"@FILE\"")
-    extra = set(item) - {Symbol("address"), Symbol("cap")}
+    tls: dict[str, str] = {}
+    for k in LINK_TLS_KEYS:
+        v = item.get(Symbol(k))
+        if v is None:
+            continue
+        if type(v) is not str or not v:
+            raise ConfigError(f"{k} of the link {_short(item)} must be a string")
+        tls[k] = v
+    extra = set(item) - {Symbol("address"), Symbol("cap"), *map(Symbol, LINK_TLS_KEYS)}
     if extra:
-        raise ConfigError(f"unknown keys in the link {_short(item)}; a link has address and cap")
-    return (addr, cap)
+        raise ConfigError(f"unknown keys in the link {_short(item)}; a link has address and "
+                          f"cap, and may have {', '.join(LINK_TLS_KEYS)}")
+    return (addr, cap, tls) if tls else (addr, cap)
 
 
 def _binding(b: Value) -> BindingSpec:

@@ -53,9 +53,10 @@ from typing import Any
 
 from ..dataspace import OBSERVE, Dataspace, Entity, Subscription, fresh_handle
 from ..net.address import Address, parse_address
-from ..net.connection import Connection, connect_stream
+from ..net.connection import Connection
+from ..net.dial import dial, explain_early_close
 from ..net.flow import FlowLimits, Hub
-from ..net.websocket import connect_ws
+from ..net.tls import ClientTLS
 from ..pattern import Bind, PatternError, from_preserves
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings
 from ..protocol.linktree import MESSAGES as TREE_MESSAGES
@@ -132,6 +133,9 @@ class LinkSpec:
 
     address: str
     cap: SturdyRef
+    tls: ClientTLS | None = None
+    """What the link trusts on a ``tls://`` or ``wss://`` address (and the certificate
+    it shows a peer that asks for one)."""
 
     @property
     def name(self) -> str:
@@ -1099,12 +1103,8 @@ class LinkDialer:
             return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",
                          turn=self.turn)
 
-        if a.kind == "ws":
-            return await connect_ws(a.url, self.net_hub, LINK_FLOW, session,
-                                    LINK_RELAY_LIMITS.max_packet_size)
-        where: tuple[str, int] | str = a.path if a.kind == "unix" else (a.host, a.port)
-        return await connect_stream(a.kind, where, self.net_hub, LINK_FLOW, session,
-                                    coalesce=False)
+        return await dial(a, self.net_hub, LINK_FLOW, session, LINK_RELAY_LIMITS.max_packet_size,
+                          tls=self.spec.tls, coalesce=False)
 
     async def _connect_once(self) -> None:
         loop = asyncio.get_running_loop()
@@ -1117,7 +1117,14 @@ class LinkDialer:
         gk.on_assert(Record(RESOLVE, [self.spec.cap.to_value(), Embedded(_Resolver(fut))]),
                      fresh_handle())
         self.net_hub.flush(None)
-        ref = await self._wait(fut, conn, "resolving the capability")
+        try:
+            ref = await self._wait(fut, conn, "resolving the capability")
+        except ConnectionError:
+            why = await explain_early_close(parse_address(self.spec.address), conn,
+                                            self.spec.tls) if conn.closed else None
+            if why is not None:
+                raise ConnectionError(why) from None
+            raise
         answer: asyncio.Future[Value] = loop.create_future()
         self._answer = answer
         self.early = []

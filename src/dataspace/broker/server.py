@@ -38,6 +38,7 @@ from ..dataspace import Dataspace, DataspaceEntity
 from ..net.address import Address
 from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
+from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS, TLSConfigError
 from ..net.websocket import listen_ws
 from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
 from ..protocol.relay import Quota, Relay
@@ -276,6 +277,9 @@ class Server:
         self.sync_gate: SyncGate | None = None
         """Holds sync answers until recorded messages are durable (see
         :meth:`add_durable_source`); made by :meth:`start`."""
+        self.tls: ServerTLS | None = None
+        """The certificate every TCP, WebSocket and HTTP listener serves (None: no TLS);
+        made by :meth:`start`, reloaded by :meth:`reload_tls`."""
         self._listeners: list[Any] = []
         self._unix_paths: list[str] = []
         self._turn: Callable[[], AbstractContextManager[Any]] | None = None
@@ -319,6 +323,10 @@ class Server:
         start, and :class:`~dataspace.broker.config.ConfigError` for bad settings.
         """
         self.config.check()
+        self.tls = self.config.server_tls()
+        warning = self.config.clear_text_warning()
+        if warning is not None:
+            log.warning("%s", warning)
         self._setup()
         self.started_at = time.time()
         loop = asyncio.get_running_loop()
@@ -335,24 +343,27 @@ class Server:
 
     async def _listen(self, addr: Address) -> None:
         assert self.hub is not None
+        ssl = self.tls.context if self.tls is not None and addr.secure else None
         try:
-            if addr.kind == "tcp":
-                srv = await listen_tcp(addr.host, addr.port, self.hub, self.flow, self._session)
+            if addr.kind in ("tcp", "tls"):
+                srv = await listen_tcp(addr.host, addr.port, self.hub, self.flow, self._session,
+                                       ssl=ssl, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
                 for sock in srv.sockets:
                     host, port = sock.getsockname()[:2]
-                    self.addresses.append(Address("tcp", host, port))
+                    self.addresses.append(Address(addr.kind, host, port))
             elif addr.kind == "unix":
                 srv = await listen_unix(addr.path, self.hub, self.flow, self._session)
                 self._unix_paths.append(addr.path)
                 self.addresses.append(addr)
-            elif addr.kind == "ws":
+            elif addr.kind in ("ws", "wss"):
                 srv = await listen_ws(
                     addr.host, addr.port, self.hub, self.flow, self._session,
-                    self.relay_limits.max_packet_size,
+                    self.relay_limits.max_packet_size, ssl=ssl,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT,
                 )
                 for sock in srv.sockets:
                     host, port = sock.getsockname()[:2]
-                    self.addresses.append(Address("ws", host, port, addr.path or "/"))
+                    self.addresses.append(Address(addr.kind, host, port, addr.path or "/"))
             else:  # pragma: no cover - parse_address only makes these kinds
                 raise ConfigError(f"unknown listener kind {addr.kind}")
         except OSError as e:
@@ -360,6 +371,19 @@ class Server:
             raise listen_error(e, where, f"--{addr.kind}") from None
         self._listeners.append(srv)
         log.info("listening on %s", self.addresses[-1])
+
+    def reload_tls(self) -> CertInfo | None:
+        """Read the certificate, key and client CA files again (SIGHUP): connections made
+        from now on get them, open ones keep theirs.  Raises
+        :class:`~dataspace.net.tls.TLSConfigError` (and keeps the previous certificate)
+        when the files cannot be used; does nothing without TLS."""
+        if self.tls is None:
+            return None
+        try:
+            return self.tls.reload()
+        except TLSConfigError as e:
+            log.warning("TLS: %s; still serving the previous certificate", e)
+            raise
 
     # -- links to other servers ---------------------------------------------------------
 

@@ -21,6 +21,7 @@ from ..client import (
 from ..datadir import resolve_data_dir
 from ..dataspace import OBSERVE, Entity
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
+from ..net.tls import TLSConfigError
 from ..pattern import Pattern, to_preserves
 from ..protocol.sturdy import Attenuation, SturdyError, SturdyRef
 from ..values import Embedded, ParseError, Record, Symbol, Value, key, parse, stringify
@@ -29,10 +30,13 @@ CONNECTION_HELP = f"""\
 connecting:
   By default the command connects to $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT} with the
   capability in the data directory's root.sturdyref (written by `dataspace serve`).  Use
-  --server for another address (HOST:PORT, unix:PATH, ws://HOST:PORT/) and --cap for
-  another capability (Preserves text, e.g. from `dataspace cap`, or @FILE: a relative
-  FILE is looked for here, then in the data directory).  --name is what `dataspace top`
-  and the inspector call this client (default: the command, e.g. "dataspace observe").
+  --server for another address (HOST:PORT, tls://HOST:PORT, unix:PATH, ws://HOST:PORT/,
+  wss://HOST:PORT/) and --cap for another capability (Preserves text, e.g. from `dataspace
+  cap`, or @FILE: a relative FILE is looked for here, then in the data directory).  Over
+  tls:// and wss:// the server's certificate is checked against --tls-ca (default
+  $DATASPACE_TLS_CA, else the system's trust store) and its name.  --name is what
+  `dataspace top` and the inspector call this client (default: the command, e.g.
+  "dataspace observe").
 """
 
 
@@ -48,6 +52,41 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", metavar="NAME", default=None,
                    help="what the server's monitoring (`dataspace top`, the inspector) calls "
                    "this client (default: the command, e.g. \"dataspace observe\")")
+    add_tls_args(p)
+
+
+def add_tls_args(p: argparse.ArgumentParser, what: str = "tls:// and wss:// servers",
+                 server_name: bool = True) -> None:
+    """The TLS options of a client command (``--tls-ca`` and friends)."""
+    g = p.add_argument_group("TLS (docs/security.md)")
+    g.add_argument("--tls-ca", metavar="FILE", default=None,
+                   help=f"the CA to trust for {what} (default $DATASPACE_TLS_CA, else the "
+                   "system's trust store)")
+    g.add_argument("--tls-cert", metavar="FILE", default=None,
+                   help="a client certificate, for servers that ask for one (mutual TLS; "
+                   "default $DATASPACE_TLS_CERT)")
+    g.add_argument("--tls-key", metavar="FILE", default=None,
+                   help="the key of --tls-cert (default $DATASPACE_TLS_KEY)")
+    if server_name:
+        g.add_argument("--tls-server-name", metavar="NAME", default=None,
+                       help="the name the server's certificate must have (default: the host "
+                       "connected to)")
+    g.add_argument("--tls-insecure-skip-verify", action="store_true",
+                   help="INSECURE: accept any certificate for any name; whoever answers "
+                   "(a man in the middle) gets the capability sent")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The TLS options given on the command line, as :func:`~dataspace.client.connect`'s
+    keyword arguments (only those given)."""
+    out: dict[str, Any] = {}
+    for name in ("tls_ca", "tls_cert", "tls_key", "tls_server_name"):
+        v = getattr(args, name, None)
+        if v:
+            out[name] = v
+    if getattr(args, "tls_insecure_skip_verify", False):
+        out["tls_insecure_skip_verify"] = True
+    return out
 
 
 class ArgumentError(ValueError):
@@ -108,7 +147,8 @@ async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace
     try:
         cap = None if args.cap is None else read_capability_arg(args.cap, data_dir=args.data_dir)
         return await connect(args.server or default_address(), cap, data_dir=args.data_dir,
-                             name=args.name if args.name is not None else prog)
+                             name=args.name if args.name is not None else prog,
+                             **tls_options(args))
     except ArgumentError as e:
         print(f"{prog}: --cap: {e}", file=sys.stderr)
     except CapabilityRejected as e:
@@ -119,6 +159,8 @@ async def open_dataspace(prog: str, args: argparse.Namespace) -> RemoteDataspace
               "`dataspace serve` (it writes that file), or pass --data-dir DIR (the "
               "server's) or --cap STURDYREF (or @FILE)", file=sys.stderr)
     except CapabilityError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+    except TLSConfigError as e:
         print(f"{prog}: {e}", file=sys.stderr)
     except (ConnectionError, OSError) as e:
         print(f"{prog}: {e}", file=sys.stderr)

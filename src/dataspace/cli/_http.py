@@ -4,15 +4,20 @@ endpoints (``dataspace serve --http``) with its capability as a bearer token."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import os
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..datadir import DATA_DIR_HELP, ROOT_STURDYREF, resolve_data_dir
 from ..net.sniff import SYNDICATE, identify
+from ..net.tls import ClientTLS, TLSConfigError, explain_closed, explain_handshake_error
+from ._client import add_tls_args
 
 DEFAULT_URL = "http://127.0.0.1:7480"
 
@@ -21,7 +26,8 @@ The server must run with an HTTP port: `dataspace serve --http 127.0.0.1:7480`. 
 (default $DATASPACE_HTTP, else {DEFAULT_URL}) is that port; --token is the capability
 sent as the bearer token: the sturdyref text, or @FILE holding it (default: the data
 directory's root.sturdyref, which `dataspace serve` writes).  A server started with
---http-open needs no token.
+--http-open needs no token.  A server with a certificate (--tls-cert) serves HTTPS: give
+--url https://HOST:PORT and, unless its CA is in the system's trust store, --tls-ca FILE.
 """
 
 
@@ -38,6 +44,7 @@ def add_http_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", metavar="DIR", help=DATA_DIR_HELP)
     p.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="how long to wait for an answer (default 5)")
+    add_tls_args(p, "an https:// --url", server_name=False)
 
 
 class Api:
@@ -49,6 +56,28 @@ class Api:
             url = "http://" + url
         self.base = url.rstrip("/") + "/"
         self.timeout = args.timeout
+        u = urlsplit(self.base)
+        self.host, self.secure = u.hostname or "", u.scheme == "https"
+        try:
+            self.port = u.port or (443 if self.secure else 80)
+        except ValueError:
+            raise HttpFail(f"bad port in {url}") from None
+        self.tls: ClientTLS | None = None
+        self.context: ssl.SSLContext | None = None
+        given = [f"--{k.replace('_', '-')}" for k in ("tls_ca", "tls_cert", "tls_key")
+                 if getattr(args, k, None)]
+        if self.secure:
+            self.tls = ClientTLS.from_env(
+                getattr(args, "tls_ca", None), getattr(args, "tls_cert", None),
+                getattr(args, "tls_key", None),
+                insecure_skip_verify=bool(getattr(args, "tls_insecure_skip_verify", False)))
+            try:
+                self.context = self.tls.ssl_context()
+            except TLSConfigError as e:
+                raise HttpFail(str(e)) from None
+        elif given:
+            raise HttpFail(f"{' '.join(given)} given for {self.base}, which is not HTTPS: "
+                           f"write --url https://{u.netloc}/")
         self.token = _token(args)
 
     def get(self, path: str) -> Any:
@@ -56,7 +85,7 @@ class Api:
         if self.token:
             req.add_header("Authorization", "Bearer " + self.token)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             try:
@@ -72,14 +101,30 @@ class Api:
                 hint = (" (that is a WebSocket port, a --ws port of the broker: --url takes "
                         "the port given to `dataspace serve --http`)")
             raise HttpFail(f"{self.base}{path.lstrip('/')}: {e.code} {why}{hint}") from None
-        except http.client.HTTPException as e:
-            raise HttpFail(f"{self.base}: {_not_http(e)}") from None
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             reason = getattr(e, "reason", e)
+            why = self._explain(reason if isinstance(reason, BaseException) else e)
+            if why is not None:
+                raise HttpFail(why) from None
+            if isinstance(e, http.client.HTTPException):
+                raise HttpFail(f"{self.base}: {_not_http(e)}") from None
             raise HttpFail(f"cannot reach {self.base}: {reason}; is `dataspace serve --http "
                            "HOST:PORT` running there? (give its address with --url)") from None
         except ValueError as e:
             raise HttpFail(f"{self.base}{path.lstrip('/')}: not JSON ({e})") from None
+
+    def _explain(self, e: BaseException) -> str | None:
+        """What TLS has to do with ``e`` (the wrong scheme, a certificate refused)."""
+        if isinstance(e, ConnectionRefusedError | TimeoutError):
+            return None
+        if self.secure and isinstance(e, ssl.SSLError):
+            assert self.tls is not None
+            return asyncio.run(explain_handshake_error(e, self.host, self.port, self.tls,
+                                                       scheme="https"))
+        if not self.secure and isinstance(e, ConnectionError | http.client.HTTPException):
+            return asyncio.run(explain_closed(self.host, self.port, str(e), None, 0,
+                                              scheme="http"))
+        return None
 
 
 def _not_http(e: http.client.HTTPException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -12,6 +13,7 @@ from ..broker.config import ConfigError, ServerConfig, load_config
 from ..broker.server import Server, listen_error
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
+from ..net.tls import CertInfo, TLSConfigError
 from ..streams import Store, StoreError, check_stream_name, recorder_specs, start_recorders
 from ..streams.recorder import RecorderSpec, stop_recorders
 from ..streams.scry import ScryServer, start_scry_udp
@@ -35,11 +37,19 @@ examples:
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
                                                share the root dataspace with another server
                                                presence messages, assertions and retractions
+  dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT} --tls-cert server.crt --tls-key server.key
+                                               TLS for every client (they connect to
+                                               tls://HOST:{DEFAULT_PORT}; SIGHUP reloads the files)
+  dataspace serve --tls-cert server.crt --tls-key server.key --tls-client-ca ca.crt
+                                               mutual TLS: clients need a certificate signed by
+                                               ca.crt
+  dataspace serve --link tls://10.0.0.2:7411 --link-cap @peer.sturdyref --tls-ca ca.crt
+                                               a link over TLS, checking the peer's certificate
 
 At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability of its root
 dataspace, and writes it to <data-dir>/root.sturdyref, where `dataspace observe`, `assert`
 and `send` find it.  Ctrl-C (SIGINT) or SIGTERM stops it cleanly.  See docs/broker.md for the
-configuration file and the limits; docs/streams.md for recording (the stream store is
+configuration file and the limits; docs/security.md for TLS; docs/streams.md for recording (the stream store is
 <data-dir>/streams.sqlite3 unless --store names another; read it with `dataspace stream
 tail`).
 """
@@ -91,11 +101,23 @@ def register(sub: Any) -> None:
                    "are readable)")
     p.add_argument("--link", action="append", metavar="ADDRESS",
                    help="link this server's root dataspace with the server at ADDRESS "
-                   "(HOST:PORT, ws://..., or a Unix socket path); needs --link-cap; "
+                   "(HOST:PORT, tls://HOST:PORT, ws://..., wss://..., or a Unix socket "
+                   "path); needs --link-cap; "
                    "repeatable (docs/links.md)")
     p.add_argument("--link-cap", action="append", metavar="CAP",
                    help="the capability for the matching --link: the peer's root sturdyref "
                    "text, or @FILE holding it (a capability without caveats)")
+    t = p.add_argument_group("TLS (docs/security.md)")
+    t.add_argument("--tls-cert", metavar="FILE",
+                   help="the server's certificate (PEM, with its chain): TLS on every TCP "
+                   "listener (clients connect to tls://HOST:PORT), wss on every WebSocket "
+                   "listener and HTTPS on --http; SIGHUP (or the file's change) reloads it")
+    t.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
+    t.add_argument("--tls-client-ca", metavar="FILE",
+                   help="mutual TLS: clients must present a certificate signed by this CA")
+    t.add_argument("--tls-ca", metavar="FILE",
+                   help="the CA that tls:// and wss:// links trust (default: the system's "
+                   "trust store); links show --tls-cert to peers that ask for a certificate")
     g = p.add_argument_group("limits (defaults in docs/broker.md)")
     g.add_argument("--max-packet-size", type=int, metavar="BYTES",
                    help="largest packet accepted (default 1048576)")
@@ -169,6 +191,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         send_timeout=args.send_timeout,
         handshake_timeout=args.handshake_timeout, keepalive=args.keepalive,
         ws_ping_interval=args.ws_ping_interval,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+        tls_ca=args.tls_ca,
     )
     if args.record:
         cfg = cfg.override(record=[*cfg.record, *args.record])
@@ -227,6 +251,37 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(cfg))
 
 
+def _say_tls(server: Server) -> None:
+    tls = server.tls
+    assert tls is not None
+    info = tls.info
+    what = f" ({info.describe()}, valid until {info.not_after:%Y-%m-%d})" if info and \
+        info.not_after else ""
+    mutual = (f"; clients need a certificate signed by {tls.client_ca}" if tls.mutual
+              else "")
+    print(f"dataspace serve: TLS with {tls.cert}{what}{mutual}; SIGHUP reloads it",
+          file=sys.stderr, flush=True)
+
+
+def _reload_tls(server: Server) -> None:
+    """SIGHUP: read the certificate files again (new connections get them)."""
+    try:
+        info = server.reload_tls()
+    except TLSConfigError as e:
+        print(f"dataspace serve: cannot reload TLS: {e}; still serving the previous "
+              "certificate", file=sys.stderr, flush=True)
+        return
+    _say_reloaded(server, info, "SIGHUP")
+
+
+def _say_reloaded(server: Server, info: CertInfo | None, why: str) -> None:
+    assert server.tls is not None
+    what = f" ({info.describe()}, valid until {info.not_after:%Y-%m-%d})" if info and \
+        info.not_after else ""
+    print(f"dataspace serve: reloaded the TLS certificate {server.tls.cert}{what} ({why}): "
+          "new connections get it", file=sys.stderr, flush=True)
+
+
 async def _serve(cfg: ServerConfig) -> int:
     # Everything that can fail on the data directory's contents is checked before the
     # server listens or prints its sturdyref: a damaged stream store is one line and a
@@ -277,12 +332,17 @@ async def _serve(cfg: ServerConfig) -> int:
             try:
                 http = await start_http(*http_address, store=store, publish=cfg.publish,
                                         server=server, recorders=recorders,
-                                        open_access=cfg.http_open)
+                                        open_access=cfg.http_open,
+                                        ssl_context=server.tls.http_context if server.tls else None)
             except OSError as e:
                 raise listen_error(e, cfg.http or "", "--http") from None
         print(f"sturdyref: {server.sturdyref}", flush=True)
         for a in server.addresses:
             print(f"dataspace serve: listening on {a}", file=sys.stderr)
+        if server.tls is not None:
+            _say_tls(server)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload_tls, server)
+            server.tls.on_change = lambda info: _say_reloaded(server, info, "its files changed")
         if scry_server is not None:
             h, port = scry_server.address
             print(f"dataspace serve: scry on udp://{h}:{port}/ for "

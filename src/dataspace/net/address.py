@@ -4,8 +4,10 @@
 ``7411``, ``:7411``            TCP on the default host (127.0.0.1)
 ``HOST:PORT``, ``[::1]:PORT``  TCP
 ``tcp://HOST:PORT``            TCP
+``tls://HOST:PORT``            TCP with TLS (see :mod:`.tls`)
 ``unix:PATH``, ``/abs/path``   Unix stream socket (also ``./rel/path``)
 ``ws://HOST:PORT/PATH``        WebSocket (one packet per binary message)
+``wss://HOST:PORT/PATH``       WebSocket over TLS
 =============================  ===========================================
 
 Syndicate transport addresses (``<tcp "HOST" PORT>``, ``<unix "PATH">``, ``<ws "URL">``)
@@ -43,7 +45,7 @@ def is_loopback(host: str) -> bool:
 
 @dataclass(frozen=True)
 class Address:
-    """Where a server listens / a client connects: ``kind`` is tcp, unix or ws."""
+    """Where a server listens / a client connects: ``kind`` is tcp, tls, unix, ws or wss."""
 
     kind: str
     host: str = ""
@@ -51,18 +53,39 @@ class Address:
     path: str = ""
 
     @property
-    def url(self) -> str:
-        """The WebSocket URL (``ws`` addresses)."""
+    def secure(self) -> bool:
+        """Whether the address asks for TLS (``tls://`` and ``wss://``)."""
+        return self.kind in ("tls", "wss")
+
+    @property
+    def websocket(self) -> bool:
+        """Whether this is a WebSocket address (``ws://`` or ``wss://``)."""
+        return self.kind in ("ws", "wss")
+
+    @property
+    def host_port(self) -> str:
+        """``HOST:PORT`` (an IPv6 host in brackets)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ws://{host}:{self.port}{self.path or '/'}"
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The WebSocket URL (``ws`` and ``wss`` addresses)."""
+        scheme = "wss" if self.kind == "wss" else "ws"
+        return f"{scheme}://{self.host_port}{self.path or '/'}"
+
+    def with_kind(self, kind: str) -> Address:
+        """The same place with another kind (``tcp`` <-> ``tls``, ``ws`` <-> ``wss``)."""
+        return Address(kind, self.host, self.port, self.path)
 
     def __str__(self) -> str:
         if self.kind == "unix":
             return f"unix:{self.path}"
-        if self.kind == "ws":
+        if self.websocket:
             return self.url
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        if self.kind == "tls":
+            return f"tls://{self.host_port}"
+        return self.host_port
 
 
 def _port(text: str, whole: str) -> int:
@@ -109,22 +132,31 @@ def parse_address(text: str, *, default_kind: str = "tcp", default_host: str = D
     if s.startswith(("/", "./", "../", "~")):
         return Address("unix", path=s)
     if s.startswith(("ws://", "wss://")):
-        if s.startswith("wss://"):
-            raise AddressError("wss:// (TLS) is not supported; put a TLS proxy in front")
+        kind = "wss" if s.startswith("wss://") else "ws"
         u = urlsplit(s)
         if not u.hostname:
-            raise AddressError(f"bad address {text!r}: ws:// needs a host")
+            raise AddressError(f"bad address {text!r}: {kind}:// needs a host")
         try:
-            port = u.port or 80
+            port = u.port or (443 if kind == "wss" else 80)
         except ValueError:
             raise AddressError(f"bad port in {text!r}") from None
-        return Address("ws", u.hostname, port, u.path or "/")
+        return Address(kind, u.hostname, port, u.path or "/")
+    kind = default_kind
     if s.startswith("tcp://"):
         s = s[6:]
+        kind = "ws" if default_kind == "ws" else "tcp"
+    elif s.startswith("tls://"):
+        s = s[6:]
+        kind = "wss" if default_kind == "ws" else "tls"
+    elif "://" in s:
+        scheme = s.split("://", 1)[0]
+        raise AddressError(f"bad address {text!r}: {scheme}:// is not a server address; use "
+                           "HOST:PORT, tls://HOST:PORT, ws://HOST:PORT/, wss://HOST:PORT/ or "
+                           "unix:PATH")
     host, port = _host_port(s, text, default_host)
-    if default_kind == "ws":
-        return Address("ws", host, port, "/")
-    return Address("tcp", host, port)
+    if kind in ("ws", "wss"):
+        return Address(kind, host, port, "/")
+    return Address(kind, host, port)
 
 
 def _from_transport_value(text: str) -> Address:

@@ -18,6 +18,7 @@ import stat
 import time
 from collections import deque
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any, cast
 
 from ..protocol.relay import Relay
@@ -611,12 +612,15 @@ def _set_keepalive(sock: socket.socket | None, idle: float) -> None:
 
 
 async def listen_tcp(
-    host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory
+    host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory,
+    *, ssl: SSLContext | None = None, ssl_handshake_timeout: float | None = None,
 ) -> asyncio.Server:
-    """Listen on TCP; each connection gets a relay from ``session``."""
+    """Listen on TCP (with TLS when ``ssl`` is given: see :mod:`.tls`); each connection
+    gets a relay from ``session`` once its TLS handshake is done."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(
-        lambda: StreamConnection(hub, flow, session), host, port, reuse_address=True
+        lambda: StreamConnection(hub, flow, session), host, port, reuse_address=True,
+        ssl=ssl, ssl_handshake_timeout=ssl_handshake_timeout if ssl is not None else None,
     )
 
 
@@ -656,8 +660,13 @@ async def connect_stream(
     session: SessionFactory,
     *,
     coalesce: bool = True,
+    ssl: SSLContext | None = None,
+    server_hostname: str | None = None,
+    ssl_handshake_timeout: float | None = None,
 ) -> StreamConnection:
-    """Connect over TCP (``where = (host, port)``) or a Unix socket (``where = path``)."""
+    """Connect over TCP (``where = (host, port)``) or a Unix socket (``where = path``);
+    with TLS when ``ssl`` is given (the certificate is checked against
+    ``server_hostname``, by default the host)."""
     loop = asyncio.get_running_loop()
     if kind == "unix":
         assert isinstance(where, str)
@@ -667,7 +676,12 @@ async def connect_stream(
         )
     else:
         assert isinstance(where, tuple)
+        tls: dict[str, Any] = {}
+        if ssl is not None:
+            tls = {"ssl": ssl, "server_hostname": server_hostname or where[0],
+                   "ssl_handshake_timeout": ssl_handshake_timeout}
         _t, proto = await loop.create_connection(
-            lambda: StreamConnection(hub, flow, session, coalesce=coalesce), where[0], where[1]
+            lambda: StreamConnection(hub, flow, session, coalesce=coalesce), where[0], where[1],
+            **tls,
         )
     return proto

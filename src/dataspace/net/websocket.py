@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from ssl import SSLContext
 from typing import Any
 
 from websockets.asyncio.client import connect as ws_connect
@@ -162,9 +163,11 @@ class WebSocketConnection(Connection):
 
 
 async def listen_ws(
-    host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int
+    host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int,
+    *, ssl: SSLContext | None = None, ssl_handshake_timeout: float | None = None,
 ) -> Server:
-    """Serve WebSocket connections on ``host:port`` (any path)."""
+    """Serve WebSocket connections on ``host:port`` (any path); ``wss`` when ``ssl`` is
+    given (see :mod:`.tls`)."""
 
     async def handler(ws: ServerConnection) -> None:
         peer = ws.remote_address
@@ -180,10 +183,14 @@ async def listen_ws(
         await conn.run()
 
     ping = flow.ws_ping_interval or None
+    tls: dict[str, Any] = {}
+    if ssl is not None:
+        tls = {"ssl": ssl, "ssl_handshake_timeout": ssl_handshake_timeout}
     return await serve(
         handler,
         host,
         port,
+        **tls,
         # Messages up to twice the packet limit reach the relay, which answers those over
         # the limit with an <error>; larger ones are refused by the WebSocket layer (1009).
         max_size=2 * max_packet,
@@ -195,13 +202,22 @@ async def listen_ws(
 
 
 async def connect_ws(
-    url: str, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int
+    url: str, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int,
+    *, ssl: SSLContext | None = None, server_hostname: str | None = None,
 ) -> WebSocketConnection:
-    """Open a WebSocket connection to ``url`` and start reading it."""
+    """Open a WebSocket connection to ``url`` (``wss://`` with ``ssl``, whose certificate
+    is checked against ``server_hostname``, by default the URL's host) and start reading
+    it."""
     ping = flow.ws_ping_interval or None
+    tls: dict[str, Any] = {}
+    if ssl is not None:
+        tls = {"ssl": ssl}
+        if server_hostname:
+            tls["server_hostname"] = server_hostname
     try:
         ws = await ws_connect(
             url,
+            **tls,
             max_size=2 * max_packet,
             compression=None,
             ping_interval=ping,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import ssl
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -80,12 +81,13 @@ def make_app(ctx: WebContext, modules: Iterable[RouteModule] | None = None) -> w
 
 class HttpServer:
     """A running HTTP port: :attr:`url`, :attr:`host`, :attr:`port` (the real one when
-    0 was asked), :attr:`app`; :meth:`close` stops it."""
+    0 was asked), :attr:`app`, :attr:`secure` (HTTPS); :meth:`close` stops it."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, secure: bool = False) -> None:
         self.runner = runner
         self.host = host
         self.port = port
+        self.secure = secure
 
     @property
     def app(self) -> web.Application:
@@ -95,8 +97,9 @@ class HttpServer:
 
     @property
     def url(self) -> str:
-        """``http://HOST:PORT/`` (an IPv6 host in brackets)."""
-        return f"http://{_url_host(self.host)}:{self.port}/"
+        """``http://HOST:PORT/`` or ``https://HOST:PORT/`` (an IPv6 host in brackets)."""
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://{_url_host(self.host)}:{self.port}/"
 
     async def close(self) -> None:
         """Stop listening, end every request in progress (event streams end cleanly,
@@ -127,9 +130,12 @@ async def start_http(
     shutdown_timeout: float = 5.0,
     open_access: bool = False,
     recorders: Sequence[Any] = (),
+    ssl_context: ssl.SSLContext | None = None,
     **settings: Any,
 ) -> HttpServer:
-    """Serve HTTP on ``host:port`` (port 0: a free one) in the running event loop.
+    """Serve HTTP on ``host:port`` (port 0: a free one) in the running event loop; HTTPS
+    with ``ssl_context`` (the broker's :attr:`~dataspace.net.tls.ServerTLS.http_context`,
+    so that a reloaded certificate is served here too).
 
     ``store`` and ``publish`` (stream names) are what the scry gateway serves; ``server``
     is the broker (for the routes that describe it) and ``recorders`` its stream
@@ -153,13 +159,13 @@ async def start_http(
                            handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     addrs = runner.addresses
     real_port = addrs[0][1] if addrs else port
-    http = HttpServer(runner, host, real_port)
+    http = HttpServer(runner, host, real_port, secure=ssl_context is not None)
     log.info("HTTP on %s", http.url)
     return http

@@ -149,8 +149,12 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
 def _transport(conn: Any) -> str:
     kind = type(conn).__name__
     if kind.startswith("WebSocket"):
-        return "ws"
-    return "unix" if conn.name.startswith("unix") else "tcp"
+        t = getattr(getattr(conn, "ws", None), "transport", None)
+        return "wss" if t is not None and t.get_extra_info("ssl_object") else "ws"
+    if conn.name.startswith("unix"):
+        return "unix"
+    t = getattr(conn, "transport", None)
+    return "tls" if t is not None and t.get_extra_info("ssl_object") else "tcp"
 
 
 def connection_row(server: Any, conn: Any, now: float | None = None) -> dict[str, Any]:
