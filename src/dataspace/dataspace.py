@@ -270,7 +270,9 @@ class _EntityObserver:
         the entity has ``send_body``."""
         if self.live:
             self.delivered += 1
-            self.entity.send_body(body)
+            send = self.entity.send_body
+            if send is not None:
+                send(body)
 
     @property
     def dead(self) -> bool:
@@ -1041,7 +1043,7 @@ class Dataspace(_DataspaceBase):
                                 raise TurnTooLarge(limit)
                         routed.append((m, entries))
                         continue
-                    values = m.values()
+                    values: Any = m.values()
                 else:
                     values = (m,)
                 if routed:  # those before it go first (queued: the turn may not fit)

@@ -557,14 +557,15 @@ class MessageRouter:
             return  # it matches no message routed on bytes: nothing to invalidate
         if info.cls is None:
             self._count(self._root, info, delta)
-            for cs in self._classes.values():
-                self._replan(cs)
+            for each in self._classes.values():
+                self._replan(each)
             self._replan(self._root)
             self.stats.invalidations += 1 + len(self._classes)
             return
-        cs = self._classes.get(info.cls)
-        if cs is None:
-            cs = self._classes[info.cls] = _Class()
+        got = self._classes.get(info.cls)
+        if got is None:
+            got = self._classes[info.cls] = _Class()
+        cs = got
         self._count(cs, info, delta)
         if not cs.counts:
             del self._classes[info.cls]
