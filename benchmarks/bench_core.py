@@ -9,10 +9,15 @@
     observers, as a ratio.
 (d) Preserves codecs against the ``preserves`` package (benchmarks/bench_values.py).
 
+Costs are also given in *units* of a reference loop (one iteration of
+``for i in range(n): d[i & 1023] = i``, measured between the rounds): a figure in units
+carries from one machine (or one moment of a shared machine) to another.
+
 Run:  .venv/bin/python benchmarks/bench_core.py          (about 2-3 minutes)
       .venv/bin/python benchmarks/bench_core.py --quick  (smaller, for a smoke test)
 
-Each figure is the best of --repeat runs (the machine is shared and noisy).
+Each figure is the best of --repeat runs, in CPU time of this process (the machine is
+shared and noisy: waiting for a CPU is not counted).
 """
 
 from __future__ import annotations
@@ -37,11 +42,30 @@ def workload(n_obs: int, n_ops: int) -> list[Record]:
     return [Record(SAYS, [f"user-{i % n_obs}", f"text-{i}"]) for i in range(n_ops)]
 
 
+_REF: list[float] = []  # µs per iteration of the reference loop, every measurement
+
+
+def ref_loop(n: int = 200_000) -> float:
+    """µs per iteration of the reference loop (kept in _REF; the best is the unit)."""
+    d: dict[int, int] = {}
+    gc.collect()
+    t = time.process_time()
+    for i in range(n):
+        d[i & 1023] = i
+    us = (time.process_time() - t) / n * 1e6
+    _REF.append(us)
+    return us
+
+
+def unit() -> float:
+    return min(_REF) if _REF else ref_loop()
+
+
 def timed(fn: Callable[..., object], *args: object) -> float:
     gc.collect()
-    t = time.perf_counter()
+    t = time.process_time()
     fn(*args)
-    return time.perf_counter() - t
+    return time.process_time() - t
 
 
 def _assert_all(ds: Dataspace, vals: list[Record], handles: list[object]) -> None:
@@ -113,6 +137,7 @@ def bench_index(n_obs: int, n_ops: int, repeat: int) -> dict[str, float]:
             ix.add_handler(Rec(SAYS, [Lit(f"user-{i}"), Bind()]), cb)
         ix.add_handler(Rec(PRESENT, [Bind()]), cb)
         vals = workload(n_obs, n_ops)
+        ref_loop()
         ta = timed(_ix_add, ix, vals)
         tr = timed(_ix_remove, ix, vals)
         vals = workload(n_obs, n_ops)
@@ -145,9 +170,10 @@ def bench_brute_force(n_obs: int, n_ops: int) -> float:
 
 def line(label: str, rates: dict[str, float]) -> None:
     parts = []
+    u = unit()
     for op in ("assert", "retract", "message"):
         r = rates[op]
-        parts.append(f"{op} {1e6 / r:6.2f} µs/op {r:>10,.0f}/s")
+        parts.append(f"{op} {1e6 / r:6.2f} µs/op {r:>10,.0f}/s {1e6 / r / u:4.0f} units")
     print(f"  {label:<28} " + " | ".join(parts))
 
 
@@ -176,6 +202,7 @@ def main() -> int:
     for rnd in range(repeat + 1):
         for n_obs in sizes:
             ds, count, _setup = spaces[n_obs]
+            ref_loop()
             r = round_dataspace(ds, count, n_obs, n_ops)
             if rnd == 0:
                 first[n_obs] = r
@@ -192,6 +219,13 @@ def main() -> int:
         f"{op} {'meets' if base_ds[op] >= t else 'MISSES'} {t:,}/s" for op, t in targets.items()
     )
     print(f"  targets (Dataspace): {verdict}")
+    u = unit()
+    units = {op: 1e6 / base_ds[op] / u for op in ("assert", "retract", "message")}
+    worst = {op: max(1e6 / best[n][op] / u for n in sizes) for op in units}
+    print(f"  reference loop: {u * 1000:.1f} ns per iteration (best of {len(_REF)}); "
+          "Dataspace in units, 1,000 observers / worst size: " + ", ".join(
+              f"{op} {units[op]:.0f} / {worst[op]:.0f}" for op in units)
+          + " (targets 35 / 35 / 15)")
 
     print("(b) more observers: cost per event relative to (a) (target: within 1.3x)")
     for n_obs in sizes[1:]:

@@ -248,3 +248,22 @@ async def test_connections_beyond_the_limit_are_refused_with_an_error(tmp_path):
 
 def test_max_connections_is_a_setting_of_the_file():
     assert parse_config("{max-connections: 7}").max_connections == 7
+
+
+def test_server_and_client_run_under_uvloop(tmp_path):
+    """uvloop's transports are not asyncio.Transport subclasses: connections take them."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def main():
+        async with running_server(tmp_path) as server:
+            sub = await connect(tcp_address(server), server.sturdyref)
+            pub = await connect(tcp_address(server), server.sturdyref)
+            seen = Changes()
+            sub.observe("<Says $who $text>", **seen.kw())
+            await sub.sync()
+            pub.send(parse('<Says "a" "hi">'))
+            await seen.until(lambda s: s.messages() == [("a", "hi")])
+            await sub.close()
+            await pub.close()
+
+    uvloop.run(asyncio.wait_for(main(), 60))

@@ -174,6 +174,8 @@ async def test_metrics_parse_and_move_as_clients_act(tmp_path):
         assert m1["dataspace_observers{dataspace=root}"] == 2
         assert m1["dataspace_index_handlers{dataspace=root}"] >= 2
         assert m1["dataspace_index_nodes{dataspace=root}"] >= 2
+        assert m1["dataspace_route_messages_total{dataspace=root}"] == 5  # on their bytes
+        assert m1["dataspace_route_cache_total{dataspace=root,event=misses}"] >= 1
         assert m1["dataspace_recorder_recorded_total{stream=chat}"] == 5
         assert m1["dataspace_store_appends_total"] == 5
         n = m1["dataspace_store_commit_seconds_count"]

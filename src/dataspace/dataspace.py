@@ -44,10 +44,12 @@ from typing import Any, NewType
 from .index import Index
 from .pattern import Pattern, PatternError, as_pattern, from_preserves, to_preserves
 from .values import Embedded, Record, Sequence, Symbol, Value, key, preserve, sort_key, strip
+from .values.binary import DEFAULT_MAX_DEPTH, make_reader
 from .values.model import _PLAIN
 
 __all__ = [
     "Dataspace",
+    "Encoded",
     "TurnTooLarge",
     "DataspaceEntity",
     "Entity",
@@ -78,6 +80,46 @@ class TurnTooLarge(Exception):
             "split it into smaller turns, or observe narrower patterns"
         )
         self.limit = limit
+        self.sent = 0
+        """Turns sent before this one was refused (see :meth:`Dataspace.send_turns`)."""
+
+
+_read_plain = make_reader(False, None, DEFAULT_MAX_DEPTH)
+
+
+class Encoded:
+    """Messages given by their canonical binary encodings: spans of one received buffer
+    ``buf``.  ``msgs`` holds, per message, ``[start, item offsets..., end]``: where it
+    starts, where each item of its outermost record, sequence, set or dictionary starts
+    (a record's label is its first item) and where it ends, as
+    :func:`dataspace.protocol.route.scan` finds them.  A relay hands a run of messages
+    to one entity as one of these, to a dataspace with a message router, which delivers
+    them without decoding; values are decoded only when something needs them."""
+
+    __slots__ = ("_values", "buf", "msgs")
+
+    def __init__(self, buf: bytes, msgs: list[list[int]]) -> None:
+        self.buf = buf
+        self.msgs = msgs
+        self._values: list[Value] | None = None
+
+    def values(self) -> list[Value]:
+        """The messages, decoded (once)."""
+        vs = self._values
+        if vs is None:
+            buf = self.buf
+            vs = self._values = [_read_plain(buf, m[0], 0)[0] for m in self.msgs]
+        return vs
+
+    def encodings(self) -> list[bytes]:
+        buf = self.buf
+        return [buf[m[0]:m[-1]] for m in self.msgs]
+
+    def __len__(self) -> int:
+        return len(self.msgs)
+
+    def __repr__(self) -> str:
+        return f"Encoded({self.encodings()!r})"
 
 
 class Entity:
@@ -95,6 +137,11 @@ class Entity:
 
     def on_message(self, value: Value) -> None:
         """``value`` was sent to this entity."""
+
+    send_body: Callable[[bytes], None] | None = None
+    """Optional: when set, ``send_body(body)`` delivers a message given by its canonical
+    encoding ``body`` (a relay's proxy for a peer's object: the bytes go out as they are).
+    A dataspace's message router delivers to such observers without decoding."""
 
     on_messages: Callable[[list[Value]], None] | None = None
     """Optional: when set, a relay hands it the messages of one incoming packet that are
@@ -217,6 +264,15 @@ class _EntityObserver:
                 self.entity.on_retract(h)
         else:
             self.entity.on_message(value)
+
+    def deliver_body(self, body: bytes) -> None:
+        """Deliver a message of captures given by their encoding (``[capture ...]``);
+        the entity has ``send_body``."""
+        if self.live:
+            self.delivered += 1
+            send = self.entity.send_body
+            if send is not None:
+                send(body)
 
     @property
     def dead(self) -> bool:
@@ -532,6 +588,9 @@ class Dataspace(_DataspaceBase):
         self._watch: dict[Any, int] = {}
         self._watch_fn: Callable[[Value], Any] | None = None
         self._tap: Callable[[Any], Any] | None = None  # see tap_messages
+        self.router: Any = None
+        """A message router (:class:`dataspace.protocol.route.MessageRouter`) that
+        delivers :class:`Encoded` messages on their bytes; None: they are decoded."""
         self.max_turn_events: int | None = None
         """When set, a turn (or an action outside a turn) that would deliver more events
         than this to observers is undone and raises :class:`TurnTooLarge` (a server sets
@@ -594,21 +653,82 @@ class Dataspace(_DataspaceBase):
         return True
 
     def send(self, value: Value) -> None:
-        """Send ``value`` as a message to every current matching observer."""
+        """Send ``value`` as a message to every current matching observer (an
+        :class:`Encoded` message too)."""
         if type(value) not in _PLAIN:
-            value = strip(preserve(value))
+            if type(value) is not Encoded:
+                value = strip(preserve(value))
+            elif not value.msgs:
+                return
         turn = self._turn
         if turn is not None:
             turn.append(("m", None, value))
             return
         if self.max_turn_events is not None:
             self._apply_metered({}, (), (value,))
-        else:
+        elif type(value) is not Encoded:
             self.index.send_message(value)
             if self._tap is not None:
                 self._queue.append(("x", (self._tap,), ((value,),)))
+        else:
+            self._send_messages((value,))
         if self._queue and not self._dispatching:
             self._dispatch()
+
+    def send_turns(self, enc: Encoded, cuts: list[int]) -> int:
+        """Send the messages of ``enc`` as consecutive turns, the messages
+        ``enc.msgs[cuts[i - 1]:cuts[i]]`` forming turn ``i``, as if each were sent (by
+        :meth:`send`, in a turn of its own) after the one before had been applied and
+        its callbacks run.  Returns how many turns were sent: it stops after one whose
+        deliveries queued callbacks (they run first, and may change who observes what),
+        and the caller sends the rest again.  Without a router, or inside a turn or a
+        callback, it sends the first turn only.  A turn over :attr:`max_turn_events`
+        raises :class:`TurnTooLarge` (the ones before it are sent)."""
+        router = self.router
+        if router is None or self._turn is not None or self._dispatching or self._queue:
+            self.send(Encoded(enc.buf, enc.msgs[:cuts[0]]))
+            return 1
+        q = self._queue
+        limit = self.max_turn_events
+        tap = self._tap
+        if tap is not None:  # the tap hears each turn's messages, after the turn
+            self.send(Encoded(enc.buf, enc.msgs[:cuts[0]]))
+            return 1
+        entries, _cost = router.prepare(enc, 0, cuts[-1])
+        sent = len(cuts)
+        refused = False
+        lo = 0
+        for i, hi in enumerate(cuts):
+            cost = 0
+            queued = False
+            for j in range(lo, hi):
+                e = entries[j]
+                cost += e.count
+                if e.queued:
+                    queued = True
+            if limit is not None and cost > limit:
+                sent = i
+                refused = True
+                break
+            lo = hi
+            if queued:
+                # Its callbacks run before the next turn is routed (they may change
+                # who observes what): the caller sends the rest again.
+                sent = i + 1
+                break
+        if sent:
+            m = cuts[sent - 1]
+            router.emit(enc, entries[:m] if m < len(entries) else entries, q, True)
+        if refused:
+            log.info("%s: a turn was refused: more than %d deliveries", self.name, limit)
+            err = TurnTooLarge(limit)  # type: ignore[arg-type]
+            err.sent = sent
+            if q:
+                self._dispatch()
+            raise err
+        if q:
+            self._dispatch()
+        return sent
 
     def observe(
         self,
@@ -866,11 +986,24 @@ class Dataspace(_DataspaceBase):
         for _h, v in removed:
             self._remove(v)
         if messages:
-            send = self.index.send_message
-            for m in messages:
-                send(m)
-            if self._tap is not None:
-                self._queue.append(("x", (self._tap,), (messages,)))
+            self._send_messages(messages)
+
+    def _send_messages(self, messages: Any) -> None:
+        """Deliver a turn's messages (unmetered), in order, then tell the tap."""
+        send = self.index.send_message
+        router = self.router
+        q = self._queue
+        for m in messages:
+            if type(m) is Encoded:
+                if router is not None:
+                    router.emit(m, router.prepare(m)[0], q, True)
+                    continue
+                for v in m.values():
+                    send(v)
+                continue
+            send(m)
+        if self._tap is not None:
+            q.append(("x", (self._tap,), (_decoded(messages),)))
 
     def _apply_metered(self, added: Any, removed: Any, messages: Any) -> None:
         """:meth:`_apply` counting the deliveries that additions and messages queue; past
@@ -898,15 +1031,36 @@ class Dataspace(_DataspaceBase):
                     done.append(("u", v, self._uninstall_observer(v)))
             for _h, v in removed:
                 done.append(("r", v, self._remove(v)))
+            router = self.router
+            routed: list[Any] = []  # (messages, deliveries): delivered once the turn fits
             for m in messages:
-                n = len(q)
-                self.index.send_message(m)
-                if len(q) != n:
-                    used += _queued_cost(q, n)
-                    if used > limit:
-                        raise TurnTooLarge(limit)
+                if type(m) is Encoded:
+                    if router is not None:
+                        entries, cost = router.prepare(m)
+                        if cost:
+                            used += cost
+                            if used > limit:
+                                raise TurnTooLarge(limit)
+                        routed.append((m, entries))
+                        continue
+                    values: Any = m.values()
+                else:
+                    values = (m,)
+                if routed:  # those before it go first (queued: the turn may not fit)
+                    for rm, entries in routed:
+                        router.emit(rm, entries, q, False)
+                    routed = []
+                for v in values:
+                    n = len(q)
+                    self.index.send_message(v)
+                    if len(q) != n:
+                        used += _queued_cost(q, n)
+                        if used > limit:
+                            raise TurnTooLarge(limit)
+            for rm, entries in routed:
+                router.emit(rm, entries, q, True)
             if messages and self._tap is not None:
-                q.append(("x", (self._tap,), (messages,)))
+                q.append(("x", (self._tap,), (_decoded(messages),)))
         except TurnTooLarge:
             for kind, v, info in reversed(done):
                 if kind == "a":
@@ -928,19 +1082,40 @@ class Dataspace(_DataspaceBase):
         try:
             while queue:
                 event, targets, caps = queue.popleft()
+                if event == "b":  # a message's encoding to observers that take bytes
+                    for target in targets:
+                        target.deliver_body(caps)
+                    continue
                 for target in targets:
                     if type(target) is Subscription:
                         if not target.live:
                             continue
-                        if event == "+":
-                            fn = target.on_assert
-                        elif event == "-":
-                            fn = target.on_retract
-                        else:
+                        if event == "!":
                             fn = target.on_message
+                        elif event == "+":
+                            fn = target.on_assert
+                        else:
+                            fn = target.on_retract
                         if fn is None:
                             continue
-                        self._run_callback(fn, caps, target.facet)
+                        # _run_callback(fn, caps, target.facet), inlined: the hottest call
+                        prev_turn, prev_facet = self._turn, self._facet
+                        turn: list[tuple[str, Any, Any]] = []
+                        self._turn = turn
+                        self._facet = target.facet
+                        try:
+                            fn(*caps)
+                        except Exception:
+                            log.exception("%s: callback %r failed; its actions are discarded",
+                                          self.name, fn)
+                            self._turn = prev_turn
+                            self._undo(turn)
+                        else:
+                            self._turn = prev_turn
+                            if turn:
+                                self._commit(turn)
+                        finally:
+                            self._turn, self._facet = prev_turn, prev_facet
                     elif event == "x":
                         self._run_callback(target, caps, None)
                     elif not target.dead:
@@ -949,6 +1124,20 @@ class Dataspace(_DataspaceBase):
             self._dispatching = False
 
 
+
+
+def _decoded(messages: Any) -> Any:
+    """``messages`` with every :class:`Encoded` run decoded (for the tap)."""
+    for m in messages:
+        if type(m) is Encoded:
+            out: list[Value] = []
+            for x in messages:
+                if type(x) is Encoded:
+                    out += x.values()
+                else:
+                    out.append(x)
+            return out
+    return messages
 
 
 def _queued_cost(q: deque[Any], n: int) -> int:
@@ -1002,6 +1191,22 @@ class DataspaceEntity(Entity):
 
     def on_message(self, value: Value) -> None:
         self.dataspace.send(value)
+
+    def on_messages(self, values: list[Value]) -> None:  # type: ignore[override]
+        """The messages of one packet (see :attr:`Entity.on_messages`)."""
+        send = self.dataspace.send
+        for v in values:
+            send(v)
+
+    def on_message_turns(self, enc: Encoded, cuts: list[int]) -> int:
+        """Consecutive packets of messages (see :meth:`Dataspace.send_turns`)."""
+        return self.dataspace.send_turns(enc, cuts)
+
+    @property
+    def accepts_encoded(self) -> bool:
+        """Whether :class:`Encoded` messages may be handed in (the dataspace routes them
+        on their bytes)."""
+        return self.dataspace.router is not None
 
     def is_observer(self, obj: Any) -> bool:
         """Whether ``obj`` observes in this dataspace (see :meth:`Dataspace.is_observer`)."""

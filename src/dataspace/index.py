@@ -20,9 +20,10 @@ agrees exactly with :func:`dataspace.pattern.match`.
 
 Beyond the seed:
 
-* Projections (the values at constant, check and capture paths) are compiled once per
-  constant group / capture map into small Python functions (the seed's "JIT compilation of
-  shapes, constant checks, captures").
+* Projections (the values at constant, check and capture paths) are made once per
+  constant group / capture map as small closures over the paths, with dedicated ones for
+  fields of the outermost record (the seed's "JIT compilation of shapes, constant checks,
+  captures", without generated code: the same source compiles ahead of time).
 * Nothing is kept that no handler and no assertion needs: constant groups disappear with
   their last handler, leaves with their last handler and cached assertion, nodes with
   their last continuation entry and child.  After every handler and assertion is gone the
@@ -46,7 +47,6 @@ from .pattern import (
     Pattern,
     Skeleton,
     apply_move,
-    classof,
     path_key,
     skeleton,
 )
@@ -148,10 +148,11 @@ _NO = object()  # "no entry" in a handler's first-entry slot
 
 
 class _Handler:
-    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "project")
+    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "pattern", "project")
 
-    def __init__(self, project: Callable[[Value], Any]) -> None:
+    def __init__(self, project: Callable[[Value], Any], pattern: Pattern) -> None:
         self.project = project
+        self.pattern = pattern  # the first pattern of this handler (all have its captures)
         # Bag of capture tuples, strict key -> captures: the first distinct entry in
         # ``k1``/``c1``, any more in ``bag`` (a dict costs an allocation, and many
         # handlers only ever hold one).  A count above one is kept in ``extra``
@@ -170,85 +171,194 @@ class _Handler:
 
 
 # ---------------------------------------------------------------------------------------
-# Compiling projections.  Generated code only ever contains integers and names of
-# namespace constants: no text from patterns or values reaches ``exec``.
+# Projections: the values at a continuation's constant and check paths, and at a
+# handler's capture paths.  Built once per constant group / capture map as closures over
+# the paths (no generated code): paths into the fields of the outermost record -- most
+# patterns' -- get dedicated ones, any other path a walk over its steps.
+
+_REC = 0
+_ARR = 1
+_DICT = 2
+_MISSING = object()
 
 
-def _accessor(kinds: dict[Path, str], path: Path, consts: dict[str, Any]) -> str:
-    expr = "v"
+def _steps(kinds: dict[Path, str], path: Path) -> tuple[tuple[int, Any], ...]:
+    """``path`` as (kind, step) pairs: field index, element index or strict key."""
+    out = []
     for i, step in enumerate(path):
         kind = kinds[path_key(path[:i])]
         if kind == "rec":
-            expr = f"{expr}.fields[{int(step)}]"
+            out.append((_REC, int(step)))
         elif kind == "arr":
-            expr = f"_tg({expr}, {int(step)})"
+            out.append((_ARR, int(step)))
         else:
-            name = f"_k{len(consts)}"
-            consts[name] = key(step)
-            expr = f"{expr}._items[{name}][1]"
-    return expr
+            out.append((_DICT, key(step)))
+    return tuple(out)
 
 
-def _compile(src: str, consts: dict[str, Any]) -> Callable[[Value], Any]:
-    ns: dict[str, Any] = {"_tg": _tuple_getitem, "_PLAIN": _PLAIN, "_key": key, **consts}
-    exec(src, ns)
-    return ns["_f"]  # type: ignore[no-any-return]
+def _walk(v: Any, steps: tuple[tuple[int, Any], ...]) -> Any:
+    """The value at ``steps`` under ``v`` (whose compound positions on the way have the
+    kinds the steps say), or ``_MISSING``."""
+    for kind, s in steps:
+        if kind == _REC:
+            f = v.fields
+            if s >= len(f):
+                return _MISSING
+            v = f[s]
+        elif kind == _ARR:
+            if s >= len(v):
+                return _MISSING
+            v = _tuple_getitem(v, s)
+        else:
+            e = v._items.get(s)
+            if e is None:
+                return _MISSING
+            v = e[1]
+    return v
+
+
+def _fields_only(kinds: dict[Path, str], paths: tuple[Path, ...]) -> list[int] | None:
+    """The field indices, when every path is one field of the outermost record."""
+    if kinds.get((), "") != "rec":
+        return None
+    out = []
+    for p in paths:
+        if len(p) != 1 or type(p[0]) is not int:
+            return None
+        out.append(p[0])
+    return out
 
 
 def _sk(x: Value) -> Any:
     """The key the index uses for a constant or capture: the value itself when its Python
-    equality is already strict, else its strict key.  Compiled code inlines the same."""
+    equality is already strict, else its strict key."""
     return x if type(x) in _PLAIN else key(x)
 
 
-def _strict_expr(var: str) -> str:
-    return f"({var} if type({var}) in _PLAIN else _key({var}))"
+def _no_constants(v: Value) -> Any:
+    return ()
 
 
 def _compile_constants(
     kinds: dict[Path, str], const_paths: tuple[Path, ...], check_paths: tuple[Path, ...]
 ) -> Callable[[Value], Any]:
     """v -> strict key of the constant values (``()`` when none), or None if undefined."""
-    consts: dict[str, Any] = {}
-    lines = ["def _f(v):", "    try:", "        pass"]
-    for p in check_paths:
-        lines.append(f"        {_accessor(kinds, p, consts)}")
-    names = []
-    for i, p in enumerate(const_paths):
-        lines.append(f"        c{i} = {_accessor(kinds, p, consts)}")
-        names.append(f"c{i}")
-    lines.append("    except (IndexError, KeyError):")
-    lines.append("        return None")
-    if not names:
-        lines.append("    return ()")
-    elif len(names) == 1:
-        lines.append(f"    return {_strict_expr('c0')}")
-    else:
-        lines.append(f"    return ({', '.join(_strict_expr(n) for n in names)},)")
-    return _compile("\n".join(lines), consts)
+    fields = _fields_only(kinds, const_paths + check_paths)
+    if fields is not None:
+        need = max(fields, default=-1)  # the record must have this field
+        idx = fields[: len(const_paths)]
+        if not idx:
+            if need < 0:
+                return _no_constants
+
+            def has_field(v: Any, need: int = need) -> Any:
+                return () if need < len(v.fields) else None
+
+            return has_field
+        if len(idx) == 1:
+            i0 = idx[0]
+
+            def one_field(v: Any, i0: int = i0, need: int = need) -> Any:
+                f = v.fields
+                if need >= len(f):
+                    return None
+                c = f[i0]
+                return c if type(c) in _PLAIN else key(c)
+
+            return one_field
+        if len(idx) == 2:
+            i0, i1 = idx
+
+            def two_fields(v: Any, i0: int = i0, i1: int = i1, need: int = need) -> Any:
+                f = v.fields
+                if need >= len(f):
+                    return None
+                c0 = f[i0]
+                c1 = f[i1]
+                return (c0 if type(c0) in _PLAIN else key(c0),
+                        c1 if type(c1) in _PLAIN else key(c1))
+
+            return two_fields
+        tidx = tuple(idx)
+
+        def some_fields(v: Any, idx: tuple[int, ...] = tidx, need: int = need) -> Any:
+            f = v.fields
+            if need >= len(f):
+                return None
+            return tuple([_sk(f[i]) for i in idx])
+
+        return some_fields
+    consts = tuple(_steps(kinds, p) for p in const_paths)
+    checks = tuple(_steps(kinds, p) for p in check_paths)
+    single = len(consts) == 1
+
+    def walk_paths(v: Any, consts: tuple[Any, ...] = consts, checks: tuple[Any, ...] = checks,
+                   single: bool = single) -> Any:
+        for c in checks:
+            if _walk(v, c) is _MISSING:
+                return None
+        out = []
+        for c in consts:
+            x = _walk(v, c)
+            if x is _MISSING:
+                return None
+            out.append(x if type(x) in _PLAIN else key(x))
+        if single:
+            return out[0]
+        return tuple(out)
+
+    return walk_paths
+
+
+def _no_captures(v: Value) -> Any:
+    return ((), ())
 
 
 def _compile_captures(kinds: dict[Path, str], capture_paths: tuple[Path, ...]) -> Callable[[Value], Any]:
     """v -> (strict key of the captures, captures tuple), or None if undefined."""
-    consts: dict[str, Any] = {}
-    lines = ["def _f(v):", "    try:", "        pass"]
-    names = []
-    for i, p in enumerate(capture_paths):
-        lines.append(f"        c{i} = {_accessor(kinds, p, consts)}")
-        names.append(f"c{i}")
-    lines.append("    except (IndexError, KeyError):")
-    lines.append("        return None")
-    if not names:
-        lines.append("    return ((), ())")
-    elif len(names) == 1:
-        lines.append(f"    return ({_strict_expr('c0')}, (c0,))")
-    else:
-        tup = f"({', '.join(names)},)"
-        lines.append(f"    t = {tup}")
-        lines.append("    if _PLAIN.issuperset(map(type, t)):")
-        lines.append("        return (t, t)")
-        lines.append("    return (tuple(map(_key, t)), t)")
-    return _compile("\n".join(lines), consts)
+    if not capture_paths:
+        return _no_captures
+    fields = _fields_only(kinds, capture_paths)
+    if fields is not None:
+        need = max(fields)
+        if len(fields) == 1:
+            i0 = fields[0]
+
+            def one_capture(v: Any, i0: int = i0) -> Any:
+                f = v.fields
+                if i0 >= len(f):
+                    return None
+                c = f[i0]
+                return (c if type(c) in _PLAIN else key(c), (c,))
+
+            return one_capture
+        tidx = tuple(fields)
+
+        def field_captures(v: Any, idx: tuple[int, ...] = tidx, need: int = need) -> Any:
+            f = v.fields
+            if need >= len(f):
+                return None
+            t = tuple([f[i] for i in idx])
+            if _PLAIN.issuperset(map(type, t)):
+                return (t, t)
+            return (tuple(map(key, t)), t)
+
+        return field_captures
+    paths = tuple(_steps(kinds, p) for p in capture_paths)
+
+    def walk_captures(v: Any, paths: tuple[Any, ...] = paths) -> Any:
+        out = []
+        for c in paths:
+            x = _walk(v, c)
+            if x is _MISSING:
+                return None
+            out.append(x)
+        t = tuple(out)
+        if _PLAIN.issuperset(map(type, t)):
+            return (t, t)
+        return (tuple(map(key, t)), t)
+
+    return walk_captures
 
 
 def _compile_step(kind: str, step: Any) -> Callable[[Any], Any]:
@@ -277,6 +387,32 @@ def _compile_step(kind: str, step: Any) -> Callable[[Any], Any]:
         return None if e is None else e[1]
 
     return get_dict
+
+
+def _class(v: Value) -> Any:
+    """The key of ``v``'s class in the index's class tables: the name of a record's
+    symbol label (a str: hashed in C, its hash kept by the string; a Symbol's __hash__ is
+    Python code run at every lookup), a 1-tuple of the strict key of any other label,
+    or the sequence / dictionary sentinel; None for an atom."""
+    t = type(v)
+    if t is Record:
+        lab = v.label
+        return lab.name if type(lab) is Symbol else (key(lab),)
+    if t is Sequence:
+        return SEQUENCE_CLASS
+    if t is Dictionary:
+        return DICTIONARY_CLASS
+    return None
+
+
+def _table_class(cls: Any) -> Any:
+    """A skeleton's class (see :func:`dataspace.pattern.classof`) as :func:`_class`
+    keys it."""
+    if type(cls) is Symbol:
+        return cls.name
+    if cls is SEQUENCE_CLASS or cls is DICTIONARY_CLASS:
+        return cls
+    return (cls,)
 
 
 def _identity(v: Any) -> Any:
@@ -332,6 +468,10 @@ class Index:
         self.extra: dict[int, int] = {}
         self.values: dict[int, Value] = {}  # id -> assertion
         self.root = _Node(None, None, None, {})
+        self.listener: Callable[[int, Pattern, Any], Any] | None = None
+        """Called as ``listener(+1, pattern, callback)`` / ``listener(-1, pattern,
+        callback)`` whenever a callback that hears messages is added for / removed from
+        ``pattern`` (a message router's cache depends on them)."""
         self._busy = False
         self._next_id = 0
 
@@ -353,19 +493,20 @@ class Index:
                 node.rebuild_move_list()
             table = entry[2]
             h = apply_move(h, (up, down))
-            nxt = table.get(cls)
+            tk = _table_class(cls)
+            nxt = table.get(tk)
             if nxt is None:
                 new_kinds = dict(kinds)
                 new_kinds[path_key(h)] = (
                     "arr" if cls is SEQUENCE_CLASS else "dict" if cls is DICTIONARY_CLASS else "rec"
                 )
-                nxt = _Node(node, mkey, cls, new_kinds)
+                nxt = _Node(node, mkey, tk, new_kinds)
                 cache = nxt.cont.cache
                 values = self.values
                 for k in node.cont.cache:
-                    if classof(_project(values[k], h)) == cls:
+                    if _class(_project(values[k], h)) == tk:
                         cache[k] = None
-                table[cls] = nxt
+                table[tk] = nxt
             node = nxt
             kinds = node.kinds
         return node
@@ -413,7 +554,7 @@ class Index:
                     entry = node.compiled[capkey] = [
                         _compile_captures(node.kinds, tuple(skel.captures)), 0]
                 entry[1] += 1
-                handler = _Handler(entry[0])
+                handler = _Handler(entry[0], pattern)
                 leaf.handlers[capkey] = handler
                 grp.nhandlers += 1
                 proj = handler.project
@@ -433,6 +574,8 @@ class Index:
             initial = list(handler.bag.values())
             if handler.k1 is not _NO:
                 initial.append(handler.c1)
+            if messages and self.listener is not None:
+                self.listener(1, pattern, callback)
         finally:
             self._busy = False
         if self.sink is not None:
@@ -466,6 +609,8 @@ class Index:
             handler = leaf.handlers.get(capkey)
             if handler is None or callback not in handler.callbacks:
                 return
+            if handler.callbacks[callback] and self.listener is not None:
+                self.listener(-1, pattern, callback)
             del handler.callbacks[callback]
             handler.set_callbacks()
             if handler.callbacks:
@@ -497,7 +642,7 @@ class Index:
             entry = node.moves.get(mkey)
             if entry is None:
                 return None
-            nxt = entry[2].get(cls)
+            nxt = entry[2].get(_table_class(cls))
             if nxt is None:
                 return None
             node = nxt
@@ -555,12 +700,11 @@ class Index:
                 if root.cont.table:
                     _add_visit(_EMPTY_NODE, [value], vid, value, fire, root.cont)
                 if root.move_list:
-                    if type(value) is Record:  # classof(), inlined: the hottest line
+                    if type(value) is Record:  # _class(), inlined: the hottest line
                         cls = value.label
-                        if type(cls) is not Symbol:
-                            cls = key(cls)
+                        cls = cls.name if type(cls) is Symbol else (key(cls),)
                     else:
-                        cls = classof(value)
+                        cls = _class(value)
                     nxt = root.move_list[0][2].get(cls)
                     if nxt is not None:
                         _add_visit(nxt, [value, value], vid, value, fire, nxt.cont)
@@ -609,11 +753,54 @@ class Index:
         fire: list[Any] = [] if sink is None else sink
         self._busy = True
         try:
-            _msg_root(self.root, value, fire)
+            root = self.root
+            if root.cont.has_msg:  # (a server's links observe everything, assertions only)
+                _msg_visit(_EMPTY_NODE, [value], value, fire, root.cont)
+            if root.move_list:
+                if type(value) is Record:  # _class(), inlined
+                    cls = value.label
+                    cls = cls.name if type(cls) is Symbol else (key(cls),)
+                else:
+                    cls = _class(value)
+                nxt = root.move_list[0][2].get(cls)
+                if nxt is not None:
+                    _msg_visit(nxt, [value, value], value, fire, nxt.cont)
         finally:
             self._busy = False
         if sink is None:
             _fire(fire)
+
+    def message_matches(self, value: Value) -> list[tuple[_Handler, tuple[Callback, ...]]]:
+        """The handlers a message ``value`` reaches, in the order :meth:`send_message`
+        fires them, each with its callbacks that hear messages (what a message router
+        caches).  Does not fire anything."""
+        if type(value) not in _PLAIN:
+            value = strip(preserve(value))
+        out: list[tuple[_Handler, tuple[Callback, ...]]] = []
+        root = self.root
+        if root.cont.has_msg:
+            _match_visit(_EMPTY_NODE, [value], value, out, root.cont)
+        if root.move_list:
+            nxt = root.move_list[0][2].get(_class(value))
+            if nxt is not None:
+                _match_visit(nxt, [value, value], value, out, nxt.cont)
+        return out
+
+    def message_patterns(self) -> list[tuple[Pattern, int]]:
+        """Every handler's pattern with how many of its callbacks hear messages (those
+        with some)."""
+        out = []
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
+            for grp in n.cont.table.values():
+                for leaf in grp.leaves.values():
+                    for h in leaf.hlist:
+                        if h.mcbs:
+                            out.append((h.pattern, len(h.mcbs)))
+            for _get, _up, table in n.moves.values():
+                stack.extend(table.values())
+        return out
 
     def _enter(self) -> None:
         if self._busy:
@@ -720,7 +907,7 @@ def _children(node: _Node, stack: list[Any]) -> Iterator[tuple[_Node, list[Any]]
         base = stack if up == 0 else stack[: len(stack) - up]
         child = get(base[-1])
         if child is not None:
-            nxt = table.get(classof(child))
+            nxt = table.get(_class(child))
             if nxt is not None:
                 yield nxt, [*base, child]
 
@@ -735,18 +922,14 @@ def _del_root(root: _Node, vid: int, v: Value, fire: list[Any]) -> None:
     if root.cont.table:
         _del_visit(_EMPTY_NODE, [v], vid, v, fire, root.cont)
     if root.move_list:
-        nxt = root.move_list[0][2].get(classof(v))
+        if type(v) is Record:  # _class(), inlined
+            cls = v.label
+            cls = cls.name if type(cls) is Symbol else (key(cls),)
+        else:
+            cls = _class(v)
+        nxt = root.move_list[0][2].get(cls)
         if nxt is not None:
             _del_visit(nxt, [v, v], vid, v, fire, nxt.cont)
-
-
-def _msg_root(root: _Node, v: Value, fire: list[Any]) -> None:
-    if root.cont.has_msg:  # (a server's links observe everything, assertions only)
-        _msg_visit(_EMPTY_NODE, [v], v, fire, root.cont)
-    if root.move_list:
-        nxt = root.move_list[0][2].get(classof(v))
-        if nxt is not None:
-            _msg_visit(nxt, [v, v], v, fire, nxt.cont)
 
 
 # The three traversals (seed 000's ``modify`` specialised per operation).  ``stack`` holds
@@ -869,3 +1052,24 @@ def _msg_visit(
     if node.move_list:
         for nxt, st in _children(node, stack):
             _msg_visit(nxt, st, v, fire, nxt.cont)
+
+
+def _match_visit(
+    node: _Node, stack: list[Any], v: Value, out: list[Any], cont: _Continuation
+) -> None:
+    """:func:`_msg_visit` collecting the handlers reached instead of firing them."""
+    for grp in cont.table.values():
+        if not grp.msg:
+            continue
+        ck = grp.project(v)
+        if ck is None or ck not in grp.msg:
+            continue
+        leaf = grp.leaves.get(ck)
+        if leaf is None:  # pragma: no cover - a message entry has its leaf
+            continue
+        for h in leaf.hlist:
+            if h.mcbs and h.project(v) is not None:
+                out.append((h, h.mcbs))
+    if node.move_list:
+        for nxt, st in _children(node, stack):
+            _match_visit(nxt, st, v, out, nxt.cont)

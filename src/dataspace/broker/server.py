@@ -42,6 +42,7 @@ from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS, TLSConfigError
 from ..net.websocket import listen_ws
 from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
 from ..protocol.relay import Quota, Relay
+from ..protocol.route import MessageRouter
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
 from .config import ConfigError, ServerConfig
@@ -291,6 +292,7 @@ class Server:
         if ent is None:
             ds = self.dataspaces[name] = Dataspace(name)
             ds.max_turn_events = self.config.max_turn_events
+            MessageRouter(ds)  # messages from peers are routed on their bytes
             ent = self._entities[name] = DataspaceEntity(ds)
         return ent
 

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from ssl import SSLContext
-from typing import Any
+from typing import Any, cast
 
 from ..protocol.relay import Relay
 from ..values import Symbol
@@ -432,8 +432,9 @@ class StreamConnection(Connection, asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's are not subclasses of asyncio.Transport).
+        self.transport = cast(asyncio.Transport, transport)
+        transport = self.transport
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.peer_host = str(peer[0])

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from operator import is_
 from typing import Any
 
-from ..dataspace import OBSERVE, Entity, TurnTooLarge, fresh_handle
+from ..dataspace import OBSERVE, Encoded, Entity, TurnTooLarge, fresh_handle
 from ..values import (
     DecodeError,
     Decoder,
@@ -59,6 +59,7 @@ from ..values import (
     Value,
 )
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
+from .route import scan
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -79,6 +80,8 @@ _B_END2 = b"\x84\x84"
 _HDR_A = b"\xb4\xb3\x01A"
 _HDR_R = b"\xb4\xb3\x01R"
 _HDR_M = b"\xb4\xb3\x01M"
+_HDR_M_SEQ = b"\xb4\xb3\x01M\xb5"
+_B_END3 = b"\x84\x84\x84"
 _HDR_S = b"\xb4\xb3\x01S"
 _B_TRUE = b"\x81"
 
@@ -169,12 +172,14 @@ class RemoteEntity(Entity):
     outbound events; once the connection has closed they are dropped.
     """
 
-    __slots__ = ("count", "oid", "oid_bytes", "permanent", "relay")
+    __slots__ = ("count", "msg_head", "oid", "oid_bytes", "permanent", "relay")
 
     def __init__(self, relay: Relay, oid: int) -> None:
         self.relay = relay
         self.oid = oid
         self.oid_bytes = relay._encode_int(oid)
+        # What a message of captures to it starts with: ``[oid <M [`` (see emit_captures).
+        self.msg_head = _B_SEQ + self.oid_bytes + _HDR_M_SEQ
         self.count = 0
         self.permanent = False
 
@@ -186,6 +191,12 @@ class RemoteEntity(Entity):
 
     def on_message(self, value: Value) -> None:
         self.relay._send_message(self, value)
+
+    def send_body(self, body: bytes) -> None:  # type: ignore[override]
+        """Send the message whose canonical encoding is ``body``, as it is."""
+        relay = self.relay
+        if not relay.closed:
+            relay._emit(self.oid_bytes, _HDR_M, body)
 
     def send_messages(self, values: list[Value]) -> None:
         """:meth:`on_message` for each of ``values``, in order (a link forwarding a
@@ -251,6 +262,8 @@ class Relay:
         # being read (which, when it is incomplete too, the decoder holds).
         self._part: tuple[list[tuple[int, int, Any, Any]], bool, int] | None = None
         self._cut = 0  # where _fast_events stopped (the start of the event it could not read)
+        # The export last asked whether it takes Encoded messages, and the answer.
+        self._raw_ex: tuple[Any, bool] | None = None
         # Peer handles of the live <Observe ...> assertions it made.
         self._observing: set[int] = set()
         self.name = name
@@ -504,10 +517,74 @@ class Relay:
             return -1
         self.packets_in += 1
         if events:
+            if len(events) == 1 and not whole and type(events[0][2]) is Encoded \
+                    and q < len(buf) and buf[q] == 0xB5:
+                r = self._run_of_turns(buf, q, events[0])
+                if r >= 0:
+                    return r
             self._turn_in(events, self._saw_embedded)
             if _received:
                 _received.clear()
         return q
+
+    def _run_of_turns(self, buf: bytes, q: int, ev: tuple[int, int, Any, Any]) -> int:
+        """The packet just read is a run of messages to one entity, routed on their
+        bytes (``ev``), and another packet follows at ``buf[q]``: read the packets after
+        it that are the same (up to 256), and have the entity apply them, turn by turn,
+        in one call (see :meth:`Dataspace.send_turns`).  Returns the offset after the
+        last packet applied, or -1 (nothing applied) when no such packet follows."""
+        oid = ev[0]
+        enc = ev[2]
+        ex = self._exports.get(oid)
+        fn = getattr(ex.target, "on_message_turns", None) if ex is not None else None
+        if fn is None:
+            return -1
+        msgs = enc.msgs
+        cuts = [len(msgs)]
+        ends = [q]
+        n = len(buf)
+        limit = self.limits.max_packet_size
+        # The packets read here are Turns of messages to ``oid`` written canonically:
+        # [[oid <M body>] ...], each body canonical (any other packet ends the run).
+        env = _B_SEQ + self._encode_int(oid) + _HDR_M  # an event up to its body
+        penv = _B_SEQ + env
+        lenv = len(env)
+        while q < n and len(cuts) < 256 and buf.startswith(penv, q):
+            p = q + lenv + 1
+            had = len(msgs)
+            while True:
+                items = scan(buf, p, 3)
+                if items is None:
+                    break
+                end = items[-1]
+                if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
+                    items = None
+                    break
+                msgs.append(items)
+                p = end + 2
+                if not buf.startswith(env, p):
+                    break
+                p += lenv
+            if items is None or p >= n or buf[p] != 0x84 or p + 1 - q > limit:
+                del msgs[had:]  # not one of those: read as usual
+                break
+            q = p + 1
+            cuts.append(len(msgs))
+            ends.append(q)
+        if len(cuts) == 1:
+            return -1
+        done = 1
+        try:
+            done = fn(enc, cuts)
+        except TurnTooLarge as e:
+            done = e.sent + 1  # the refused turn was received too
+            self.fail(str(e), Symbol("turn-too-large"))
+        except Exception as e:
+            self._internal_error(e)
+        self.packets_in += done - 1
+        self.turns_in += done
+        self.messages_in += cuts[done - 1]
+        return ends[done - 1]
 
     def _fast_events(self, buf: bytes, p: int, events: list[tuple[int, int, Any, Any]]) -> int:
         """Read the events of a Turn packet from ``buf[p]`` (an event boundary) into
@@ -516,6 +593,11 @@ class Relay:
         :attr:`_cut` is then where that event starts."""
         read = self._read
         keep = _keeping
+        exports = self._exports
+        raw_oid = -1  # the last OID asked whether it takes Encoded messages, and the answer
+        raw = False
+        no_raw = -1  # an event to read as usual (its body is not canonical, or incomplete)
+        n = len(buf)
         e = p
         try:
             while True:
@@ -535,10 +617,48 @@ class Relay:
                 k = buf[q + 3]
                 p = q + 4
                 if k == 0x4D:  # M: its body
-                    a, p = read(buf, q + 4, 3)
-                    b = None
+                    if oid != raw_oid:
+                        raw_oid = oid
+                        ex = exports.get(oid)
+                        c = self._raw_ex
+                        if c is not None and c[0] is ex:
+                            raw = c[1]
+                        else:
+                            raw = ex is not None and \
+                                getattr(ex.target, "accepts_encoded", False) is True
+                            self._raw_ex = (ex, raw)
+                        raw = raw and not keep
+                    if raw and e != no_raw:
+                        # A run of messages to this OID, routed on their bytes, not
+                        # decoded: each body canonical, without embedded values (the
+                        # first that is not is read as usual).
+                        env = buf[e:p]  # this event's envelope: the run's other events'
+                        lenv = p - e
+                        msgs: list[list[int]] = []
+                        while True:
+                            items = scan(buf, p, 3)
+                            if items is None:
+                                break
+                            end = items[-1]
+                            if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
+                                items = None
+                                break
+                            msgs.append(items)
+                            p = end + 2
+                            e = p
+                            if not buf.startswith(env, p):
+                                break
+                            p += lenv
+                        if msgs:
+                            events.append((oid, k, Encoded(buf, msgs), None))
+                        if items is None:
+                            no_raw = e
+                        p = e
+                        continue
+                    a, p = read(buf, p, 3)
                     if keep:
                         _received[id(a)] = (a, buf[q + 4 : p])
+                    b = None
                 elif k == 0x52 or k == 0x53:  # R, S: one field
                     a, p = read(buf, p, 3)
                     b = None
@@ -709,7 +829,9 @@ class Relay:
         try:
             with self._turn():
                 if many is not None:
-                    self.messages_in += len(events)
+                    for ev in events:
+                        a = ev[2]
+                        self.messages_in += 1 if type(a) is not Encoded else len(a.msgs)
                     many([ev[2] for ev in events])
                     events = []
                 for ev in events:
@@ -778,7 +900,7 @@ class Relay:
         else:
             target = ex.target
         if k == 0x4D:  # M
-            self.messages_in += 1
+            self.messages_in += 1 if type(a) is not Encoded else len(a.msgs)
             if emb:
                 pins: list[Any] = []
                 a = self._rewrite_in(a, pins)
@@ -983,6 +1105,52 @@ class Relay:
         out: list[bytes] = []
         self._write(n, out, 0)
         return b"".join(out)
+
+    def emit_captures(self, head: bytes, parts: tuple[bytes, ...], size: int) -> None:
+        """Append the event ``[oid <M [parts...]>]`` to the Turn being built, ``head``
+        being its start up to the parts (a proxy's :attr:`RemoteEntity.msg_head`): a
+        message of captures given by their encodings (``size``: their length in all), as
+        a message router splices them from received bytes."""
+        if self.closed:
+            return
+        frags = self._frags
+        if not frags:
+            frags.append(_B_SEQ)
+            self._frag_size = 1
+            if not self._dirty:
+                self._dirty = True
+                if self.on_dirty is not None:
+                    self.on_dirty(self)
+        frags.append(head)
+        frags += parts
+        frags.append(_B_END3)
+        self.events_out += 1
+        self._frag_size += len(head) + size + 3
+        if self._frag_size >= self._max_out:
+            self._seal()
+
+    def emit_run(self, head: bytes, parts: list[bytes]) -> None:
+        """:meth:`emit_captures` of one part each, for each of ``parts`` in turn."""
+        if self.closed:
+            return
+        frags = self._frags
+        if not frags:
+            frags.append(_B_SEQ)
+            self._frag_size = 1
+            if not self._dirty:
+                self._dirty = True
+                if self.on_dirty is not None:
+                    self.on_dirty(self)
+        size = self._frag_size + (len(head) + 3) * len(parts) + sum(map(len, parts))
+        if size < self._max_out:
+            end = _B_END3
+            for part in parts:
+                frags += (head, part, end)
+            self.events_out += len(parts)
+            self._frag_size = size
+            return
+        for part in parts:
+            self.emit_captures(head, (part,), len(part))
 
     def _emit(self, oid_bytes: bytes, hdr: bytes, body: bytes) -> None:
         """Append the event ``[oid <hdr body>]`` to the Turn being built."""

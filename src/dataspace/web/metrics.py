@@ -128,6 +128,15 @@ class ServerCollector(Collector):
         handlers = _gauge("dataspace_index_handlers",
                           "Handlers (distinct pattern captures) of a dataspace's index.",
                           labels=["dataspace"])
+        routed = _counter("dataspace_route_messages_total",
+                          "Messages from peers routed on their encoded bytes.",
+                          labels=["dataspace"])
+        cache = _counter("dataspace_route_cache_total",
+                         "The message router's match cache: hits, misses, evictions, "
+                         "invalidations.", labels=["dataspace", "event"])
+        entries = _gauge("dataspace_route_cache_entries",
+                         "Entries in the message router's match cache now.",
+                         labels=["dataspace"])
         for name, ds in server.dataspaces.items():
             st = ds.index.stats()
             distinct.add_metric([name], st["assertions"])
@@ -136,7 +145,14 @@ class ServerCollector(Collector):
             shapes.add_metric([name], st["shapes"])
             groups.add_metric([name], st["groups"])
             handlers.add_metric([name], st["handlers"])
-        yield from (distinct, observers, nodes, shapes, groups, handlers)
+            router = ds.router
+            if router is not None:
+                rs = router.stats
+                routed.add_metric([name], rs.routed)
+                for event in ("hits", "misses", "evictions", "invalidations"):
+                    cache.add_metric([name, event], getattr(rs, event))
+                entries.add_metric([name], router.entries())
+        yield from (distinct, observers, nodes, shapes, groups, handlers, routed, cache, entries)
 
     def _links(self, server: Any) -> Iterator[Metric]:
         rows = server.link_status()
