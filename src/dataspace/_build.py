@@ -68,10 +68,10 @@ class Build:
 
     def describe(self) -> str:
         """One line: ``compiled: mypyc 2.4.1; modules: values, pattern`` or
-        ``pure Python (why)``."""
+        ``pure Python: why``."""
         if self.compiled:
             return f"compiled: {self.compiler}; modules: {', '.join(short_names(self.modules))}"
-        return f"pure Python ({self.reason})" if self.reason else "pure Python"
+        return f"pure Python: {self.reason}" if self.reason else "pure Python"
 
     def as_dict(self) -> dict[str, object]:
         return {

@@ -17,6 +17,7 @@ import pkgutil
 import sys
 
 from .. import __version__
+from .._build import BUILD
 
 ORDER = ["serve", "observe", "assert_", "send", "cap", "info", "top", "link", "stream", "scry",
          "pipeline", "demo"]  # module names
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"dataspace {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"dataspace {__version__} ({BUILD.describe()})"
+    )
     parser.add_argument(
         "-v", "--verbose", action="count", default=0,
         help="more logging (-v info, -vv debug); logs go to stderr",

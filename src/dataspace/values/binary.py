@@ -180,7 +180,8 @@ class _Writer:
                 out.append(b"\xb4")
                 x = v.label
                 if type(x) is Symbol:
-                    b = x.name.encode()
+                    lab: Symbol = x
+                    b = lab.name.encode()
                     n = len(b)
                     out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
                     out.append(b)
@@ -193,18 +194,21 @@ class _Writer:
             for x in items:
                 tx = type(x)
                 if tx is str:
-                    b = x.encode()
+                    xs: str = x  # (typed: compiled, a direct call)
+                    b = xs.encode()
                     n = len(b)
                     out.append(_HDR_STR[n] if n < 0x80 else _header(0xB1, n))
                     out.append(b)
                 elif tx is int:
+                    xi: int = x
                     out.append(
-                        _SMALL_INTS[x - _SMALL_INT_MIN]
-                        if _SMALL_INT_MIN <= x < _SMALL_INT_MAX
-                        else _int_bytes(x)
+                        _SMALL_INTS[xi - _SMALL_INT_MIN]
+                        if _SMALL_INT_MIN <= xi < _SMALL_INT_MAX
+                        else _int_bytes(xi)
                     )
                 elif tx is Symbol:
-                    b = x.name.encode()
+                    xy: Symbol = x
+                    b = xy.name.encode()
                     n = len(b)
                     out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
                     out.append(b)
@@ -212,18 +216,21 @@ class _Writer:
                     self.write(x, out, depth)
             out.append(b"\x84")
         elif t is str:
-            b = v.encode()
+            vs: str = v
+            b = vs.encode()
             n = len(b)
             out.append(_HDR_STR[n] if n < 0x80 else _header(0xB1, n))
             out.append(b)
         elif t is int:
+            vi: int = v
             out.append(
-                _SMALL_INTS[v - _SMALL_INT_MIN]
-                if _SMALL_INT_MIN <= v < _SMALL_INT_MAX
-                else _int_bytes(v)
+                _SMALL_INTS[vi - _SMALL_INT_MIN]
+                if _SMALL_INT_MIN <= vi < _SMALL_INT_MAX
+                else _int_bytes(vi)
             )
         elif t is Symbol:
-            b = v.name.encode()
+            vy: Symbol = v
+            b = vy.name.encode()
             n = len(b)
             out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
             out.append(b)
@@ -282,11 +289,13 @@ class _Writer:
             for k, x in v._items.values():
                 tk = type(k)
                 if tk is str:
-                    b = k.encode()
+                    ks: str = k
+                    b = ks.encode()
                     n = len(b)
                     kb = (_HDR_STR[n] if n < 0x80 else _header(0xB1, n)) + b
                 elif tk is Symbol:
-                    b = k.name.encode()
+                    ky: Symbol = k
+                    b = ky.name.encode()
                     n = len(b)
                     kb = (_HDR_SYM[n] if n < 0x80 else _header(0xB3, n)) + b
                 else:
@@ -299,18 +308,21 @@ class _Writer:
                 out.append(kb)
                 tx = type(x)
                 if tx is str:
-                    b = x.encode()
+                    xs: str = x  # (typed: compiled, a direct call)
+                    b = xs.encode()
                     n = len(b)
                     out.append(_HDR_STR[n] if n < 0x80 else _header(0xB1, n))
                     out.append(b)
                 elif tx is int:
+                    xi: int = x
                     out.append(
-                        _SMALL_INTS[x - _SMALL_INT_MIN]
-                        if _SMALL_INT_MIN <= x < _SMALL_INT_MAX
-                        else _int_bytes(x)
+                        _SMALL_INTS[xi - _SMALL_INT_MIN]
+                        if _SMALL_INT_MIN <= xi < _SMALL_INT_MAX
+                        else _int_bytes(xi)
                     )
                 elif tx is Symbol:
-                    b = x.name.encode()
+                    xy: Symbol = x
+                    b = xy.name.encode()
                     n = len(b)
                     out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
                     out.append(b)
@@ -634,7 +646,9 @@ class _Reader:
         if tag == 0xB4:
             if not items:
                 raise DecodeError("record has no label", start)
-            return Record._make(items[0], tuple(items[1:])), p
+            label = items[0]
+            del items[0]
+            return Record._make(label, tuple(items)), p
         if tag == 0xB5:
             return tuple.__new__(Sequence, items), p
         if tag == 0xB6:
