@@ -13,6 +13,7 @@ skip.  Under ``DATASPACE_PURE=1`` (``make test-pure``) only the build checks run
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -142,7 +143,11 @@ def test_order_and_equality_agree(pure: Any, a: Any, b: Any) -> None:
     assert cmodel.compare(a, b) == pure.model.compare(pa, pb)
     assert (a == b) == (pa == pb)
     assert (cmodel.key(a) == cmodel.key(b)) == (pure.model.key(pa) == pure.model.key(pb))
-    assert (a < b) == (pa < pb) and (a >= b) == (pa >= pb)
+    sa, sb = cmodel.sort_key(a), cmodel.sort_key(b)
+    psa, psb = pure.model.sort_key(pa), pure.model.sort_key(pb)
+    assert (sa < sb) == (psa < psb) and (sa == sb) == (psa == psb)
+    if type(a) is type(b) and not isinstance(a, bool | int | float | str | bytes):
+        assert (a < b) == (pa < pb) and (a >= b) == (pa >= pb)  # the classes' own order
     ordered = sorted([a, b, a], key=cmodel.sort_key)
     pordered = sorted([pa, pb, pa], key=pure.model.sort_key)
     assert [cbin.encode(x) for x in ordered] == [pure.binary.encode(x) for x in pordered]
@@ -358,3 +363,74 @@ def test_deep_patterns_are_refused_cleanly() -> None:
             p = cpat.Bind(p)
     assert p._depth == 256 and hash(p) == hash(p)
     assert cpat.match(p, 1) == (1,) * 256
+
+
+# ---------------------------------------------------------------------------------------
+# The package shipped to Spark executors as a zip (addPyFile): compiled where it can be.
+
+_ZIP_PROBE = (
+    "import json, sys; sys.path.insert(0, sys.argv[1]);"
+    "import dataspace._build as b, dataspace.values.model as m;"
+    "from dataspace.values import encode, parse;"
+    "print(json.dumps([b.BUILD.compiled, b.BUILD.reason, m.__file__,"
+    " encode(parse('<a 1>')).hex()]))"
+)
+
+
+def _probe_zip(zpath: Any, **env: str) -> list[Any]:
+    e = {k: v for k, v in os.environ.items() if k != "DATASPACE_PURE"}
+    e.update(env)
+    out = subprocess.run(
+        [sys.executable, "-c", _ZIP_PROBE, str(zpath)],
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "WARNING" not in out.stderr, out.stderr
+    result: list[Any] = json.loads(out.stdout)
+    assert result[3] == "b4b30161b0010184"
+    return result
+
+
+def test_a_zip_of_the_package_runs_compiled_where_the_platform_matches(tmp_path: Any) -> None:
+    import zipfile
+
+    from dataspace.pipeline.spark.session import write_package_zip
+
+    zpath = tmp_path / "dataspace.zip"
+    write_package_zip(zpath)
+    names = zipfile.ZipFile(zpath).namelist()
+    assert "dataspace/values/model.py" in names
+    if build.BUILD.compiled:
+        compiled, _reason, file, _ = _probe_zip(zpath)
+        assert compiled, _reason
+        # Extracted beside the zip (the import system cannot load extensions from a zip).
+        assert file.startswith(str(tmp_path / "dataspace-core-")) and build.is_compiled_module(
+            type("M", (), {"__file__": file})
+        )
+        # A second process uses the same extracted copy.
+        assert _probe_zip(zpath)[2] == file
+        assert len(list(tmp_path.glob("dataspace-core-*"))) == 1
+        # DATASPACE_PURE on an executor: the source in the zip.
+        compiled, reason, file, _ = _probe_zip(zpath, DATASPACE_PURE="1")
+        assert not compiled and file.startswith(str(zpath)) and "DATASPACE_PURE" in reason
+        # A core built for another platform or Python: the source, without a warning.
+        other = tmp_path / "other" / "dataspace.zip"
+        other.parent.mkdir()
+        with zipfile.ZipFile(zpath) as src, zipfile.ZipFile(other, "w") as dst:
+            for n in src.namelist():
+                data = src.read(n)
+                if n == f"dataspace/{build.INFO_FILE}":
+                    info = json.loads(data)
+                    info["ext_suffix"] = ".cpython-399-sparc-linux-gnu.so"
+                    data = json.dumps(info).encode()
+                dst.writestr(n, data)
+        compiled, reason, file, _ = _probe_zip(other)
+        assert not compiled and file.startswith(str(other)) and "built for" in reason
+        assert not list(other.parent.glob("dataspace-core-*"))
+    else:
+        assert not any(n.endswith(build.extension_suffix()) for n in names)
+        compiled, reason, file, _ = _probe_zip(zpath)
+        assert not compiled and file.startswith(str(zpath))

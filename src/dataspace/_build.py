@@ -10,6 +10,10 @@ system prefers them.  The ``.py`` files stay the source, the reference and the f
 * Extensions built for another platform or Python, ones that fail to load, and ones older
   than their source (a checkout edited since the last ``make setup``) are not used: pure
   Python runs, and a warning says why, once.
+* Imported from a zip (Spark's ``addPyFile``: :func:`compiled_files` are what the zip
+  needs), the package runs the compiled core when the zip holds one built for this
+  platform and Python: its extension modules are extracted beside the zip (the import
+  system cannot load them from inside it).  Otherwise it runs the source in the zip.
 * :func:`load_pure` imports the pure source of a core module under another name
   (``dataspace._pure.…``) beside the compiled build: the differential tests run both in
   one process.
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import sys
+import zipimport
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -112,6 +117,75 @@ def _extension_path(module: str) -> str:
     return source_path(module)[: -len(".py")] + extension_suffix()
 
 
+def _group_lib() -> str:
+    return GROUP + "__mypyc"
+
+
+def _zip_loader() -> zipimport.zipimporter | None:
+    """The zip importer when this package is imported from a zip archive."""
+    loader = globals().get("__loader__")
+    return loader if isinstance(loader, zipimport.zipimporter) else None
+
+
+def compiled_files() -> list[tuple[str, str]]:
+    """The files of the running compiled core, as ``(path, name in a zip of the package)``
+    (the package's directory holding ``dataspace``): what a zip of the package must carry
+    to run compiled elsewhere.  Empty when pure Python runs."""
+    if not BUILD.compiled or _zip_loader() is not None:
+        return []
+    root = os.path.dirname(_PACKAGE_DIR)
+    out = [(os.path.join(_PACKAGE_DIR, INFO_FILE), f"dataspace/{INFO_FILE}")]
+    for m in BUILD.modules:
+        path = _extension_path(m)
+        out.append((path, os.path.relpath(path, root).replace(os.sep, "/")))
+    spec = importlib.util.find_spec(_group_lib())
+    if spec is None or not spec.origin:  # pragma: no cover - BUILD.compiled imported it
+        return []
+    out.append((spec.origin, os.path.basename(spec.origin)))
+    return out
+
+
+class _ExtensionFinder:
+    """Finds the compiled core's extension modules in a directory of their own."""
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = paths
+
+    def find_spec(
+        self, fullname: str, path: object = None, target: object = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        where = self.paths.get(fullname)
+        if where is None:
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(fullname, where)
+        return importlib.util.spec_from_file_location(fullname, where, loader=loader)
+
+
+def _extract_from_zip(z: zipimport.zipimporter, info_raw: bytes, mods: Sequence[str]) -> str:
+    """Extract the compiled core from the zip beside it (once: the directory is named by
+    the build record); return the directory."""
+    archive = z.archive
+    suffix = extension_suffix()
+    names = [_group_lib() + suffix] + [m.replace(".", "/") + suffix for m in mods]
+    target = os.path.join(
+        os.path.dirname(archive), "dataspace-core-" + hashlib.sha256(info_raw).hexdigest()[:16]
+    )
+    if not os.path.isdir(target):
+        tmp = f"{target}.{os.getpid()}.tmp"
+        for name in names:
+            dest = os.path.join(tmp, *name.split("/"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(z.get_data(os.path.join(archive, *name.split("/"))))
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process extracted it first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def _pure_requested() -> bool:
     return os.environ.get("DATASPACE_PURE", "").strip() not in ("", "0")
 
@@ -134,10 +208,15 @@ def _choose() -> Build:
     mods = COMPILED_MODULES
     if _pure_requested():
         return Build(False, None, (), "DATASPACE_PURE is set")
+    z = _zip_loader()
     info_path = os.path.join(_PACKAGE_DIR, INFO_FILE)
     try:
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
+        if z is not None:
+            info_raw = z.get_data(info_path)
+        else:
+            with open(info_path, "rb") as f:
+                info_raw = f.read()
+        info = json.loads(info_raw)
     except FileNotFoundError:
         return Build(False, None, (), "no compiled core installed")
     except (OSError, ValueError) as e:
@@ -152,6 +231,14 @@ def _choose() -> Build:
     for m in mods:
         if m not in built:
             return Build(False, None, (), f"{m} is not in the compiled core; rebuild it")
+        if z is not None:
+            try:
+                same = hashlib.sha256(z.get_data(source_path(m))).hexdigest() == built[m]
+            except OSError:
+                same = False
+            if not same:
+                return Build(False, None, (), f"the zip's {m} is not the one compiled")
+            continue
         if not os.path.exists(_extension_path(m)):
             return Build(False, None, (), f"compiled {m} is missing")
         src = source_path(m)
@@ -164,9 +251,22 @@ def _choose() -> Build:
                 f"{rel} changed since the core was compiled; rebuild with `make setup` "
                 "(pip install -e .)",
             )
+    finder = None
+    if z is not None:
+        try:
+            where = _extract_from_zip(z, info_raw, mods)
+        except OSError as e:
+            return Build(False, None, (), f"cannot extract the compiled core from the zip: {e}")
+        suffix = extension_suffix()
+        paths = {m: os.path.join(where, *m.split(".")) + suffix for m in mods}
+        paths[_group_lib()] = os.path.join(where, _group_lib() + suffix)
+        finder = _ExtensionFinder(paths)
+        sys.meta_path.insert(0, finder)
     try:
-        importlib.import_module(GROUP + "__mypyc")
+        importlib.import_module(_group_lib())
     except ImportError as e:
+        if finder is not None:
+            sys.meta_path.remove(finder)
         return Build(False, None, (), f"compiled core does not load: {e}")
     return Build(True, str(info.get("compiler")), mods, "")
 
@@ -177,9 +277,11 @@ def _select() -> Build:
     if not b.compiled:
         if any(m in sys.modules for m in COMPILED_MODULES):  # pragma: no cover - misuse
             _log.warning("dataspace: core imported before its build was chosen")
-        if not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
+        # (From a zip, only the source can be imported anyway.)
+        if _zip_loader() is None and not any(isinstance(f, _SourceFinder) for f in sys.meta_path):
             sys.meta_path.insert(0, _SourceFinder(COMPILED_MODULES))
-        if b.reason and not b.reason.startswith(("DATASPACE_PURE", "no compiled core")):
+        quiet = ("DATASPACE_PURE", "no compiled core", "compiled core built for")
+        if b.reason and not b.reason.startswith(quiet):
             _log.warning("dataspace: running the pure-Python core: %s", b.reason)
     return b
 

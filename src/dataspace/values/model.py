@@ -236,7 +236,7 @@ class _ValueMethods:
 class Symbol(_ValueMethods):
     """A Preserves symbol, written ``name`` or ``|quoted name|`` in text."""
 
-    __slots__ = ("name",)
+    __slots__ = ("_hash", "name")
 
     def __init__(self, name: object) -> None:
         if type(name) is str:
@@ -245,6 +245,8 @@ class Symbol(_ValueMethods):
             self.name = str(name)
         else:
             raise TypeError(f"Symbol name must be a str, not {type(name).__name__}")
+        # Kept: compiled, a hash beyond 62 bits is a boxed int, built anew on every call.
+        self._hash: int = hash(self.name) ^ 0x5F3759DF
 
     def __eq__(self, other: object) -> bool:
         if self is other:
@@ -257,7 +259,7 @@ class Symbol(_ValueMethods):
         return not self.__eq__(other)
 
     def __hash__(self) -> int:
-        return hash(self.name) ^ 0x5F3759DF
+        return self._hash
 
     def __repr__(self) -> str:
         return f"Symbol({self.name!r})"
