@@ -88,8 +88,8 @@ def why_no_compiler() -> str | None:
     include = sysconfig.get_paths().get("include") or ""
     if not os.path.exists(os.path.join(include, "Python.h")):
         return f"no Python headers ({include}/Python.h)"
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(os.environ.get("CC", cc).split()[0]) is None:
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(cc) is None:
         return f"no C compiler ({cc})"
     return None
 
@@ -138,7 +138,8 @@ class BuildCore(build_ext):
                 super().run()
         except Exception as e:  # compiler or linker errors: install pure Python
             lines = [ln for ln in out.getvalue().splitlines() if "error" in ln.lower()]
-            why = lines[0].strip() if lines else f"{type(e).__name__}: {e}"
+            msg = str(e)
+            why = lines[0].strip() if lines else f"{type(e).__name__}: {'...' * (len(msg) > 100)}{msg[-100:]}"
             notice(f"the C build of the core failed, installing pure Python ({why[:200]})")
             for f in self.get_outputs():
                 with contextlib.suppress(OSError):
@@ -169,10 +170,16 @@ class BuildCore(build_ext):
                 f.write("\n")
 
 
+# The commands that build (PEP 517 runs this file for metadata too: no compiling then).
+BUILDING = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
+
+
 def main() -> None:
     modules = compiled_modules()
     exts: list[object] = []
-    if os.environ.get("DATASPACE_PURE", "").strip() not in ("", "0"):
+    if not BUILDING.intersection(sys.argv[1:]):
+        pass
+    elif os.environ.get("DATASPACE_PURE", "").strip() not in ("", "0"):
         notice("DATASPACE_PURE is set: installing the pure-Python core")
     elif (why := why_no_compiler()) is not None:
         notice(f"{why}: installing the pure-Python core")
@@ -182,7 +189,7 @@ def main() -> None:
             BuildCore.compiler_name = compiler
         else:
             notice(f"{compiler}: installing the pure-Python core")
-    if not exts:
+    if not exts and BUILDING.intersection(sys.argv[1:]):
         # No build_ext runs: clear what an earlier compiled build left in the source tree
         # (the package then finds no compiled core and imports its source).
         remove_inplace_artefacts(modules)
