@@ -13,8 +13,10 @@ skip.  Under ``DATASPACE_PURE=1`` (``make test-pure``) only the build checks run
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 from typing import Any
@@ -282,6 +284,20 @@ def test_patterns_match_alike(pure: Any, p: Any, vs: list[Any]) -> None:
             assert cbin.encode(cmodel.Sequence(cm)) == pure.binary.encode(pure.model.Sequence(pm))
         lp, plp = cpat.lit(v), pure.pattern.lit(pv)
         assert str(lp) == str(plp) and cpat.match(lp, v) == () and pure.pattern.match(plp, pv) == ()
+
+
+@SETTINGS
+@given(patterns, annotated_values)
+def test_patterns_and_values_pickle_and_copy_in_both_builds(pure: Any, p: Any, v: Any) -> None:
+    # Compiled classes have no default way to be pickled or copied: each says its own.
+    pp = _pattern_to_pure(pure, p)
+    pv = _to_pure(pure, v, True)
+    for pat, val, binary in ((p, v, cbin), (pp, pv, pure.binary)):
+        for again in (lambda o: pickle.loads(pickle.dumps(o)), copy.copy, copy.deepcopy):
+            q = again(pat)
+            assert q == pat and str(q) == str(pat) and type(q) is type(pat)
+            w = again(val)
+            assert binary.encode(w, annotations=True) == binary.encode(val, annotations=True)
 
 
 @SETTINGS

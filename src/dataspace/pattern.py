@@ -160,6 +160,11 @@ class Discard(Pattern):
     def _k(self) -> tuple[Any, ...]:
         return ()
 
+    # (Each class says how to rebuild it: compiled, a native class has no default way to be
+    # pickled or copied.)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Discard, ())
+
 
 DISCARD = Discard()
 
@@ -178,6 +183,9 @@ class Bind(Pattern):
 
     def _k(self) -> tuple[Any, ...]:
         return (self.pattern,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Bind, (self.pattern, self.name))
 
 
 class Lit(Pattern):
@@ -198,6 +206,9 @@ class Lit(Pattern):
     def _k(self) -> tuple[Any, ...]:
         return (self._key,)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Lit, (self.value,))
+
 
 class Rec(Pattern):
     """``<label P0 P1 ...>``: a record with this label and at least the given fields."""
@@ -213,6 +224,9 @@ class Rec(Pattern):
     def _k(self) -> tuple[Any, ...]:
         return (self._label_key, self.fields)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Rec, (self.label, dict(self.fields)))
+
 
 class Arr(Pattern):
     """``[P0 P1 ...]``: a sequence with at least the given elements."""
@@ -225,6 +239,9 @@ class Arr(Pattern):
 
     def _k(self) -> tuple[Any, ...]:
         return (self.items,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Arr, (dict(self.items),))
 
 
 class Dict(Pattern):
@@ -250,6 +267,9 @@ class Dict(Pattern):
 
     def _k(self) -> tuple[Any, ...]:
         return tuple((key(k), p) for k, p in self.entries)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Dict, (list(self.entries),))
 
 
 def _nested(inner: int) -> int:
@@ -682,6 +702,10 @@ class _ClassTag:
 
     def __repr__(self) -> str:
         return self.name
+
+    def __reduce__(self) -> str:
+        # The module's own instance (the index tells classes apart by identity).
+        return "SEQUENCE_CLASS" if self.name == "sequence" else "DICTIONARY_CLASS"
 
 
 SEQUENCE_CLASS = _ClassTag("sequence")
