@@ -9,7 +9,9 @@ STAMP  := $(VENV)/.installed-stamp
 
 # The compiled core (setup.py): the sources of the modules listed in src/dataspace/_build.py
 # (COMPILED_MODULES).  Editing one reinstalls, which compiles it again (about a minute of CPU).
-CORE_SOURCES := $(patsubst %,src/%.py,$(subst .,/,$(shell sed -n 's/^    "\(dataspace\.[a-z_.]*\)",$$/\1/p' src/dataspace/_build.py)))
+CORE_SOURCES := $(shell $(PYTHON) -c 'import ast; t = ast.parse(open("src/dataspace/_build.py").read()); \
+	print(*("src/" + m.replace(".", "/") + ".py" for n in t.body \
+	if getattr(getattr(n, "target", None), "id", "") == "COMPILED_MODULES" for m in ast.literal_eval(n.value)))')
 
 $(STAMP): pyproject.toml setup.py src/dataspace/_build.py $(CORE_SOURCES)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
