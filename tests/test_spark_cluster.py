@@ -158,7 +158,7 @@ def test_the_executors_run_the_drivers_core(driver_run):
     covers that choice)."""
     res, _values, _stores = driver_run
     [(compiled, describe, model_file)] = res["executor_core"]
-    assert (compiled, describe) == (BUILD.compiled, BUILD.describe())
+    assert (compiled, describe) == (BUILD.compiled, BUILD.describe()), res["executor_core"]
     assert ("/dataspace-core-" in model_file) == BUILD.compiled  # not the driver's own file
     assert model_file != dataspace.values.model.__file__
 

@@ -161,10 +161,16 @@ class _ExtensionFinder:
         return importlib.util.spec_from_file_location(fullname, where, loader=loader)
 
 
+def _zip_member(z: zipimport.zipimporter, module: str, ext: str = ".py") -> bytes:
+    """A file of the zip by its name in the zip (Spark puts the zip on the path by a
+    relative name, so the absolute path of the file is not the key to ask for)."""
+    return z.get_data(module.replace(".", "/") + ext)
+
+
 def _extract_from_zip(z: zipimport.zipimporter, info_raw: bytes, mods: Sequence[str]) -> str:
     """Extract the compiled core from the zip beside it (once: the directory is named by
     the build record); return the directory."""
-    archive = z.archive
+    archive = os.path.abspath(z.archive)
     suffix = extension_suffix()
     names = [_group_lib() + suffix] + [m.replace(".", "/") + suffix for m in mods]
     target = os.path.join(
@@ -176,7 +182,7 @@ def _extract_from_zip(z: zipimport.zipimporter, info_raw: bytes, mods: Sequence[
             dest = os.path.join(tmp, *name.split("/"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with open(dest, "wb") as f:
-                f.write(z.get_data(os.path.join(archive, *name.split("/"))))
+                f.write(z.get_data(name))
         try:
             os.rename(tmp, target)
         except OSError:  # another process extracted it first
@@ -212,7 +218,7 @@ def _choose() -> Build:
     info_path = os.path.join(_PACKAGE_DIR, INFO_FILE)
     try:
         if z is not None:
-            info_raw = z.get_data(info_path)
+            info_raw = _zip_member(z, "dataspace." + INFO_FILE[: -len(".json")], ".json")
         else:
             with open(info_path, "rb") as f:
                 info_raw = f.read()
@@ -233,7 +239,7 @@ def _choose() -> Build:
             return Build(False, None, (), f"{m} is not in the compiled core; rebuild it")
         if z is not None:
             try:
-                same = hashlib.sha256(z.get_data(source_path(m))).hexdigest() == built[m]
+                same = hashlib.sha256(_zip_member(z, m)).hexdigest() == built[m]
             except OSError:
                 same = False
             if not same:
