@@ -7,7 +7,13 @@ For two sample values -- ``<Says "alice" "hello world" 12345>`` and a ~1 KiB nes
 ops/s of our binary ``encode``/``decode`` and text ``stringify``/``parse`` next to the
 ``preserves`` package's ``encode``/``decode``/``stringify``/``parse`` measured in the same
 run, and the ratio (theirs / ours: above 1 means ours is faster).  Each figure is the best
-of several timeit repeats.  Operations that are not implemented print ``n/a``.
+of several timeit repeats, in CPU time of this process (``time.process_time``: the machine
+is shared, and CPU time is what the codecs cost).  Operations that are not implemented
+print ``n/a``.
+
+Where the compiled core runs (``dataspace --version``), the pure-Python modules are timed
+too, in the same process (``dataspace._build.load_pure``): the ``pure`` columns, and
+``speed-up`` = pure time / compiled time.  ``DATASPACE_PURE=1`` times the pure build alone.
 
 Then times our codecs on pathological inputs (the unit tests check only the results):
 a binary string declaring 2**70 - 1 bytes, huge double literals, a long flat text
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+import time
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from dataspace._build import BUILD, load_pure
 from dataspace.values import (
     Decoder,
     DecodeShort,
@@ -119,7 +127,7 @@ def _calls_for(fn: Callable[[], Any], target: float) -> int | None:
         fn()
     except NotImplementedError:
         return None
-    number, elapsed = timeit.Timer(fn).autorange()
+    number, elapsed = timeit.Timer(fn, timer=time.process_time).autorange()
     return max(1, int(number * target / max(elapsed, 1e-9)))
 
 
@@ -137,7 +145,7 @@ def best_times(
         for i, (fn, number) in enumerate(zip(fns, numbers)):
             if fn is None or number is None:
                 continue
-            t = timeit.Timer(fn).timeit(number) / number
+            t = timeit.Timer(fn, timer=time.process_time).timeit(number) / number
             if best[i] is None or t < best[i]:  # type: ignore[operator]
                 best[i] = t
     return best
@@ -162,10 +170,16 @@ def main(argv: list[str] | None = None) -> int:
             ref_version = importlib.metadata.version("preserves")
         except importlib.metadata.PackageNotFoundError:
             ref_version = "unknown version"
-    print(f"python {sys.version.split()[0]}; reference: preserves {ref_version}")
+    pure_binary = pure_text = None
+    if BUILD.compiled:
+        pure_binary = load_pure("dataspace.values.binary")
+        pure_text = load_pure("dataspace.values.text")
+    print(f"python {sys.version.split()[0]}; reference: preserves {ref_version}; "
+          f"core: {BUILD.describe()}")
     header = (
         f"{'value':<12} {'op':<10} {'ours µs':>9} {'ours op/s':>10} "
         f"{'ref µs':>9} {'ref op/s':>10} {'ratio':>7}"
+        + (f" {'pure µs':>9} {'ratio':>7} {'speed-up':>8}" if pure_binary else "")
     )
     print(header)
     print("-" * len(header))
@@ -176,32 +190,54 @@ def main(argv: list[str] | None = None) -> int:
             text = our_text.stringify(v)
         except NotImplementedError:
             text = preserves.stringify(ref_v) if preserves else None
-        ops: list[tuple[str, Callable[[], Any], Callable[[], Any] | None]] = [
-            ("encode", lambda v=v: encode(v), preserves and (lambda r=ref_v: preserves.encode(r))),
+        ops: list[tuple[str, Callable[[], Any], Callable[[], Any] | None, Callable[[], Any] | None]] = [
+            (
+                "encode",
+                lambda v=v: encode(v),
+                preserves and (lambda r=ref_v: preserves.encode(r)),
+                None,
+            ),
             (
                 "decode",
                 lambda d=data: decode(d),
                 preserves and (lambda d=data: preserves.decode(d)),
+                None,
             ),
             (
                 "stringify",
                 lambda v=v: our_text.stringify(v),
                 preserves and (lambda r=ref_v: preserves.stringify(r)),
+                None,
             ),
             (
                 "parse",
                 lambda s=text: our_text.parse(s),
                 preserves and (lambda s=text: preserves.parse(s)),
+                None,
             ),
         ]
+        if pure_binary is not None and pure_text is not None:
+            pv = pure_binary.decode(data)  # the same value, built of the pure classes
+            pure_ops = [
+                lambda pv=pv: pure_binary.encode(pv),
+                lambda d=data: pure_binary.decode(d),
+                lambda pv=pv: pure_text.stringify(pv),
+                lambda s=text: pure_text.parse(s),
+            ]
+            ops = [(n, o, r, p) for (n, o, r, _), p in zip(ops, pure_ops)]
         print(f"{name:<12} ({len(data)} bytes binary)")
-        for op, ours, ref in ops:
-            t_ours, t_ref = best_times([ours, ref or None], repeat, target)
+        for op, ours, ref, pure in ops:
+            t_ours, t_ref, t_pure = best_times([ours, ref or None, pure], repeat, target)
             ratio = f"{t_ref / t_ours:7.2f}" if t_ours and t_ref else "    n/a"
-            print(
+            line = (
                 f"{'':<12} {op:<10} {fmt(t_ours)[0]:>9} {fmt(t_ours)[1]:>10} "
                 f"{fmt(t_ref)[0]:>9} {fmt(t_ref)[1]:>10} {ratio}"
             )
+            if pure_binary is not None:
+                pratio = f"{t_ref / t_pure:7.2f}" if t_pure and t_ref else "    n/a"
+                speedup = f"{t_pure / t_ours:8.2f}" if t_pure and t_ours else "     n/a"
+                line += f" {fmt(t_pure)[0]:>9} {pratio} {speedup}"
+            print(line)
     print("ratio = reference time / our time (above 1: ours is faster)")
     print()
     pathological(repeat)

@@ -58,6 +58,13 @@ def staged_parts(url: str) -> dict[str, int]:
     return {"registered": last if called else 0, "left": left, "tables_left": tables}
 
 
+def _executor_core() -> tuple[bool, str, str]:
+    import dataspace._build as b
+    import dataspace.values.model as m
+
+    return b.BUILD.compiled, b.BUILD.describe(), m.__file__
+
+
 def main(config_path: str) -> int:
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
@@ -75,6 +82,11 @@ def main(config_path: str) -> int:
     # Where the executors are: their processes do not see the driver's marker file.
     res["executor_sees_marker"] = sorted(set(sc.parallelize(range(4), 2).map(
         lambda _: os.path.exists(marker)).collect()))
+
+    # Which core the executors' Python workers run: the compiled one shipped in the
+    # package zip where their platform matches the driver's (here: the same machine).
+    res["executor_core"] = sorted(set(sc.parallelize(range(2), 2).map(
+        lambda _: _executor_core()).collect()))
 
     # dataspace pipeline run: the command's code on this session (it keeps a session it
     # did not start).

@@ -17,6 +17,7 @@ import time
 from rich.console import Console
 
 from broker_support import PY, TIMEOUT, ServerProcess, async_test
+from dataspace._build import BUILD
 from dataspace.cli.top import COLUMNS, Sample, render
 from dataspace.client import connect
 from dataspace.values import parse
@@ -57,6 +58,7 @@ async def test_info_and_top_snapshot(tmp_path):
         assert code == 0, err
         lines = out.splitlines()
         assert lines[0].startswith(f"dataspace 0.1.0 at {url}/ (server ")
+        assert lines[1] == f"core         {BUILD.describe()}"  # compiled or pure Python
         assert "connections  1 open, 1 accepted, 0 refused" in out
         assert "messages 3 in, 3 out" in out
         assert "recorder     chat: 3 recorded, 0 dropped, 0 queued" in out
@@ -65,6 +67,7 @@ async def test_info_and_top_snapshot(tmp_path):
         assert code == 0, err
         s = json.loads(out)
         assert s["connections"] == 1 and s["messages_in"] == 3 and s["scope"] == "admin"
+        assert s["core"]["compiled"] == BUILD.compiled and s["core"]["modules"] == list(BUILD.modules)
 
         # Not a terminal: one snapshot, then exit.
         code, out, err = await _cli("top", "--url", url, "--token", "@" + data + "/root.sturdyref")

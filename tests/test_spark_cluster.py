@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+import dataspace.values.model
+from dataspace._build import BUILD
 from dataspace.pattern import match, parse_pattern
 from dataspace.pipeline.spark.session import read_on
 from dataspace.pipeline.spark.source import OptionError, parse_options
@@ -148,6 +150,17 @@ def test_the_connector_reads_on_the_executors(driver_run, spark_cluster):
     assert res["batch_rows"] == [[i, stringify(v)] for i, v in enumerate(values)]
     # The reads opened the store in the executors' Python workers (the Worker's session).
     assert res["executor_clients"], "no connection to the store from the worker's processes"
+
+
+def test_the_executors_run_the_drivers_core(driver_run):
+    """The package zip carries the compiled core; executors on the driver's platform run
+    it (extracted beside the zip), others would run the source (test_compiled_differential
+    covers that choice)."""
+    res, _values, _stores = driver_run
+    [(compiled, describe, model_file)] = res["executor_core"]
+    assert (compiled, describe) == (BUILD.compiled, BUILD.describe()), res["executor_core"]
+    assert ("/dataspace-core-" in model_file) == BUILD.compiled  # not the driver's own file
+    assert model_file != dataspace.values.model.__file__
 
 
 def test_streaming_read_and_writers_on_the_cluster(driver_run):

@@ -12,6 +12,8 @@ alice hi
 
 from typing import TYPE_CHECKING
 
+# First: choose the compiled or the pure-Python core before any of it is imported.
+from . import _build  # noqa: F401
 from ._lazy import lazy_exports
 
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ become compound patterns over their fields; sets and embedded values match exact
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
 from .values import (
     Dictionary,
@@ -54,6 +54,7 @@ from .values import (
     preserve,
     sort_key,
 )
+from .values.model import _enter, _leave
 
 __all__ = [
     "DISCARD",
@@ -75,27 +76,59 @@ __all__ = [
 ]
 
 
+def _is_compiled() -> bool:
+    """True when this module runs compiled: its functions then carry no Python code."""
+    return not hasattr(_is_compiled, "__code__")
+
+
+COMPILED: Final = _is_compiled()
+"""Whether this module is the compiled (mypyc) build of its source."""
+
+
 class PatternError(ValueError):
     """A value or text that is not a valid pattern."""
 
 
 class Pattern:
-    """Base class of patterns.  Patterns are immutable, hashable and compare structurally."""
+    """Base class of patterns.  Patterns are immutable, hashable and compare structurally.
 
-    __slots__ = ("_hash", "_skel")
+    Compiled (mypyc), the pattern classes are native classes: they cannot be subclassed
+    outside this module.
+    """
+
+    __slots__ = ("_depth", "_hash", "_skel")
+    _depth: int  # nesting: 0 for discards and literals (checked against _MAX_PATTERN_DEPTH)
+    _hash: int
+    _skel: Skeleton
 
     def _k(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
-        return self is other or (type(other) is type(self) and self._k() == other._k())  # type: ignore[attr-defined]
+        if self is other:
+            return True
+        if isinstance(other, Pattern) and type(other) is type(self):
+            return self._k() == other._k()
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
 
     def __hash__(self) -> int:
         try:
             return self._hash
         except AttributeError:
-            h = self._hash = hash((type(self).__name__, self._k()))
-            return h
+            pass
+        if COMPILED:
+            _enter()
+            try:
+                h = hash((type(self).__name__, self._k()))
+            finally:
+                _leave()
+        else:
+            h = hash((type(self).__name__, self._k()))
+        self._hash = h
+        return h
 
     def __repr__(self) -> str:
         return f"parse_pattern({str(self)!r})"
@@ -121,8 +154,16 @@ class Discard(Pattern):
 
     __slots__ = ()
 
+    def __init__(self) -> None:
+        self._depth = 0
+
     def _k(self) -> tuple[Any, ...]:
         return ()
+
+    # (Each class says how to rebuild it: compiled, a native class has no default way to be
+    # pickled or copied.)
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Discard, ())
 
 
 DISCARD = Discard()
@@ -133,14 +174,18 @@ class Bind(Pattern):
 
     __slots__ = ("name", "pattern")
 
-    def __init__(self, pattern: Pattern = DISCARD, name: str | None = None) -> None:
+    def __init__(self, pattern: object = DISCARD, name: str | None = None) -> None:
         if not isinstance(pattern, Pattern):
             raise TypeError("Bind needs a Pattern")
-        self.pattern = pattern
+        self.pattern: Pattern = pattern
         self.name = name  # documentation only: not part of equality
+        self._depth = _nested(pattern._depth)
 
     def _k(self) -> tuple[Any, ...]:
         return (self.pattern,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Bind, (self.pattern, self.name))
 
 
 class Lit(Pattern):
@@ -156,9 +201,13 @@ class Lit(Pattern):
             )
         self.value = value
         self._key = key(value)
+        self._depth = 0
 
     def _k(self) -> tuple[Any, ...]:
         return (self._key,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Lit, (self.value,))
 
 
 class Rec(Pattern):
@@ -170,9 +219,13 @@ class Rec(Pattern):
         self.label = preserve(label)
         self._label_key = key(self.label)
         self.fields = _indexed(fields, "record field")
+        self._depth = _nested(max([p._depth for _i, p in self.fields], default=0))
 
     def _k(self) -> tuple[Any, ...]:
         return (self._label_key, self.fields)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Rec, (self.label, dict(self.fields)))
 
 
 class Arr(Pattern):
@@ -182,9 +235,13 @@ class Arr(Pattern):
 
     def __init__(self, items: Iterable[Pattern] | Mapping[int, Pattern] = ()) -> None:
         self.items = _indexed(items, "sequence element")
+        self._depth = _nested(max([p._depth for _i, p in self.items], default=0))
 
     def _k(self) -> tuple[Any, ...]:
         return (self.items,)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Arr, (dict(self.items),))
 
 
 class Dict(Pattern):
@@ -206,9 +263,21 @@ class Dict(Pattern):
         self.entries: tuple[tuple[Value, Pattern], ...] = tuple(
             sorted(seen.values(), key=lambda kp: sort_key(kp[0]))
         )
+        self._depth = _nested(max([p._depth for _k, p in self.entries], default=0))
 
     def _k(self) -> tuple[Any, ...]:
         return tuple((key(k), p) for k, p in self.entries)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Dict, (list(self.entries),))
+
+
+def _nested(inner: int) -> int:
+    """The depth of a pattern around one of depth ``inner``: nesting is bounded here, so
+    every recursion over a pattern is (the compiled build has no stack guard of its own)."""
+    if inner >= _MAX_PATTERN_DEPTH:
+        raise PatternError(f"pattern nested deeper than {_MAX_PATTERN_DEPTH}")
+    return inner + 1
 
 
 def _indexed(
@@ -257,34 +326,33 @@ def match(pattern: Pattern, value: Value) -> tuple[Value, ...] | None:
 
 
 def _match(p: Pattern, v: Value, out: list[Value]) -> bool:
-    t = type(p)
-    if t is Discard:
+    if isinstance(p, Discard):
         return True
-    if t is Bind:
+    if isinstance(p, Bind):
         out.append(v)
-        return _match(p.pattern, v, out)  # type: ignore[attr-defined]
-    if t is Lit:
-        return key(v) == p._key  # type: ignore[attr-defined]
-    if t is Rec:
-        if type(v) is not Record or key(v.label) != p._label_key:  # type: ignore[attr-defined]
+        return _match(p.pattern, v, out)
+    if isinstance(p, Lit):
+        return bool(key(v) == p._key)
+    if isinstance(p, Rec):
+        if type(v) is not Record or key(v.label) != p._label_key:
             return False
         fields = v.fields
-        for i, sub in p.fields:  # type: ignore[attr-defined]
+        for i, sub in p.fields:
             if i >= len(fields) or not _match(sub, fields[i], out):
                 return False
         return True
-    if t is Arr:
+    if isinstance(p, Arr):
         if type(v) is not Sequence:
             return False
-        for i, sub in p.items:  # type: ignore[attr-defined]
+        for i, sub in p.items:
             if i >= len(v) or not _match(sub, v[i], out):
                 return False
         return True
-    if t is Dict:
+    if isinstance(p, Dict):
         if type(v) is not Dictionary:
             return False
         items = v._items
-        for k, sub in p.entries:  # type: ignore[attr-defined]
+        for k, sub in p.entries:
             e = items.get(key(k))
             if e is None or not _match(sub, e[1], out):
                 return False
@@ -303,27 +371,26 @@ _REC = Symbol("rec")
 _ARR = Symbol("arr")
 _DICT = Symbol("dict")
 
-_MAX_PATTERN_DEPTH = 256
+_MAX_PATTERN_DEPTH: Final = 256
 
 
 def to_preserves(pattern: Pattern) -> Value:
     """The Syndicate wire form (dataspacePatterns.prs) of ``pattern``."""
-    t = type(pattern)
-    if t is Discard:
+    if isinstance(pattern, Discard):
         return Record._make(_S_, ())
-    if t is Bind:
-        return Record._make(_BIND, (to_preserves(pattern.pattern),))  # type: ignore[attr-defined]
-    if t is Lit:
-        return Record._make(_LIT, (pattern.value,))  # type: ignore[attr-defined]
-    if t is Rec:
-        gt = Record._make(_REC, (pattern.label,))  # type: ignore[attr-defined]
-        entries = Dictionary((i, to_preserves(p)) for i, p in pattern.fields)  # type: ignore[attr-defined]
-    elif t is Arr:
+    if isinstance(pattern, Bind):
+        return Record._make(_BIND, (to_preserves(pattern.pattern),))
+    if isinstance(pattern, Lit):
+        return Record._make(_LIT, (pattern.value,))
+    if isinstance(pattern, Rec):
+        gt = Record._make(_REC, (pattern.label,))
+        entries = Dictionary([(i, to_preserves(p)) for i, p in pattern.fields])
+    elif isinstance(pattern, Arr):
         gt = Record._make(_ARR, ())
-        entries = Dictionary((i, to_preserves(p)) for i, p in pattern.items)  # type: ignore[attr-defined]
-    elif t is Dict:
+        entries = Dictionary([(i, to_preserves(p)) for i, p in pattern.items])
+    elif isinstance(pattern, Dict):
         gt = Record._make(_DICT, ())
-        entries = Dictionary((k, to_preserves(p)) for k, p in pattern.entries)  # type: ignore[attr-defined]
+        entries = Dictionary([(k, to_preserves(p)) for k, p in pattern.entries])
     else:
         raise TypeError(f"not a pattern: {pattern!r}")
     return Record._make(_GROUP, (gt, entries))
@@ -428,20 +495,19 @@ def instantiate(pattern: Pattern, captures: Iterable[Value]) -> Value:
 
 
 def _fill(p: Pattern, captures: Iterator[Value]) -> Value:
-    t = type(p)
-    if t is Bind:
+    if isinstance(p, Bind):
         v = next(captures)
-        for _ in p.pattern.binding_names():  # type: ignore[attr-defined]
+        for _ in p.pattern.binding_names():
             next(captures)  # binds inside a bind: its capture holds them already
         return v
-    if t is Lit:
-        return p.value  # type: ignore[attr-defined]
-    if t is Rec:
-        return Record(p.label, _fill_items(dict(p.fields), captures))  # type: ignore[attr-defined]
-    if t is Arr:
-        return Sequence(_fill_items(dict(p.items), captures))  # type: ignore[attr-defined]
-    if t is Dict:
-        return Dictionary([(k, _fill(x, captures)) for k, x in p.entries])  # type: ignore[attr-defined]
+    if isinstance(p, Lit):
+        return p.value
+    if isinstance(p, Rec):
+        return Record(p.label, _fill_items(dict(p.fields), captures))
+    if isinstance(p, Arr):
+        return Sequence(_fill_items(dict(p.items), captures))
+    if isinstance(p, Dict):
+        return Dictionary([(k, _fill(x, captures)) for k, x in p.entries])
     return _DISCARD_TEXT
 
 
@@ -560,31 +626,29 @@ def _unparse(p: Pattern) -> str:
 
 
 def _to_syntax(p: Pattern) -> Value:
-    t = type(p)
-    if t is Discard:
+    if isinstance(p, Discard):
         return _S_
-    if t is Bind:
-        name = "$" + (p.name or "")  # type: ignore[attr-defined]
-        if type(p.pattern) is Discard:  # type: ignore[attr-defined]
+    if isinstance(p, Bind):
+        name = "$" + (p.name or "")
+        if type(p.pattern) is Discard:
             return Symbol(name)
-        return Record._make(Symbol(name), (_to_syntax(p.pattern),))  # type: ignore[attr-defined]
-    if t is Lit:
-        v = p.value  # type: ignore[attr-defined]
+        return Record._make(Symbol(name), (_to_syntax(p.pattern),))
+    if isinstance(p, Lit):
+        v = p.value
         return _escape_symbol(v) if type(v) is Symbol else v
-    if t is Rec:
-        fields = dict(p.fields)  # type: ignore[attr-defined]
+    if isinstance(p, Rec):
+        fields = dict(p.fields)
         n = max(fields) + 1 if fields else 0
-        label = p.label  # type: ignore[attr-defined]
+        label = p.label
         label = _escape_symbol(label) if type(label) is Symbol else label
         return Record(label, [_to_syntax(fields[i]) if i in fields else _S_ for i in range(n)])
-    if t is Arr:
-        items = dict(p.items)  # type: ignore[attr-defined]
+    if isinstance(p, Arr):
+        items = dict(p.items)
         n = max(items) + 1 if items else 0
         return Sequence([_to_syntax(items[i]) if i in items else _S_ for i in range(n)])
-    if t is Dict:
+    if isinstance(p, Dict):
         return Dictionary(
-            (_escape_symbol(k) if type(k) is Symbol else k, _to_syntax(x))
-            for k, x in p.entries  # type: ignore[attr-defined]
+            [(_escape_symbol(k) if type(k) is Symbol else k, _to_syntax(x)) for k, x in p.entries]
         )
     raise TypeError(f"not a pattern: {p!r}")
 
@@ -597,31 +661,29 @@ def _drop_gaps(items: tuple[tuple[int, Pattern], ...]) -> dict[int, Pattern]:
 
 
 def _normalize(p: Pattern) -> Pattern:
-    t = type(p)
-    if t is Bind:
-        return Bind(_normalize(p.pattern), p.name)  # type: ignore[attr-defined]
-    if t is Rec:
-        return Rec(p.label, _drop_gaps(p.fields))  # type: ignore[attr-defined]
-    if t is Arr:
-        return Arr(_drop_gaps(p.items))  # type: ignore[attr-defined]
-    if t is Dict:
-        return Dict([(k, _normalize(x)) for k, x in p.entries])  # type: ignore[attr-defined]
+    if isinstance(p, Bind):
+        return Bind(_normalize(p.pattern), p.name)
+    if isinstance(p, Rec):
+        return Rec(p.label, _drop_gaps(p.fields))
+    if isinstance(p, Arr):
+        return Arr(_drop_gaps(p.items))
+    if isinstance(p, Dict):
+        return Dict([(k, _normalize(x)) for k, x in p.entries])
     return p
 
 
 def _names(p: Pattern, out: list[str | None]) -> None:
-    t = type(p)
-    if t is Bind:
-        out.append(p.name)  # type: ignore[attr-defined]
-        _names(p.pattern, out)  # type: ignore[attr-defined]
-    elif t is Rec:
-        for _i, x in p.fields:  # type: ignore[attr-defined]
+    if isinstance(p, Bind):
+        out.append(p.name)
+        _names(p.pattern, out)
+    elif isinstance(p, Rec):
+        for _i, x in p.fields:
             _names(x, out)
-    elif t is Arr:
-        for _i, x in p.items:  # type: ignore[attr-defined]
+    elif isinstance(p, Arr):
+        for _i, x in p.items:
             _names(x, out)
-    elif t is Dict:
-        for _k, x in p.entries:  # type: ignore[attr-defined]
+    elif isinstance(p, Dict):
+        for _k, x in p.entries:
             _names(x, out)
 
 
@@ -640,6 +702,10 @@ class _ClassTag:
 
     def __repr__(self) -> str:
         return self.name
+
+    def __reduce__(self) -> str:
+        # The module's own instance (the index tells classes apart by identity).
+        return "SEQUENCE_CLASS" if self.name == "sequence" else "DICTIONARY_CLASS"
 
 
 SEQUENCE_CLASS = _ClassTag("sequence")
@@ -741,28 +807,35 @@ def _path_sort_key(path: Path) -> tuple[Any, ...]:
     return tuple(sort_key(s) for s in path)
 
 
-def _walk(p, h, shape, consts, checks, caps, kinds) -> None:  # type: ignore[no-untyped-def]
-    t = type(p)
-    if t is Discard:
+def _walk(
+    p: Pattern,
+    h: Path,
+    shape: list[tuple[Path, Any]],
+    consts: list[tuple[Path, Value]],
+    checks: list[Path],
+    caps: list[Path],
+    kinds: dict[Path, str],
+) -> None:
+    if isinstance(p, Discard):
         checks.append(h)
-    elif t is Bind:
+    elif isinstance(p, Bind):
         caps.append(h)
         sub = p.pattern
         if type(sub) is not Discard:
             _walk(sub, h, shape, consts, checks, caps, kinds)
-    elif t is Lit:
+    elif isinstance(p, Lit):
         consts.append((h, p.value))
-    elif t is Rec:
+    elif isinstance(p, Rec):
         shape.append((h, classof(Record._make(p.label, ()))))
         kinds[path_key(h)] = "rec"
         for i, sub in p.fields:
             _walk(sub, (*h, i), shape, consts, checks, caps, kinds)
-    elif t is Arr:
+    elif isinstance(p, Arr):
         shape.append((h, SEQUENCE_CLASS))
         kinds[path_key(h)] = "arr"
         for i, sub in p.items:
             _walk(sub, (*h, i), shape, consts, checks, caps, kinds)
-    elif t is Dict:
+    elif isinstance(p, Dict):
         shape.append((h, DICTIONARY_CLASS))
         kinds[path_key(h)] = "dict"
         for k, sub in p.entries:

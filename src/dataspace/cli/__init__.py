@@ -43,6 +43,7 @@ import logging  # noqa: E402
 import pkgutil  # noqa: E402
 
 from .. import __version__  # noqa: E402
+from .._build import BUILD  # noqa: E402
 
 ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
          "stream", "scry", "pipeline", "demo"]  # module names
@@ -80,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"dataspace {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"dataspace {__version__} ({BUILD.describe()})"
+    )
     parser.add_argument(
         "-v", "--verbose", action="count", default=0,
         help="more logging (-v info, -vv debug); logs go to stderr",

@@ -43,6 +43,8 @@ def format_summary(s: dict[str, Any], url: str) -> list[str]:
     if s.get("scope") != "admin":
         head += f"; seen as {s.get('scope')}"
     lines = [head]
+    if isinstance(s.get("core"), dict):
+        lines.append(f"core         {s['core'].get('describe')}")
     lines.append(f"connections  {_n(s.get('connections'))} open, {_n(s.get('connections_accepted'))} "
                  f"accepted, {_n(s.get('connections_refused'))} refused")
     dss = ", ".join(f"{name} {_n(d['assertions'])} ({_n(d['observers'])} observers)"

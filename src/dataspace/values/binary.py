@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from operator import itemgetter
-from typing import Any
+from typing import Any, Final
 
 from .errors import DecodeEOF, DecodeError, DecodeLimitExceeded, DecodeShort, DecodeTooLarge
 from .model import (
     _PLAIN_NOINT,
     MAX_DEPTH,
+    RECURSION_LIMIT,
     Annotated,
     Dictionary,
     Embedded,
@@ -52,27 +52,25 @@ from .model import (
 
 __all__ = ["Decoder", "decode", "decode_prefix", "encode", "make_reader", "make_writer"]
 
-DEFAULT_MAX_DEPTH = MAX_DEPTH
+DEFAULT_MAX_DEPTH: Final = MAX_DEPTH
 """Default nesting limit (containers, embedded values and annotations) for both ways."""
 
-DEFAULT_MAX_VALUE_SIZE = 16 * 1024 * 1024
+DEFAULT_MAX_VALUE_SIZE: Final = 16 * 1024 * 1024
 """Default limit on the encoded size of one value read by a :class:`Decoder`."""
 
-_new = object.__new__
-_pack_d = struct.Struct(">d").pack
-_unpack_d_from = struct.Struct(">d").unpack_from
-_from_bytes = int.from_bytes
+_pack_d: Final = struct.Struct(">d").pack
+_unpack_d_from: Final = struct.Struct(">d").unpack_from
 
 # Header bytes (tag + single-byte varint length) for lengths below 128.
-_HDR_INT = [bytes((0xB0, n)) for n in range(128)]
-_HDR_STR = [bytes((0xB1, n)) for n in range(128)]
-_HDR_BYTES = [bytes((0xB2, n)) for n in range(128)]
-_HDR_SYM = [bytes((0xB3, n)) for n in range(128)]
+_HDR_INT: Final = [bytes((0xB0, n)) for n in range(128)]
+_HDR_STR: Final = [bytes((0xB1, n)) for n in range(128)]
+_HDR_BYTES: Final = [bytes((0xB2, n)) for n in range(128)]
+_HDR_SYM: Final = [bytes((0xB3, n)) for n in range(128)]
 
 # Complete encodings of the small integers.
-_SMALL_INT_MIN = -256
-_SMALL_INT_MAX = 1024
-_SMALL_INTS = [
+_SMALL_INT_MIN: Final = -256
+_SMALL_INT_MAX: Final = 1024
+_SMALL_INTS: Final = [
     bytes((0xB0, 0))
     if i == 0
     else _HDR_INT[((i if i >= 0 else ~i).bit_length() + 8) >> 3]
@@ -82,9 +80,9 @@ _SMALL_INTS = [
 
 # Decoded symbols, keyed by their UTF-8 bytes (symbols are immutable, so sharing is safe).
 # Bounded: untrusted peers can fill it, which only costs the cache its usefulness.
-_SYMBOL_CACHE: dict[bytes, Symbol] = {}
-_SYMBOL_CACHE_MAX = 4096
-_SYMBOL_CACHE_MAX_LEN = 64
+_SYMBOL_CACHE: Final[dict[bytes, Symbol]] = {}
+_SYMBOL_CACHE_MAX: Final = 4096
+_SYMBOL_CACHE_MAX_LEN: Final = 64
 
 
 def _varint(n: int) -> bytes:
@@ -125,61 +123,70 @@ def _no_embedded_hook(obj: Any) -> TypeError:
     )
 
 
+def _depth_limit(max_depth: int) -> int:
+    """``max_depth`` as the codecs apply it: at most :data:`RECURSION_LIMIT`, so that a
+    deep value is refused before it exhausts the stack (the C stack, compiled)."""
+    return max_depth if max_depth < RECURSION_LIMIT else RECURSION_LIMIT
+
+
 # ---------------------------------------------------------------------------------------
 # Encoding
 
-_Writer = Callable[[Any, list[bytes], int], None]
-_first = itemgetter(0)
+_WriteFn = Callable[[Any, list[bytes], int], None]
 
 
-def make_writer(
-    canonical: bool,
-    annotations: bool,
-    embedded: Callable[[Any], Value] | None,
-    max_depth: int,
-) -> _Writer:
-    """Build ``write(v, out, depth)`` appending the encoding of ``v`` to the list ``out``.
+def _first(e: tuple[bytes, Any]) -> bytes:
+    return e[0]
 
-    Low-level API for protocol code that encodes many values with the same options (the
-    relay): ``out`` is a list of ``bytes`` to ``b"".join``, ``depth`` starts at 0.
 
-    ``out`` collects ``bytes`` chunks to be joined once at the end (``list.append`` is the
-    cheapest way to accumulate in CPython 3.11).  The options are closed over so the hot
-    path never tests them, and the most common leaf types are handled inline in the
-    container loops to save a call per item.
+def _first3(e: tuple[bytes, list[bytes], Any]) -> bytes:
+    return e[0]
+
+
+class _Writer:
+    """The encoder for one set of options: :meth:`write` appends the encoding of a value
+    to a list of ``bytes`` chunks (joined once at the end).
+
+    The most common leaf types are handled inline in the container loops to save a call
+    per item.  With canonical ordering *and* annotations, elements are sorted by their
+    canonical annotation-free encodings (``sorter``), but written with their annotations.
     """
-    hdr_str = _HDR_STR
-    hdr_sym = _HDR_SYM
-    hdr_bytes = _HDR_BYTES
-    small_ints = _SMALL_INTS
-    imin = _SMALL_INT_MIN
-    imax = _SMALL_INT_MAX
-    pack_d = _pack_d
-    header = _header
-    int_bytes = _int_bytes
-    join = b"".join
-    # With canonical ordering *and* annotations, elements are sorted by their canonical
-    # annotation-free encodings, but written with their annotations.
-    sort_writer = (
-        make_writer(True, False, embedded, max_depth) if canonical and annotations else None
-    )
 
-    def write(v: Any, out: list[bytes], depth: int) -> None:
+    __slots__ = ("annotations", "canonical", "embedded", "max_depth", "sorter")
+
+    def __init__(
+        self,
+        canonical: bool,
+        annotations: bool,
+        embedded: Callable[[Any], Any] | None,
+        max_depth: int,
+    ) -> None:
+        self.canonical = canonical
+        self.annotations = annotations
+        self.embedded = embedded
+        self.max_depth = _depth_limit(max_depth)
+        self.sorter: _Writer | None = (
+            _Writer(True, False, embedded, max_depth) if canonical and annotations else None
+        )
+
+    def write(self, v: Any, out: list[bytes], depth: int) -> None:
         t = type(v)
         if t is Record or t is Sequence:
-            if depth >= max_depth:
-                raise _too_deep(max_depth)
+            if depth >= self.max_depth:
+                raise _too_deep(self.max_depth)
             depth += 1
+            items: tuple[Any, ...]
             if t is Record:
                 out.append(b"\xb4")
                 x = v.label
                 if type(x) is Symbol:
-                    b = x.name.encode()
+                    lab: Symbol = x
+                    b = lab.name.encode()
                     n = len(b)
-                    out.append(hdr_sym[n] if n < 0x80 else header(0xB3, n))
+                    out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
                     out.append(b)
                 else:
-                    write(x, out, depth)
+                    self.write(x, out, depth)
                 items = v.fields
             else:
                 out.append(b"\xb5")
@@ -187,158 +194,202 @@ def make_writer(
             for x in items:
                 tx = type(x)
                 if tx is str:
-                    b = x.encode()
+                    xs: str = x  # (typed: compiled, a direct call)
+                    b = xs.encode()
                     n = len(b)
-                    out.append(hdr_str[n] if n < 0x80 else header(0xB1, n))
+                    out.append(_HDR_STR[n] if n < 0x80 else _header(0xB1, n))
                     out.append(b)
                 elif tx is int:
-                    out.append(small_ints[x - imin] if imin <= x < imax else int_bytes(x))
+                    xi: int = x
+                    out.append(
+                        _SMALL_INTS[xi - _SMALL_INT_MIN]
+                        if _SMALL_INT_MIN <= xi < _SMALL_INT_MAX
+                        else _int_bytes(xi)
+                    )
                 elif tx is Symbol:
-                    b = x.name.encode()
+                    xy: Symbol = x
+                    b = xy.name.encode()
                     n = len(b)
-                    out.append(hdr_sym[n] if n < 0x80 else header(0xB3, n))
+                    out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
                     out.append(b)
                 else:
-                    write(x, out, depth)
+                    self.write(x, out, depth)
             out.append(b"\x84")
         elif t is str:
-            b = v.encode()
+            vs: str = v
+            b = vs.encode()
             n = len(b)
-            out.append(hdr_str[n] if n < 0x80 else header(0xB1, n))
+            out.append(_HDR_STR[n] if n < 0x80 else _header(0xB1, n))
             out.append(b)
         elif t is int:
-            out.append(small_ints[v - imin] if imin <= v < imax else int_bytes(v))
+            vi: int = v
+            out.append(
+                _SMALL_INTS[vi - _SMALL_INT_MIN]
+                if _SMALL_INT_MIN <= vi < _SMALL_INT_MAX
+                else _int_bytes(vi)
+            )
         elif t is Symbol:
-            b = v.name.encode()
+            vy: Symbol = v
+            b = vy.name.encode()
             n = len(b)
-            out.append(hdr_sym[n] if n < 0x80 else header(0xB3, n))
+            out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
             out.append(b)
         elif t is Dictionary:
-            if depth >= max_depth:
-                raise _too_deep(max_depth)
-            depth += 1
-            out.append(b"\xb7")
-            if not canonical:
-                for k, x in v._items.values():
-                    write(k, out, depth)
-                    write(x, out, depth)
-            elif sort_writer is None:
-                entries = []
-                for k, x in v._items.values():
-                    tk = type(k)
-                    if tk is str:
-                        b = k.encode()
-                        n = len(b)
-                        kb = (hdr_str[n] if n < 0x80 else header(0xB1, n)) + b
-                    elif tk is Symbol:
-                        b = k.name.encode()
-                        n = len(b)
-                        kb = (hdr_sym[n] if n < 0x80 else header(0xB3, n)) + b
-                    else:
-                        sub: list[bytes] = []
-                        write(k, sub, depth)
-                        kb = join(sub)
-                    entries.append((kb, x))
-                entries.sort(key=_first)
-                for kb, x in entries:
-                    out.append(kb)
-                    tx = type(x)
-                    if tx is str:
-                        b = x.encode()
-                        n = len(b)
-                        out.append(hdr_str[n] if n < 0x80 else header(0xB1, n))
-                        out.append(b)
-                    elif tx is int:
-                        out.append(small_ints[x - imin] if imin <= x < imax else int_bytes(x))
-                    elif tx is Symbol:
-                        b = x.name.encode()
-                        n = len(b)
-                        out.append(hdr_sym[n] if n < 0x80 else header(0xB3, n))
-                        out.append(b)
-                    else:
-                        write(x, out, depth)
-            else:
-                annotated_entries = []
-                for k, x in v._items.values():
-                    sk: list[bytes] = []
-                    sort_writer(k, sk, depth)
-                    sub = []
-                    write(k, sub, depth)
-                    annotated_entries.append((join(sk), sub, x))
-                annotated_entries.sort(key=_first)
-                for _sk, sub, x in annotated_entries:
-                    out += sub
-                    write(x, out, depth)
-            out.append(b"\x84")
+            self._write_dict(v, out, depth)
         elif t is bool:
             out.append(b"\x81" if v else b"\x80")
         elif t is float:
             out.append(b"\x87\x08")
-            out.append(pack_d(v))
+            out.append(_pack_d(v))
         elif t is bytes:
             n = len(v)
-            out.append(hdr_bytes[n] if n < 0x80 else header(0xB2, n))
+            out.append(_HDR_BYTES[n] if n < 0x80 else _header(0xB2, n))
             out.append(v)
         elif t is Set:
-            if depth >= max_depth:
-                raise _too_deep(max_depth)
-            depth += 1
-            out.append(b"\xb6")
-            if not canonical:
-                for x in v._items.values():
-                    write(x, out, depth)
-            elif sort_writer is None:
-                encs = []
-                for x in v._items.values():
-                    sub = []
-                    write(x, sub, depth)
-                    encs.append(join(sub))
-                encs.sort()
-                out += encs
-            else:
-                pairs = []
-                for x in v._items.values():
-                    sk = []
-                    sort_writer(x, sk, depth)
-                    sub = []
-                    write(x, sub, depth)
-                    pairs.append((join(sk), sub))
-                pairs.sort(key=_first)
-                for _sk, sub in pairs:
-                    out += sub
-            out.append(b"\x84")
+            self._write_set(v, out, depth)
         elif t is Embedded:
-            if depth >= max_depth:
-                raise _too_deep(max_depth)
+            if depth >= self.max_depth:
+                raise _too_deep(self.max_depth)
             obj = v.value
-            if embedded is not None:
-                obj = embedded(obj)
+            hook = self.embedded
+            if hook is not None:
+                obj = hook(obj)
             elif not is_value(obj):
                 raise _no_embedded_hook(obj)
             out.append(b"\x86")
-            write(obj, out, depth + 1)
+            self.write(obj, out, depth + 1)
         elif t is Annotated:
-            if depth >= max_depth:
-                raise _too_deep(max_depth)
+            if depth >= self.max_depth:
+                raise _too_deep(self.max_depth)
             depth += 1
-            if annotations:
+            if self.annotations:
                 for a in v.annotations:
                     out.append(b"\x85")
-                    write(a, out, depth)
-            write(v.item, out, depth)
+                    self.write(a, out, depth)
+            self.write(v.item, out, depth)
         else:
             # Natural Python data (lists, dicts, subclasses, __preserve__ ...).
             p = preserve(v)
             if type(p) is t:  # pragma: no cover - preserve() always returns a value type
                 raise TypeError(f"cannot encode {t.__name__}")
-            write(p, out, depth)
+            self.write(p, out, depth)
 
-    return write
+    def _write_dict(self, v: Dictionary, out: list[bytes], depth: int) -> None:
+        if depth >= self.max_depth:
+            raise _too_deep(self.max_depth)
+        depth += 1
+        out.append(b"\xb7")
+        sorter = self.sorter
+        if not self.canonical:
+            for k, x in v._items.values():
+                self.write(k, out, depth)
+                self.write(x, out, depth)
+        elif sorter is None:
+            entries: list[tuple[bytes, Any]] = []
+            for k, x in v._items.values():
+                tk = type(k)
+                if tk is str:
+                    ks: str = k
+                    b = ks.encode()
+                    n = len(b)
+                    kb = (_HDR_STR[n] if n < 0x80 else _header(0xB1, n)) + b
+                elif tk is Symbol:
+                    ky: Symbol = k
+                    b = ky.name.encode()
+                    n = len(b)
+                    kb = (_HDR_SYM[n] if n < 0x80 else _header(0xB3, n)) + b
+                else:
+                    sub: list[bytes] = []
+                    self.write(k, sub, depth)
+                    kb = b"".join(sub)
+                entries.append((kb, x))
+            entries.sort(key=_first)
+            for kb, x in entries:
+                out.append(kb)
+                tx = type(x)
+                if tx is str:
+                    xs: str = x  # (typed: compiled, a direct call)
+                    b = xs.encode()
+                    n = len(b)
+                    out.append(_HDR_STR[n] if n < 0x80 else _header(0xB1, n))
+                    out.append(b)
+                elif tx is int:
+                    xi: int = x
+                    out.append(
+                        _SMALL_INTS[xi - _SMALL_INT_MIN]
+                        if _SMALL_INT_MIN <= xi < _SMALL_INT_MAX
+                        else _int_bytes(xi)
+                    )
+                elif tx is Symbol:
+                    xy: Symbol = x
+                    b = xy.name.encode()
+                    n = len(b)
+                    out.append(_HDR_SYM[n] if n < 0x80 else _header(0xB3, n))
+                    out.append(b)
+                else:
+                    self.write(x, out, depth)
+        else:
+            annotated: list[tuple[bytes, list[bytes], Any]] = []
+            for k, x in v._items.values():
+                sk: list[bytes] = []
+                sorter.write(k, sk, depth)
+                sub = []
+                self.write(k, sub, depth)
+                annotated.append((b"".join(sk), sub, x))
+            annotated.sort(key=_first3)
+            for _sk, sub, x in annotated:
+                out += sub
+                self.write(x, out, depth)
+        out.append(b"\x84")
+
+    def _write_set(self, v: Set, out: list[bytes], depth: int) -> None:
+        if depth >= self.max_depth:
+            raise _too_deep(self.max_depth)
+        depth += 1
+        out.append(b"\xb6")
+        sorter = self.sorter
+        if not self.canonical:
+            for x in v._items.values():
+                self.write(x, out, depth)
+        elif sorter is None:
+            encs: list[bytes] = []
+            for x in v._items.values():
+                sub: list[bytes] = []
+                self.write(x, sub, depth)
+                encs.append(b"".join(sub))
+            encs.sort()
+            out += encs
+        else:
+            pairs: list[tuple[bytes, list[bytes]]] = []
+            for x in v._items.values():
+                sk: list[bytes] = []
+                sorter.write(x, sk, depth)
+                sub = []
+                self.write(x, sub, depth)
+                pairs.append((b"".join(sk), sub))
+            pairs.sort(key=_first)
+            for _sk, sub in pairs:
+                out += sub
+        out.append(b"\x84")
 
 
-_WRITERS: dict[tuple[bool, bool, int], _Writer] = {}
-_default_writer = make_writer(True, False, None, DEFAULT_MAX_DEPTH)
-_WRITERS[(True, False, DEFAULT_MAX_DEPTH)] = _default_writer
+def make_writer(
+    canonical: bool,
+    annotations: bool,
+    embedded: Callable[[Any], Value] | None,
+    max_depth: int,
+) -> _WriteFn:
+    """Build ``write(v, out, depth)`` appending the encoding of ``v`` to the list ``out``.
+
+    Low-level API for protocol code that encodes many values with the same options (the
+    relay): ``out`` is a list of ``bytes`` to ``b"".join``, ``depth`` starts at 0.
+    """
+    return _Writer(canonical, annotations, embedded, max_depth).write
+
+
+_WRITERS: Final[dict[tuple[bool, bool, int], _Writer]] = {}
+_DEFAULT_WRITER: Final = _Writer(True, False, None, DEFAULT_MAX_DEPTH)
+_WRITERS[(True, False, DEFAULT_MAX_DEPTH)] = _DEFAULT_WRITER
 
 
 def encode(
@@ -362,27 +413,29 @@ def encode(
     * ``embedded`` converts the object inside each :class:`Embedded` into the value to
       write.  Without it, the object must already be a value, else ``TypeError``.
     * ``max_depth`` bounds the nesting (containers, embedded values, annotations);
-      deeper input raises ``ValueError``.
+      deeper input raises ``ValueError``.  It is at most
+      :data:`~dataspace.values.model.RECURSION_LIMIT`.
 
     Raises ``TypeError`` for data that is not a value and ``ValueError`` for too-deep data
     or strings that are not valid Unicode (lone surrogates).
     """
+    w: _Writer | None
     if embedded is None and canonical and not annotations and max_depth == DEFAULT_MAX_DEPTH:
-        write = _default_writer
+        w = _DEFAULT_WRITER
     elif embedded is None:
         k = (canonical, annotations, max_depth)
-        write = _WRITERS.get(k)  # type: ignore[assignment]
-        if write is None:
+        w = _WRITERS.get(k)
+        if w is None:
             if len(_WRITERS) > 64:
                 _WRITERS.clear()
-            write = _WRITERS[k] = make_writer(canonical, annotations, None, max_depth)
+            w = _WRITERS[k] = _Writer(canonical, annotations, None, max_depth)
     else:
-        write = make_writer(canonical, annotations, embedded, max_depth)
+        w = _Writer(canonical, annotations, embedded, max_depth)
     out: list[bytes] = []
     try:
-        write(v, out, 0)
+        w.write(v, out, 0)
     except RecursionError:
-        raise _too_deep(max_depth) from None
+        raise _too_deep(w.max_depth) from None
     return b"".join(out)
 
 
@@ -422,140 +475,52 @@ def _make_symbol(buf: bytes, s: int, q: int) -> Symbol:
         name = raw.decode()
     except UnicodeDecodeError as e:
         raise _bad_utf8(e, s, "symbol") from None
-    sym = _new(Symbol)
-    sym.name = name
+    sym = Symbol(name)
     if q - s <= _SYMBOL_CACHE_MAX_LEN and len(_SYMBOL_CACHE) < _SYMBOL_CACHE_MAX:
         _SYMBOL_CACHE[raw] = sym
     return sym
 
 
-_Reader = Callable[[bytes, int, int], tuple[Any, int]]
+def _symbol(buf: bytes, s: int, q: int) -> Symbol:
+    sym = _SYMBOL_CACHE.get(buf[s:q])
+    return sym if sym is not None else _make_symbol(buf, s, q)
 
 
-def make_reader(
-    annotations: bool,
-    embedded: Callable[[Value], Any] | None,
-    max_depth: int,
-) -> _Reader:
-    """Build ``read(buf, p, depth) -> (value, end)`` reading the value at ``buf[p]``.
+def _too_deep_input(max_depth: int, p: int) -> DecodeLimitExceeded:
+    return DecodeLimitExceeded(f"values nested more than {max_depth} deep", p)
 
-    Low-level API for protocol code that decodes many values with the same options (the
-    relay); ``depth`` starts at 0.
+
+_ReadFn = Callable[[bytes, int, int], tuple[Any, int]]
+
+
+class _Reader:
+    """The decoder for one set of options: :meth:`read` reads the value at ``buf[p]``.
 
     ``buf`` must be ``bytes``.  Reading past the end of ``buf`` raises ``IndexError`` or
     :class:`DecodeShort`; callers turn the former into the latter.  The most common leaf
-    types are decoded inline in the container loop, so there is one Python call per
-    container (which also bounds the stack use by ``max_depth``).
+    types are decoded inline in the container loop, so there is one call per container
+    (which also bounds the stack use by ``max_depth``).
     """
-    sym_get = _SYMBOL_CACHE.get
-    make_symbol = _make_symbol
-    from_bytes = _from_bytes
-    unpack_d_from = _unpack_d_from
-    read_varint = _read_varint
-    new = _new
-    make_record = Record._make
-    make_set = Set._from_dict
-    make_dict = Dictionary._from_dict
 
-    def read(buf: bytes, p: int, depth: int) -> tuple[Any, int]:
+    __slots__ = ("annotations", "embedded", "max_depth")
+
+    def __init__(
+        self, annotations: bool, embedded: Callable[[Any], Any] | None, max_depth: int
+    ) -> None:
+        self.annotations = annotations
+        self.embedded = embedded
+        self.max_depth = _depth_limit(max_depth)
+
+    def read(self, buf: bytes, p: int, depth: int) -> tuple[Any, int]:
         tag = buf[p]
         if 0xB4 <= tag <= 0xB7:
-            if depth >= max_depth:
-                raise DecodeLimitExceeded(f"values nested more than {max_depth} deep", p)
-            start = p
-            end = len(buf)
-            d1 = depth + 1
-            items: list[Any] = []
-            p += 1
-            while True:
-                t = buf[p]
-                if t == 0xB1:
-                    n = buf[p + 1]
-                    if n < 0x80:
-                        s = p + 2
-                        q = s + n
-                        if q > end:
-                            raise _short(end)
-                        try:
-                            items.append(buf[s:q].decode())
-                        except UnicodeDecodeError as e:
-                            raise _bad_utf8(e, s, "string") from None
-                        p = q
-                        continue
-                elif t == 0xB0:
-                    n = buf[p + 1]
-                    if n == 1:
-                        x = buf[p + 2]
-                        items.append(x - 256 if x & 0x80 else x)
-                        p += 3
-                        continue
-                    if n == 2:
-                        x = buf[p + 2] << 8 | buf[p + 3]
-                        items.append(x - 0x10000 if x & 0x8000 else x)
-                        p += 4
-                        continue
-                    if n < 0x80:
-                        s = p + 2
-                        q = s + n
-                        if q > end:
-                            raise _short(end)
-                        items.append(from_bytes(buf[s:q], "big", signed=True))
-                        p = q
-                        continue
-                elif t == 0xB3:
-                    n = buf[p + 1]
-                    if n < 0x80:
-                        s = p + 2
-                        q = s + n
-                        if q > end:
-                            raise _short(end)
-                        sym = sym_get(buf[s:q])
-                        items.append(sym if sym is not None else make_symbol(buf, s, q))
-                        p = q
-                        continue
-                elif t == 0x84:
-                    p += 1
-                    break
-                elif t == 0x80:
-                    items.append(False)
-                    p += 1
-                    continue
-                elif t == 0x81:
-                    items.append(True)
-                    p += 1
-                    continue
-                v, p = read(buf, p, d1)
-                items.append(v)
-            if tag == 0xB4:
-                if not items:
-                    raise DecodeError("record has no label", start)
-                return make_record(items[0], tuple(items[1:])), p
-            if tag == 0xB5:
-                return tuple.__new__(Sequence, items), p
-            if tag == 0xB6:
-                if _PLAIN_NOINT.issuperset(map(type, items)):
-                    sd = dict(zip(items, items))
-                else:
-                    sd = {key(x): x for x in items}
-                if len(sd) != len(items):
-                    raise DecodeError("set has a duplicate element", start)
-                return make_set(sd), p
-            # 0xB7
-            if len(items) & 1:
-                raise DecodeError("dictionary key has no value", p - 1)
-            dd = {}
-            it = iter(items)
-            for k in it:
-                dd[k if type(k) in _PLAIN_NOINT else key(k)] = (k, next(it))
-            if len(dd) << 1 != len(items):
-                raise DecodeError("dictionary has a duplicate key", start)
-            return make_dict(dd), p
+            return self._read_compound(buf, p, depth, tag)
         if tag == 0xB1 or tag == 0xB3 or tag == 0xB2 or tag == 0xB0:
             n = buf[p + 1]
             if n < 0x80:
                 s = p + 2
             else:
-                n, s = read_varint(buf, p + 1)
+                n, s = _read_varint(buf, p + 1)
             q = s + n
             if q > len(buf):
                 raise _short(len(buf))
@@ -565,94 +530,198 @@ def make_reader(
                 except UnicodeDecodeError as e:
                     raise _bad_utf8(e, s, "string") from None
             if tag == 0xB3:
-                sym = sym_get(buf[s:q])
-                return (sym if sym is not None else make_symbol(buf, s, q)), q
+                return _symbol(buf, s, q), q
             if tag == 0xB2:
                 return buf[s:q], q
-            return from_bytes(buf[s:q], "big", signed=True), q
+            return int.from_bytes(buf[s:q], "big", signed=True), q
         if tag == 0x80:
             return False, p + 1
         if tag == 0x81:
             return True, p + 1
         if tag == 0x87:
-            n, s = read_varint(buf, p + 1)
+            n, s = _read_varint(buf, p + 1)
             if n != 8:
                 raise DecodeError(f"double must have 8 bytes, not {n}", p + 1)
             if s + 8 > len(buf):
                 raise _short(len(buf))
-            return unpack_d_from(buf, s)[0], s + 8
+            x: float = _unpack_d_from(buf, s)[0]
+            return x, s + 8
         if tag == 0x85:
-            if depth >= max_depth:
-                raise DecodeLimitExceeded(f"values nested more than {max_depth} deep", p)
+            if depth >= self.max_depth:
+                raise _too_deep_input(self.max_depth, p)
             d1 = depth + 1
             anns: list[Any] = []
             while tag == 0x85:
-                a, p = read(buf, p + 1, d1)
+                a, p = self.read(buf, p + 1, d1)
                 anns.append(a)
                 tag = buf[p]
-            v, p = read(buf, p, d1)
-            if not annotations:
+            v, p = self.read(buf, p, d1)
+            if not self.annotations:
                 return v, p
-            r = new(Annotated)
-            r.item = v
-            r.annotations = tuple(anns)
-            return r, p
+            return Annotated(v, anns), p
         if tag == 0x86:
-            if depth >= max_depth:
-                raise DecodeLimitExceeded(f"values nested more than {max_depth} deep", p)
+            if depth >= self.max_depth:
+                raise _too_deep_input(self.max_depth, p)
             start = p
-            v, p = read(buf, p + 1, depth + 1)
-            if embedded is not None:
+            v, p = self.read(buf, p + 1, depth + 1)
+            hook = self.embedded
+            if hook is not None:
                 try:
-                    v = embedded(v)
+                    v = hook(v)
                 except DecodeError:
                     raise
                 except Exception as e:
                     raise DecodeError(f"embedded hook rejected the value: {e!r}", start) from e
-            emb = new(Embedded)
-            emb.value = v
-            return emb, p
+            return Embedded(v), p
         if tag == 0x84:
             raise DecodeError("unexpected end marker (0x84) where a value was expected", p)
         raise DecodeError(f"invalid tag 0x{tag:02x}", p)
 
-    return read
+    def _read_compound(self, buf: bytes, p: int, depth: int, tag: int) -> tuple[Any, int]:
+        if depth >= self.max_depth:
+            raise _too_deep_input(self.max_depth, p)
+        start = p
+        end = len(buf)
+        d1 = depth + 1
+        items: list[Any] = []
+        p += 1
+        while True:
+            t = buf[p]
+            if t == 0xB1:
+                n = buf[p + 1]
+                if n < 0x80:
+                    s = p + 2
+                    q = s + n
+                    if q > end:
+                        raise _short(end)
+                    try:
+                        items.append(buf[s:q].decode())
+                    except UnicodeDecodeError as e:
+                        raise _bad_utf8(e, s, "string") from None
+                    p = q
+                    continue
+            elif t == 0xB0:
+                n = buf[p + 1]
+                if n == 1:
+                    x = buf[p + 2]
+                    items.append(x - 256 if x & 0x80 else x)
+                    p += 3
+                    continue
+                if n == 2:
+                    x = buf[p + 2] << 8 | buf[p + 3]
+                    items.append(x - 0x10000 if x & 0x8000 else x)
+                    p += 4
+                    continue
+                if n < 0x80:
+                    s = p + 2
+                    q = s + n
+                    if q > end:
+                        raise _short(end)
+                    items.append(int.from_bytes(buf[s:q], "big", signed=True))
+                    p = q
+                    continue
+            elif t == 0xB3:
+                n = buf[p + 1]
+                if n < 0x80:
+                    s = p + 2
+                    q = s + n
+                    if q > end:
+                        raise _short(end)
+                    items.append(_symbol(buf, s, q))
+                    p = q
+                    continue
+            elif t == 0x84:
+                p += 1
+                break
+            elif t == 0x80:
+                items.append(False)
+                p += 1
+                continue
+            elif t == 0x81:
+                items.append(True)
+                p += 1
+                continue
+            v, p = self.read(buf, p, d1)
+            items.append(v)
+        if tag == 0xB4:
+            if not items:
+                raise DecodeError("record has no label", start)
+            label = items[0]
+            del items[0]
+            return Record._make(label, tuple(items)), p
+        if tag == 0xB5:
+            return tuple.__new__(Sequence, items), p
+        if tag == 0xB6:
+            sd: dict[Any, Any]
+            if _PLAIN_NOINT.issuperset(map(type, items)):
+                sd = dict(zip(items, items))
+            else:
+                sd = {key(x): x for x in items}
+            if len(sd) != len(items):
+                raise DecodeError("set has a duplicate element", start)
+            return Set._from_dict(sd), p
+        # 0xB7
+        if len(items) & 1:
+            raise DecodeError("dictionary key has no value", p - 1)
+        dd: dict[Any, tuple[Any, Any]] = {}
+        for i in range(0, len(items), 2):
+            k = items[i]
+            dd[k if type(k) in _PLAIN_NOINT else key(k)] = (k, items[i + 1])
+        if len(dd) << 1 != len(items):
+            raise DecodeError("dictionary has a duplicate key", start)
+        return Dictionary._from_dict(dd), p
 
 
-_READERS: dict[tuple[bool, int], _Reader] = {}
-_plain_reader = make_reader(False, None, DEFAULT_MAX_DEPTH)
-_READERS[(False, DEFAULT_MAX_DEPTH)] = _plain_reader
+def make_reader(
+    annotations: bool,
+    embedded: Callable[[Value], Any] | None,
+    max_depth: int,
+) -> _ReadFn:
+    """Build ``read(buf, p, depth) -> (value, end)`` reading the value at ``buf[p]``.
+
+    Low-level API for protocol code that decodes many values with the same options (the
+    relay); ``depth`` starts at 0.  ``buf`` must be ``bytes``.  Reading past the end of
+    ``buf`` raises ``IndexError`` or :class:`DecodeShort`; callers turn the former into
+    the latter.
+    """
+    return _Reader(annotations, embedded, max_depth).read
+
+
+_READERS: Final[dict[tuple[bool, int], _Reader]] = {}
+_PLAIN_READER: Final = _Reader(False, None, DEFAULT_MAX_DEPTH)
+_READERS[(False, DEFAULT_MAX_DEPTH)] = _PLAIN_READER
 
 
 def _reader_for(
     annotations: bool, embedded: Callable[[Value], Any] | None, max_depth: int
 ) -> _Reader:
     if embedded is not None:
-        return make_reader(annotations, embedded, max_depth)
+        return _Reader(annotations, embedded, max_depth)
     k = (bool(annotations), max_depth)
     r = _READERS.get(k)
     if r is None:
         if len(_READERS) > 64:
             _READERS.clear()
-        r = _READERS[k] = make_reader(bool(annotations), None, max_depth)
+        r = _READERS[k] = _Reader(bool(annotations), None, max_depth)
     return r
 
 
-def _run(read: _Reader, buf: bytes, offset: int, max_depth: int) -> tuple[Any, int]:
+def _run(read: _Reader, buf: bytes, offset: int) -> tuple[Any, int]:
     """Read one value at ``offset``, turning every failure into a DecodeError."""
     try:
-        return read(buf, offset, 0)
+        return read.read(buf, offset, 0)
     except IndexError:
         if offset >= len(buf):
             raise DecodeEOF("no value: input is empty", offset) from None
         raise _short(len(buf)) from None
     except RecursionError:
         raise DecodeLimitExceeded(
-            f"values nested too deeply for the Python stack (max_depth={max_depth})", offset
+            f"values nested too deeply for the Python stack (max_depth={read.max_depth})",
+            offset,
         ) from None
 
 
-def _as_bytes(data: bytes | bytearray | memoryview) -> bytes:
+def _as_bytes(data: object) -> bytes:
     if type(data) is bytes:
         return data
     if isinstance(data, bytes | bytearray | memoryview):
@@ -674,12 +743,14 @@ def decode(
     * ``embedded`` maps the value inside each embedded marker to the object to wrap in
       :class:`Embedded` (default: the value itself).  An exception from it becomes a
       :class:`DecodeError`.
-    * ``max_depth`` bounds nesting; deeper input raises :class:`DecodeLimitExceeded`.
+    * ``max_depth`` bounds nesting; deeper input raises :class:`DecodeLimitExceeded`.  It
+      is at most :data:`~dataspace.values.model.RECURSION_LIMIT`.
 
     Raises :class:`DecodeEOF` for empty input, :class:`DecodeShort` when the input ends
     inside the value, and :class:`DecodeError` for anything malformed, including bytes
     after the value.
     """
+    buf: bytes
     if (
         type(data) is bytes
         and not annotations
@@ -687,19 +758,19 @@ def decode(
         and max_depth == DEFAULT_MAX_DEPTH
     ):
         buf = data
-        read = _plain_reader
+        r = _PLAIN_READER
     else:
         buf = _as_bytes(data)
-        read = _reader_for(annotations, embedded, max_depth)
+        r = _reader_for(annotations, embedded, max_depth)
     try:
-        v, end = read(buf, 0, 0)
+        v, end = r.read(buf, 0, 0)
     except IndexError:
         if not buf:
             raise DecodeEOF("no value: input is empty", 0) from None
         raise _short(len(buf)) from None
     except RecursionError:
         raise DecodeLimitExceeded(
-            f"values nested too deeply for the Python stack (max_depth={max_depth})", 0
+            f"values nested too deeply for the Python stack (max_depth={r.max_depth})", 0
         ) from None
     if end != len(buf):
         raise DecodeError(f"{len(buf) - end} trailing byte(s) after the value", end)
@@ -722,7 +793,7 @@ def decode_prefix(
     if offset < 0:
         raise ValueError("offset must not be negative")
     buf = _as_bytes(data)
-    return _run(_reader_for(annotations, embedded, max_depth), buf, offset, max_depth)
+    return _run(_reader_for(annotations, embedded, max_depth), buf, offset)
 
 
 # ---------------------------------------------------------------------------------------
@@ -782,7 +853,7 @@ class Decoder:
         if max_value_size < 1:
             raise ValueError("max_value_size must be positive")
         self._read = _reader_for(annotations, embedded, max_depth)
-        self._max_depth = max_depth
+        self._max_depth = self._read.max_depth
         self._max_size = max_value_size
         self._buf = bytearray()
         self._pos = 0  # first unconsumed byte in _buf
@@ -793,6 +864,7 @@ class Decoder:
         self._scan_p = -1
         self._stack: list[int] = []
         self._error: DecodeError | None = None
+        self._decodes = 0  # values decoded from the buffer, and attempts that came up short
 
     @property
     def buffered(self) -> int:
@@ -847,8 +919,9 @@ class Decoder:
                     snap = self._snap = bytes(buf[pos:])
                     self._snap_base = pos
                 rel = pos - self._snap_base
+                self._decodes += 1
                 try:
-                    v, end = _run(self._read, snap, rel, self._max_depth)
+                    v, end = _run(self._read, snap, rel)
                 except DecodeShort:
                     pass  # incomplete: fall back to the resumable scan
                 except DecodeError as e:
@@ -864,13 +937,14 @@ class Decoder:
         data = bytes(buf[pos:end])
         self._scan_p = -1
         self._stack = []
+        self._decodes += 1
         try:
-            v, e = _run(self._read, data, 0, self._max_depth)
+            v, vend = _run(self._read, data, 0)
         except DecodeShort as e:  # pragma: no cover - the scan found a complete value
             raise DecodeError(e.message, (e.position or 0) + pos + self._base) from None
         except DecodeError as e:
             raise _rebased(e, pos + self._base) from None
-        if e != len(data):  # pragma: no cover - scan and decoder agree on boundaries
+        if vend != len(data):  # pragma: no cover - scan and decoder agree on boundaries
             raise DecodeError("internal error: value boundary mismatch", pos + self._base)
         self._pos = end
         self._snap = None

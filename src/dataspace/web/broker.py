@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from .. import __version__
+from .._build import build_info
 from .auth import Access, ApiError
 from .context import WebContext, guarded, json_response
 
@@ -105,6 +106,7 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
     }
     out: dict[str, Any] = {
         "version": __version__,
+        "core": build_info(),  # compiled or pure-Python core, and why
         "server_id": server.server_id,
         "scope": access.scope,
         "now": now,

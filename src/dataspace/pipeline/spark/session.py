@@ -512,16 +512,26 @@ def ship_package(spark: SparkSession) -> str:
     cluster workers can import it; returns the zip's path.  Spark serves the file from
     there for the session's life; :func:`stop_session` (or the exit) removes it, and the
     next call removes those of processes that died without an exit (SIGKILL)."""
-    import dataspace
-
-    root = Path(dataspace.__file__).resolve().parent
     _remove_orphans()
     d = Path(tempfile.mkdtemp(prefix=f"dataspace-pyfiles-{os.getpid()}-"))
     _shipped.append(d)
     zpath = d / "dataspace.zip"
-    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as z:
-        for f in sorted(root.rglob("*.py")):
-            z.write(f, Path("dataspace") / f.relative_to(root))
+    write_package_zip(zpath)
     spark.sparkContext.addPyFile(str(zpath))
     log.info("shipped the dataspace package to the workers (%s)", zpath)
     return str(zpath)
+
+
+def write_package_zip(zpath: Path) -> None:
+    """The zip of the running ``dataspace`` package that executors import: its source and,
+    where the compiled core runs, that core: executors of the same platform and Python
+    run it (extracted beside the zip), others the source (see ``dataspace._build``)."""
+    import dataspace
+    from dataspace._build import compiled_files
+
+    root = Path(dataspace.__file__).resolve().parent
+    with zipfile.ZipFile(zpath, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in sorted(root.rglob("*.py")):
+            z.write(f, Path("dataspace") / f.relative_to(root))
+        for path, name in compiled_files():
+            z.write(path, name)
