@@ -254,6 +254,8 @@ class Cluster:
         """Route requests refused (another cluster, to itself, malformed)."""
         self.established = 0
         """Routes whose handshake completed since the start."""
+        self.on_change: list[Any] = []
+        """Called after each step of the membership machine (for tests and monitors)."""
 
     # -- starting and stopping ----------------------------------------------------------
 
@@ -474,7 +476,7 @@ class Cluster:
         if conn.closed or self.membership is None:
             fut.set_exception(ConnectionError("the connection closed"))
             return
-        s = LinkSession(self.hub, attempt.address, info.peer, conn.relay, dialed=True,
+        s = LinkSession(self.hub, f"to {attempt.address}", info.peer, conn.relay, dialed=True,
                         route=True)
         s.ctl_in = attempt.ctl  # type: ignore[assignment]
         s.data_in = attempt.data  # type: ignore[assignment]
@@ -544,6 +546,11 @@ class Cluster:
                 self._close_route(eff[1], eff[2], tell=eff[3])
         if not self._closing:
             self._arm()
+        for fn in self.on_change:
+            try:
+                fn()
+            except Exception:  # pragma: no cover - a monitor's bug must not break routes
+                log.exception("cluster change callback failed")
 
     def _close_route(self, s: LinkSession, why: str, *, tell: bool) -> None:
         was = s.ready

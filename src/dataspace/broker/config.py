@@ -245,10 +245,14 @@ class ServerConfig:
         """The links to dial, their capabilities read (``@FILE`` names a file)."""
         out = []
         for address, cap in self.link:
-            try:
-                parse_address(address, default_kind="tcp")
-            except AddressError as e:
-                raise ConfigError(f"link {address!r}: {e}") from None
+            parts = [a.strip() for a in address.split(",") if a.strip()]
+            if not parts:
+                raise ConfigError(f"link {address!r}: no address")
+            for part in parts:  # several: the members of a cluster, tried in turn
+                try:
+                    parse_address(part, default_kind="tcp")
+                except AddressError as e:
+                    raise ConfigError(f"link {address!r}: {e}") from None
             text = cap
             if cap.startswith("@"):
                 try:

@@ -128,7 +128,9 @@ def load_server_id(data_dir: Path) -> str:
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A link to dial: the peer's address and a capability (without caveats) there."""
+    """A link to dial: the peer's address and a capability (without caveats) there.
+    ``address`` may list several, separated by commas (the members of a cluster): the
+    dialer tries them in turn, and keeps one link up to whichever answers."""
 
     address: str
     cap: SturdyRef
@@ -136,6 +138,10 @@ class LinkSpec:
     @property
     def name(self) -> str:
         return self.address
+
+    @property
+    def addresses(self) -> list[str]:
+        return [a.strip() for a in self.address.split(",") if a.strip()]
 
 
 def _forwardable(v: Value) -> bool:
@@ -947,6 +953,8 @@ class LinkHub:
         for d in self.dialers:
             s = d.session
             row = {"link": d.spec.address, "direction": "out", "dataspace": self.name}
+            if len(d.spec.addresses) > 1:
+                row["peer_address"] = d.current
             if s is not None and not s.closed:
                 row.update(s.status())
             else:
@@ -1073,11 +1081,17 @@ class LinkDialer:
         self.down_since = time.time()
         self.next_attempt: float | None = None  # (epoch seconds)
         self.last_peer = ""
+        self._at = 0  # which of the spec's addresses is dialed (several: a cluster's members)
         self._stop = asyncio.Event()
         self._answer: asyncio.Future[Value] | None = None
         self.early: list[Value] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+
+    @property
+    def current(self) -> str:
+        """The address dialed now (one of the spec's)."""
+        return self.spec.addresses[self._at]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -1100,6 +1114,8 @@ class LinkDialer:
     async def _run(self) -> None:
         lo, hi = self.backoff
         delay = lo
+        n = len(self.spec.addresses)
+        failed = 0  # addresses that failed in a row (a round: each was tried once)
         while not self._stop.is_set():
             self.attempts += 1
             self.next_attempt = None
@@ -1107,6 +1123,7 @@ class LinkDialer:
             try:
                 await self._connect_once()
                 delay = lo
+                failed = 0
                 assert self.conn is not None
                 await self.conn.wait_closed()
                 reason = self.conn.close_reason
@@ -1119,12 +1136,23 @@ class LinkDialer:
                 elif not self._stop.is_set():
                     log.warning("link %s: connection lost (%s); reconnecting",
                                 self.spec.address, reason)
+                    if n > 1:  # the member is likely gone: the next one at once
+                        self._at = (self._at + 1) % n
+                        wait = 0.0
             except (OSError, ConnectionError, TimeoutError) as e:
                 msg = str(e) or type(e).__name__
+                if n > 1:
+                    msg = f"{self.current}: {msg}"
+                    self._at = (self._at + 1) % n
+                    failed += 1
                 self.hub.last_error[self.spec.address] = msg
-                wait = delay * (0.5 + self._rng.random())
-                delay = min(hi, delay * 2)
-                log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
+                if n > 1 and failed % n:
+                    wait = 0.0  # the next address of this round at once
+                    log.warning("link %s: %s; trying %s", self.spec.address, msg, self.current)
+                else:
+                    wait = delay * (0.5 + self._rng.random())
+                    delay = min(hi, delay * 2)
+                    log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
             finally:
                 s = self.session
                 self.session = None
@@ -1149,7 +1177,7 @@ class LinkDialer:
                 await asyncio.wait_for(self._stop.wait(), wait)
 
     async def _open(self) -> Connection:
-        a: Address = parse_address(self.spec.address, default_kind="tcp")
+        a: Address = parse_address(self.current, default_kind="tcp")
 
         def session(conn: Connection) -> Relay:
             return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",

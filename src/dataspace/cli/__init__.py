@@ -19,7 +19,7 @@ import sys
 from .. import __version__
 
 ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
-         "stream", "scry", "pipeline", "demo"]  # module names
+         "cluster", "stream", "scry", "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:
