@@ -273,7 +273,7 @@ class Cluster:
                                      random=self.rng.random, ping=self.spec.ping,
                                      dead=self.spec.dead)
         self.membership.start(time.monotonic())
-        log.info("cluster %s: listening for routes on %s (member %s)", self.name,
+        log.debug("cluster %s: listening for routes on %s (member %s)", self.name,
                  self.listen_address, self.me)
         self._apply()
 
