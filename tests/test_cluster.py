@@ -228,6 +228,57 @@ async def test_a_route_carries_what_the_far_side_wants_at_one_percent(tmp_path, 
             await c.close()
 
 
+@async_test
+async def test_the_http_port_serves_the_cluster_and_its_route_metrics(tmp_path, secret,
+                                                                      root_key):
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from dataspace.web import start_http
+
+    async with cluster(tmp_path, 2, secret, root_key) as (a, b):
+        ca, cb = await client(a), await client(b)
+        cb.observe("<Says $who $n>")
+        await cb.sync()
+        watch = ClusterWatch(a, b)
+        await watch.until(watch.settled)
+        for i in range(3):
+            ca.send(parse(f'<Says "a" {i}>'))
+        ca.send(parse("<Unwanted 1>"))
+        await ca.sync()
+        http = await start_http("127.0.0.1", 0, store=None, publish=(), server=a)
+        try:
+            async with aiohttp.ClientSession() as session:
+                auth = {"Authorization": f"Bearer {a.sturdyref}"}
+                async with session.get(http.url + "api/cluster", headers=auth) as r:
+                    assert r.status == 200
+                    doc = await r.json()
+                async with session.get(http.url + "api/cluster") as r:
+                    assert r.status in (401, 403)  # the administrator only
+                async with session.get(http.url + "metrics", headers=auth) as r:
+                    text = await r.text()
+                async with session.get(http.url + "api/server", headers=auth) as r:
+                    summary = await r.json()
+        finally:
+            await http.close()
+        assert doc["cluster"] == "dataspace" and doc["id"] == a.server_id and doc["size"] == 2
+        (route,) = doc["routes"]
+        assert route["peer_id"] == b.server_id and route["connected"]
+        assert route["messages_forwarded"] == 3 and route["messages_suppressed"] == 1
+        assert summary["cluster"] == {"name": "dataspace", "address": a.cluster.address,
+                                      "members_up": 2, "members_known": 2, "routes_up": 1}
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for fam in text_string_to_metric_families(text) for s in fam.samples}
+        peer = (("direction", route["direction"]), ("peer", b.server_id))
+        assert samples[("dataspace_cluster_members", (("state", "up"),))] == 2
+        assert samples[("dataspace_route_up", peer)] == 1
+        assert samples[("dataspace_route_messages_forwarded_total", peer)] == 3
+        assert samples[("dataspace_route_messages_suppressed_total", peer)] == 1
+        assert samples[("dataspace_route_sent_bytes_total", peer)] > 0
+        for c in (ca, cb):
+            await c.close()
+
+
 # ---------------------------------------------------------------------------------------
 # Failover: members killed (real processes), clients failing over
 
