@@ -570,7 +570,7 @@ async def test_a_silent_partition_is_noticed_by_keepalive_and_heals_in_one_round
         await ob.until(lambda c: ("before",) not in c.present)
         await oa.until(lambda c: ("before",) not in c.present)
         gone = time.monotonic() - t0
-        assert 2.5 <= gone <= 8.0, gone
+        assert 2.5 <= gone <= 15.0, gone  # (3 s of silence, then the next tick)
         ca.assert_(parse('<B 9 "during">'))
         await ca.sync()
         for p in proxies.values():
