@@ -274,7 +274,7 @@ class Cluster:
                                      dead=self.spec.dead)
         self.membership.start(time.monotonic())
         log.debug("cluster %s: listening for routes on %s (member %s)", self.name,
-                 self.listen_address, self.me)
+                  self.listen_address, self.me)
         self._apply()
 
     async def close(self) -> None:
@@ -583,10 +583,13 @@ class Cluster:
         m = self.membership
         if m is None or self._closing:
             return
+        now = time.monotonic()
         for s in self.hub.sessions:
             if s.route and s.conn is not None:
-                m.heard(s, s.conn.last_input)
-        m.tick(time.monotonic())
+                # A route this member is not reading (flow control: its consumers are
+                # slow) is silent because of us, not of the peer.
+                m.heard(s, now if s.conn.held_reasons else s.conn.last_input)
+        m.tick(now)
         self._apply()
 
     # -- status ---------------------------------------------------------------------------

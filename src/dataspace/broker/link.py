@@ -672,6 +672,8 @@ class LinkHub:
             self.route_echo.clear()
 
     def _added(self, v: Value) -> None:
+        if not _forwardable(v):
+            return  # (subscriptions never cross: a server with many is not slowed)
         k = key(v)
         self._present[k] = v
         self._by_head.setdefault(_head(v), {})[k] = v
@@ -680,6 +682,8 @@ class LinkHub:
             s.reassess(k, v, n)
 
     def _removed(self, v: Value) -> None:
+        if not _forwardable(v):
+            return
         k = key(v)
         self._present.pop(k, None)
         bucket = self._by_head.get(_head(v))
