@@ -680,6 +680,29 @@ async def test_another_secret_or_another_cluster_name_is_refused_with_a_reason(
                 assert not a.cluster.routes() and not x.cluster.routes()
 
 
+@async_test
+async def test_strangers_on_the_cluster_port_are_bounded(tmp_path, secret):
+    from broker_support import RawClient, error_messages
+    from dataspace.broker.cluster import MAX_HANDSHAKES
+
+    async with running_server(tmp_path / "a", cluster="127.0.0.1:0",
+                              cluster_secret=str(secret)) as a:
+        # The root capability is nothing there: only the route capability is bound.
+        raw = await RawClient.open(a.cluster.address)
+        with pytest.raises((AssertionError, ConnectionError), match=r"rejected|closed"):
+            await raw.resolve(a.sturdyref)
+        raw.close()
+        w = ClusterWatch(a)
+        await w.until(lambda: not a.cluster._handshaking)
+        waiting = [await RawClient.open(a.cluster.address) for _ in range(MAX_HANDSHAKES)]
+        await w.until(lambda: len(a.cluster._handshaking) == MAX_HANDSHAKES)
+        extra = await RawClient.open(a.cluster.address)
+        errors = error_messages(await extra.read_until_closed())
+        assert errors == ["the cluster port is full or shutting down"], errors
+        for c in (*waiting, extra):
+            c.close()
+
+
 def test_cluster_settings_are_checked_with_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="--routes names members of a cluster: give --cluster"):
         ServerConfig(routes=["127.0.0.1:7422"]).check(prefix="--")

@@ -77,6 +77,9 @@ HANDSHAKE_TIMEOUT = 10.0
 """Seconds a connection to the cluster port has to become a route."""
 MAX_ROUTE_CONNECTIONS = 1_000
 """Connections the cluster port holds at once (routes and handshakes)."""
+MAX_HANDSHAKES = 16
+"""Connections to the cluster port not yet routes (a route's packets may be large: a
+stranger's are bounded by this many at once, each for at most HANDSHAKE_TIMEOUT)."""
 UNSPECIFIED = ("0.0.0.0", "::", "")
 
 
@@ -244,6 +247,7 @@ class Cluster:
         self._relay_conn: dict[Relay, Connection] = {}
         self._of_conn: dict[Connection, LinkSession] = {}
         self._requests: dict[int, LinkSession] = {}
+        self._handshaking: set[Connection] = set()
         self._dialing: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = {}
         self._server: asyncio.AbstractServer | None = None
@@ -301,11 +305,14 @@ class Cluster:
     def _session(self, conn: Connection) -> Relay:
         relay = Relay(limits=LINK_RELAY_LIMITS, name=f"route:{conn.name}", turn=self.turn)
         relay.export_at(0, Gatekeeper(self.bindings, on_rejected=relay.fail))
-        if self._closing or len(self.connections) >= MAX_ROUTE_CONNECTIONS:
+        if (self._closing or len(self.connections) >= MAX_ROUTE_CONNECTIONS
+                or len(self._handshaking) >= MAX_HANDSHAKES):
             self.refused += 1
             relay.fail("the cluster port is full or shutting down", Symbol("server-full"))
             return relay
         self._track(conn, relay)
+        self._handshaking.add(conn)
+        self._notify()
         timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._handshake_check,
                                                       conn)
         conn.on_close.append(lambda _c: timer.cancel())
@@ -323,10 +330,12 @@ class Cluster:
 
     def _conn_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self._handshaking.discard(conn)
         if conn.relay is not None:
             self._relay_conn.pop(conn.relay, None)
         s = self._of_conn.pop(conn, None)
         if s is None:
+            self._notify()
             return
         reason = conn.close_reason
         self.hub.end(s, f"the connection closed ({reason})" if reason else None)
@@ -376,6 +385,7 @@ class Cluster:
         s.conn = conn
         s.control_hook = self._control
         self._of_conn[conn] = s
+        self._handshaking.discard(conn)
         self._requests[handle] = s
         self.established += 1
         ctl_ref.on_message(Record(ROUTE_ACCEPT, [self._info(info.dialer, info.nonce).to_value(),
@@ -546,6 +556,9 @@ class Cluster:
                 self._close_route(eff[1], eff[2], tell=eff[3])
         if not self._closing:
             self._arm()
+        self._notify()
+
+    def _notify(self) -> None:
         for fn in self.on_change:
             try:
                 fn()
