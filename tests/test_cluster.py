@@ -381,12 +381,16 @@ async def test_kill_9_of_a_member_its_clients_fail_over_and_the_cluster_converge
         o = Changes()
         late.observe("<Present $who>", **o.kw())
         await converged([o, *obs], lambda: {("c0",), ("c1",), ("c2",)})
-        # The status command shows the members and routes.
-        p = await asyncio.create_subprocess_exec(
-            PY, "-m", "dataspace.cli", "cluster", "status", "--data-dir", str(ms[1].data_dir),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        out, err = await asyncio.wait_for(p.communicate(), TIMEOUT)
-        text = out.decode()
+        # The status command shows the members and routes (the member writes its status
+        # 0.2 s after a route changes, and every 2 s: a few tries at most).
+        for _try in range(20):
+            p = await asyncio.create_subprocess_exec(
+                PY, "-m", "dataspace.cli", "cluster", "status", "--data-dir",
+                str(ms[1].data_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            out, err = await asyncio.wait_for(p.communicate(), TIMEOUT)
+            text = out.decode()
+            if "3 of 3 members up" in text:
+                break
         assert re.search(r"cluster dataspace: member [0-9a-f]+ at 127\.0\.0\.1:\d+; 3 of 3 "
                          r"members up", text), (text, err)
         assert text.count("upstreamed") == 2 and "forwarded" in text, text
