@@ -465,6 +465,24 @@ async def test_five_members_random_kills_of_members_and_clients_converge(tmp_pat
             await m.stop()
 
 
+@async_test
+async def test_a_client_given_several_addresses_takes_the_first_that_answers(
+        tmp_path, monkeypatch):
+    from dataspace.client import parse_addresses
+
+    assert [str(a) for a in parse_addresses("a:1, b:2,,c:3")] == ["a:1", "b:2", "c:3"]
+    async with running_server(tmp_path / "s") as s:
+        # Nobody listens on port 1: DATASPACE_SERVER lists it first.
+        monkeypatch.setenv("DATASPACE_SERVER", f"127.0.0.1:1,{tcp_address(s)}")
+        c = await connect(cap=s.sturdyref)
+        assert str(c.address) == tcp_address(s) and len(c.addresses) == 2
+        await c.sync()
+        await c.close()
+        with pytest.raises(ConnectionError, match=r"no server at any of 127\.0\.0\.1:1, "
+                           r"127\.0\.0\.1:2: start the cluster's members"):
+            await connect("127.0.0.1:1,127.0.0.1:2", s.sturdyref)
+
+
 # ---------------------------------------------------------------------------------------
 # Partitions: a route cut by a proxy that goes silent
 
