@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup postgresql chromium run demo test test-pure lint bench bench-spark bench-link soak soak-spark soak-record soak-broker clean
+.PHONY: setup postgresql chromium run demo test test-pure lint bench bench-spark bench-link bench-cluster soak soak-spark soak-record soak-broker clean
 
 # The compiled core (setup.py): the sources of the modules listed in src/dataspace/_build.py
 # (COMPILED_MODULES).  Editing one reinstalls, which compiles it again (about a minute of CPU).
@@ -101,6 +101,7 @@ bench: setup $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_pipeline.py
 	$(BIN)/python benchmarks/bench_spark.py
 	$(BIN)/python benchmarks/bench_link.py
+	$(BIN)/python benchmarks/bench_cluster.py
 
 ## The Spark benchmarks alone (connector vs Spark's file path, routing; about 4 minutes).
 bench-spark: setup
@@ -109,6 +110,10 @@ bench-spark: setup
 ## Linked brokers beside NATS leaf nodes (about a minute; needs `apt-get install -y nats-server`).
 bench-link: setup $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_link.py
+
+## Broker clusters beside a NATS cluster (about 3 minutes; needs nats-server too).
+bench-cluster: setup $(BENCH_STAMP)
+	$(BIN)/python benchmarks/bench_cluster.py
 
 ## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
 soak: setup

@@ -626,6 +626,36 @@ def test_the_links_page_is_a_table_with_states_reasons_and_formatted_bytes(
     page.screenshot()
 
 
+def test_the_links_page_shows_the_cluster_its_members_and_routes(
+        serve: Any, clients: list[Proc], page: Page, tmp_path: Path) -> None:
+    from dataspace.broker.cluster import make_secret
+
+    secret = tmp_path / "cluster.secret"
+    secret.write_text(make_secret())
+    secret.chmod(0o600)
+    a = serve("--http-open", "--cluster", "127.0.0.1:0", "--cluster-secret", str(secret))
+    route_a = a.proc.wait_line(r"routes on (127\.0\.0\.1:\d+)").group(1)
+    b = serve("--http-open", "--cluster", "127.0.0.1:0", "--cluster-secret", str(secret),
+              "--routes", route_a)
+    b.proc.wait_line(rf"route to {re.escape(route_a)}: up")
+    watcher = a.client("observe", "<Says $who $text>")  # a wants b's messages
+    clients.append(watcher)
+    pg = page.goto(b.url + "inspector/links")
+    card = pg.locator("section.cluster")
+    expect(card.locator("p.count")).to_have_text(re.compile(
+        r"^cluster dataspace: member [0-9a-f]{16} at 127\.0\.0\.1:\d+; 2 of 2 members up, "
+        r"1 route up$"))
+    row = card.locator(f'table.routes tr[data-link="{route_a}"]')
+    expect(row.locator('td[data-col="state"] .badge')).to_have_text("up")
+    expect(row.locator('td[data-col="link"]')).to_contain_text("cluster route")
+    expect(row.locator('td[data-col="subscriptions"]')).to_contain_text("peer wants 1")
+    b.send('<Says "b" "over the route">')
+    watcher.wait_line("over the route")
+    expect(row.locator('td[data-col="messages_forwarded"]')).to_have_text("1")
+    expect(pg.locator("p.empty")).to_contain_text("No links.")  # (routes are not links)
+    page.screenshot()
+
+
 # What sticks out of a phone's screen: every element whose box leaves the viewport and is
 # not inside a container that scrolls sideways (a table's wrapper, the menu, a graph),
 # and every such container that itself leaves it.

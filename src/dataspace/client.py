@@ -32,6 +32,14 @@ Reconnecting
     afresh once it is back.  Held assertions (and subscriptions) are re-asserted.
     Messages sent while disconnected are dropped (counted in :attr:`dropped_messages`):
     a message only reaches observers present when it is delivered.
+
+Several addresses (a cluster)
+    ``connect(["a:7411", "b:7411"])`` (or ``"a:7411,b:7411"``, or ``DATASPACE_SERVER``
+    with commas) connects to the first member that answers; when its connection drops,
+    the client tries the next member at once, then each in turn, with the backoff
+    between rounds (docs/cluster.md): it fails over, re-asserts and tells its observers
+    of the gap, as above.  The members must accept the same capability (they share
+    their root key).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import os
 import random
 import ssl
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +79,7 @@ __all__ = [
     "connect",
     "default_address",
     "load_capability",
+    "parse_addresses",
 ]
 
 log = logging.getLogger(__name__)
@@ -261,7 +271,7 @@ class RemoteDataspace(_DataspaceBase):
 
     def __init__(
         self,
-        address: Address,
+        address: Address | list[Address],
         cap: SturdyRef,
         *,
         reconnect: bool = True,
@@ -273,7 +283,11 @@ class RemoteDataspace(_DataspaceBase):
         name: str | None = None,
         tls: ClientTLS | None = None,
     ) -> None:
-        self.address = address
+        self.addresses = [address] if isinstance(address, Address) else list(address)
+        """The server's addresses (several: members of a cluster, tried in turn)."""
+        if not self.addresses:
+            raise ValueError("a client needs at least one server address")
+        self._at = 0
         self.client_name = name
         """The name this client gives the server (shown by ``dataspace top``, the
         inspector and ``/api/connections``), or None."""
@@ -290,7 +304,7 @@ class RemoteDataspace(_DataspaceBase):
         self.relay_limits = relay_limits or CLIENT_RELAY_LIMITS
         self._rng = rng or random.Random()
         self._hub = Hub()
-        self.name = str(address)
+        self.name = ",".join(map(str, self.addresses))
         self._init_base()  # turns, facets, and the held assertions (self._values)
         self._subs: set[RemoteSubscription] = set()
         self._conn: Connection | None = None
@@ -308,8 +322,37 @@ class RemoteDataspace(_DataspaceBase):
         """Called when the connection is lost (not when :meth:`close` ends it)."""
         self.on_reconnect: list[Callable[[], Any]] = []
         """Called when a lost connection is back."""
+        self.failovers = 0
+        """Reconnections made to another address than the one lost."""
 
     # -- connection ----------------------------------------------------------------------
+
+    @property
+    def address(self) -> Address:
+        """The address connected to (or tried next)."""
+        return self.addresses[self._at]
+
+    async def _connect_any(self, start: int | None = None) -> None:
+        """Connect to the first address that answers, from ``start`` (default: the
+        current one) round the list; raises the first address's error if none does
+        (:class:`CapabilityRejected` only if every one rejected the capability)."""
+        n = len(self.addresses)
+        first = self._at if start is None else start % n
+        errors: list[BaseException] = []
+        for i in range(n):
+            self._at = (first + i) % n
+            try:
+                await self._connect_once()
+                return
+            except (OSError, ConnectionError) as e:
+                errors.append(e)
+                if n > 1:
+                    log.info("%s: %s", self.address, e)
+        self._at = first
+        rejected = [e for e in errors if isinstance(e, CapabilityRejected)]
+        if len(rejected) == n:
+            raise rejected[0]
+        raise next(e for e in errors if not isinstance(e, CapabilityRejected))
 
     @property
     def connected(self) -> bool:
@@ -424,11 +467,19 @@ class RemoteDataspace(_DataspaceBase):
                 if self._closing or not self.reconnect:
                     break
                 delay = lo
+                lost = self._at
+                # With several addresses, the next one first: the one lost is likely down.
+                start = lost + 1
                 while not self._closing:
                     try:
-                        await self._connect_once()
+                        await self._connect_any(start)
                         self.reconnects += 1
-                        log.info("%s: reconnected", self.address)
+                        if self._at != lost:
+                            self.failovers += 1
+                            log.info("%s: reconnected (failed over from %s)", self.address,
+                                     self.addresses[lost])
+                        else:
+                            log.info("%s: reconnected", self.address)
                         for fn in self.on_reconnect:
                             _call(fn, ())
                         break
@@ -438,7 +489,8 @@ class RemoteDataspace(_DataspaceBase):
                         return
                     except (OSError, ConnectionError) as e:
                         log.info("%s: reconnect failed (%s); retrying in %.2f s",
-                                 self.address, e, delay)
+                                 self.name, e, delay)
+                    start = lost
                     wait = delay * (0.5 + self._rng.random())
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._closed.wait(), wait)
@@ -617,8 +669,25 @@ class RemoteDataspace(_DataspaceBase):
         self._subs.discard(sub)
 
 
+def parse_addresses(address: str | Address | Seq[str | Address]) -> list[Address]:
+    """Server addresses from ``"a:7411"``, ``"a:7411,b:7411"``, an :class:`Address` or a
+    list of these (raises :class:`AddressError`)."""
+    items = [address] if isinstance(address, str | Address) else list(address)
+    out: list[Address] = []
+    for item in items:
+        if isinstance(item, Address):
+            out.append(item)
+            continue
+        for part in item.split(","):
+            if part.strip():
+                out.append(parse_address(part.strip()))
+    if not out:
+        raise AddressError("no server address given")
+    return out
+
+
 async def connect(
-    address: str | Address | None = None,
+    address: str | Address | Seq[str | Address] | None = None,
     cap: SturdyRef | str | Value | None = None,
     *,
     data_dir: str | Path | None = None,
@@ -637,7 +706,9 @@ async def connect(
 
     * ``address`` -- ``HOST:PORT``, ``tls://HOST:PORT``, ``unix:PATH``,
       ``ws://HOST:PORT/``, ``wss://HOST:PORT/`` ... (default: ``$DATASPACE_SERVER`` or
-      ``127.0.0.1:7411``);
+      ``127.0.0.1:7411``); several (a list, or separated by commas) for the members of a
+      cluster: the first that answers, then each in turn when the connection drops
+      (failover);
     * ``cap`` -- the sturdyref (object, text or value); default: the data directory's
       ``root.sturdyref``;
     * ``reconnect`` -- reconnect with backoff when the connection drops (default True);
@@ -661,28 +732,33 @@ async def connect(
     if address is None:
         address = default_address()
     try:
-        addr = address if isinstance(address, Address) else parse_address(address)
+        addrs = parse_addresses(address)
     except AddressError as e:
         raise ConnectionError(f"bad server address: {e}") from None
+    addr = addrs[0]
     tls_given = ssl is not None or any((tls_ca, tls_cert, tls_key, tls_server_name,
                                         tls_insecure_skip_verify))
-    if tls_given and not addr.secure:
+    secure = [a for a in addrs if a.secure]
+    if tls_given and not secure:
         raise ConnectionError(f"TLS options were given for {addr}, which is not a TLS "
                               f"address: write {_secure(addr)}")
     tls = None
-    if addr.secure:
+    if secure:
         tls = ClientTLS.from_env(tls_ca, tls_cert, tls_key, server_name=tls_server_name,
                                  insecure_skip_verify=tls_insecure_skip_verify, context=ssl)
     ref = load_capability(cap, data_dir=data_dir)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"name must be a string, not {type(name).__name__}")
-    ds = RemoteDataspace(addr, ref, reconnect=reconnect, connect_timeout=connect_timeout,
+    ds = RemoteDataspace(addrs, ref, reconnect=reconnect, connect_timeout=connect_timeout,
                          name=name, tls=tls, **options)
     try:
-        await ds._connect_once()
+        await ds._connect_any()
     except CapabilityRejected:
         raise
     except (ConnectionRefusedError, FileNotFoundError):
+        if len(addrs) > 1:
+            raise ConnectionError(f"no server at any of {', '.join(map(str, addrs))}: start "
+                                  "the cluster's members (`dataspace serve --cluster ...`)") from None
         default = addr.kind == "tcp" and (addr.host, addr.port) == (DEFAULT_HOST, DEFAULT_PORT)
         option = {"unix": "unix", "tcp": "tcp", "tls": "tcp"}.get(addr.kind, "ws")
         how = "dataspace serve" if default else (
@@ -694,6 +770,6 @@ async def connect(
     except ConnectionError:
         raise
     except OSError as e:
-        raise ConnectionError(f"cannot connect to {addr}: {e.strerror or e}") from None
+        raise ConnectionError(f"cannot connect to {ds.address}: {e.strerror or e}") from None
     ds._task = asyncio.get_running_loop().create_task(ds._run())
     return ds

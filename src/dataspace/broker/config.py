@@ -45,6 +45,13 @@ followed by a space starts a comment)::
         {address: "10.0.0.2:7411" cap: "@/etc/dataspace/peer.sturdyref"}
         {address: "tls://10.0.0.3:7411" cap: "@peer3.sturdyref" tls-ca: "peer3-ca.crt"}
       ]
+      cluster: {                              # a cluster of servers (docs/cluster.md)
+        listen: "0.0.0.0:7422"                # where the other members dial this one
+        routes: ["10.0.0.2:7422" "10.0.0.3:7422"]   # members to dial (one is enough)
+        name: "dataspace"                     # the cluster's name
+        secret: "/etc/dataspace/cluster.secret"  # default: <data-dir>/cluster.secret
+        # advertise: "10.0.0.1:7422"          # default: listen (its host as seen by peers)
+      }
       bind: [
         # syndicate-py's examples: <ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>
         <ref {oid: "syndicate" key: #x""}>
@@ -77,6 +84,7 @@ from ..net.tls import ClientTLS, ServerTLS, TLSConfigError
 from ..protocol.relay import RelayLimits
 from ..protocol.sturdy import SturdyError, SturdyRef
 from ..values import Dictionary, ParseError, Record, Sequence, Symbol, Value, parse, stringify
+from .cluster import SECRET_FILE, ClusterSpec, read_secret
 from .link import LinkSpec
 
 __all__ = ["BindingSpec", "ConfigError", "ServerConfig", "load_config", "parse_config"]
@@ -180,6 +188,15 @@ class ServerConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     tls_ca: str | None = None
+    # A cluster (see broker.cluster): where to listen for routes, members to dial, the
+    # cluster's name and secret file (default: the data directory's cluster.secret).
+    cluster: str | None = None
+    routes: list[str] = field(default_factory=list)
+    cluster_name: str = "dataspace"
+    cluster_secret: str | None = None
+    cluster_advertise: str | None = None
+    route_ping: float = 1.0
+    route_dead: float = 3.0
     # Remote readers of streams (scry over UDP, HTTP) -- started by the serve command,
     # like the recorders: the broker layer knows nothing of streams.
     scry_udp: str | None = None
@@ -284,10 +301,19 @@ class ServerConfig:
         for item in self.link:
             address, cap = item[0], item[1]
             opts: dict[str, str] = item[2] if len(item) > 2 else {}  # type: ignore[misc]
-            try:
-                addr = parse_address(address, default_kind="tcp")
-            except AddressError as e:
-                raise ConfigError(f"link {address!r}: {e}") from None
+            parts = [a.strip() for a in address.split(",") if a.strip()]
+            if not parts:
+                raise ConfigError(f"link {address!r}: no address")
+            addrs = []
+            for part in parts:  # several: the members of a cluster, tried in turn
+                try:
+                    addrs.append(parse_address(part, default_kind="tcp"))
+                except AddressError as e:
+                    raise ConfigError(f"link {address!r}: {e}") from None
+            if len({a.secure for a in addrs}) > 1:
+                raise ConfigError(f"link {address}: some of its addresses use TLS and some do "
+                                  "not; write them all with tls:// (or wss://), or none")
+            addr = addrs[0]
             if opts and not addr.secure:
                 raise ConfigError(f"link {address}: TLS settings for an address without TLS: "
                                   f"write tls://{addr.host_port}")
@@ -315,6 +341,54 @@ class ServerConfig:
                                 server_name=opts.get("tls-server-name"))
             out.append(LinkSpec(address, ref, tls))
         return out
+
+    def check_cluster(self, prefix: str = "") -> None:
+        """Raise :class:`ConfigError` for cluster settings that cannot work."""
+        from ..protocol.cluster import ClusterError, check_cluster_name
+
+        if not self.cluster:
+            if self.routes:
+                raise ConfigError(f"{prefix}routes names members of a cluster: give "
+                                  f"{prefix}cluster HOST:PORT too (where this member listens "
+                                  "for routes)")
+            return
+        for what, a in [(f"{prefix}cluster", self.cluster), *((f"{prefix}routes", r) for r in
+                                                              self.routes),
+                        (f"{prefix}cluster-advertise", self.cluster_advertise)]:
+            if a is None:
+                continue
+            try:
+                addr = parse_address(a, default_kind="tcp")
+            except AddressError as e:
+                raise ConfigError(f"{what} {a!r}: {e}") from None
+            if addr.kind != "tcp":
+                raise ConfigError(f"{what} {a!r}: routes run over TCP: give HOST:PORT")
+        try:
+            check_cluster_name(self.cluster_name)
+        except ClusterError as e:
+            raise ConfigError(f"{prefix}cluster-name: {e}") from None
+        if not 0 < self.route_ping < self.route_dead:
+            raise ConfigError("the cluster's ping must be positive and below its dead time "
+                              f"(ping {self.route_ping:g} s, dead {self.route_dead:g} s)")
+
+    def cluster_spec(self, data_dir: Path) -> ClusterSpec | None:
+        """The cluster to join (None: not a member), its secret read: ``cluster_secret``
+        or the data directory's ``cluster.secret``."""
+        self.check_cluster()
+        if not self.cluster:
+            return None
+        path = (Path(self.cluster_secret).expanduser() if self.cluster_secret
+                else data_dir / SECRET_FILE)
+        try:
+            secret = read_secret(path)
+        except ValueError as e:
+            hint = ("" if self.cluster_secret else
+                    " (or give the secret's file with --cluster-secret FILE)")
+            raise ConfigError(f"{e}{hint}") from None
+        return ClusterSpec(listen=self.cluster, routes=tuple(self.routes),
+                           name=self.cluster_name, secret=secret,
+                           advertise=self.cluster_advertise, ping=self.route_ping,
+                           dead=self.route_dead)
 
     def host_port(self, which: str, prefix: str = "") -> tuple[str, int] | None:
         """The ``scry_udp`` or ``http`` address as (host, port), or None if not set."""
@@ -364,6 +438,7 @@ class ServerConfig:
                     spec.tls.ssl_context()
                 except TLSConfigError as e:
                     raise ConfigError(f"link {spec.address}: {e}") from None
+        self.check_cluster(prefix)
         self.host_port("scry_udp", prefix)
         self.host_port("http", prefix)
         if (self.tls_key or self.tls_client_ca) and not self.tls_cert:
@@ -427,7 +502,7 @@ _FILE_KEYS = {"tls-cert": "tls_cert", "tls-key": "tls_key", "tls-client-ca": "tl
               "tls-ca": "tls_ca"}
 _KNOWN = sorted(
     [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, *_FILE_KEYS, "data-dir", "store", "root-oid",
-     "root-key", "bind", "record", "link", "scry-udp", "http", "http-open", "publish"]
+     "root-key", "bind", "record", "link", "cluster", "scry-udp", "http", "http-open", "publish"]
 )
 
 
@@ -538,6 +613,8 @@ def parse_config(text: str) -> ServerConfig:
                 raise ConfigError('link must be a list, e.g. link: [{address: "host:7411" '
                                   'cap: "@peer.sturdyref"}]')
             changes["link"] = [_link(item) for item in x]
+        elif name == "cluster":
+            changes.update(_cluster(x))
         elif name == "record":
             if type(x) is not Sequence:
                 raise ConfigError(
@@ -547,6 +624,39 @@ def parse_config(text: str) -> ServerConfig:
     cfg = dataclasses.replace(cfg, **changes)
     cfg.check()
     return cfg
+
+
+_CLUSTER_KEYS = {"listen": "cluster", "routes": "routes", "name": "cluster_name",
+                 "secret": "cluster_secret", "advertise": "cluster_advertise",
+                 "ping": "route_ping", "dead": "route_dead"}
+
+
+def _cluster(x: Value) -> dict[str, Any]:
+    example = ('cluster: {listen: "0.0.0.0:7422" routes: ["10.0.0.2:7422"] name: "dataspace" '
+               'secret: "/etc/dataspace/cluster.secret"}')
+    if type(x) is not Dictionary:
+        raise ConfigError(f"cluster must be a dictionary, e.g. {example}")
+    out: dict[str, Any] = {}
+    for k, v in x.items():
+        name = k.name if type(k) is Symbol else None
+        if name not in _CLUSTER_KEYS:
+            raise ConfigError(f"unknown key {_short(k)} in cluster; it has: "
+                              f"{', '.join(_CLUSTER_KEYS)}")
+        if name == "routes":
+            if type(v) is not Sequence or not all(type(a) is str for a in v):
+                raise ConfigError('cluster routes must be a list of "HOST:PORT" strings')
+            out["routes"] = list(v)
+        elif name in ("ping", "dead"):
+            if type(v) not in (int, float) or not v > 0:
+                raise ConfigError(f"cluster {name} must be a positive number of seconds")
+            out[_CLUSTER_KEYS[name]] = float(v)
+        else:
+            if type(v) is not str or not v:
+                raise ConfigError(f"cluster {name} must be a non-empty string")
+            out[_CLUSTER_KEYS[name]] = v
+    if "cluster" not in out:
+        raise ConfigError(f"cluster needs listen: \"HOST:PORT\", e.g. {example}")
+    return out
 
 
 def _link(item: Value) -> tuple[str, str] | tuple[str, str, dict[str, str]]:

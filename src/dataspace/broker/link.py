@@ -129,7 +129,9 @@ def load_server_id(data_dir: Path) -> str:
 
 @dataclass(frozen=True)
 class LinkSpec:
-    """A link to dial: the peer's address and a capability (without caveats) there."""
+    """A link to dial: the peer's address and a capability (without caveats) there.
+    ``address`` may list several, separated by commas (the members of a cluster): the
+    dialer tries them in turn, and keeps one link up to whichever answers."""
 
     address: str
     cap: SturdyRef
@@ -140,6 +142,10 @@ class LinkSpec:
     @property
     def name(self) -> str:
         return self.address
+
+    @property
+    def addresses(self) -> list[str]:
+        return [a.strip() for a in self.address.split(",") if a.strip()]
 
 
 def _forwardable(v: Value) -> bool:
@@ -185,12 +191,20 @@ class LinkSession:
     """An established link, on either side (see the module docstring)."""
 
     def __init__(self, hub: LinkHub, name: str, peer_id: str, relay: Relay | None,
-                 dialed: bool) -> None:
+                 dialed: bool, route: bool = False) -> None:
         self.hub = hub
         self.name = name
         self.peer_id = peer_id
         self.relay = relay
         self.dialed = dialed
+        self.route = route
+        """A route between members of a cluster (broker.cluster), not a link: what
+        arrives over it goes on to local observers and links, never to another route."""
+        self.conn: Connection | None = None
+        """The connection, when the host knows it (routes)."""
+        self.control_hook: Callable[[LinkSession, Value], bool] | None = None
+        """Control messages the link protocol does not know go here first (the cluster's
+        route messages); True: handled."""
         self.ctl_out: Any = None    # the peer's control entity
         self.data_out: Any = None   # the peer's data entity
         self.ctl_in = _Control(self)
@@ -292,6 +306,9 @@ class LinkSession:
                 return
             elif lab == LINK_ACCEPT:
                 return  # a duplicate
+            elif self.control_hook is not None and self.control_hook(self, v):
+                if self.closed:
+                    return
             else:
                 raise UpstreamError(f"unknown link message <{stringify(lab)} ...>")
         except UpstreamError as e:
@@ -313,7 +330,7 @@ class LinkSession:
                 self.counters["messages_dropped"] += 1
                 return
         if hub.tapping:  # the tap hears it, and must know it as ours
-            self.echo.append(v)
+            (hub.route_echo if self.route else self.echo).append(v)
         hub.ds.send(v)
 
     def on_data_messages(self, vs: list[Value]) -> None:
@@ -327,7 +344,7 @@ class LinkSession:
         self.counters["messages_received"] += len(vs)
         hub = self.hub
         if hub.tapping:  # the tap hears them, and must know them as ours
-            self.echo.extend(vs)
+            (hub.route_echo if self.route else self.echo).extend(vs)
         send = hub.ds.send
         for v in vs:
             send(v)
@@ -345,6 +362,9 @@ class LinkSession:
         self.injected_count[k] = n + 1
         if n == 0:
             self.hub.watch(k, +1)
+        if self.route:
+            held = self.hub.route_held
+            held[k] = held.get(k, 0) + 1
         self.injected[handle] = (self.hub.ds.assert_(v), v)
 
     def on_data_retract(self, handle: int) -> None:
@@ -359,6 +379,13 @@ class LinkSession:
         else:
             self.injected_count.pop(k, None)
             self.hub.watch(k, -1)
+        if self.route:
+            held = self.hub.route_held
+            m = held.get(k, 0) - 1
+            if m > 0:
+                held[k] = m
+            else:
+                held.pop(k, None)
         self.hub.ds.retract(local)
 
     def retract_injected(self) -> None:
@@ -398,11 +425,15 @@ class LinkSession:
                     out.on_message(v)
 
     def reassess(self, k: Any, v: Value | None, count: int) -> None:
-        """Forward or withdraw one assertion (``count``: its copies here)."""
+        """Forward or withdraw one assertion (``count``: its copies here).  A link gets
+        it while some holder other than that link has it; a route, while some holder
+        other than every route has it (one hop: what came over a route goes to no
+        other route)."""
         want = (
             v is not None
             and self.ready
-            and count > self.injected_count.get(k, 0)
+            and count > (self.hub.route_held.get(k, 0) if self.route
+                         else self.injected_count.get(k, 0))
             and _forwardable(v)
             and self.prod.forward(v, assertion=True)
         )
@@ -451,6 +482,8 @@ class LinkSession:
         }
         if self.refused is not None:
             out["refused"] = self.refused
+        if self.route:
+            out["route"] = True
         conn = self.hub.connection_of(self)
         if conn is not None:
             out["bytes_in"] = conn.bytes_in
@@ -494,6 +527,10 @@ class LinkHub:
         self._tick: asyncio.TimerHandle | None = None
         self._tick_at = 0.0
         self.tapping = False  # see _tap_messages
+        self.route_held: dict[Any, int] = {}
+        """Copies of each assertion held here for the peers of routes (all routes)."""
+        self.route_echo: deque[Value] = deque()
+        """Messages that arrived over routes, to recognise in the tap (one hop)."""
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
         self.on_change: list[Callable[[], Any]] = []
@@ -547,12 +584,19 @@ class LinkHub:
 
     def interest_for(self, session: LinkSession) -> list[Chain]:
         """What ``session`` wants from its peer: local observers' prefixes and what the
-        other links want from here."""
+        other links want from here (and, for a link, what the routes want; for a route,
+        not what the other routes want: what comes over a route goes to no route)."""
         out = [e[0] for e in self._interest.values()]
         for s in self.sessions:
-            if s is not session and s.ready:
+            if s is not session and s.ready and not (session.route and s.route):
                 out += s.wants.values()
         return out
+
+    @staticmethod
+    def _passes(frm: LinkSession, to: LinkSession) -> bool:
+        """Whether what arrives over ``frm`` goes on over ``to`` (so ``to`` asks its
+        peer for what ``frm``'s peer wants): not back, and never route to route."""
+        return to is not frm and not (frm.route and to.route)
 
     def producer_changed(self, session: LinkSession, chain: Chain) -> None:
         """The peer of ``session`` asked for (or dropped) ``chain``: pass it on to the other
@@ -567,14 +611,14 @@ class LinkHub:
             session.wants[k] = chain
             if session.ready:
                 for s in self.sessions:
-                    if s is not session:
+                    if self._passes(session, s):
                         s.sub.add_interest(chain, time.monotonic())
                         s.flush_control()
         elif had and not positive:
             del session.wants[k]
             if session.ready:
                 for s in self.sessions:
-                    if s is not session:
+                    if self._passes(session, s):
                         s.sub.remove_interest(chain, time.monotonic())
                         s.flush_control()
         for v in self._candidates(chain):
@@ -629,8 +673,11 @@ class LinkHub:
         if not on:
             for s in self.sessions:
                 s.echo.clear()
+            self.route_echo.clear()
 
     def _added(self, v: Value) -> None:
+        if not _forwardable(v):
+            return  # (subscriptions never cross: a server with many is not slowed)
         k = key(v)
         self._present[k] = v
         self._by_head.setdefault(_head(v), {})[k] = v
@@ -639,6 +686,8 @@ class LinkHub:
             s.reassess(k, v, n)
 
     def _removed(self, v: Value) -> None:
+        if not _forwardable(v):
+            return
         k = key(v)
         self._present.pop(k, None)
         bucket = self._by_head.get(_head(v))
@@ -650,8 +699,17 @@ class LinkHub:
             s.reassess(k, None, 0)
 
     def _messages(self, msgs: Any) -> None:
+        local = msgs
+        echo = self.route_echo
+        if echo:  # some came over routes: those go to links, never to routes (one hop)
+            local = []
+            for v in msgs:
+                if echo and echo[0] is v:
+                    echo.popleft()
+                else:
+                    local.append(v)
         for s in self.sessions:
-            s.forward_messages(msgs)
+            s.forward_messages(local if s.route else msgs)
 
     def watch(self, k: Any, delta: int) -> None:
         n = self._watched.get(k, 0) + delta
@@ -675,13 +733,17 @@ class LinkHub:
         """A link is established: its control starts at once; its data once the check
         that it closes no cycle has passed (:meth:`ready`)."""
         self.sessions.append(session)
-        if not session.dialed:
+        if not session.dialed and not session.route:
             self.gone.pop(session.peer_id, None)
         self._ensure_catch_all()
         session.start()
-        self.forest.opened(session, session.peer_id, dialed=session.dialed,
-                           nonce=session.nonce or "-", now=time.monotonic())
-        self.flush_forest()
+        if session.route:  # a route needs no check: data crosses it at once
+            self.forest.route_up(session, session.peer_id, time.monotonic())
+            self.ready(session)
+        else:
+            self.forest.opened(session, session.peer_id, dialed=session.dialed,
+                               nonce=session.nonce or "-", now=time.monotonic())
+            self.flush_forest()
         self._tap_messages()
         self.write_status()
 
@@ -713,12 +775,13 @@ class LinkHub:
         now = time.monotonic()
         for chain in session.wants.values():
             for s in self.sessions:
-                if s is not session:
+                if self._passes(session, s):
                     s.sub.add_interest(chain, now)
                     s.flush_control()
         for k, v in list(self._present.items()):
             session.reassess(k, v, self.ds.count(v))
-        log.info("link %s: up (peer %s)", session.name, session.peer_id)
+        log.info("%s %s: up (peer %s)", "route" if session.route else "link", session.name,
+                 session.peer_id)
         self.write_status()
 
     def refuse(self, session: LinkSession, why: str) -> None:
@@ -758,8 +821,9 @@ class LinkHub:
             now = time.monotonic()
             for chain in session.wants.values():
                 for s in self.sessions:
-                    s.sub.remove_interest(chain, now)
-                    s.flush_control()
+                    if self._passes(session, s):
+                        s.sub.remove_interest(chain, now)
+                        s.flush_control()
         session.wants.clear()
         session.retract_injected()
         session.fwd.clear()
@@ -773,9 +837,9 @@ class LinkHub:
         if why is None and session.refused is None:
             why = self.last_error.get(session.name)
         if was_up:
-            log.info("link %s: down (peer %s)%s", session.name, session.peer_id,
-                     f": {why}" if why else "")
-        if not session.dialed:
+            log.info("%s %s: down (peer %s)%s", "route" if session.route else "link",
+                     session.name, session.peer_id, f": {why}" if why else "")
+        if not session.dialed and not session.route:
             now_t = time.time()
             self.gone[session.peer_id] = {
                 "link": session.name, "direction": "in", "dataspace": self.name,
@@ -879,6 +943,8 @@ class LinkHub:
         self.schedule_tick()
 
     def connection_of(self, session: LinkSession) -> Connection | None:
+        if session.conn is not None:
+            return session.conn
         if session.relay is None:
             return None
         for d in self.dialers:
@@ -895,6 +961,8 @@ class LinkHub:
         for d in self.dialers:
             s = d.session
             row = {"link": d.spec.address, "direction": "out", "dataspace": self.name}
+            if len(d.spec.addresses) > 1:
+                row["peer_address"] = d.current
             if s is not None and not s.closed:
                 row.update(s.status())
             else:
@@ -912,7 +980,7 @@ class LinkHub:
             out.append(row)
         live = set()
         for name, s in up.items():
-            if s.dialed:
+            if s.dialed or s.route:
                 continue
             live.add(s.peer_id)
             row = {"link": name, "direction": "in", "dataspace": self.name, **s.status()}
@@ -1021,11 +1089,17 @@ class LinkDialer:
         self.down_since = time.time()
         self.next_attempt: float | None = None  # (epoch seconds)
         self.last_peer = ""
+        self._at = 0  # which of the spec's addresses is dialed (several: a cluster's members)
         self._stop = asyncio.Event()
         self._answer: asyncio.Future[Value] | None = None
         self.early: list[Value] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+
+    @property
+    def current(self) -> str:
+        """The address dialed now (one of the spec's)."""
+        return self.spec.addresses[self._at]
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -1048,6 +1122,8 @@ class LinkDialer:
     async def _run(self) -> None:
         lo, hi = self.backoff
         delay = lo
+        n = len(self.spec.addresses)
+        failed = 0  # addresses that failed in a row (a round: each was tried once)
         while not self._stop.is_set():
             self.attempts += 1
             self.next_attempt = None
@@ -1055,6 +1131,7 @@ class LinkDialer:
             try:
                 await self._connect_once()
                 delay = lo
+                failed = 0
                 assert self.conn is not None
                 await self.conn.wait_closed()
                 reason = self.conn.close_reason
@@ -1067,12 +1144,23 @@ class LinkDialer:
                 elif not self._stop.is_set():
                     log.warning("link %s: connection lost (%s); reconnecting",
                                 self.spec.address, reason)
+                    if n > 1:  # the member is likely gone: the next one at once
+                        self._at = (self._at + 1) % n
+                        wait = 0.0
             except (OSError, ConnectionError, TimeoutError) as e:
                 msg = str(e) or type(e).__name__
+                if n > 1:
+                    msg = f"{self.current}: {msg}"
+                    self._at = (self._at + 1) % n
+                    failed += 1
                 self.hub.last_error[self.spec.address] = msg
-                wait = delay * (0.5 + self._rng.random())
-                delay = min(hi, delay * 2)
-                log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
+                if n > 1 and failed % n:
+                    wait = 0.0  # the next address of this round at once
+                    log.warning("link %s: %s; trying %s", self.spec.address, msg, self.current)
+                else:
+                    wait = delay * (0.5 + self._rng.random())
+                    delay = min(hi, delay * 2)
+                    log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
             finally:
                 s = self.session
                 self.session = None
@@ -1097,7 +1185,7 @@ class LinkDialer:
                 await asyncio.wait_for(self._stop.wait(), wait)
 
     async def _open(self) -> Connection:
-        a: Address = parse_address(self.spec.address, default_kind="tcp")
+        a: Address = parse_address(self.current, default_kind="tcp")
 
         def session(conn: Connection) -> Relay:
             return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",

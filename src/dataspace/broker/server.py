@@ -45,6 +45,7 @@ from ..protocol.relay import Quota, Relay
 from ..protocol.route import MessageRouter
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
+from .cluster import CLUSTER_STATUS_FILE, Cluster
 from .config import ConfigError, ServerConfig
 from .link import STATUS_FILE, LinkDialer, LinkHub, load_server_id, write_status_file
 
@@ -273,6 +274,8 @@ class Server:
         self.links: dict[str, LinkHub] = {}
         """The link hub of each dataspace (see broker.link), made by :meth:`start`."""
         self.server_id = ""
+        self.cluster: Cluster | None = None
+        """This member's routes, when the server is in a cluster (``--cluster``)."""
         self._status_timer: asyncio.TimerHandle | None = None
         self.sync_gate: SyncGate | None = None
         """Holds sync answers until recorded messages are durable (see
@@ -335,6 +338,7 @@ class Server:
         self._schedule_sweep()
         self._start_links(loop)
         try:
+            await self._start_cluster()
             for addr in self.config.listeners():
                 await self._listen(addr)
         except BaseException:
@@ -404,6 +408,22 @@ class Server:
         if root.dialers:
             self._links_changed()
 
+    async def _start_cluster(self) -> None:
+        assert self.data_dir is not None and self.hub is not None
+        spec = self.config.cluster_spec(self.data_dir)
+        if spec is None:
+            return
+        self.cluster = Cluster(self.links["root"], spec, self.hub, turn=self._turn)
+        try:
+            await self.cluster.start()
+        except OSError as e:
+            raise listen_error(e, spec.listen, "--cluster") from None
+        self._links_changed()
+
+    def cluster_status(self) -> dict[str, Any] | None:
+        """The cluster's members and routes (``dataspace cluster status``), or None."""
+        return self.cluster.status() if self.cluster is not None else None
+
     def _links_changed(self) -> None:
         """Write the links' status soon (and every 2 s while there are links)."""
         if self._status_timer is None and not self._stopping:
@@ -417,7 +437,13 @@ class Server:
             write_status_file(self.data_dir / STATUS_FILE, list(self.links.values()))
         except OSError as e:
             log.warning("cannot write %s: %s", self.data_dir / STATUS_FILE, e)
-        if any(h.dialers or h.sessions or h.gone for h in self.links.values()):
+        if self.cluster is not None:
+            try:
+                _write_json(self.data_dir / CLUSTER_STATUS_FILE, self.cluster.status())
+            except OSError as e:
+                log.warning("cannot write %s: %s", self.data_dir / CLUSTER_STATUS_FILE, e)
+        if self.cluster is not None or any(h.dialers or h.sessions or h.gone
+                                           for h in self.links.values()):
             self._status_timer = asyncio.get_running_loop().call_later(2.0, self._write_links)
 
     @property
@@ -590,6 +616,8 @@ class Server:
             if timer is not None:
                 timer.cancel()
         self._sweeper = self._reclaim_timer = self._status_timer = None
+        if self.cluster is not None:
+            await self.cluster.close()
         for h in self.links.values():
             h.close()
         for h in self.links.values():
@@ -653,6 +681,14 @@ def _all_turns(dss: list[Dataspace]) -> Iterator[None]:
         for ds in dss:
             stack.enter_context(ds.turn())
         yield
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    import json
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _write_private(path: Path, text: str) -> None:

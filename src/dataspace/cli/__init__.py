@@ -46,7 +46,7 @@ from .. import __version__  # noqa: E402
 from .._build import BUILD  # noqa: E402
 
 ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
-         "stream", "scry", "pipeline", "demo"]  # module names
+         "cluster", "stream", "scry", "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:

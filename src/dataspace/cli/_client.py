@@ -31,18 +31,20 @@ connecting:
   By default the command connects to $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT} with the
   capability in the data directory's root.sturdyref (written by `dataspace serve`).  Use
   --server for another address (HOST:PORT, tls://HOST:PORT, unix:PATH, ws://HOST:PORT/,
-  wss://HOST:PORT/) and --cap for another capability (Preserves text, e.g. from `dataspace
-  cap`, or @FILE: a relative FILE is looked for here, then in the data directory).  Over
-  tls:// and wss:// the server's certificate is checked against --tls-ca (default
-  $DATASPACE_TLS_CA, else the system's trust store) and its name.  --name is what
+  wss://HOST:PORT/; several, separated by commas, for the members of a cluster: the command
+  fails over between them) and --cap for another capability (Preserves text, e.g. from
+  `dataspace cap`, or @FILE: a relative FILE is looked for here, then in the data
+  directory).  Over tls:// and wss:// the server's certificate is checked against --tls-ca
+  (default $DATASPACE_TLS_CA, else the system's trust store) and its name.  --name is what
   `dataspace top` and the inspector call this client (default: the command, e.g.
   "dataspace observe").
 """
 
 
 def add_connection_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", metavar="ADDRESS", default=None,
-                   help=f"server address (default $DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT})")
+    p.add_argument("--server", metavar="ADDRESS[,ADDRESS...]", default=None,
+                   help=f"server address, or a cluster's members separated by commas (default "
+                   f"$DATASPACE_SERVER or {DEFAULT_HOST}:{DEFAULT_PORT})")
     p.add_argument("--cap", metavar="STURDYREF", default=None,
                    help="capability as Preserves text, or @FILE to read it from a file "
                    "(default: <data-dir>/root.sturdyref)")

@@ -45,6 +45,10 @@ examples:
                                                ca.crt
   dataspace serve --link tls://10.0.0.2:7411 --link-cap @peer.sturdyref --tls-ca ca.crt
                                                a link over TLS, checking the peer's certificate
+  dataspace serve --cluster 0.0.0.0:7422 --routes 10.0.0.1:7422,10.0.0.2:7422
+                                               a member of a cluster (each member listens
+                                               for routes; one route address is enough;
+                                               <data-dir>/cluster.secret on every member)
 
 At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability of its root
 dataspace, and writes it to <data-dir>/root.sturdyref, where `dataspace observe`, `assert`
@@ -102,8 +106,8 @@ def register(sub: Any) -> None:
     p.add_argument("--link", action="append", metavar="ADDRESS",
                    help="link this server's root dataspace with the server at ADDRESS "
                    "(HOST:PORT, tls://HOST:PORT, ws://..., wss://..., or a Unix socket "
-                   "path); needs --link-cap; "
-                   "repeatable (docs/links.md)")
+                   "path; several separated by commas: a cluster's members, whichever is "
+                   "up); needs --link-cap; repeatable (docs/links.md)")
     p.add_argument("--link-cap", action="append", metavar="CAP",
                    help="the capability for the matching --link: the peer's root sturdyref "
                    "text, or @FILE holding it (a capability without caveats)")
@@ -118,6 +122,22 @@ def register(sub: Any) -> None:
     t.add_argument("--tls-ca", metavar="FILE",
                    help="the CA that tls:// and wss:// links trust (default: the system's "
                    "trust store); links show --tls-cert to peers that ask for a certificate")
+    c = p.add_argument_group("cluster (docs/cluster.md)")
+    c.add_argument("--cluster", metavar="HOST:PORT",
+                   help="be a member of a cluster: listen for routes from the other members "
+                   "here (a full mesh of routes; clients and links may use any member)")
+    c.add_argument("--routes", action="append", metavar="HOST:PORT,...",
+                   help="cluster addresses of other members to dial (comma-separated, "
+                   "repeatable); members tell each other of the rest, so one is enough")
+    c.add_argument("--cluster-name", metavar="NAME",
+                   help="the cluster's name (default dataspace): members of another "
+                   "cluster are refused")
+    c.add_argument("--cluster-secret", metavar="FILE",
+                   help="the cluster secret, the same file on every member (default "
+                   "<data-dir>/cluster.secret; make one with `dataspace cluster secret FILE`)")
+    c.add_argument("--cluster-advertise", metavar="HOST:PORT",
+                   help="the address other members dial to reach this one (default: "
+                   "--cluster, its host taken from the connection when it is 0.0.0.0)")
     g = p.add_argument_group("limits (defaults in docs/broker.md)")
     g.add_argument("--max-packet-size", type=int, metavar="BYTES",
                    help="largest packet accepted (default 1048576)")
@@ -205,6 +225,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                           "--link-cap per --link, in the same order")
     if links:
         cfg = cfg.override(link=[*cfg.link, *zip(links, caps)])
+    routes = [r.strip() for arg in args.routes or [] for r in arg.split(",") if r.strip()]
+    cfg = cfg.override(cluster=args.cluster, cluster_name=args.cluster_name,
+                       cluster_secret=args.cluster_secret,
+                       cluster_advertise=args.cluster_advertise,
+                       routes=[*cfg.routes, *routes] if routes else None)
     cfg.check(prefix="--")
     _recorder_specs(cfg)
     for name in cfg.publish:
@@ -232,10 +257,11 @@ def _recorder_specs(cfg: ServerConfig) -> list[RecorderSpec]:
 
 
 def _link_events() -> None:
-    """Links going up and down, and why, are printed even without -v."""
-    lg = logging.getLogger("dataspace.broker.link")
-    if lg.getEffectiveLevel() > logging.INFO:
-        lg.setLevel(logging.INFO)
+    """Links and routes going up and down, and why, are printed even without -v."""
+    for name in ("dataspace.broker.link", "dataspace.broker.cluster"):
+        lg = logging.getLogger(name)
+        if lg.getEffectiveLevel() > logging.INFO:
+            lg.setLevel(logging.INFO)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -361,6 +387,12 @@ async def _serve(cfg: ServerConfig) -> int:
         for spec in cfg.link_specs():
             print(f"dataspace serve: linking to {spec.address} (`dataspace link status` "
                   "shows the links)", file=sys.stderr, flush=True)
+        if server.cluster is not None:
+            cl = server.cluster
+            routes = ", ".join(cfg.routes) or "none yet: the others dial this one"
+            print(f"dataspace serve: cluster {cl.name}: routes on {cl.listen_address} "
+                  f"(member {cl.me}, dialed as {cl.address}; dialing: {routes}; `dataspace "
+                  "cluster status` shows the members)", file=sys.stderr, flush=True)
         print(f"dataspace serve: data directory {server.data_dir}; Ctrl-C stops the server",
               file=sys.stderr, flush=True)
         started = True

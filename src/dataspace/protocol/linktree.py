@@ -15,6 +15,15 @@ disturbed.  When new links are checked at the same time and would close a cycle 
 one goes up and the others are refused, decided by their ids (below), never both and
 never neither.
 
+**Clusters.**  The members of a cluster (``dataspace.protocol.cluster``) are joined by
+*routes*, a full mesh, and the forest treats a whole cluster as one node: the host says
+when a route is up (:meth:`Forest.route_up`) and when it closes (:meth:`Forest.closed`).
+A lock wave crosses routes one hop, as data does: a member locked from a link, or as an
+end, passes the lock on over its links and its routes; a member locked over a route
+passes it on over its links only.  So a leaf linked to one member is in one tree with the
+whole cluster (never a cycle), and a second link from that tree to any member is refused.
+Routes themselves are never checked nor refused (a cluster is a full mesh by design).
+
 **How.**  A check locks both trees:
 
 1. The dialing end (the *decider*) sends ``<tree-check ID K>`` over the new link (``K``
@@ -179,6 +188,7 @@ class Forest:
         self.again = again
         self.again_max = again_max
         self.up: dict[Hashable, str] = {}          # link -> the peer's id
+        self.routes: dict[Hashable, str] = {}      # route (cluster) -> the peer's id
         self.checks: dict[Hashable, _Check] = {}
         self.lock: _Lock | None = None
         self.queue: list[_Req] = []
@@ -199,11 +209,21 @@ class Forest:
         if dialed:
             self._attempt(c, 1)
 
+    def route_up(self, route: Hashable, peer: str, now: float) -> None:
+        """A route to cluster member ``peer`` is up (its end is :meth:`closed` too).  A
+        lock held here is not passed on over it: the check under way decides without
+        that member's links, as it would had the route come up a moment later."""
+        self._now = now
+        self.routes[route] = _str(peer, "a server id")
+
     def closed(self, link: Hashable, now: float) -> None:
-        """A link's connection closed (up or not)."""
+        """A link's (or route's) connection closed (up or not)."""
         self._now = now
         self.queue = [r for r in self.queue if r.link != link]
-        if self.up.pop(link, None) is not None:
+        gone = self.up.pop(link, None)
+        if gone is None:
+            gone = self.routes.pop(link, None)
+        if gone is not None:
             lock = self.lock
             if lock is not None:
                 if lock.parent == link:
@@ -245,7 +265,7 @@ class Forest:
         i, k = _id(f[0]), _nat(f[1], "an attempt")
         if lab == LOCK:
             side = _str(f[2], "a side")
-            if link not in self.up:
+            if link not in self.up and link not in self.routes:
                 # Only over links that are up (a link's decision comes before any lock).
                 self._send(link, Record(ECHO, [_idv(i), k, side, Sequence(), False, True]))
                 return
@@ -422,7 +442,9 @@ class Forest:
 
     def _grant(self, r: _Req) -> None:
         lock = self.lock = _Lock(r.id, r.attempt, r.side, r.link, members={self.me})
-        for link in self.up:
+        # One hop over routes: a lock that came over a route goes on over links only.
+        onward = list(self.up) if r.link in self.routes else [*self.up, *self.routes]
+        for link in onward:
             if link != r.link:
                 lock.children.append(link)
                 lock.waiting.add(link)
@@ -443,7 +465,7 @@ class Forest:
             busy = True  # too big a tree to say: try again (and fail the same way)
         if (met or self._other_end(lock) in members) and not lock.met:
             lock.met = True  # the other end is in this tree: through this link
-            lock.via = self.up.get(link)
+            lock.via = self.up.get(link) or self.routes.get(link)
         lock.busy = lock.busy or busy
         if lock.busy or not lock.waiting:
             self._finish(lock)
@@ -470,7 +492,7 @@ class Forest:
         assert lock is not None
         self.lock = None
         for link in lock.children:
-            if link in self.up:
+            if link in self.up or link in self.routes:
                 self._send(link, Record(UNLOCK, [_idv(lock.id), lock.attempt, lock.side]))
 
     def _serve_queue(self) -> None:

@@ -13,6 +13,10 @@ Routes (JSON; every ``/api/...`` route needs a token, see :mod:`dataspace.web.au
     the count).
 ``GET /api/links``
     The links' status rows (``Server.link_status()``); the administrator only.
+``GET /api/cluster``
+    The cluster's members and routes (``Server.cluster_status()``, what ``dataspace
+    cluster status`` shows), or ``{"cluster": null}`` for a server in no cluster; the
+    administrator only.
 
 See docs/operations.md for every field.
 """
@@ -142,10 +146,20 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
             "recorders": [_recorder_row(r) for r in ctx.recorders],
             "links": {"count": len(links),
                       "connected": sum(1 for r in links if r.get("connected"))},
+            "cluster": _cluster_summary(server),
             "syncs_held": gate.held_total if gate is not None else 0,
             "http_open": ctx.open_access,
         })
     return out
+
+
+def _cluster_summary(server: Any) -> dict[str, Any] | None:
+    st = server.cluster_status() if hasattr(server, "cluster_status") else None
+    if st is None:
+        return None
+    return {"name": st["cluster"], "address": st["address"], "members_up": st["size"],
+            "members_known": 1 + len(st["members"]),
+            "routes_up": sum(1 for r in st["routes"] if r.get("connected"))}
 
 
 def _transport(conn: Any) -> str:
@@ -247,11 +261,18 @@ def setup(app: web.Application, ctx: WebContext) -> None:
         access.require_admin("the links")
         return json_response({"time": time.time(), "links": server.link_status()})
 
+    async def api_cluster(request: web.Request, access: Access) -> web.StreamResponse:
+        server = _need_server(ctx)
+        access.require_admin("the cluster")
+        st = server.cluster_status() if hasattr(server, "cluster_status") else None
+        return json_response(st if st is not None else {"time": time.time(), "cluster": None})
+
     r = app.router
     r.add_get("/healthz", healthz, allow_head=False)
     r.add_get("/api/server", guarded(ctx, api_server), allow_head=False)
     r.add_get("/api/connections", guarded(ctx, api_connections), allow_head=False)
     r.add_get("/api/links", guarded(ctx, api_links), allow_head=False)
+    r.add_get("/api/cluster", guarded(ctx, api_cluster), allow_head=False)
 
 
 def _need_server(ctx: WebContext) -> Any:

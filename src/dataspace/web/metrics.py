@@ -68,6 +68,7 @@ class ServerCollector(Collector):
         if server is not None:
             yield from self._server(server)
             yield from self._links(server)
+            yield from self._cluster(server)
         yield from self._recorders()
         yield from self._http()
 
@@ -157,61 +158,31 @@ class ServerCollector(Collector):
     def _links(self, server: Any) -> Iterator[Metric]:
         rows = server.link_status()
         labels = ["link", "direction", "dataspace"]
-        up = _gauge("dataspace_link_up", "1 while a link is connected.", labels=labels)
-        since = _gauge("dataspace_link_connected_since_seconds",
-                       "When the link's session began (seconds since the epoch).", labels=labels)
-        gauges = {
-            "upstreamed": _gauge("dataspace_link_upstreamed_prefixes",
-                                 "Prefixes of local interest subscribed at the peer.",
-                                 labels=labels),
-            "peer_wants": _gauge("dataspace_link_peer_prefixes",
-                                 "Prefixes the peer subscribed here.", labels=labels),
-            "assertions_held_for_peer": _gauge("dataspace_link_assertions_forwarded",
-                                               "Assertions forwarded to the peer now.",
-                                               labels=labels),
-            "assertions_from_peer": _gauge("dataspace_link_assertions_received",
-                                           "Assertions the peer forwarded here now.",
-                                           labels=labels),
-        }
-        counters = {
-            "messages_forwarded": ("dataspace_link_messages_forwarded_total",
-                                   "Messages forwarded to the peer."),
-            "messages_suppressed": ("dataspace_link_messages_suppressed_total",
-                                    "Messages the peer did not want (not forwarded)."),
-            "messages_received": ("dataspace_link_messages_received_total",
-                                  "Messages the peer forwarded here."),
-            "assertions_forwarded": ("dataspace_link_assertion_forwards_total",
-                                     "Assertions forwarded to the peer (each time)."),
-            "assertions_received": ("dataspace_link_assertion_receipts_total",
-                                    "Assertions the peer forwarded here (each time)."),
-            "requests_sent": ("dataspace_link_requests_sent_total",
-                              "Subscription requests sent to the peer."),
-            "retransmissions": ("dataspace_link_retransmissions_total",
-                                "Subscription requests sent again."),
-            "bytes_in": ("dataspace_link_received_bytes_total",
-                         "Bytes received on the link's connection."),
-            "bytes_out": ("dataspace_link_sent_bytes_total",
-                          "Bytes sent on the link's connection."),
-        }
-        cfams = {k: _counter(n, d, labels=labels) for k, (n, d) in counters.items()}
-        for row in rows:
+
+        def values(row: dict[str, Any]) -> list[str]:
             name = row["link"]
             if row.get("direction") == "in" and row.get("peer_id"):
                 name = f"peer:{row['peer_id']}"  # stable across the peer's reconnections
-            lv = [str(name), str(row.get("direction", "")), str(row.get("dataspace", ""))]
-            up.add_metric(lv, 1 if row.get("connected") else 0)
-            if isinstance(row.get("since"), int | float):
-                since.add_metric(lv, row["since"])
-            for k, fam in gauges.items():
-                if isinstance(row.get(k), int):
-                    fam.add_metric(lv, row[k])
-            for k, fam in cfams.items():
-                if isinstance(row.get(k), int):
-                    fam.add_metric(lv, row[k])
-        yield up
-        yield since
-        yield from gauges.values()
-        yield from cfams.values()
+            return [str(name), str(row.get("direction", "")), str(row.get("dataspace", ""))]
+
+        yield from _session_metrics("link", rows, labels, values)
+
+    def _cluster(self, server: Any) -> Iterator[Metric]:
+        st = server.cluster_status() if hasattr(server, "cluster_status") else None
+        if st is None:
+            return
+        members = _gauge("dataspace_cluster_members", "Members of the cluster: up (this one "
+                         "included) and known.", labels=["state"])
+        members.add_metric(["up"], st["size"])
+        members.add_metric(["known"], 1 + len(st["members"]))
+        yield members
+        yield _counter("dataspace_cluster_routes_established_total",
+                       "Routes whose handshake completed.", value=st["established"])
+        yield _counter("dataspace_cluster_route_requests_refused_total",
+                       "Route requests refused (another cluster, malformed).",
+                       value=st["refused"])
+        yield from _session_metrics("route", st["routes"], ["peer", "direction"],
+                                    lambda r: [str(r.get("peer_id")), str(r.get("direction"))])
 
     def _recorders(self) -> Iterator[Metric]:
         recs = self.ctx.recorders
@@ -295,3 +266,62 @@ def setup(app: web.Application, ctx: WebContext) -> None:
                                                 "Cache-Control": "no-store"})
 
     app.router.add_get("/metrics", guarded(ctx, metrics), allow_head=False)
+
+
+def _session_metrics(kind: str, rows: list[dict[str, Any]], labels: list[str],
+                     values: Any) -> Iterator[Metric]:
+    """The metrics of links' (``kind`` link) or routes' (``kind`` route) status rows."""
+    up = _gauge(f"dataspace_{kind}_up", f"1 while a {kind} is connected.", labels=labels)
+    since = _gauge(f"dataspace_{kind}_connected_since_seconds",
+                   f"When the {kind}'s session began (seconds since the epoch).",
+                   labels=labels)
+    gauges = {
+        "upstreamed": _gauge(f"dataspace_{kind}_upstreamed_prefixes",
+                             "Prefixes of local interest subscribed at the peer.",
+                             labels=labels),
+        "peer_wants": _gauge(f"dataspace_{kind}_peer_prefixes",
+                             "Prefixes the peer subscribed here.", labels=labels),
+        "assertions_held_for_peer": _gauge(f"dataspace_{kind}_assertions_forwarded",
+                                           "Assertions forwarded to the peer now.",
+                                           labels=labels),
+        "assertions_from_peer": _gauge(f"dataspace_{kind}_assertions_received",
+                                       "Assertions the peer forwarded here now.",
+                                       labels=labels),
+    }
+    counters = {
+        "messages_forwarded": (f"dataspace_{kind}_messages_forwarded_total",
+                               "Messages forwarded to the peer."),
+        "messages_suppressed": (f"dataspace_{kind}_messages_suppressed_total",
+                                "Messages the peer did not want (not forwarded)."),
+        "messages_received": (f"dataspace_{kind}_messages_received_total",
+                              "Messages the peer forwarded here."),
+        "assertions_forwarded": (f"dataspace_{kind}_assertion_forwards_total",
+                                 "Assertions forwarded to the peer (each time)."),
+        "assertions_received": (f"dataspace_{kind}_assertion_receipts_total",
+                                "Assertions the peer forwarded here (each time)."),
+        "requests_sent": (f"dataspace_{kind}_requests_sent_total",
+                          "Subscription requests sent to the peer."),
+        "retransmissions": (f"dataspace_{kind}_retransmissions_total",
+                            "Subscription requests sent again."),
+        "bytes_in": (f"dataspace_{kind}_received_bytes_total",
+                     f"Bytes received on the {kind}'s connection."),
+        "bytes_out": (f"dataspace_{kind}_sent_bytes_total",
+                      f"Bytes sent on the {kind}'s connection."),
+    }
+    cfams = {k: _counter(n, d, labels=labels) for k, (n, d) in counters.items()}
+    for row in rows:
+        lv = values(row)
+        up.add_metric(lv, 1 if row.get("connected") else 0)
+        if isinstance(row.get("since"), int | float):
+            since.add_metric(lv, row["since"])
+        for k, fam in gauges.items():
+            if isinstance(row.get(k), int):
+                fam.add_metric(lv, row[k])
+        for k, fam in cfams.items():
+            if isinstance(row.get(k), int):
+                fam.add_metric(lv, row[k])
+    yield up
+    yield since
+    yield from gauges.values()
+    yield from cfams.values()
+

@@ -28,27 +28,26 @@ function facts(l, now) {
   return h("dl", { class: "facts" }, out);
 }
 
-export function pageLinks() {
-  const m = main();
-  const out = h("div");
-  m.append(pageHead("Links", "The links of this server to other brokers: whether each is up, since when, what it upstreams and what it forwards. Refreshed every two seconds."), out);
-  every(2000, async () => {
-    let data;
-    try { data = await api("/api/links"); } catch (e) { out.replaceChildren(errorBox(e)); return; }
-    if (!data.links.length) {
-      out.replaceChildren(h("p", { class: "empty" }, "No links. Link brokers with dataspace serve --link ADDRESS --link-cap CAP (docs/links.md)."));
-      return;
-    }
-    const now = data.time ?? Date.now() / 1000;
-    const up = data.links.filter((l) => l.connected).length;
-    const open = new Set([...out.querySelectorAll("details[open]")].map((d) => d.dataset.link));
-    out.replaceChildren(h("section", { class: "card" },
-      h("p", { class: "count" }, `${data.links.length} link${data.links.length === 1 ? "" : "s"}, ${up} up`),
-      table([
-        { key: "link", label: "link", render: (l) => [
+// The cluster this server is a member of (docs/cluster.md): its members, and its routes
+// in the same table as the links (a route is a link between members, one hop).
+function clusterCard(c, now) {
+  const routes = c.routes.map((r) => ({ ...r, link: r.member_address || r.address }));
+  const down = c.members.filter((x) => !x.up);
+  return h("section", { class: "card cluster", dataset: { cluster: c.cluster } },
+    h("p", { class: "count" }, `cluster ${c.cluster}: member ${c.id} at ${c.address}; ` +
+      `${c.size} of ${c.members.length + 1} members up, ${plural(routes.filter((r) => r.connected).length, "route", "routes")} up`),
+    routes.length ? linkTable(routes, now, "routes") : null,
+    down.length ? h("ul", { class: "members-down" }, down.map((x) => h("li", null,
+      `member ${x.id ?? "(not reached yet)"} at ${x.address}: down` +
+      (x.attempts != null ? ` (${plural(x.attempts, "attempt", "attempts")}${x.last_error ? ", " + x.last_error : ""})` : "")))) : null);
+}
+
+function linkTable(rows, now, cls) {
+  return table([
+        { key: "link", label: cls === "routes" ? "route" : "link", render: (l) => [
           h("span", { class: "dir", title: l.direction === "in" ? "the peer dialed this server" : "this server dials the peer" },
             l.direction === "in" ? "← from " : "→ to "),
-          h("code", null, l.link.replace(/^from /, "")), h("div", { class: "meta" }, `dataspace ${l.dataspace}`)] },
+          h("code", null, l.link.replace(/^from /, "")), h("div", { class: "meta" }, l.route ? "cluster route" : `dataspace ${l.dataspace}`)] },
         { key: "state", label: "state", render: (l) => {
           const s = linkState(l);
           return [h("span", { class: "badge link-state " + (s.state === "up" ? "ok" : "bad") }, s.state),
@@ -68,11 +67,34 @@ export function pageLinks() {
         { key: "messages_received", label: "received", num: true },
         { key: "bytes_out", label: "bytes out", num: true, render: (l) => l.bytes_out == null ? "–" : fmtBytes(l.bytes_out) },
         { key: "bytes_in", label: "bytes in", num: true, render: (l) => l.bytes_in == null ? "–" : fmtBytes(l.bytes_in) },
-      ], data.links, { class: "links", rowAttrs: (l) => ({ dataset: { link: l.link, state: linkState(l).state } }) })),
+      ], rows, { class: cls, rowAttrs: (l) => ({ dataset: { link: l.link, state: linkState(l).state } }) });
+}
+
+export function pageLinks() {
+  const m = main();
+  const out = h("div");
+  m.append(pageHead("Links", "The links of this server to other brokers, and the routes to the other members of its cluster: whether each is up, since when, what it upstreams and what it forwards. Refreshed every two seconds."), out);
+  every(2000, async () => {
+    let data, cluster;
+    try {
+      [data, cluster] = await Promise.all([api("/api/links"), api("/api/cluster").catch(() => null)]);
+    } catch (e) { out.replaceChildren(errorBox(e)); return; }
+    const now = data.time ?? Date.now() / 1000;
+    const card = cluster && cluster.cluster ? clusterCard(cluster, now) : null;
+    if (!data.links.length) {
+      out.replaceChildren(...[card, h("p", { class: "empty" }, "No links. Link brokers with dataspace serve --link ADDRESS --link-cap CAP (docs/links.md)" +
+        (card ? "." : "; make a cluster with dataspace serve --cluster HOST:PORT --routes ... (docs/cluster.md)."))].filter(Boolean));
+      return;
+    }
+    const up = data.links.filter((l) => l.connected).length;
+    const open = new Set([...out.querySelectorAll("details[open]")].map((d) => d.dataset.link));
+    out.replaceChildren(...[card, h("section", { class: "card" },
+      h("p", { class: "count" }, `${data.links.length} link${data.links.length === 1 ? "" : "s"}, ${up} up`),
+      linkTable(data.links, now, "links")),
       section("Every counter", ...data.links.map((l) => {
         const d = h("details", { dataset: { link: l.link }, open: open.has(l.link) },
           h("summary", null, `${l.direction === "in" ? "from" : "to"} ${l.link.replace(/^from /, "")}`), facts(l, now));
         return d;
-      })));
+      }))].filter(Boolean));
   });
 }
