@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import re
@@ -766,3 +767,66 @@ def test_serve_without_a_secret_says_how_to_make_one_and_cluster_secret_makes_it
     p = subprocess.run([PY, "-m", "dataspace.cli", "cluster", "status", "--data-dir", str(d)],
                        capture_output=True, text=True, timeout=TIMEOUT)
     assert p.returncode == 1 and "is not a cluster member" in p.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# TLS on routes
+
+
+@async_test
+async def test_routes_speak_tls_between_members_with_certificates(tmp_path, secret, root_key):
+    """Members with a certificate route over TLS (the route capability and the values
+    never cross in clear), checking each other's certificate against --tls-ca; a member
+    that does not trust the others' CA gets no route and says why in one line."""
+    import ssl
+
+    import trustme
+
+    ca, other = trustme.CA(), trustme.CA()
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca.cert_pem.write_to_path(str(pki / "ca.crt"))
+    other.cert_pem.write_to_path(str(pki / "other.crt"))
+    leaf = ca.issue_cert("127.0.0.1", common_name="member")
+    leaf.cert_chain_pems[0].write_to_path(str(pki / "m.crt"))
+    leaf.private_key_pem.write_to_path(str(pki / "m.key"))
+    tls = {"tls_cert": str(pki / "m.crt"), "tls_key": str(pki / "m.key"),
+           "tls_ca": str(pki / "ca.crt")}
+    async with cluster(tmp_path, 2, secret, root_key, **tls) as ms:
+        host, port = ms[0].cluster.address.rsplit(":", 1)
+        # The cluster port speaks TLS, with the member's certificate.
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        _r, w = await asyncio.open_connection(host, int(port), ssl=ctx)
+        assert (("commonName", "member"),) in w.get_extra_info("peercert")["subject"]
+        w.close()
+        a, b = [await connect(str(next(x for x in m.addresses if x.kind == "tls")), m.sturdyref,
+                              tls_ca=str(pki / "ca.crt")) for m in ms]
+        seen = Changes()
+        b.observe("<Present $who>", **seen.kw())
+        await b.sync()
+        a.assert_(parse('<Present "over-tls">'))
+        await seen.until(lambda c: ("over-tls",) in c.present)
+        # A member that trusts another CA is refused a route, in one line.
+        refused = asyncio.Event()
+        lines: list[str] = []
+        loop = asyncio.get_running_loop()
+
+        class Catch(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if "certificate was refused" in record.getMessage():
+                    lines.append(record.getMessage())
+                    loop.call_soon_threadsafe(refused.set)
+
+        handler = Catch(logging.WARNING)
+        logging.getLogger("dataspace.broker.cluster").addHandler(handler)
+        try:
+            async with running_server(tmp_path / "stranger", cluster="127.0.0.1:0",
+                                      routes=[ms[0].cluster.address],
+                                      cluster_secret=str(secret), root_key=root_key,
+                                      **{**tls, "tls_ca": str(pki / "other.crt")}):
+                await asyncio.wait_for(refused.wait(), TIMEOUT)
+        finally:
+            logging.getLogger("dataspace.broker.cluster").removeHandler(handler)
+        assert "\n" not in lines[0] and "--tls-ca" in lines[0], lines[0]
+        for c in (a, b):
+            await c.close()

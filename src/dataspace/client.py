@@ -292,11 +292,12 @@ class RemoteDataspace(_DataspaceBase):
         """The name this client gives the server (shown by ``dataspace top``, the
         inspector and ``/api/connections``), or None."""
         self.cap = cap
-        self.tls = tls if tls is not None or not address.secure else ClientTLS.from_env()
-        """What the client trusts on a ``tls://`` or ``wss://`` address."""
+        secure = any(a.secure for a in self.addresses)
+        self.tls = tls if tls is not None or not secure else ClientTLS.from_env()
+        """What the client trusts on ``tls://`` and ``wss://`` addresses."""
         # Built once (bad files fail here, not in the reconnect loop).
         self._ssl: ssl.SSLContext | None = (
-            self.tls.ssl_context() if address.secure and self.tls is not None else None)
+            self.tls.ssl_context() if secure and self.tls is not None else None)
         self.reconnect = reconnect
         self.connect_timeout = connect_timeout
         self.backoff = backoff

@@ -26,7 +26,9 @@ reachable there):
    to each other's ``control``, and the values to ``data``, as links do.
 
 TLS: the listener and the dialer take an :class:`ssl.SSLContext` each (``ssl_server``,
-``ssl_client``); the server passes none yet.
+``ssl_client``): a server with a certificate gives both (its cluster port speaks TLS, and it
+dials members with TLS, checking their certificates against ``--tls-ca``; see
+:meth:`~dataspace.broker.config.ServerConfig.route_tls`).
 """
 
 from __future__ import annotations
@@ -210,6 +212,18 @@ class _DialData(Entity):
         self.session = session
         self.on_message = session.on_data_message  # type: ignore[method-assign]
         self.on_messages = session.on_data_messages
+
+
+def _route_error(e: BaseException) -> str:
+    """One line for a failed route dial (TLS failures say what to change)."""
+    if isinstance(e, _ssl.SSLCertVerificationError):
+        return (f"the member's certificate was refused ({e.verify_message}): every member "
+                "needs --tls-ca naming the CA that signed the others' certificates, and a "
+                "certificate for the address the others dial")
+    if isinstance(e, _ssl.SSLError):
+        return (f"TLS failed ({e.reason or e}): give every member of the cluster a "
+                "certificate (--tls-cert, --tls-key), or none")
+    return str(e) or type(e).__name__
 
 
 # ---------------------------------------------------------------------------------------
@@ -414,7 +428,7 @@ class Cluster:
         except asyncio.CancelledError:
             raise
         except (OSError, ConnectionError, TimeoutError, ClusterError, AddressError) as e:
-            why = str(e) or type(e).__name__
+            why = _route_error(e)
             n = self._failures[address] = self._failures.get(address, 0) + 1
             (log.warning if n == 1 or n % 20 == 0 else log.debug)(
                 "route to %s: %s (attempt %d; retrying with backoff)", address, why, n)

@@ -67,6 +67,7 @@ Every key is optional.  Command-line options override the file.  A binding witho
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,21 @@ class ServerConfig:
         except TLSConfigError as e:
             raise ConfigError(str(e)) from None
 
+    def route_tls(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        """The contexts of a member's routes: with a certificate (``tls_cert``) its cluster
+        port speaks TLS (the server's context: mutual when ``tls_client_ca`` is given) and
+        it dials members with TLS, checking their certificates against ``tls_ca`` (default:
+        the system's trust store) and showing its own; without one, (None, None).  One
+        rule for the whole cluster: give every member a certificate, or none."""
+        server = self.server_tls()
+        if server is None:
+            return None, None
+        try:
+            client = ClientTLS(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key).ssl_context()
+        except TLSConfigError as e:
+            raise ConfigError(f"routes: {e}") from None
+        return server.context, client
+
     def clear_text_warning(self) -> str | None:
         """What crosses a network in clear with these settings (listeners on an address
         other than loopback without TLS), or None; said once at start (a warning, not a
@@ -251,6 +267,13 @@ class ServerConfig:
             http = None
         if http is not None and not is_loopback(http[0]):
             exposed.append(f"http://{http[0]}:{http[1]}/")
+        if self.cluster:
+            try:
+                host = parse_address(self.cluster, default_kind="tcp").host
+            except AddressError:
+                host = "127.0.0.1"  # check() says what is wrong with it
+            if not is_loopback(host):
+                exposed.append(f"the cluster port {self.cluster}")
         if not exposed:
             return None
         return (f"listening on {', '.join(exposed)} without TLS: capabilities (sturdyrefs, "

@@ -413,7 +413,9 @@ class Server:
         spec = self.config.cluster_spec(self.data_dir)
         if spec is None:
             return
-        self.cluster = Cluster(self.links["root"], spec, self.hub, turn=self._turn)
+        ssl_server, ssl_client = self.config.route_tls()
+        self.cluster = Cluster(self.links["root"], spec, self.hub, turn=self._turn,
+                               ssl_server=ssl_server, ssl_client=ssl_client)
         try:
             await self.cluster.start()
         except OSError as e:
