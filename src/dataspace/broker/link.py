@@ -56,7 +56,7 @@ from ..net.flow import FlowLimits, Hub
 from ..net.websocket import connect_ws
 from ..pattern import Bind, PatternError, from_preserves
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings
-from ..protocol.relay import Relay, RelayLimits, keep_received
+from ..protocol.relay import Quota, Relay, RelayLimits, keep_received
 from ..protocol.sturdy import SturdyError, SturdyRef, validate
 from ..protocol.upstream import (
     CONFIRM,
@@ -920,6 +920,8 @@ class LinkDialer:
         self.early: list[Value] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        self.quota: Quota | None = None
+        """Charged for what the peer asserts here (the server's memory budget), if set."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -978,7 +980,7 @@ class LinkDialer:
 
         def session(conn: Connection) -> Relay:
             return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",
-                         turn=self.turn)
+                         turn=self.turn, quota=self.quota)
 
         if a.kind == "ws":
             return await connect_ws(a.url, self.net_hub, LINK_FLOW, session,

@@ -25,6 +25,7 @@ import errno
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -39,6 +40,7 @@ from ..net.address import Address
 from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
 from ..net.websocket import listen_ws
+from ..protocol.budget import MemoryBudget, format_bytes
 from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
 from ..protocol.relay import Quota, Relay
 from ..protocol.sturdy import SturdyRef, mint
@@ -177,7 +179,7 @@ ERROR_KINDS = ("protocol", "limit", "slow_consumer", "timeout", "capability", "s
 _ERROR_KIND = {
     "packet-too-large": "limit", "too-many-assertions": "limit", "too-many-references": "limit",
     "too-many-observers": "limit", "too-many-matches": "limit", "turn-too-large": "limit",
-    "server-full": "limit", "work-limit": "limit",
+    "server-full": "limit", "work-limit": "limit", "memory-full": "limit",
     "slow-consumer": "slow_consumer",
     "idle-timeout": "timeout", "handshake-timeout": "timeout",
     "store-failed": "store",
@@ -193,6 +195,12 @@ def error_kind(detail: Any) -> str:
 
 
 _TOTALS = ("bytes_in", "bytes_out", "messages_in", "messages_out", "turns_in")
+
+CONNECTION_OVERHEAD = 16 << 10
+"""Bytes the memory budget counts for each open connection besides what it holds (its
+relay, tables and transport: measured about 12 KiB)."""
+MEMORY_REFRESH = 0.5
+"""Seconds between updates of the memory budget's view of buffers and connections."""
 
 
 class _Arrivals:
@@ -245,7 +253,15 @@ class Server:
         self.sturdyref: SturdyRef | None = None
         self.addresses: list[Address] = []
         self.connections: set[Connection] = set()
-        self.quota = Quota(self.config.max_total_assertions)
+        limit = self.config.memory_limit()
+        self.memory: MemoryBudget | None = MemoryBudget(limit) if limit else None
+        """The memory budget (``max-memory``; None when it is off): charged by every
+        connection's relay, refreshed with buffers and :attr:`memory_sources`."""
+        self.memory_sources: list[Callable[[], int]] = []
+        """Bytes held for clients outside the connections (scry readers: the serve
+        command adds these), counted in the memory budget."""
+        self._memory_timer: asyncio.TimerHandle | None = None
+        self.quota = Quota(self.config.max_total_assertions, self.memory)
         self._per_address: dict[str, int] = {}
         self._arrivals = _Arrivals(self.config.connect_rate)
         self._gatekeepers: dict[Connection, Gatekeeper] = {}
@@ -320,9 +336,16 @@ class Server:
         self._setup()
         self.started_at = time.time()
         loop = asyncio.get_running_loop()
-        self.hub = Hub(loop, max_buffered=self.config.max_buffered)
+        self.hub = Hub(loop, max_buffered=self.config.buffered_limit())
         self.sync_gate = SyncGate(loop)
         self._schedule_sweep()
+        if self.memory is None:
+            log.warning("max-memory is off: clients can make the server hold memory without "
+                        "bound (set --max-memory, e.g. 1G)")
+        else:
+            log.info("memory budget for clients: %s (--max-memory)",
+                     format_bytes(self.memory.limit))
+            self._refresh_memory()
         self._start_links(loop)
         try:
             for addr in self.config.listeners():
@@ -372,6 +395,8 @@ class Server:
         root = self.links["root"]
         for spec in self.config.link_specs():
             d = LinkDialer(root, spec, self.hub, self._turn)
+            if self.memory is not None:  # what the peer asserts to us is held for clients
+                d.quota = Quota(sys.maxsize, self.memory)
             root.dialers.append(d)
             d.start()
             log.info("linking to %s", spec.address)
@@ -519,6 +544,39 @@ class Server:
         self.reclaimed += 1
         log.info("gave memory back to the system in %.0f ms", 1000 * (time.perf_counter() - t0))
 
+    # -- the memory budget ---------------------------------------------------------------
+
+    def _refresh_memory(self) -> None:
+        """Count what the relays do not charge themselves: each connection's queued
+        output and unread input, a fixed cost per connection, and :attr:`memory_sources`."""
+        self._memory_timer = None
+        budget = self.memory
+        if budget is None or self._stopping:
+            return
+        extra = 0
+        for conn in self.connections:
+            extra += CONNECTION_OVERHEAD + conn.pending_output
+            relay = conn.relay
+            if relay is not None:
+                extra += relay.buffered
+        for source in self.memory_sources:
+            try:
+                extra += source()
+            except Exception:  # a source's bug must not stop the accounting
+                log.exception("a memory source failed")
+        budget.extra = extra
+        self._memory_timer = asyncio.get_running_loop().call_later(
+            MEMORY_REFRESH, self._refresh_memory)
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The memory budget: ``limit`` (0: off), ``used``, ``held`` (by the relays'
+        accounts), ``refused`` assertions and ``peak`` used."""
+        b = self.memory
+        if b is None:
+            return {"limit": 0, "used": 0, "held": 0, "refused": 0, "peak": 0}
+        return {"limit": b.limit, "used": b.used, "held": b.held, "refused": b.refused,
+                "peak": b.peak}
+
     # -- idle connections ----------------------------------------------------------------
 
     def _schedule_sweep(self) -> None:
@@ -560,10 +618,10 @@ class Server:
     async def close(self) -> None:
         """Stop listening and close every connection (their assertions are retracted)."""
         self._stopping = True
-        for timer in (self._sweeper, self._reclaim_timer, self._status_timer):
+        for timer in (self._sweeper, self._reclaim_timer, self._status_timer, self._memory_timer):
             if timer is not None:
                 timer.cancel()
-        self._sweeper = self._reclaim_timer = self._status_timer = None
+        self._sweeper = self._reclaim_timer = self._status_timer = self._memory_timer = None
         for h in self.links.values():
             h.close()
         for h in self.links.values():
@@ -617,6 +675,7 @@ class Server:
             "assertions": self.quota.assertions,
             "buffered": self.hub.buffered if self.hub is not None else 0,
             "refused": self.refused,
+            "memory": self.memory_stats(),
             "dataspaces": {n: len(ds.assertions()) for n, ds in self.dataspaces.items()},
         }
 

@@ -59,6 +59,15 @@ from ..values import (
     Value,
 )
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
+from .budget import (
+    ASSERTION_OVERHEAD,
+    DELIVERY_OVERHEAD,
+    REFUSED,
+    REFUSED_OVERHEAD,
+    MemoryBudget,
+    footprint,
+    refused_packet,
+)
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -87,6 +96,12 @@ _B_TRUE = b"\x81"
 _cached: tuple[Any, bytes] | None = None
 _PARTIAL = -2
 """What the fast path returns when the input ends inside a Turn packet."""
+# The inbound-table entry of a refused assertion (see Relay._refuse): no target, charged
+# REFUSED_OVERHEAD until the peer retracts its handle.
+_REFUSED_ENTRY = (None, 0, None, None, REFUSED_OVERHEAD)
+MAX_REFUSED_LIVE = 1000
+"""Refused assertions a peer may leave unretracted; one more closes its connection
+(``memory-full``): a peer that ignores refusals cannot fill the handle table instead."""
 # The encodings of the messages of the Turn packets being applied, by the id of the value
 # read (kept with it, so an id is never reused meanwhile): a message forwarded unchanged
 # (a linked server's) goes out as the bytes it came in, not encoded again.  Only while
@@ -150,13 +165,18 @@ class Quota:
     A peer whose assertion would go beyond ``max_assertions`` is refused with a
     ``server-full`` protocol error (its connection closes, its assertions go), so the
     server refuses work before its memory runs out.
+
+    ``memory``, when given, is the server's :class:`~dataspace.protocol.budget.MemoryBudget`:
+    the relays charge it for what their peers make the server hold, and past it a new
+    assertion is refused on its own (a ``<refused ...>`` packet; the connection lives on).
     """
 
-    __slots__ = ("assertions", "max_assertions")
+    __slots__ = ("assertions", "max_assertions", "memory")
 
-    def __init__(self, max_assertions: int) -> None:
+    def __init__(self, max_assertions: int, memory: MemoryBudget | None = None) -> None:
         self.max_assertions = max_assertions
         self.assertions = 0
+        self.memory = memory
 
     def __repr__(self) -> str:
         return f"<Quota {self.assertions}/{self.max_assertions} assertions>"
@@ -260,7 +280,8 @@ class Relay:
         self._decoder = self._new_decoder()
         self._saw_embedded = False
         # Inbound assertions: peer handle -> (target entity or None, local handle, pins, export)
-        self._in: dict[int, tuple[Entity | None, int, list[Any] | None, _Export | None]] = {}
+        # (the last: bytes charged to the memory budget)
+        self._in: dict[int, tuple[Entity | None, int, list[Any] | None, _Export | None, int]] = {}
         # Outbound assertions: local handle -> pins
         self._out: dict[int, list[Any]] = {}
         self._imports: dict[int, RemoteEntity] = {}
@@ -309,6 +330,18 @@ class Relay:
         self._retracting: list[tuple[Entity, int]] = []
         # The last assertion body encoded: (captures, body, exports it pinned).
         self._acache: tuple[Any, bytes, list[_Export]] | None = None
+        # The server's memory budget (see protocol.budget): what this relay charged it,
+        # and the peer's handles of refused assertions not yet retracted.
+        self._budget = budget = quota.memory if quota is not None else None
+        if budget is not None:
+            budget.relays += 1
+        self._held = 0
+        self._refused_live = 0
+        self.refused = 0
+        """Assertions of the peer refused for the server's memory budget."""
+        self.on_refused: Callable[[int, str, Value], None] | None = None
+        """Called with ``(handle, message, detail)`` when the peer says it refused one of
+        this side's assertions (a ``<refused ...>`` packet; a client's hook)."""
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -644,9 +677,11 @@ class Relay:
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet forming a complete packet."""
+        """Bytes received but not yet applied (a packet not yet complete, and input kept
+        while reading is paused)."""
         part = self._part
-        return self._decoder.buffered + (part[2] if part is not None else 0)
+        return (self._decoder.buffered + (part[2] if part is not None else 0)
+                + len(self._pending_input))
 
     def _packet(self, v: Value) -> None:
         self.packets_in += 1
@@ -677,6 +712,13 @@ class Relay:
                             self.peer_error[0], short(detail))
                 self.wants_close = True
                 self._shutdown()
+            elif v.label == REFUSED and len(v.fields) == 3 and type(v.fields[0]) is int:
+                handle, msg, detail = v.fields
+                msg = msg if type(msg) is str else short(msg)
+                if self.on_refused is not None:
+                    self.on_refused(handle, msg, detail)
+                else:
+                    log.info("%s: the peer refused assertion %d: %s", self.name, handle, msg)
             elif log.isEnabledFor(logging.DEBUG):  # short() of a peer's value is not free
                 log.debug("%s: ignoring extension packet %s", self.name, short(v))
         elif v is False:
@@ -807,6 +849,14 @@ class Relay:
                     "assertions; try again later",
                     Symbol("server-full"),
                 )
+            size = 0
+            budget = self._budget
+            if budget is not None:
+                size = ASSERTION_OVERHEAD + footprint(a)
+                why = budget.admit(size, self._held, ex is not None and ex.permanent)
+                if why is not None:
+                    self._refuse(h, why)
+                    return
             if type(a) is Record and a.label == OBSERVE:
                 if len(self._observing) >= self.limits.max_observers:
                     raise ProtocolError(
@@ -822,7 +872,10 @@ class Relay:
             if ex is not None:
                 ex.count += 1
             lh = fresh_handle()
-            inbound[h] = (target, lh, p, ex)
+            inbound[h] = (target, lh, p, ex, size)
+            if size:
+                self._held += size
+                budget.held += size  # type: ignore[union-attr]
             if quota is not None:
                 quota.assertions += 1
             if target is not None:
@@ -833,7 +886,12 @@ class Relay:
                 if self._strict:
                     raise ProtocolError(f"retraction of unknown handle {short(a)}", a)
                 return
-            target, lh, p, ex2 = rec
+            target, lh, p, ex2, size = rec
+            if size:
+                self._release(size)
+            if rec is _REFUSED_ENTRY:
+                self._refused_live -= 1
+                return
             if self.quota is not None:
                 self.quota.assertions -= 1
             if self._observing:
@@ -860,6 +918,32 @@ class Relay:
                 local = self._import_wireref(wr, None)
                 if isinstance(local, Entity):
                     local.on_message(True)
+
+    def _refuse(self, h: int, why: str) -> None:
+        """Refuse the peer's new assertion under handle ``h`` (the memory budget is
+        full): tell the peer with ``<refused h message memory-full>`` and keep the handle
+        (charged a little) until it is retracted, as the protocol expects it to be."""
+        self.refused += 1
+        if self._refused_live >= MAX_REFUSED_LIVE:
+            raise ProtocolError(
+                f"{why}; this connection left {MAX_REFUSED_LIVE} refused assertions "
+                "unretracted, so it is closed", Symbol("memory-full"))
+        if self.refused == 1:
+            log.warning("%s: assertion refused: %s", self.name, why)
+        self._in[h] = _REFUSED_ENTRY
+        self._refused_live += 1
+        self._held += REFUSED_OVERHEAD
+        self._budget.held += REFUSED_OVERHEAD  # type: ignore[union-attr]
+        self._seal()
+        self._outbox.append(refused_packet(h, why))
+        if not self._dirty:
+            self._dirty = True
+            if self.on_dirty is not None:
+                self.on_dirty(self)
+
+    def _release(self, size: int) -> None:
+        self._held -= size
+        self._budget.held -= size  # type: ignore[union-attr]
 
     # -- membranes -----------------------------------------------------------------------
 
@@ -1036,6 +1120,9 @@ class Relay:
                 ex.count += 1
                 pins.append(ex)
             self._out[handle] = pins
+            if self._budget is not None:
+                self._held += DELIVERY_OVERHEAD
+                self._budget.held += DELIVERY_OVERHEAD
             self._other_out += 1
             self._emit(proxy.oid_bytes, _HDR_A, c[1] + self._encode_int(handle))
             return
@@ -1050,6 +1137,9 @@ class Relay:
             self._pins = None
         self._acache = (value, vbody, pins[1:]) if type(value) is Sequence else None
         self._out[handle] = pins
+        if self._budget is not None:
+            self._held += DELIVERY_OVERHEAD
+            self._budget.held += DELIVERY_OVERHEAD
         self._other_out += 1
         self._emit(proxy.oid_bytes, _HDR_A, vbody + self._encode_int(handle))
 
@@ -1059,6 +1149,8 @@ class Relay:
         pins = self._out.pop(handle, None)
         if pins is None:
             return
+        if self._budget is not None:
+            self._release(DELIVERY_OVERHEAD)
         self._drop_pins(pins)
         self._other_out += 1
         self._emit(proxy.oid_bytes, _HDR_R, self._encode_int(handle))
@@ -1205,7 +1297,12 @@ class Relay:
         inbound = self._in
         self._in = {}
         if self.quota is not None:
-            self.quota.assertions -= len(inbound)
+            self.quota.assertions -= len(inbound) - self._refused_live
+        budget = self._budget
+        if budget is not None:
+            budget.held -= self._held
+            budget.relays -= 1
+            self._held = self._refused_live = 0
         self._imports.clear()
         self._exports.clear()
         self._export_by_obj.clear()
@@ -1215,7 +1312,8 @@ class Relay:
             # The peer's observers go first: retracting its other assertions then
             # costs nothing at them.  Kept in reverse, so each step pops from the end.
             first = [inbound.pop(h) for h in self._observing if h in inbound]
-            targets = [(t, lh) for t, lh, _p, _e in (*inbound.values(), *first) if t is not None]
+            targets = [(t, lh) for t, lh, _p, _e, _s in (*inbound.values(), *first)
+                       if t is not None]
             self._observing = set()
             self._retracting = targets
             self._retract_step()
@@ -1265,7 +1363,7 @@ class Relay:
     def stats(self) -> dict[str, int]:
         """Table sizes: live inbound and outbound assertions, imported and exported OIDs."""
         return {
-            "assertions_in": len(self._in),
+            "assertions_in": len(self._in) - self._refused_live,
             "assertions_out": len(self._out),
             "imports": len(self._imports),
             "exports": len(self._exports),

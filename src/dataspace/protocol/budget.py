@@ -1,0 +1,194 @@
+"""The server's memory budget: the bytes clients make a server hold, in one account.
+
+A server makes one :class:`MemoryBudget` (``--max-memory``) and gives it to every relay
+(through their shared :class:`~dataspace.protocol.relay.Quota`).  Each relay charges it
+for what its peer makes the server hold and releases the charge when that goes:
+
+* every live assertion the peer made: :func:`footprint` of its value (the bytes of the
+  Python objects it decodes to) plus :data:`ASSERTION_OVERHEAD` (the tables that hold
+  it: the relay's handle table, the dataspace's bag and index), calibrated against the
+  resident memory a real server gains per assertion (see docs/broker.md);
+* every assertion delivered to the peer's observers and held for it
+  (:data:`DELIVERY_OVERHEAD` each);
+* every refused assertion whose handle the peer keeps (:data:`REFUSED_OVERHEAD`).
+
+The host adds what it holds outside the relays -- queued output, partly received
+packets, link and scry state -- as :attr:`MemoryBudget.extra`, refreshed now and then.
+
+Past the budget a *new* assertion is refused (:meth:`MemoryBudget.admit` says why):
+retractions, messages and syncs never are, so a connection can always let go of what it
+holds, and probes stay served.  Two rules keep one greedy client from locking out the
+others:
+
+* past three quarters of the budget, a connection holding more than its share (the
+  budget divided by the number of connections) is refused;
+* assertions to the gatekeeper (resolving a capability: how a new client connects) may
+  use a reserve of a sixteenth of the budget beyond it.
+
+Sans-IO: no clocks, no sockets; the numbers come in as arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..values import Dictionary, Embedded, Record, Sequence, Set, Symbol, Value, encode
+
+__all__ = [
+    "ASSERTION_OVERHEAD",
+    "DELIVERY_OVERHEAD",
+    "MEMORY_FULL",
+    "MemoryBudget",
+    "REFUSED",
+    "REFUSED_OVERHEAD",
+    "footprint",
+    "format_bytes",
+    "refused_packet",
+]
+
+REFUSED = Symbol("refused")
+"""The label of the packet telling a peer one of its assertions was refused."""
+MEMORY_FULL = Symbol("memory-full")
+
+ASSERTION_OVERHEAD = 768
+"""Bytes charged per live assertion besides its value's :func:`footprint`: the relay's
+handle table entry, the dataspace's bag entry and index leaves.  Measured: a
+``dataspace serve`` (under the C allocator, as it runs) gains 550 bytes of resident
+memory per assertion plus the value's footprint (4 x 25,000 assertions of each of
+several shapes: ``<n 12>`` 800 bytes, a 2 KiB string 2,943 bytes); rounded up, so that
+the budget errs on the side of refusing early."""
+
+DELIVERY_OVERHEAD = 512
+"""Bytes charged per assertion held for a peer's observers: its entry in the relay's
+outbound table and the dataspace's record of the match (measured: about 480 bytes per
+assertion and catch-all observer)."""
+
+REFUSED_OVERHEAD = 128
+"""Bytes charged per refused assertion whose handle the peer has not retracted yet."""
+
+_getsizeof = sys.getsizeof
+_SYMBOL = 56   # the object, besides its name
+_RECORD = 72   # the object, besides its fields tuple
+_ENTRY = 64    # a dictionary entry or set member: its slot and key object
+
+
+def footprint(v: Any) -> int:
+    """The bytes of the Python objects the decoded value ``v`` is made of (each node
+    counted once per occurrence; shared atoms are counted as if they were not)."""
+    t = type(v)
+    if t is str or t is bytes:
+        return _getsizeof(v)
+    if t is Record:
+        n = _RECORD + _getsizeof(v.fields) + footprint(v.label)
+        for x in v.fields:
+            n += footprint(x)
+        return n
+    if t is Sequence:
+        n = _getsizeof(v)
+        for x in v:
+            n += footprint(x)
+        return n
+    if t is Symbol:
+        return _SYMBOL + _getsizeof(v.name)
+    if t is int or t is float:
+        return _getsizeof(v)
+    if t is bool or v is None:
+        return 0
+    if t is Dictionary:
+        items = v._items
+        n = 64 + _getsizeof(items) + _ENTRY * len(items)
+        for k, x in items.values():
+            n += footprint(k) + footprint(x) + 56
+        return n
+    if t is Set:
+        items = v._items
+        n = 64 + _getsizeof(items) + _ENTRY * len(items)
+        for x in items.values():
+            n += footprint(x)
+        return n
+    if t is Embedded:
+        return 48
+    # Anything else (an annotated value, a float subclass...): its object, and what
+    # it holds if it is a container.
+    n = _getsizeof(v)
+    if isinstance(v, tuple | list):
+        for x in v:
+            n += footprint(x)
+    return n
+
+
+def format_bytes(n: float) -> str:
+    """``512 MiB``, ``1.5 GiB``, ``300 KiB``, ``12 B``: as ``--max-memory`` accepts them."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            x = n / (1 << shift)
+            return f"{x:.0f} {unit}" if x == int(x) or x >= 100 else f"{x:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+class MemoryBudget:
+    """The bytes clients make one server hold, against a limit (see the module
+    docstring).  ``limit`` is in bytes; ``option`` names the setting in refusals
+    (``--max-memory``)."""
+
+    __slots__ = ("extra", "held", "limit", "option", "peak", "refused", "relays")
+
+    def __init__(self, limit: int, option: str = "--max-memory") -> None:
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"a memory budget must be a positive number of bytes, not {limit!r}")
+        self.limit = limit
+        self.option = option
+        self.held = 0
+        """Bytes charged by relays (assertions, deliveries, refused handles)."""
+        self.extra = 0
+        """Bytes the host holds for clients outside the relays (buffers, links, scry),
+        as of its last refresh."""
+        self.relays = 0
+        """Relays charging this budget (connections)."""
+        self.refused = 0
+        """Assertions refused so far."""
+        self.peak = 0
+        """The largest :attr:`used` seen when an assertion was admitted or refused."""
+
+    @property
+    def used(self) -> int:
+        """Bytes held for clients, as far as the budget knows."""
+        return self.held + self.extra
+
+    def admit(self, size: int, relay_held: int, reserve: bool = False) -> str | None:
+        """None when an assertion charging ``size`` bytes may be held, for a relay
+        already holding ``relay_held``; else why it is refused (one line for the peer).
+        ``reserve``: the assertion may use the reserve (a gatekeeper request)."""
+        used = self.held + self.extra + size
+        if used > self.peak:
+            self.peak = used
+        limit = self.limit
+        if reserve:
+            limit += limit >> 4
+        elif used > limit - (limit >> 2):  # past three quarters: shares apply
+            share = limit // max(1, self.relays)
+            if relay_held + size > share and used <= limit:
+                self.refused += 1
+                return (f"this connection holds {format_bytes(relay_held)}, more than its "
+                        f"share ({format_bytes(share)}) of the server's memory budget "
+                        f"({self.option} {format_bytes(self.limit)}), which is "
+                        f"{100 * used // self.limit}% used: assertion refused; "
+                        f"retract something or ask the operator to raise {self.option}")
+        if used <= limit:
+            return None
+        self.refused += 1
+        return (f"the server's memory budget ({self.option} {format_bytes(self.limit)}) is "
+                f"full: assertion refused; retract something or ask the operator to raise "
+                f"{self.option}")
+
+    def __repr__(self) -> str:
+        return (f"<MemoryBudget {format_bytes(self.used)} of {format_bytes(self.limit)}, "
+                f"{self.relays} relays, {self.refused} refused>")
+
+
+def refused_packet(handle: int, message: str, detail: Value = MEMORY_FULL) -> bytes:
+    """``<refused handle message detail>``: the peer's assertion under ``handle`` is not
+    held.  An extension packet of the Syndicate protocol, which peers that do not know it
+    ignore (syndicate-py does); the connection goes on."""
+    return encode(Record._make(REFUSED, (handle, message, detail)))
