@@ -162,6 +162,9 @@ class SyncGate:
 RECLAIM_AFTER = 10_000
 """A connection that held more assertions than this makes the server give memory back to
 the operating system once they are gone (a full garbage collection, then ``malloc_trim``)."""
+RECLAIM_BYTES = 32 << 20
+"""So do connections closing when what the memory budget counts has fallen by this much
+(or an eighth of the budget, if more) since its high point."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -261,6 +264,7 @@ class Server:
         """Bytes held for clients outside the connections (scry readers: the serve
         command adds these), counted in the memory budget."""
         self._memory_timer: asyncio.TimerHandle | None = None
+        self._held_high = 0  # the most the budget's relays held since memory was given back
         self.quota = Quota(self.config.max_total_assertions, self.memory)
         self._per_address: dict[str, int] = {}
         self._arrivals = _Arrivals(self.config.connect_rate)
@@ -528,7 +532,11 @@ class Server:
         log.info("%s: disconnected (%s)", conn.name, conn.close_reason)
 
     def _released(self, conn: Connection) -> None:
-        if conn.held_at_close > RECLAIM_AFTER and self._reclaim_timer is None:
+        big = conn.held_at_close > RECLAIM_AFTER
+        b = self.memory
+        if b is not None:  # or many smaller ones went: a large part of the budget is free
+            big = big or self._held_high - b.held > max(RECLAIM_BYTES, b.limit >> 3)
+        if big and self._reclaim_timer is None:
             self._reclaim_timer = asyncio.get_running_loop().call_later(0.5, self._reclaim)
 
     def _reclaim(self) -> None:
@@ -542,6 +550,7 @@ class Server:
         if trim is not None:
             trim(0)
         self.reclaimed += 1
+        self._held_high = self.memory.held if self.memory is not None else 0
         log.info("gave memory back to the system in %.0f ms", 1000 * (time.perf_counter() - t0))
 
     # -- the memory budget ---------------------------------------------------------------
@@ -565,6 +574,8 @@ class Server:
             except Exception:  # a source's bug must not stop the accounting
                 log.exception("a memory source failed")
         budget.extra = extra
+        if budget.held > self._held_high:
+            self._held_high = budget.held
         self._memory_timer = asyncio.get_running_loop().call_later(
             MEMORY_REFRESH, self._refresh_memory)
 

@@ -59,15 +59,7 @@ from ..values import (
     Value,
 )
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
-from .budget import (
-    ASSERTION_OVERHEAD,
-    DELIVERY_OVERHEAD,
-    REFUSED,
-    REFUSED_OVERHEAD,
-    MemoryBudget,
-    footprint,
-    refused_packet,
-)
+from .budget import DELIVERY_OVERHEAD, REFUSED, MemoryBudget, charge, refused_packet
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -96,12 +88,6 @@ _B_TRUE = b"\x81"
 _cached: tuple[Any, bytes] | None = None
 _PARTIAL = -2
 """What the fast path returns when the input ends inside a Turn packet."""
-# The inbound-table entry of a refused assertion (see Relay._refuse): no target, charged
-# REFUSED_OVERHEAD until the peer retracts its handle.
-_REFUSED_ENTRY = (None, 0, None, None, REFUSED_OVERHEAD)
-MAX_REFUSED_LIVE = 1000
-"""Refused assertions a peer may leave unretracted; one more closes its connection
-(``memory-full``): a peer that ignores refusals cannot fill the handle table instead."""
 # The encodings of the messages of the Turn packets being applied, by the id of the value
 # read (kept with it, so an id is never reused meanwhile): a message forwarded unchanged
 # (a linked server's) goes out as the bytes it came in, not encoded again.  Only while
@@ -336,7 +322,6 @@ class Relay:
         if budget is not None:
             budget.relays += 1
         self._held = 0
-        self._refused_live = 0
         self.refused = 0
         """Assertions of the peer refused for the server's memory budget."""
         self.on_refused: Callable[[int, str, Value], None] | None = None
@@ -852,7 +837,7 @@ class Relay:
             size = 0
             budget = self._budget
             if budget is not None:
-                size = ASSERTION_OVERHEAD + footprint(a)
+                size = charge(a)
                 why = budget.admit(size, self._held, ex is not None and ex.permanent)
                 if why is not None:
                     self._refuse(h, why)
@@ -883,15 +868,14 @@ class Relay:
         elif k == 0x52:  # R
             rec = self._in.pop(a, None) if type(a) is int else None
             if rec is None:
-                if self._strict:
+                # Once assertions were refused, their handles' retractions are expected
+                # (refused handles are not kept: they would cost what was refused).
+                if self._strict and not self.refused:
                     raise ProtocolError(f"retraction of unknown handle {short(a)}", a)
                 return
             target, lh, p, ex2, size = rec
             if size:
                 self._release(size)
-            if rec is _REFUSED_ENTRY:
-                self._refused_live -= 1
-                return
             if self.quota is not None:
                 self.quota.assertions -= 1
             if self._observing:
@@ -921,19 +905,12 @@ class Relay:
 
     def _refuse(self, h: int, why: str) -> None:
         """Refuse the peer's new assertion under handle ``h`` (the memory budget is
-        full): tell the peer with ``<refused h message memory-full>`` and keep the handle
-        (charged a little) until it is retracted, as the protocol expects it to be."""
+        full): tell the peer with ``<refused h message memory-full>``.  Nothing of it is
+        kept; from now on retractions of handles this relay does not know are expected
+        (the peer's of refused assertions) and ignored."""
         self.refused += 1
-        if self._refused_live >= MAX_REFUSED_LIVE:
-            raise ProtocolError(
-                f"{why}; this connection left {MAX_REFUSED_LIVE} refused assertions "
-                "unretracted, so it is closed", Symbol("memory-full"))
         if self.refused == 1:
             log.warning("%s: assertion refused: %s", self.name, why)
-        self._in[h] = _REFUSED_ENTRY
-        self._refused_live += 1
-        self._held += REFUSED_OVERHEAD
-        self._budget.held += REFUSED_OVERHEAD  # type: ignore[union-attr]
         self._seal()
         self._outbox.append(refused_packet(h, why))
         if not self._dirty:
@@ -1297,12 +1274,12 @@ class Relay:
         inbound = self._in
         self._in = {}
         if self.quota is not None:
-            self.quota.assertions -= len(inbound) - self._refused_live
+            self.quota.assertions -= len(inbound)
         budget = self._budget
         if budget is not None:
             budget.held -= self._held
             budget.relays -= 1
-            self._held = self._refused_live = 0
+            self._held = 0
         self._imports.clear()
         self._exports.clear()
         self._export_by_obj.clear()
@@ -1363,7 +1340,7 @@ class Relay:
     def stats(self) -> dict[str, int]:
         """Table sizes: live inbound and outbound assertions, imported and exported OIDs."""
         return {
-            "assertions_in": len(self._in) - self._refused_live,
+            "assertions_in": len(self._in),
             "assertions_out": len(self._out),
             "imports": len(self._imports),
             "exports": len(self._exports),
