@@ -68,6 +68,7 @@ from ..protocol.sturdy import SturdyRef, attenuate
 from ..protocol.wire import WireRef
 from ..values import (
     DecodeError,
+    Decoder,
     Embedded,
     Record,
     Sequence,
@@ -657,6 +658,132 @@ def _poisoned(v: Any) -> bool:
     if isinstance(v, Record):
         return _poisoned(v.fields)
     return False
+
+
+# ---------------------------------------------------------------------------------------
+# The memory attack (issue 21): many connections from several addresses, each within its
+# own limits, asserting large values as fast as the server takes them
+
+MEMORY_SOURCES = tuple(f"127.0.2.{i}" for i in range(1, 11))
+"""The loopback addresses the memory attack's connections come from (10)."""
+HOG = Symbol("MemoryHog")
+_REFUSED = Symbol("refused")
+
+
+@dataclass
+class HogStats:
+    """What one connection of the memory attack did, and how it ended (``kind`` as in
+    :class:`Outcome`: ``open`` while it was never closed)."""
+
+    sent: int = 0
+    refused: int = 0
+    kind: str = "open"
+    message: str = ""
+
+
+class MemoryHog:
+    """One connection of the memory attack: asserts ``<MemoryHog K I "xxx...">`` values of
+    ``value_size`` bytes in turns of ``batch``, as fast as the server reads them, and
+    retracts each one the server refuses (``<refused handle ...>``), as a client that
+    keeps within its limits does; until ``stop`` is set or the server closes it."""
+
+    def __init__(self, raw: RawConnection, ref: RemoteEntity, k: int, value_size: int,
+                 batch: int = 50) -> None:
+        self.raw = raw
+        self.oid = ref.oid
+        self.k = k
+        self.text = "x" * value_size
+        self.batch = batch
+        self.stats = HogStats()
+        self._refused: list[int] = []
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> HogStats:
+        reader = asyncio.ensure_future(self._read())
+        try:
+            handle = 1000
+            st = self.stats
+            while not stop.is_set() and not reader.done():
+                packet = _turn([_assert_event(self.oid, Record(HOG, [self.k, h, self.text]), h)
+                                for h in range(handle, handle + self.batch)])
+                handle += self.batch
+                st.sent += self.batch
+                if not await self.raw.send(packet):
+                    break
+                if self._refused:
+                    # Refused: retract what was refused, and send no more until the
+                    # refusals of what was in flight have stopped coming (at most 1 s).
+                    for _ in range(50):
+                        gone, self._refused = self._refused, []
+                        if gone and not await self.raw.send(_turn(
+                                [Sequence([self.oid, Record(Symbol("R"), [h])]) for h in gone])):
+                            break
+                        self._wake.clear()
+                        try:
+                            await asyncio.wait_for(self._wake.wait(), 0.02)
+                        except TimeoutError:
+                            if not self._refused:
+                                break
+            return st
+        finally:
+            if not reader.done():
+                self.raw.close()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(reader, 10.0)
+
+    async def _read(self) -> None:
+        dec = Decoder(embedded=lambda v: v, max_value_size=64 << 20)
+        st = self.stats
+        while True:
+            data = await self.raw._read_chunk()
+            if not data:
+                st.kind = "reset" if self.raw.reset else "closed"
+                return
+            dec.feed(data)
+            try:
+                while (v := dec.try_next()) is not None:
+                    if type(v) is not Record:
+                        continue
+                    if v.label == _REFUSED and v.fields and type(v.fields[0]) is int:
+                        st.refused += 1
+                        self._refused.append(v.fields[0])
+                        self._wake.set()
+                    elif v.label == ERROR and len(v.fields) == 2:
+                        st.kind = error_kind(str(v.fields[0]), v.fields[1])
+                        st.message = str(v.fields[0])
+            except DecodeError as e:
+                st.kind, st.message = "undecodable", str(e)
+                return
+
+
+async def memory_attack(address: str, cap: SturdyRef, stop: asyncio.Event, *,
+                        connections: int = 40, sources: tuple[str, ...] = MEMORY_SOURCES,
+                        value_size: int = 2048,
+                        on_open: Callable[[list[MemoryHog]], None] | None = None,
+                        ) -> list[HogStats]:
+    """Run the memory attack until ``stop`` is set (or every connection is closed):
+    ``connections`` connections, from ``sources`` in turn, each asserting values of
+    ``value_size`` bytes as fast as the server takes them.  The figures per connection
+    (one that could not even resolve its capability has the outcome's kind)."""
+    hogs: list[MemoryHog] = []
+    out: list[HogStats] = []
+    try:
+        for k in range(connections):
+            raw = await RawConnection.open(address, sources[k % len(sources)])
+            try:
+                ref = await raw.resolve(cap)
+            except Refused as e:
+                raw.close()
+                out.append(HogStats(kind=e.outcome.kind, message=e.outcome.message))
+                continue
+            hogs.append(MemoryHog(raw, ref, k, value_size))
+        if on_open is not None:
+            on_open(hogs)
+        out += await asyncio.gather(*(h.run(stop) for h in hogs))
+    finally:
+        for h in hogs:
+            h.raw.close()
+    return out
 
 
 # ---------------------------------------------------------------------------------------
