@@ -273,9 +273,13 @@ class ServerConfig:
     def flow_limits(self) -> FlowLimits:
         self.check_ranges()
         try:
+            budget = self.memory_limit()
             return FlowLimits(
                 max_debt=self.max_debt,
-                max_send_queue=self.max_send_queue,
+                # One slow consumer's queue (held two or three times over while it is
+                # written) is at most a sixteenth of the memory budget.
+                max_send_queue=(max(64 << 10, min(self.max_send_queue, budget >> 4)) if budget
+                                else self.max_send_queue),
                 work_rate=self.work_rate,
                 work_burst=max(self.work_rate, 10 * self.work_rate),
                 throttle_limit=float(self.throttle_limit),

@@ -265,6 +265,7 @@ class Server:
         command adds these), counted in the memory budget."""
         self._memory_timer: asyncio.TimerHandle | None = None
         self._held_high = 0  # the most the budget's relays held since memory was given back
+        self._reclaimed_at = 0.0
         self.quota = Quota(self.config.max_total_assertions, self.memory)
         self._per_address: dict[str, int] = {}
         self._arrivals = _Arrivals(self.config.connect_rate)
@@ -532,12 +533,17 @@ class Server:
         log.info("%s: disconnected (%s)", conn.name, conn.close_reason)
 
     def _released(self, conn: Connection) -> None:
-        big = conn.held_at_close > RECLAIM_AFTER
+        if self._reclaim_timer is not None:
+            return
+        delay = 0.5 if conn.held_at_close > RECLAIM_AFTER else None
         b = self.memory
-        if b is not None:  # or many smaller ones went: a large part of the budget is free
-            big = big or self._held_high - b.held > max(RECLAIM_BYTES, b.limit >> 3)
-        if big and self._reclaim_timer is None:
-            self._reclaim_timer = asyncio.get_running_loop().call_later(0.5, self._reclaim)
+        if delay is None and b is not None and (
+                self._held_high - b.held > max(RECLAIM_BYTES, b.limit >> 3)):
+            # Many smaller ones went, a large part of the budget: not more often than
+            # every 10 s (a collection stalls the server for a moment).
+            delay = max(0.5, self._reclaimed_at + 10.0 - time.monotonic())
+        if delay is not None:
+            self._reclaim_timer = asyncio.get_running_loop().call_later(delay, self._reclaim)
 
     def _reclaim(self) -> None:
         """Give memory back: what a large peer held is retracted by now."""
@@ -550,24 +556,29 @@ class Server:
         if trim is not None:
             trim(0)
         self.reclaimed += 1
+        self._reclaimed_at = time.monotonic()
+        if self.memory is not None:
+            self.memory.trimmed()
         self._held_high = self.memory.held if self.memory is not None else 0
         log.info("gave memory back to the system in %.0f ms", 1000 * (time.perf_counter() - t0))
 
     # -- the memory budget ---------------------------------------------------------------
 
     def _refresh_memory(self) -> None:
-        """Count what the relays do not charge themselves: each connection's queued
-        output and unread input, a fixed cost per connection, and :attr:`memory_sources`."""
+        """Count what the relays do not charge themselves: each connection's unread
+        input, a fixed cost per connection, and :attr:`memory_sources`; and tell each
+        relay how much of its output is still held (it drains without telling)."""
         self._memory_timer = None
         budget = self.memory
         if budget is None or self._stopping:
             return
         extra = 0
         for conn in self.connections:
-            extra += CONNECTION_OVERHEAD + conn.pending_output
+            extra += CONNECTION_OVERHEAD
             relay = conn.relay
             if relay is not None:
                 extra += relay.buffered
+                relay.output_held(conn.pending_output)
         for source in self.memory_sources:
             try:
                 extra += source()
@@ -580,13 +591,14 @@ class Server:
             MEMORY_REFRESH, self._refresh_memory)
 
     def memory_stats(self) -> dict[str, Any]:
-        """The memory budget: ``limit`` (0: off), ``used``, ``held`` (by the relays'
-        accounts), ``refused`` assertions and ``peak`` used."""
+        """The memory budget: ``limit`` (0: off), ``used``, ``held`` (assertions and
+        deliveries), ``output`` (waiting for peers), ``refused`` assertions and ``peak``
+        used."""
         b = self.memory
         if b is None:
-            return {"limit": 0, "used": 0, "held": 0, "refused": 0, "peak": 0}
-        return {"limit": b.limit, "used": b.used, "held": b.held, "refused": b.refused,
-                "peak": b.peak}
+            return {"limit": 0, "used": 0, "held": 0, "output": 0, "refused": 0, "peak": 0}
+        return {"limit": b.limit, "used": b.used, "held": b.held, "output": b.output,
+                "refused": b.refused, "peak": b.peak}
 
     # -- idle connections ----------------------------------------------------------------
 

@@ -16,13 +16,20 @@ packets, link and scry state -- as :attr:`MemoryBudget.extra`, refreshed now and
 
 Past the budget a *new* assertion is refused (:meth:`MemoryBudget.admit` says why):
 retractions, messages and syncs never are, so a connection can always let go of what it
-holds, and probes stay served.  Two rules keep one greedy client from locking out the
+holds, and probes stay served.  Two rules keep greedy clients from locking out the
 others:
 
 * past three quarters of the budget, a connection holding more than its share (the
   budget divided by the number of connections) is refused;
-* assertions to the gatekeeper (resolving a capability: how a new client connects) may
-  use a reserve of a sixteenth of the budget beyond it.
+* a connection holding little (at most a 1024th of the budget, with the new assertion)
+  may use a reserve of a 32nd of the budget beyond it, and assertions to the gatekeeper
+  (resolving a capability: how a new client connects) one of a 16th: presence, leases
+  and new clients are served while the greedy are refused.
+
+Output waiting for a peer is charged too, from when it is encoded until it is sent; it
+may use a reserve of an eighth of the budget beyond it (:meth:`MemoryBudget.output_over`),
+past which the connection it is for is closed (``memory-full``) rather than the burst
+built: the deliveries to a new observer of everything, say.
 
 Sans-IO: no clocks, no sockets; the numbers come in as arguments.
 """
@@ -144,7 +151,8 @@ class MemoryBudget:
     docstring).  ``limit`` is in bytes; ``option`` names the setting in refusals
     (``--max-memory``)."""
 
-    __slots__ = ("extra", "held", "limit", "option", "peak", "refused", "relays")
+    __slots__ = ("extra", "held", "high", "limit", "option", "output", "peak", "refused",
+                 "relays")
 
     def __init__(self, limit: int, option: str = "--max-memory") -> None:
         if type(limit) is not int or limit < 1:
@@ -152,10 +160,17 @@ class MemoryBudget:
         self.limit = limit
         self.option = option
         self.held = 0
-        """Bytes charged by relays (assertions, deliveries, refused handles)."""
+        """Bytes charged by relays for assertions and the deliveries held for observers."""
+        self.output = 0
+        """Bytes of output waiting for peers (charged three times from when a packet is
+        built until the host has written it: it is copied twice on its way)."""
         self.extra = 0
-        """Bytes the host holds for clients outside the relays (buffers, links, scry),
-        as of its last refresh."""
+        """Bytes the host holds for clients outside the relays (unread input, links,
+        scry, a fixed cost per connection), as of its last refresh."""
+        self.high = 0
+        """The most :attr:`held` since the host last gave memory back to the system
+        (:meth:`trimmed`): what is released stays in the process until then, so output
+        (large buffers, allocated apart) is measured against this."""
         self.relays = 0
         """Relays charging this budget (connections)."""
         self.refused = 0
@@ -166,33 +181,50 @@ class MemoryBudget:
     @property
     def used(self) -> int:
         """Bytes held for clients, as far as the budget knows."""
-        return self.held + self.extra
+        return self.held + self.extra + self.output
 
     def admit(self, size: int, relay_held: int, reserve: bool = False) -> str | None:
         """None when an assertion charging ``size`` bytes may be held, for a relay
         already holding ``relay_held``; else why it is refused (one line for the peer).
         ``reserve``: the assertion may use the reserve (a gatekeeper request)."""
-        used = self.held + self.extra + size
+        used = self.held + self.extra + self.output + size
         limit = self.limit
+        # The reserves are for what is held: buffers and output (transient) do not count.
         if reserve:
-            limit += limit >> 4
-        elif used > limit - (limit >> 2):  # past three quarters: shares apply
-            share = limit // max(1, self.relays)
-            if relay_held + size > share and used <= limit:
-                self.refused += 1
-                return (f"this connection holds {format_bytes(relay_held)}, more than its "
-                        f"share ({format_bytes(share)}) of the server's memory budget "
-                        f"({self.option} {format_bytes(self.limit)}), which is "
-                        f"{100 * used // self.limit}% used: assertion refused; "
-                        f"retract something or ask the operator to raise {self.option}")
-        if used <= limit:
+            ok = self.held + size <= limit + (limit >> 4)
+        elif relay_held + size <= limit >> 10:
+            ok = self.held + size <= limit + (limit >> 5)
+        else:
+            ok = used <= limit
+            if ok and used > limit - (limit >> 2):  # past three quarters: shares apply
+                share = limit // max(1, self.relays)
+                if relay_held + size > share:
+                    self.refused += 1
+                    return (f"this connection holds {format_bytes(relay_held)}, more than its "
+                            f"share ({format_bytes(share)}) of the server's memory budget "
+                            f"({self.option} {format_bytes(self.limit)}), which is "
+                            f"{100 * used // self.limit}% used: assertion refused; "
+                            f"retract something or ask the operator to raise {self.option}")
+        if ok:
             if used > self.peak:
                 self.peak = used
+            if self.held + size > self.high:
+                self.high = self.held + size
             return None
         self.refused += 1
         return (f"the server's memory budget ({self.option} {format_bytes(self.limit)}) is "
                 f"full: assertion refused; retract something or ask the operator to raise "
                 f"{self.option}")
+
+    def output_over(self) -> bool:
+        """Whether output passes the budget and its output reserve (a 16th), on top of
+        the most held since memory was last given back."""
+        return (max(self.held, self.high) + self.extra + self.output
+                > self.limit + (self.limit >> 4))
+
+    def trimmed(self) -> None:
+        """The host gave released memory back to the system (``malloc_trim``)."""
+        self.high = self.held
 
     def __repr__(self) -> str:
         return (f"<MemoryBudget {format_bytes(self.used)} of {format_bytes(self.limit)}, "

@@ -59,7 +59,15 @@ from ..values import (
     Value,
 )
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
-from .budget import DELIVERY_OVERHEAD, REFUSED, MemoryBudget, charge, refused_packet
+from .budget import (
+    DELIVERY_OVERHEAD,
+    MEMORY_FULL,
+    REFUSED,
+    MemoryBudget,
+    charge,
+    format_bytes,
+    refused_packet,
+)
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -322,6 +330,7 @@ class Relay:
         if budget is not None:
             budget.relays += 1
         self._held = 0
+        self._pending_out = 0  # bytes of output held for the peer, charged to the budget
         self.refused = 0
         """Assertions of the peer refused for the server's memory budget."""
         self.on_refused: Callable[[int, str, Value], None] | None = None
@@ -1220,10 +1229,44 @@ class Relay:
         frags = self._frags
         if frags:
             frags.append(_B_END)
-            self._outbox.append(b"".join(frags))
+            packet = b"".join(frags)
+            self._outbox.append(packet)
             frags.clear()
             self._frag_size = 0
             self.packets_out += 1
+            if self._budget is not None:
+                # Thrice: the packet, and two copies on its way to the socket (the
+                # packets joined, then the transport's buffer) until the host writes it.
+                self._charge_output(3 * len(packet))
+
+    def _charge_output(self, n: int) -> None:
+        """Output for the peer is held too, from when it is encoded until the host says
+        it is sent (:meth:`output_held`): past the memory budget and its output reserve
+        (a new observer matching much, say), the connection is closed rather than the
+        burst built."""
+        b = self._budget
+        assert b is not None
+        self._pending_out += n
+        b.output += n
+        if b.output_over() and not self.closed and self._pending_out > (b.limit >> 6):
+            n = self._pending_out
+            self._outbox.clear()
+            self._frags.clear()
+            self._frag_size = 0
+            self.output_held(0)
+            self.fail(f"the server's memory budget ({b.option} {format_bytes(b.limit)}) is "
+                      f"full: the {format_bytes(n // 3)} to send to this connection would "
+                      f"pass it; observe narrower patterns, or ask the operator to raise "
+                      f"{b.option}", MEMORY_FULL)
+
+    def output_held(self, n: int) -> None:
+        """The host still holds ``n`` bytes of output for the peer (after writing what
+        :meth:`take_packets` gave it, or as it drains): the memory budget's charge for
+        this relay's output becomes that (no-op without a budget)."""
+        b = self._budget
+        if b is not None:
+            b.output += n - self._pending_out
+            self._pending_out = n
 
     def take_packets(self) -> list[bytes]:
         """Every pending packet, encoded (the current Turn is finished first)."""
@@ -1264,6 +1307,7 @@ class Relay:
         self._shutdown()
         self._frags.clear()
         self._outbox.clear()
+        self.output_held(0)
 
     def _shutdown(self) -> None:
         if self.closed:
