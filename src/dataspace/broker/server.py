@@ -587,6 +587,8 @@ class Server:
         budget.extra = extra
         if budget.held > self._held_high:
             self._held_high = budget.held
+        if budget.used > budget.peak:  # (the relays update it only past three quarters)
+            budget.peak = budget.used
         self._memory_timer = asyncio.get_running_loop().call_later(
             MEMORY_REFRESH, self._refresh_memory)
 

@@ -847,10 +847,14 @@ class Relay:
             budget = self._budget
             if budget is not None:
                 size = charge(a)
-                why = budget.admit(size, self._held, ex is not None and ex.permanent)
-                if why is not None:
-                    self._refuse(h, why)
-                    return
+                held = budget.held + size
+                if held + budget.extra + budget.output > budget.soft:  # else: admitted
+                    why = budget.admit(size, self._held, ex is not None and ex.permanent)
+                    if why is not None:
+                        self._refuse(h, why)
+                        return
+                elif held > budget.high:
+                    budget.high = held
             if type(a) is Record and a.label == OBSERVE:
                 if len(self._observing) >= self.limits.max_observers:
                     raise ProtocolError(
