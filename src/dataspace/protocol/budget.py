@@ -11,8 +11,9 @@ for what its peer makes the server hold and releases the charge when that goes:
 * every assertion delivered to the peer's observers and held for it
   (:data:`DELIVERY_OVERHEAD` each).
 
-The host adds what it holds outside the relays -- queued output, partly received
-packets, link and scry state -- as :attr:`MemoryBudget.extra`, refreshed now and then.
+The host adds what it holds outside the relays -- partly received packets, a fixed cost
+per connection, scry state -- as :attr:`MemoryBudget.extra`, refreshed now and then (a
+linked server's assertions are charged by the link's relay).
 
 Past the budget a *new* assertion is refused (:meth:`MemoryBudget.admit` says why):
 retractions, messages and syncs never are, so a connection can always let go of what it
@@ -26,10 +27,12 @@ others:
   (resolving a capability: how a new client connects) one of a 16th: presence, leases
   and new clients are served while the greedy are refused.
 
-Output waiting for a peer is charged too, from when it is encoded until it is sent; it
-may use a reserve of an eighth of the budget beyond it (:meth:`MemoryBudget.output_over`),
-past which the connection it is for is closed (``memory-full``) rather than the burst
-built: the deliveries to a new observer of everything, say.
+Output waiting for a peer is charged too (:attr:`MemoryBudget.output`), from when it is
+encoded until the host says it is sent; it may go a 16th past the budget, counted from
+the most held since memory was last given back (:meth:`MemoryBudget.output_over`), past
+which a connection with more than a 64th of the budget waiting is closed
+(``memory-full``) rather than the burst built: the deliveries to a new observer of
+everything, say.
 
 Sans-IO: no clocks, no sockets; the numbers come in as arguments.
 """
