@@ -347,6 +347,8 @@ async def test_refusals_show_in_metrics_and_info(tmp_path):
         http = await start_http("127.0.0.1", 0, store=None, publish=[], server=server,
                                 open_access=True)
         try:
+            # The scry gateway's cache and waiting readers count in the budget too.
+            assert [s() for s in server.memory_sources] == [0]
             addr = tcp_address(server)
             greedy = await connect(addr, server.sturdyref)
             await fill(greedy, "greedy")
@@ -380,6 +382,7 @@ async def test_refusals_show_in_metrics_and_info(tmp_path):
             await greedy.close()
         finally:
             await http.close()
+        assert server.memory_sources == []
 
 
 # ---------------------------------------------------------------------------------------
