@@ -163,3 +163,47 @@ async def test_syndicate_py_turn_sync_is_answered(tmp_path):
         finally:
             await kill(proc)
         await ours.close()
+
+
+@async_test
+async def test_a_syndicate_py_client_refused_for_memory_keeps_its_connection(tmp_path):
+    """The memory budget's refusals are <refused ...> extension packets, which syndicate-py
+    ignores: its assertions are not held, its connection lives on (an <error> packet
+    would have closed it)."""
+    blob = "x" * 2048
+    async with running_server(tmp_path, max_memory=1 << 20) as server:
+        addr = tcp_address(server)
+        ours = await connect(addr, server.sturdyref)
+        seen = Changes()
+        ours.observe("<Present $who>", **seen.kw())
+        ours.observe("<Says $who $what>", **seen.kw())
+        await ours.sync()
+        fillers = []
+        for k in range(3):  # each until refused: together they fill the budget
+            f = await connect(addr, server.sturdyref)
+            fillers.append(f)
+            for i in range(0, 2000, 20):
+                for j in range(20):
+                    f.assert_(parse(f'<Fill {k} {i + j} "{blob}">'))
+                await f.sync()
+                if f.refused:
+                    break
+        assert server.memory is not None and server.memory.used > 0.9 * (1 << 20)
+        refused_before = server.memory.refused
+        alice_out: list[str] = []
+        alice = await spawn(SCRIPT, tcp_transport(server), str(server.sturdyref), "alice")
+        try:
+            await read_line_matching(alice, r"^connected$", alice_out)
+            await seen.until(lambda s: ("alice", "hello") in s.messages())
+            conn = max(server.connections, key=lambda c: c.id)  # alice's, the newest
+            assert conn.relay is not None and conn.relay.refused > 0 and not conn.closed
+            assert server.memory.refused > refused_before
+            assert ("alice",) not in seen.present
+            assert parse('<Secret "alice">') not in server.dataspaces["root"]
+            await ours.sync()
+            assert not conn.closed and alice.returncode is None
+        finally:
+            await kill(alice)
+        for f in fillers:
+            await f.close()
+        await ours.close()

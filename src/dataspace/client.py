@@ -325,6 +325,11 @@ class RemoteDataspace(_DataspaceBase):
         """Called when a lost connection is back."""
         self.failovers = 0
         """Reconnections made to another address than the one lost."""
+        self.refused = 0
+        """Assertions the server refused (its memory budget was full)."""
+        self.on_refused: list[Callable[[Value, str], Any]] = []
+        """Called with ``(value, message)`` for each assertion the server refused; the
+        assertion is no longer held (it is retracted, a subscription cancelled)."""
 
     # -- connection ----------------------------------------------------------------------
 
@@ -364,7 +369,30 @@ class RemoteDataspace(_DataspaceBase):
                           self.relay_limits.max_packet_size, tls=self.tls, context=self._ssl)
 
     def _session(self, conn: Connection) -> Relay:
-        return Relay(limits=self.relay_limits, name=f"client:{self.address}")
+        relay = Relay(limits=self.relay_limits, name=f"client:{self.address}")
+        relay.on_refused = lambda h, msg, _detail: self._refused(conn, h, msg)
+        return relay
+
+    def _refused(self, conn: Connection, handle: int, message: str) -> None:
+        """The server did not take the assertion under ``handle`` (``<refused ...>``): it
+        is dropped here too (a later reconnect does not assert it again)."""
+        value = self._values.get(handle)
+        if value is None:
+            if conn is not self._conn and not conn.closed:  # the resolve itself, connecting
+                conn.close(f"the server refused to resolve the capability: {message}")
+            return  # else retracted meanwhile
+        self.refused += 1
+        n = self.refused
+        if n == 1 or (n % 10 == 0 and str(n).rstrip("0") == "1"):  # 1, 10, 100, ...
+            log.error("%s refused the assertion %s: %s%s", self.address, short(value, 80),
+                      message, f" ({n} refused so far)" if n > 1 else "")
+        sub = next((s for s in self._subs if s.handle == handle), None)
+        if sub is not None:
+            self._cancel(sub)
+        else:
+            self.retract(handle)
+        for fn in self.on_refused:
+            _call(fn, (value, message))
 
     async def _connect_once(self) -> None:
         loop = asyncio.get_running_loop()

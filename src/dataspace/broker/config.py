@@ -20,6 +20,7 @@ followed by a space starts a comment)::
       max-matches: 500000                     # assertions delivered to one connection
       max-turn-events: 100000                 # deliveries one turn may cause
       max-total-assertions: 1000000           # the whole server
+      max-memory: "1G"                        # bytes clients make it hold ("off": none)
       max-buffered: 268435456                 # bytes queued to all connections together
       max-debt: 1048576                       # bytes (flow control)
       max-send-queue: 16777216                # bytes (slow consumers)
@@ -67,6 +68,8 @@ Every key is optional.  Command-line options override the file.  A binding witho
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,13 +85,15 @@ from ..net.address import (
 )
 from ..net.flow import FlowLimits
 from ..net.tls import ClientTLS, ServerTLS, TLSConfigError
+from ..protocol.budget import format_bytes
 from ..protocol.relay import RelayLimits
 from ..protocol.sturdy import SturdyError, SturdyRef
 from ..values import Dictionary, ParseError, Record, Sequence, Symbol, Value, parse, stringify
 from .cluster import SECRET_FILE, ClusterSpec, read_secret
 from .link import LinkSpec
 
-__all__ = ["BindingSpec", "ConfigError", "ServerConfig", "load_config", "parse_config"]
+__all__ = ["BindingSpec", "ConfigError", "ServerConfig", "default_max_memory", "load_config",
+           "parse_config", "parse_size"]
 
 LINK_TLS_KEYS = ("tls-ca", "tls-cert", "tls-key", "tls-server-name")
 """The TLS settings a link of the configuration file may have (each overrides the
@@ -135,6 +140,68 @@ RANGE_WHY = {
 }
 
 
+MIN_MEMORY = 1 << 20
+"""The smallest ``max-memory`` (below it every client would be refused at once)."""
+DEFAULT_MEMORY_CAP = 1 << 30
+"""The default ``max-memory`` is a quarter of the machine's memory, at most this."""
+
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|(b)?|(%))", re.IGNORECASE)
+_SHIFT = {"k": 10, "m": 20, "g": 30, "t": 40}
+
+
+def physical_memory() -> int | None:
+    """The memory this process may use: the machine's, or its control group's limit
+    when lower (a container's); None where neither can be read."""
+    try:
+        total: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (total is None or int(text) < total):
+            total = int(text)
+    return total
+
+
+def default_max_memory() -> int:
+    """The default ``max-memory``: a quarter of the memory this process may use (see
+    :func:`physical_memory`), at most 1 GiB, at least 64 MiB: what a broker sharing a
+    machine with other programs should take at most."""
+    total = physical_memory()
+    if total is None:
+        return DEFAULT_MEMORY_CAP
+    return max(64 << 20, min(DEFAULT_MEMORY_CAP, total // 4))
+
+
+def parse_size(text: str | int, what: str = "--max-memory") -> int:
+    """Bytes from ``512M``, ``2G``, ``1.5GiB``, ``300k``, ``1048576``, ``25%`` (of
+    :func:`physical_memory`), or ``0``/``off`` (none: 0).  Units are binary (K = 1024)."""
+    if type(text) is int:
+        if text < 0:
+            raise ConfigError(f"{what} must not be negative, not {text}")
+        return text
+    t = str(text).strip()
+    if t.lower() in ("off", "none", "unlimited", "0"):
+        return 0
+    m = _SIZE.fullmatch(t)
+    if m is None:
+        raise ConfigError(f"{what} {t!r} is not a size: write e.g. 512M, 2G, 25% (of this "
+                          "machine's memory) or off")
+    number = float(m.group(1))
+    if m.group(4):
+        total = physical_memory()
+        if total is None:
+            raise ConfigError(f"{what} {t}: this machine's memory cannot be read; give a "
+                              "size such as 512M")
+        return int(total * number / 100)
+    unit = m.group(2)
+    return int(number * (1 << _SHIFT[unit.lower()])) if unit else int(number)
+
+
 @dataclass(frozen=True)
 class BindingSpec:
     """Sturdyrefs for ``oid`` signed with ``key`` reach the dataspace named ``dataspace``."""
@@ -165,6 +232,8 @@ class ServerConfig:
     max_matches: int = RelayLimits.max_outbound_assertions
     max_turn_events: int = 100_000
     max_total_assertions: int = 1_000_000
+    # Bytes clients may make the server hold (None: default_max_memory(); 0: no budget).
+    max_memory: int | None = None
     max_buffered: int = 256 << 20
     max_debt: int = FlowLimits.max_debt
     max_send_queue: int = FlowLimits.max_send_queue
@@ -298,9 +367,13 @@ class ServerConfig:
     def flow_limits(self) -> FlowLimits:
         self.check_ranges()
         try:
+            budget = self.memory_limit()
             return FlowLimits(
                 max_debt=self.max_debt,
-                max_send_queue=self.max_send_queue,
+                # One slow consumer's queue (held two or three times over while it is
+                # written) is at most a sixteenth of the memory budget.
+                max_send_queue=(max(64 << 10, min(self.max_send_queue, budget >> 4)) if budget
+                                else self.max_send_queue),
                 work_rate=self.work_rate,
                 work_burst=max(self.work_rate, 10 * self.work_rate),
                 throttle_limit=float(self.throttle_limit),
@@ -311,6 +384,16 @@ class ServerConfig:
             )
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+    def memory_limit(self) -> int:
+        """The memory budget in bytes (0: none): ``max_memory``, or its default."""
+        return default_max_memory() if self.max_memory is None else self.max_memory
+
+    def buffered_limit(self) -> int:
+        """Bytes queued to all connections together: ``max_buffered``, at most half of
+        the memory budget."""
+        budget = self.memory_limit()
+        return min(self.max_buffered, budget // 2) if budget else self.max_buffered
 
     def per_address_limit(self) -> int:
         """Connections one source address may hold (default: a quarter of the total)."""
@@ -447,6 +530,11 @@ class ServerConfig:
                 rng = "a non-negative number" + (f" ({unit})" if unit else "")
             why = RANGE_WHY.get(name, "")
             raise ConfigError(f"{option} must be {rng}, not {v!r}{why}")
+        m = self.max_memory
+        if m is not None and (type(m) is not int or (m != 0 and m < MIN_MEMORY)):
+            shown = format_bytes(m) if type(m) is int and m >= 0 else repr(m)
+            raise ConfigError(f"{prefix}max-memory must be at least 1M (or off), not {shown}: "
+                              "below it every client's first assertion would be refused")
 
     def check(self, prefix: str = "") -> None:
         """Raise :class:`ConfigError` for settings that cannot work together (naming
@@ -525,7 +613,8 @@ _FILE_KEYS = {"tls-cert": "tls_cert", "tls-key": "tls_key", "tls-client-ca": "tl
               "tls-ca": "tls_ca"}
 _KNOWN = sorted(
     [*_INT_KEYS, *_SECONDS_KEYS, *_LIST_KEYS, *_FILE_KEYS, "data-dir", "store", "root-oid",
-     "root-key", "bind", "record", "link", "cluster", "scry-udp", "http", "http-open", "publish"]
+     "root-key", "bind", "max-memory", "record", "link", "cluster", "scry-udp", "http",
+     "http-open", "publish"]
 )
 
 
@@ -595,6 +684,12 @@ def parse_config(text: str) -> ServerConfig:
             if type(x) is not Sequence or not all(type(a) is str for a in x):
                 raise ConfigError(f"{name} must be a list of strings, e.g. {name}: [\"...\"]")
             changes[_LIST_KEYS[name]] = list(x)
+        elif name == "max-memory":
+            if type(x) is str or (type(x) is int and x >= 0):
+                changes["max_memory"] = parse_size(x, "max-memory")
+            else:
+                raise ConfigError(f'max-memory must be a size such as "512M", "2G", "25%" or '
+                                  f'"off", or a number of bytes, not {_short(x)}')
         elif name == "data-dir":
             if type(x) is not str:
                 raise ConfigError(f"data-dir must be a string, not {_short(x)}")

@@ -61,7 +61,7 @@ from ..pattern import Bind, PatternError, from_preserves
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings
 from ..protocol.linktree import MESSAGES as TREE_MESSAGES
 from ..protocol.linktree import Forest, ForestError
-from ..protocol.relay import Relay, RelayLimits, keep_received
+from ..protocol.relay import Quota, Relay, RelayLimits, keep_received
 from ..protocol.sturdy import SturdyError, SturdyRef, validate
 from ..protocol.upstream import (
     CONFIRM,
@@ -1095,6 +1095,8 @@ class LinkDialer:
         self.early: list[Value] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        self.quota: Quota | None = None
+        """Charged for what the peer asserts here (the server's memory budget), if set."""
 
     @property
     def current(self) -> str:
@@ -1189,7 +1191,7 @@ class LinkDialer:
 
         def session(conn: Connection) -> Relay:
             return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",
-                         turn=self.turn)
+                         turn=self.turn, quota=self.quota)
 
         return await dial(a, self.net_hub, LINK_FLOW, session, LINK_RELAY_LIMITS.max_packet_size,
                           tls=self.spec.tls, coalesce=False)

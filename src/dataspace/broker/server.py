@@ -25,6 +25,7 @@ import errno
 import gc
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
 from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS, TLSConfigError
 from ..net.websocket import listen_ws
+from ..protocol.budget import MemoryBudget, format_bytes
 from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
 from ..protocol.relay import Quota, Relay
 from ..protocol.route import MessageRouter
@@ -163,6 +165,9 @@ class SyncGate:
 RECLAIM_AFTER = 10_000
 """A connection that held more assertions than this makes the server give memory back to
 the operating system once they are gone (a full garbage collection, then ``malloc_trim``)."""
+RECLAIM_BYTES = 32 << 20
+"""So do connections closing when what the memory budget counts has fallen by this much
+(or an eighth of the budget, if more) since its high point."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -180,7 +185,7 @@ ERROR_KINDS = ("protocol", "limit", "slow_consumer", "timeout", "capability", "s
 _ERROR_KIND = {
     "packet-too-large": "limit", "too-many-assertions": "limit", "too-many-references": "limit",
     "too-many-observers": "limit", "too-many-matches": "limit", "turn-too-large": "limit",
-    "server-full": "limit", "work-limit": "limit",
+    "server-full": "limit", "work-limit": "limit", "memory-full": "limit",
     "slow-consumer": "slow_consumer",
     "idle-timeout": "timeout", "handshake-timeout": "timeout",
     "store-failed": "store",
@@ -196,6 +201,12 @@ def error_kind(detail: Any) -> str:
 
 
 _TOTALS = ("bytes_in", "bytes_out", "messages_in", "messages_out", "turns_in")
+
+CONNECTION_OVERHEAD = 16 << 10
+"""Bytes the memory budget counts for each open connection besides what it holds (its
+relay, tables and transport: measured about 12 KiB)."""
+MEMORY_REFRESH = 0.5
+"""Seconds between updates of the memory budget's view of buffers and connections."""
 
 
 class _Arrivals:
@@ -248,7 +259,17 @@ class Server:
         self.sturdyref: SturdyRef | None = None
         self.addresses: list[Address] = []
         self.connections: set[Connection] = set()
-        self.quota = Quota(self.config.max_total_assertions)
+        limit = self.config.memory_limit()
+        self.memory: MemoryBudget | None = MemoryBudget(limit) if limit else None
+        """The memory budget (``max-memory``; None when it is off): charged by every
+        connection's relay, refreshed with buffers and :attr:`memory_sources`."""
+        self.memory_sources: list[Callable[[], int]] = []
+        """Bytes held for clients outside the connections (scry readers: the serve
+        command adds these), counted in the memory budget."""
+        self._memory_timer: asyncio.TimerHandle | None = None
+        self._held_high = 0  # the most the budget's relays held since memory was given back
+        self._reclaimed_at = 0.0
+        self.quota = Quota(self.config.max_total_assertions, self.memory)
         self._per_address: dict[str, int] = {}
         self._arrivals = _Arrivals(self.config.connect_rate)
         self._gatekeepers: dict[Connection, Gatekeeper] = {}
@@ -333,9 +354,16 @@ class Server:
         self._setup()
         self.started_at = time.time()
         loop = asyncio.get_running_loop()
-        self.hub = Hub(loop, max_buffered=self.config.max_buffered)
+        self.hub = Hub(loop, max_buffered=self.config.buffered_limit())
         self.sync_gate = SyncGate(loop)
         self._schedule_sweep()
+        if self.memory is None:
+            log.warning("max-memory is off: clients can make the server hold memory without "
+                        "bound (set --max-memory, e.g. 1G)")
+        else:
+            log.info("memory budget for clients: %s (--max-memory)",
+                     format_bytes(self.memory.limit))
+            self._refresh_memory()
         self._start_links(loop)
         try:
             await self._start_cluster()
@@ -402,6 +430,8 @@ class Server:
         root = self.links["root"]
         for spec in self.config.link_specs():
             d = LinkDialer(root, spec, self.hub, self._turn)
+            if self.memory is not None:  # what the peer asserts to us is held for clients
+                d.quota = Quota(sys.maxsize, self.memory)
             root.dialers.append(d)
             d.start()
             log.info("linking to %s", spec.address)
@@ -557,8 +587,17 @@ class Server:
         log.info("%s: disconnected (%s)", conn.name, conn.close_reason)
 
     def _released(self, conn: Connection) -> None:
-        if conn.held_at_close > RECLAIM_AFTER and self._reclaim_timer is None:
-            self._reclaim_timer = asyncio.get_running_loop().call_later(0.5, self._reclaim)
+        if self._reclaim_timer is not None:
+            return
+        delay = 0.5 if conn.held_at_close > RECLAIM_AFTER else None
+        b = self.memory
+        if delay is None and b is not None and (
+                self._held_high - b.held > max(RECLAIM_BYTES, b.limit >> 3)):
+            # Many smaller ones went, a large part of the budget: not more often than
+            # every 10 s (a collection stalls the server for a moment).
+            delay = max(0.5, self._reclaimed_at + 10.0 - time.monotonic())
+        if delay is not None:
+            self._reclaim_timer = asyncio.get_running_loop().call_later(delay, self._reclaim)
 
     def _reclaim(self) -> None:
         """Give memory back: what a large peer held is retracted by now."""
@@ -571,7 +610,51 @@ class Server:
         if trim is not None:
             trim(0)
         self.reclaimed += 1
+        self._reclaimed_at = time.monotonic()
+        if self.memory is not None:
+            self.memory.trimmed()
+        self._held_high = self.memory.held if self.memory is not None else 0
         log.info("gave memory back to the system in %.0f ms", 1000 * (time.perf_counter() - t0))
+
+    # -- the memory budget ---------------------------------------------------------------
+
+    def _refresh_memory(self) -> None:
+        """Count what the relays do not charge themselves: each connection's unread
+        input, a fixed cost per connection, and :attr:`memory_sources`; and tell each
+        relay how much of its output is still held (it drains without telling)."""
+        self._memory_timer = None
+        budget = self.memory
+        if budget is None or self._stopping:
+            return
+        extra = 0
+        for conn in self.connections:
+            extra += CONNECTION_OVERHEAD
+            relay = conn.relay
+            if relay is not None:
+                extra += relay.buffered
+                relay.output_held(conn.pending_output)
+        for source in self.memory_sources:
+            try:
+                extra += source()
+            except Exception:  # a source's bug must not stop the accounting
+                log.exception("a memory source failed")
+        budget.extra = extra
+        if budget.held > self._held_high:
+            self._held_high = budget.held
+        if budget.used > budget.peak:  # (the relays update it only past three quarters)
+            budget.peak = budget.used
+        self._memory_timer = asyncio.get_running_loop().call_later(
+            MEMORY_REFRESH, self._refresh_memory)
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The memory budget: ``limit`` (0: off), ``used``, ``held`` (assertions and
+        deliveries), ``output`` (waiting for peers), ``refused`` assertions and ``peak``
+        used."""
+        b = self.memory
+        if b is None:
+            return {"limit": 0, "used": 0, "held": 0, "output": 0, "refused": 0, "peak": 0}
+        return {"limit": b.limit, "used": b.used, "held": b.held, "output": b.output,
+                "refused": b.refused, "peak": b.peak}
 
     # -- idle connections ----------------------------------------------------------------
 
@@ -614,10 +697,10 @@ class Server:
     async def close(self) -> None:
         """Stop listening and close every connection (their assertions are retracted)."""
         self._stopping = True
-        for timer in (self._sweeper, self._reclaim_timer, self._status_timer):
+        for timer in (self._sweeper, self._reclaim_timer, self._status_timer, self._memory_timer):
             if timer is not None:
                 timer.cancel()
-        self._sweeper = self._reclaim_timer = self._status_timer = None
+        self._sweeper = self._reclaim_timer = self._status_timer = self._memory_timer = None
         if self.cluster is not None:
             await self.cluster.close()
         for h in self.links.values():
@@ -673,6 +756,7 @@ class Server:
             "assertions": self.quota.assertions,
             "buffered": self.hub.buffered if self.hub is not None else 0,
             "refused": self.refused,
+            "memory": self.memory_stats(),
             "dataspaces": {n: len(ds.assertions()) for n, ds in self.dataspaces.items()},
         }
 

@@ -8,6 +8,7 @@ import contextlib
 import sys
 from typing import Any
 
+from ..protocol.wire import short
 from ..values import stringify
 from ._client import (
     CONNECTION_HELP,
@@ -69,11 +70,19 @@ async def _assert(args: argparse.Namespace, vals: list[Any]) -> int:
               "assertions", file=sys.stderr)
         return 1
     stop = stop_event()
+    refused: dict[Any, str] = {}
+    ds.on_refused.append(lambda v, msg: refused.setdefault(v, msg))
     handles = [ds.assert_(v) for v in vals]
     await ds.sync()
     for v, gone in zip(vals, dropped):
-        if not gone:
+        if v in refused:  # the server's memory budget is full
+            print(f"dataspace assert: the server refused {short(v, 80)}: {refused[v]}",
+                  file=sys.stderr)
+        elif not gone:
             print(f"asserted {stringify(v)}", file=sys.stderr)
+    if all(gone or v in refused for v, gone in zip(vals, dropped)):
+        await ds.close()
+        return 1
     print("dataspace assert: holding; Ctrl-C retracts and exits", file=sys.stderr, flush=True)
     ended = asyncio.ensure_future(ds.wait_closed())
     waiter = asyncio.ensure_future(stop.wait())

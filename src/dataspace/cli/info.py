@@ -58,6 +58,13 @@ def format_summary(s: dict[str, Any], url: str) -> list[str]:
                                              for k, v in errs.items()) or "none"))
     lines.append(f"memory       {size(s.get('memory_rss'))} resident; "
                  f"{size(s.get('buffered'))} queued to peers")
+    mb = s.get("memory_budget")
+    if mb and mb.get("limit"):
+        lines.append(f"budget       {size(mb['used'])} of {size(mb['limit'])} held for clients "
+                     f"({100 * mb['used'] // mb['limit']}%, --max-memory); "
+                     f"{_n(mb['refused'])} assertions refused")
+    elif mb is not None:
+        lines.append("budget       off (--max-memory off): clients' memory is not bounded")
     if s.get("links", {}).get("count"):
         ln = s["links"]
         lines.append(f"links        {ln['connected']} of {ln['count']} connected")

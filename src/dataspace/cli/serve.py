@@ -9,7 +9,7 @@ import signal
 import sys
 from typing import Any
 
-from ..broker.config import ConfigError, ServerConfig, load_config
+from ..broker.config import ConfigError, ServerConfig, load_config, parse_size
 from ..broker.server import Server, listen_error
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
@@ -155,6 +155,11 @@ def register(sub: Any) -> None:
                    "and its connection closed (default 100000)")
     g.add_argument("--max-total-assertions", type=int, metavar="N",
                    help="assertions all connections together may hold (default 1000000)")
+    g.add_argument("--max-memory", metavar="SIZE",
+                   help="bytes clients may make the server hold (assertions, buffers, links): "
+                   "past it new assertions are refused, the connections live on; e.g. 512M, "
+                   "2G, 25%% (of this machine's memory), off (default: a quarter of this "
+                   "machine's memory, at most 1G)")
     g.add_argument("--max-buffered", type=int, metavar="BYTES",
                    help="bytes queued to all connections together; past it the longest "
                    "queue is disconnected (default 268435456)")
@@ -214,6 +219,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
         tls_ca=args.tls_ca,
     )
+    if args.max_memory is not None:
+        cfg = cfg.override(max_memory=parse_size(args.max_memory))
     if args.record:
         cfg = cfg.override(record=[*cfg.record, *args.record])
     cfg = cfg.override(scry_udp=args.scry_udp, http=args.http, http_open=args.http_open)

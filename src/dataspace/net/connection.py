@@ -130,6 +130,7 @@ class Connection:
             return
         if packets:
             self._send(packets, account)
+            relay.output_held(self.pending_output)  # the memory budget's account
 
     def fail(self, message: str, detail: Any = False) -> None:
         """Close with ``<error message detail>``: for local decisions such as a slow
@@ -486,6 +487,8 @@ class StreamConnection(Connection, asyncio.Protocol):
             transport.write(data)
         if not q:
             self._wake_writable()
+        if self.relay is not None:
+            self.relay.output_held(self.pending_output)
 
     def _pause_reading(self) -> None:
         if not self.closed and self.transport is not None:

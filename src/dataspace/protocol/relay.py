@@ -59,6 +59,15 @@ from ..values import (
     Value,
 )
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader, make_writer
+from .budget import (
+    DELIVERY_OVERHEAD,
+    MEMORY_FULL,
+    REFUSED,
+    MemoryBudget,
+    charge,
+    format_bytes,
+    refused_packet,
+)
 from .route import scan
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
@@ -153,13 +162,18 @@ class Quota:
     A peer whose assertion would go beyond ``max_assertions`` is refused with a
     ``server-full`` protocol error (its connection closes, its assertions go), so the
     server refuses work before its memory runs out.
+
+    ``memory``, when given, is the server's :class:`~dataspace.protocol.budget.MemoryBudget`:
+    the relays charge it for what their peers make the server hold, and past it a new
+    assertion is refused on its own (a ``<refused ...>`` packet; the connection lives on).
     """
 
-    __slots__ = ("assertions", "max_assertions")
+    __slots__ = ("assertions", "max_assertions", "memory")
 
-    def __init__(self, max_assertions: int) -> None:
+    def __init__(self, max_assertions: int, memory: MemoryBudget | None = None) -> None:
         self.max_assertions = max_assertions
         self.assertions = 0
+        self.memory = memory
 
     def __repr__(self) -> str:
         return f"<Quota {self.assertions}/{self.max_assertions} assertions>"
@@ -273,7 +287,8 @@ class Relay:
         self._decoder = self._new_decoder()
         self._saw_embedded = False
         # Inbound assertions: peer handle -> (target entity or None, local handle, pins, export)
-        self._in: dict[int, tuple[Entity | None, int, list[Any] | None, _Export | None]] = {}
+        # (the last: bytes charged to the memory budget)
+        self._in: dict[int, tuple[Entity | None, int, list[Any] | None, _Export | None, int]] = {}
         # Outbound assertions: local handle -> pins
         self._out: dict[int, list[Any]] = {}
         self._imports: dict[int, RemoteEntity] = {}
@@ -322,6 +337,18 @@ class Relay:
         self._retracting: list[tuple[Entity, int]] = []
         # The last assertion body encoded: (captures, body, exports it pinned).
         self._acache: tuple[Any, bytes, list[_Export]] | None = None
+        # The server's memory budget (see protocol.budget): what this relay charged it,
+        # and the peer's handles of refused assertions not yet retracted.
+        self._budget = budget = quota.memory if quota is not None else None
+        if budget is not None:
+            budget.relays += 1
+        self._held = 0
+        self._pending_out = 0  # bytes of output held for the peer, charged to the budget
+        self.refused = 0
+        """Assertions of the peer refused for the server's memory budget."""
+        self.on_refused: Callable[[int, str, Value], None] | None = None
+        """Called with ``(handle, message, detail)`` when the peer says it refused one of
+        this side's assertions (a ``<refused ...>`` packet; a client's hook)."""
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -764,9 +791,11 @@ class Relay:
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet forming a complete packet."""
+        """Bytes received but not yet applied (a packet not yet complete, and input kept
+        while reading is paused)."""
         part = self._part
-        return self._decoder.buffered + (part[2] if part is not None else 0)
+        return (self._decoder.buffered + (part[2] if part is not None else 0)
+                + len(self._pending_input))
 
     def _packet(self, v: Value) -> None:
         self.packets_in += 1
@@ -797,6 +826,13 @@ class Relay:
                             self.peer_error[0], short(detail))
                 self.wants_close = True
                 self._shutdown()
+            elif v.label == REFUSED and len(v.fields) == 3 and type(v.fields[0]) is int:
+                handle, msg, detail = v.fields
+                msg = msg if type(msg) is str else short(msg)
+                if self.on_refused is not None:
+                    self.on_refused(handle, msg, detail)
+                else:
+                    log.info("%s: the peer refused assertion %d: %s", self.name, handle, msg)
             elif log.isEnabledFor(logging.DEBUG):  # short() of a peer's value is not free
                 log.debug("%s: ignoring extension packet %s", self.name, short(v))
         elif v is False:
@@ -929,6 +965,18 @@ class Relay:
                     "assertions; try again later",
                     Symbol("server-full"),
                 )
+            size = 0
+            budget = self._budget
+            if budget is not None:
+                size = charge(a)
+                held = budget.held + size
+                if held + budget.extra + budget.output > budget.soft:  # else: admitted
+                    why = budget.admit(size, self._held, ex is not None and ex.permanent)
+                    if why is not None:
+                        self._refuse(h, why)
+                        return
+                elif held > budget.high:
+                    budget.high = held
             if type(a) is Record and a.label == OBSERVE:
                 if len(self._observing) >= self.limits.max_observers:
                     raise ProtocolError(
@@ -944,7 +992,10 @@ class Relay:
             if ex is not None:
                 ex.count += 1
             lh = fresh_handle()
-            inbound[h] = (target, lh, p, ex)
+            inbound[h] = (target, lh, p, ex, size)
+            if size:
+                self._held += size
+                budget.held += size  # type: ignore[union-attr]
             if quota is not None:
                 quota.assertions += 1
             if target is not None:
@@ -952,10 +1003,14 @@ class Relay:
         elif k == 0x52:  # R
             rec = self._in.pop(a, None) if type(a) is int else None
             if rec is None:
-                if self._strict:
+                # Once assertions were refused, their handles' retractions are expected
+                # (refused handles are not kept: they would cost what was refused).
+                if self._strict and not self.refused:
                     raise ProtocolError(f"retraction of unknown handle {short(a)}", a)
                 return
-            target, lh, p, ex2 = rec
+            target, lh, p, ex2, size = rec
+            if size:
+                self._release(size)
             if self.quota is not None:
                 self.quota.assertions -= 1
             if self._observing:
@@ -982,6 +1037,25 @@ class Relay:
                 local = self._import_wireref(wr, None)
                 if isinstance(local, Entity):
                     local.on_message(True)
+
+    def _refuse(self, h: int, why: str) -> None:
+        """Refuse the peer's new assertion under handle ``h`` (the memory budget is
+        full): tell the peer with ``<refused h message memory-full>``.  Nothing of it is
+        kept; from now on retractions of handles this relay does not know are expected
+        (the peer's of refused assertions) and ignored."""
+        self.refused += 1
+        if self.refused == 1:
+            log.warning("%s: assertion refused: %s", self.name, why)
+        self._seal()
+        self._outbox.append(refused_packet(h, why))
+        if not self._dirty:
+            self._dirty = True
+            if self.on_dirty is not None:
+                self.on_dirty(self)
+
+    def _release(self, size: int) -> None:
+        self._held -= size
+        self._budget.held -= size  # type: ignore[union-attr]
 
     # -- membranes -----------------------------------------------------------------------
 
@@ -1204,6 +1278,9 @@ class Relay:
                 ex.count += 1
                 pins.append(ex)
             self._out[handle] = pins
+            if self._budget is not None:
+                self._held += DELIVERY_OVERHEAD
+                self._budget.held += DELIVERY_OVERHEAD
             self._other_out += 1
             self._emit(proxy.oid_bytes, _HDR_A, c[1] + self._encode_int(handle))
             return
@@ -1218,6 +1295,9 @@ class Relay:
             self._pins = None
         self._acache = (value, vbody, pins[1:]) if type(value) is Sequence else None
         self._out[handle] = pins
+        if self._budget is not None:
+            self._held += DELIVERY_OVERHEAD
+            self._budget.held += DELIVERY_OVERHEAD
         self._other_out += 1
         self._emit(proxy.oid_bytes, _HDR_A, vbody + self._encode_int(handle))
 
@@ -1227,6 +1307,8 @@ class Relay:
         pins = self._out.pop(handle, None)
         if pins is None:
             return
+        if self._budget is not None:
+            self._release(DELIVERY_OVERHEAD)
         self._drop_pins(pins)
         self._other_out += 1
         self._emit(proxy.oid_bytes, _HDR_R, self._encode_int(handle))
@@ -1319,10 +1401,44 @@ class Relay:
         frags = self._frags
         if frags:
             frags.append(_B_END)
-            self._outbox.append(b"".join(frags))
+            packet = b"".join(frags)
+            self._outbox.append(packet)
             frags.clear()
             self._frag_size = 0
             self.packets_out += 1
+            if self._budget is not None:
+                # Thrice: the packet, and two copies on its way to the socket (the
+                # packets joined, then the transport's buffer) until the host writes it.
+                self._charge_output(3 * len(packet))
+
+    def _charge_output(self, n: int) -> None:
+        """Output for the peer is held too, from when it is encoded until the host says
+        it is sent (:meth:`output_held`): past the memory budget and its output reserve
+        (a new observer matching much, say), the connection is closed rather than the
+        burst built."""
+        b = self._budget
+        assert b is not None
+        self._pending_out += n
+        b.output += n
+        if b.output_over() and not self.closed and self._pending_out > (b.limit >> 6):
+            n = self._pending_out
+            self._outbox.clear()
+            self._frags.clear()
+            self._frag_size = 0
+            self.output_held(0)
+            self.fail(f"the server's memory budget ({b.option} {format_bytes(b.limit)}) is "
+                      f"full: the {format_bytes(n // 3)} to send to this connection would "
+                      f"pass it; observe narrower patterns, or ask the operator to raise "
+                      f"{b.option}", MEMORY_FULL)
+
+    def output_held(self, n: int) -> None:
+        """The host still holds ``n`` bytes of output for the peer (after writing what
+        :meth:`take_packets` gave it, or as it drains): the memory budget's charge for
+        this relay's output becomes that (no-op without a budget)."""
+        b = self._budget
+        if b is not None:
+            b.output += n - self._pending_out
+            self._pending_out = n
 
     def take_packets(self) -> list[bytes]:
         """Every pending packet, encoded (the current Turn is finished first)."""
@@ -1363,6 +1479,7 @@ class Relay:
         self._shutdown()
         self._frags.clear()
         self._outbox.clear()
+        self.output_held(0)
 
     def _shutdown(self) -> None:
         if self.closed:
@@ -1374,6 +1491,11 @@ class Relay:
         self._in = {}
         if self.quota is not None:
             self.quota.assertions -= len(inbound)
+        budget = self._budget
+        if budget is not None:
+            budget.held -= self._held
+            budget.relays -= 1
+            self._held = 0
         self._imports.clear()
         self._exports.clear()
         self._export_by_obj.clear()
@@ -1383,7 +1505,8 @@ class Relay:
             # The peer's observers go first: retracting its other assertions then
             # costs nothing at them.  Kept in reverse, so each step pops from the end.
             first = [inbound.pop(h) for h in self._observing if h in inbound]
-            targets = [(t, lh) for t, lh, _p, _e in (*inbound.values(), *first) if t is not None]
+            targets = [(t, lh) for t, lh, _p, _e, _s in (*inbound.values(), *first)
+                       if t is not None]
             self._observing = set()
             self._retracting = targets
             self._retract_step()

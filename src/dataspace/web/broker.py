@@ -62,7 +62,8 @@ def _limits(server: Any) -> dict[str, Any]:
         "max_connections_per_address": cfg.per_address_limit(),
         "connect_rate": cfg.connect_rate,
         "max_total_assertions": cfg.max_total_assertions,
-        "max_buffered": cfg.max_buffered,
+        "max_memory": server.memory.limit if server.memory is not None else 0,
+        "max_buffered": cfg.buffered_limit(),
         "max_turn_events": cfg.max_turn_events,
         "idle_timeout": cfg.idle_timeout,
         "max_packet_size": rl.max_packet_size,
@@ -132,6 +133,7 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
         "slow_consumers_closed": server.errors["slow_consumer"],
         "buffered": server.hub.buffered if server.hub is not None else 0,
         "memory_rss": rss_bytes(),
+        "memory_budget": server.memory_stats(),
         "limits": _limits(server),
     }
     if access.admin:

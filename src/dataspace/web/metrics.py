@@ -111,6 +111,14 @@ class ServerCollector(Collector):
         yield _gauge("dataspace_buffered_bytes",
                      "Bytes queued to all connections beyond their sockets.",
                      server.hub.buffered if server.hub is not None else 0)
+        mem = server.memory_stats()
+        yield _gauge("dataspace_memory_budget_bytes",
+                     "The memory budget for what clients make the server hold (max-memory; "
+                     "0 = off).", mem["limit"])
+        yield _gauge("dataspace_memory_held_bytes",
+                     "Bytes held for clients, as the memory budget counts them.", mem["used"])
+        yield _counter("dataspace_memory_refusals_total",
+                       "Assertions refused because the memory budget was full.", mem["refused"])
         gate = server.sync_gate
         yield _counter("dataspace_syncs_held_total",
                        "Syncs whose answer waited until what came before was durable.",

@@ -334,6 +334,12 @@ class ScryGateway:
         if self.watch is not None:
             await self.watch.close()
 
+    def held_bytes(self) -> int:
+        """What remote readers make the server hold, for its memory budget: the cache of
+        recent entries, and about 16 KiB per waiting request (its task, request and
+        response)."""
+        return self._cache_size + (self.active << 14)
+
     def stats(self) -> dict[str, Any]:
         """Counters for monitoring: requests by outcome, entries sent, cache use."""
         return {
@@ -646,12 +652,18 @@ def setup(app: web.Application, ctx: WebContext) -> None:
     """
     gw = ScryGateway(ctx, ctx.settings.get("scry_limits"))
     app[SCRY] = gw
+    # Counted in the server's memory budget (--max-memory), if it has one.
+    sources = getattr(ctx.server, "memory_sources", None)
 
     async def on_startup(app: web.Application) -> None:
         await gw.start()
+        if sources is not None:
+            sources.append(gw.held_bytes)
 
     async def on_shutdown(app: web.Application) -> None:
         await gw.close()
+        if sources is not None and gw.held_bytes in sources:
+            sources.remove(gw.held_bytes)
 
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)

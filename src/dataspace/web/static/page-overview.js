@@ -27,6 +27,7 @@ const COUNTERS = [
   { key: "bytes_out", label: "bytes out / s", rate: true, bytes: true },
   { key: "memory_rss", label: "memory (RSS)", bytes: true },
   { key: "buffered", label: "buffered output", bytes: true },
+  { key: "memory_held", label: "held for clients", bytes: true },
   { key: "errors_total", label: "errors (total)" },
   { key: "slow_consumers_closed", label: "slow consumers closed" },
 ];
@@ -42,6 +43,8 @@ export function pageOverview() {
     let s;
     try { s = await api("/api/server"); } catch (e) { info.replaceChildren(errorBox(e)); return; }
     s.errors_total = Object.values(s.errors || {}).reduce((a, b) => a + b, 0);
+    const mb = s.memory_budget;  // the memory budget (--max-memory), if the server has one
+    s.memory_held = mb && mb.limit ? mb.used : null;
     for (const c of COUNTERS) {
       let v = s[c.key];
       if (c.rate) v = prev && s[c.key] != null ? Math.max(0, (s[c.key] - prev[c.key]) / Math.max(0.001, s.now - prev.now)) : null;
@@ -66,6 +69,7 @@ export function pageOverview() {
       ["connections accepted / refused", s.connections_accepted + " / " + s.connections_refused],
       ["links", s.links ? `${s.links.connected} of ${s.links.count} connected` : null],
       ["syncs held", s.syncs_held],
+      ["memory budget", mb ? (mb.limit ? `${fmtBytes(mb.used)} of ${fmtBytes(mb.limit)} held; ${fmtNum(mb.refused)} assertions refused` : "off") : null],
     ].filter(([, v]) => v != null && v !== "");
     const dsRows = Object.entries(s.dataspaces || {}).map(([name, d]) => ({ name, ...d }));
     const errs = Object.entries(s.errors || {}).map(([kind, n]) => ({ kind, n }));
