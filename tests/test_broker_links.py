@@ -385,8 +385,11 @@ async def test_the_issue_x_y_z_a_refused_link_disturbs_nothing(tmp_path):
         await oy.until(lambda c: ("z",) in c.present)
         rows, text = await link_status(z)
         states = {r["link"]: r["state"] for r in rows}
-        assert states == {winner.address: "up", loser.address: "refused"}, rows
-        (bad,) = [r for r in rows if r["state"] == "refused"]
+        # On a slow machine the refused link's first retry (30-60 s later) may be under
+        # way ("checking"): it still shows why it was refused.
+        assert states[winner.address] == "up" and states[loser.address] in (
+            "refused", "checking"), rows
+        (bad,) = [r for r in rows if r["link"] == loser.address]
         assert bad["refused"].startswith("this link would close a cycle: ")
         assert "refused" in text and "would close a cycle" in text
         lrows, _ = await link_status(loser)

@@ -61,7 +61,7 @@ from ..protocol.cluster import (
     route_oid,
 )
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings, Gatekeeper
-from ..protocol.relay import Relay
+from ..protocol.relay import Quota, Relay
 from ..protocol.sturdy import mint
 from ..values import Embedded, Record, Symbol, Value, stringify
 from .link import LINK_FLOW, LINK_RELAY_LIMITS, LinkHub, LinkSession
@@ -245,6 +245,9 @@ class Cluster:
         self.turn = turn
         self.ssl_server = ssl_server
         self.ssl_client = ssl_client
+        self.quota: Quota | None = None
+        """What routes' relays charge what other members assert here to (the server's
+        memory budget); None: nothing is charged."""
         self.rng = rng or random.Random()
         self.me = hub.server_id
         self.name = spec.name
@@ -317,7 +320,8 @@ class Cluster:
     # -- the cluster port ----------------------------------------------------------------
 
     def _session(self, conn: Connection) -> Relay:
-        relay = Relay(limits=LINK_RELAY_LIMITS, name=f"route:{conn.name}", turn=self.turn)
+        relay = Relay(limits=LINK_RELAY_LIMITS, name=f"route:{conn.name}", turn=self.turn,
+                      quota=self.quota)
         relay.export_at(0, Gatekeeper(self.bindings, on_rejected=relay.fail))
         if (self._closing or len(self.connections) >= MAX_ROUTE_CONNECTIONS
                 or len(self._handshaking) >= MAX_HANDSHAKES):
@@ -443,7 +447,8 @@ class Cluster:
         loop = asyncio.get_running_loop()
 
         def session(conn: Connection) -> Relay:
-            return Relay(limits=LINK_RELAY_LIMITS, name=f"route:{address}", turn=self.turn)
+            return Relay(limits=LINK_RELAY_LIMITS, name=f"route:{address}", turn=self.turn,
+                         quota=self.quota)
 
         try:
             _t, conn = await asyncio.wait_for(loop.create_connection(

@@ -965,6 +965,8 @@ class LinkHub:
                 row["peer_address"] = d.current
             if s is not None and not s.closed:
                 row.update(s.status())
+                if d.refused and "refused" not in row:  # checked again, refused last time
+                    row["refused"] = d.refused
             else:
                 row.update({"connected": False, "attempts": d.attempts,
                             "state": "refused" if d.refused else "connecting",

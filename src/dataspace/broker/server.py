@@ -446,6 +446,8 @@ class Server:
         ssl_server, ssl_client = self.config.route_tls()
         self.cluster = Cluster(self.links["root"], spec, self.hub, turn=self._turn,
                                ssl_server=ssl_server, ssl_client=ssl_client)
+        if self.memory is not None:  # what other members assert here is held for clients
+            self.cluster.quota = Quota(sys.maxsize, self.memory)
         try:
             await self.cluster.start()
         except OSError as e:
