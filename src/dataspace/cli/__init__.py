@@ -21,6 +21,7 @@ import sys
 from .. import __version__
 from .._build import BUILD
 from .._interrupt import interrupted_early as _interrupted_early
+from ._parser import Parser
 
 ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
          "stream", "scry", "pipeline", "demo"]  # module names
@@ -51,7 +52,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dataspace",
         description="A dataspace broker and toolkit: shared live state, events and "
         "exactly-once pipelines over Preserves values.",
