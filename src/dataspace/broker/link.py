@@ -1174,6 +1174,8 @@ class LinkDialer:
 def write_status_file(path: Path, hubs: list[LinkHub]) -> None:
     rows = [row for h in hubs for row in h.status()]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"time": time.time(), "links": rows}, indent=1, default=str),
-                   encoding="utf-8")
+    # The pid lets `dataspace link status` tell a stopped server from a running one at once
+    # (the file stays after a server stops, and its time alone takes seconds to go stale).
+    doc = {"time": time.time(), "pid": os.getpid(), "links": rows}
+    tmp.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)
