@@ -3,9 +3,10 @@
 Every parser of the command is a :class:`Parser` (argparse gives subparsers the class of
 their parent), so these hold for every command and subcommand:
 
-* the description and epilog keep the line breaks they were written with (examples stay
-  aligned), and a line wider than the terminal -- a paragraph written as one line -- is
-  wrapped to it, keeping its indentation, rather than cut by the terminal mid-word;
+* the description and epilog keep the line breaks they were written with while they fit
+  the terminal; a paragraph wider than it (written as one line, or for a wider
+  terminal) is refilled to it, and a wide example row wraps its comment under its own
+  column, rather than the terminal cutting words anywhere;
 * an option the command does not have is reported by that command (``dataspace send:
   error: unrecognized arguments: --sever (did you mean --server?)``), with its usage,
   not by the top-level parser with the top-level usage;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -24,22 +26,64 @@ from typing import Any
 __all__ = ["HelpFormatter", "Parser"]
 
 
+_GAP = re.compile(r"\S( {3,})\S")
+"""Three spaces or more inside a line: a column layout (an example and what it does)."""
+
+_COMMAND = ("dataspace ", "$ ", "printf ", ".venv/", "python ")
+
+
+def _is_row(line: str) -> bool:
+    """A line laid out as written (an example, a table row), not prose to refill."""
+    body = line.strip()
+    return bool(_GAP.search(body)) or body.startswith(_COMMAND)
+
+
+def _wrap_row(line: str, width: int, fits: int) -> list[str]:
+    """A row wider than the terminal: what follows its last column gap (the comment) is
+    wrapped under that column; a row without one hangs under its own start."""
+    lead = line[: len(line) - len(line.lstrip())]
+    gaps = list(_GAP.finditer(line, len(lead)))
+    if gaps and gaps[-1].end(1) <= fits - 24:
+        column = gaps[-1].end(1)
+        return textwrap.wrap(line[column:], width, initial_indent=line[:column],
+                             subsequent_indent=" " * column, break_long_words=False,
+                             break_on_hyphens=False) or [line]
+    return textwrap.wrap(line.strip(), width, initial_indent=lead,
+                         subsequent_indent=lead + "    ", break_long_words=False,
+                         break_on_hyphens=False) or [line]
+
+
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs as written, lines wider than the terminal wrapped."""
+    """Descriptions and epilogs as written while they fit the terminal; a paragraph
+    wider than it is refilled, and a wide example row wraps its comment under itself."""
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        # argparse's width is the terminal's less 2: a line that fits the terminal stays.
-        fits = width + 2
+        # argparse's width is the terminal's less 2: text that fits the terminal stays.
+        fits = width + 2 - len(indent)
+        lines = text.splitlines()
         out: list[str] = []
-        for line in text.splitlines():
-            if len(indent) + len(line) <= fits or not line.strip():
-                out.append(indent + line)
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if not line.strip() or _is_row(line):
+                out.extend([line] if len(line) <= fits else _wrap_row(line, width, fits))
+                i += 1
                 continue
-            lead = indent + line[: len(line) - len(line.lstrip())]
-            out.append(textwrap.fill(line.strip(), max(width, len(lead) + 20),
-                                     initial_indent=lead, subsequent_indent=lead,
-                                     break_long_words=False, break_on_hyphens=False))
-        return "\n".join(out)
+            # A paragraph: prose lines of one indentation.
+            lead = line[: len(line) - len(line.lstrip())]
+            j = i + 1
+            while (j < len(lines) and lines[j].strip() and not _is_row(lines[j])
+                   and lines[j][: len(lines[j]) - len(lines[j].lstrip())] == lead):
+                j += 1
+            para = lines[i:j]
+            if all(len(x) <= fits for x in para):
+                out.extend(para)
+            else:
+                out.extend(textwrap.wrap(" ".join(x.strip() for x in para), width,
+                                         initial_indent=lead, subsequent_indent=lead,
+                                         break_long_words=False, break_on_hyphens=False))
+            i = j
+        return "\n".join(indent + x for x in out)
 
 
 def _guess(word: str, choices: Sequence[str]) -> str | None:

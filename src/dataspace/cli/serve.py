@@ -30,13 +30,13 @@ examples:
   dataspace serve --record 'chat:<Says $who $text>'
                                                record every <Says ...> message into stream chat
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
+                                               presence messages, assertions and retractions
   dataspace serve --record 'chat:<Says $who $text>' --store postgresql://app@db.example/app
                                                record into a PostgreSQL store
   dataspace serve --http 127.0.0.1:7480        the web inspector on http://127.0.0.1:7480/, metrics
                                                and JSON endpoints (`dataspace top`)
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
                                                share the root dataspace with another server
-                                               presence messages, assertions and retractions
   dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT} --tls-cert server.crt --tls-key server.key
                                                TLS for every client (they connect to
                                                tls://HOST:{DEFAULT_PORT}; SIGHUP reloads the files)
