@@ -1000,6 +1000,23 @@ class _DialData(Entity):
         self.on_messages = session.on_data_messages
 
 
+REPEAT_WARNING = 60.0
+"""Seconds before a link's same connection failure is warned of again."""
+
+
+def _dial_failure(e: BaseException, address: str) -> str:
+    """Why a link could not connect, in words (not ``[Errno 111] Connect call failed``)."""
+    if isinstance(e, ConnectionRefusedError):
+        return f"no server at {address} (connection refused): is the server there running?"
+    if isinstance(e, FileNotFoundError):
+        return f"no server at {address} (no such socket): is the server there running?"
+    if isinstance(e, TimeoutError) and not str(e):
+        return f"no answer from {address}"
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, ConnectionError):
+        return f"cannot connect to {address}: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
 class LinkDialer:
     """Keeps the link of one ``--link`` connected, reconnecting with backoff."""
 
@@ -1048,6 +1065,7 @@ class LinkDialer:
     async def _run(self) -> None:
         lo, hi = self.backoff
         delay = lo
+        said: tuple[str, float] | None = None  # the last failure warned of, and when
         while not self._stop.is_set():
             self.attempts += 1
             self.next_attempt = None
@@ -1055,6 +1073,7 @@ class LinkDialer:
             try:
                 await self._connect_once()
                 delay = lo
+                said = None
                 assert self.conn is not None
                 await self.conn.wait_closed()
                 reason = self.conn.close_reason
@@ -1068,11 +1087,21 @@ class LinkDialer:
                     log.warning("link %s: connection lost (%s); reconnecting",
                                 self.spec.address, reason)
             except (OSError, ConnectionError, TimeoutError) as e:
-                msg = str(e) or type(e).__name__
+                msg = _dial_failure(e, self.spec.address)
                 self.hub.last_error[self.spec.address] = msg
                 wait = delay * (0.5 + self._rng.random())
                 delay = min(hi, delay * 2)
-                log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
+                # The same failure again (a peer that stays down, a CA that stays wrong)
+                # is a warning once a minute, not at every attempt (every 10 s); the
+                # attempts between are said at info level (-v).
+                now = time.monotonic()
+                if said is None or said[0] != msg or now - said[1] >= REPEAT_WARNING:
+                    again = f" (attempt {self.attempts})" if said is not None else ""
+                    log.warning("link %s: %s; retrying in %.1f s%s", self.spec.address, msg,
+                                wait, again)
+                    said = (msg, now)
+                else:
+                    log.info("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
             finally:
                 s = self.session
                 self.session = None
