@@ -76,9 +76,18 @@ async def test_assert_is_reasserted_when_the_server_restarts(tmp_path):
     try:
         conn = ("--server", srv.address, "--data-dir", str(data))
         held = await cli("assert", '<Present "carol">', *conn)
-        await asyncio.wait_for(held.stderr.readline(), 20)  # type: ignore[union-attr]
+        err = held.stderr
+        assert err is not None
+        assert (await asyncio.wait_for(err.readline(), 20)).startswith(b"asserted")
+        assert (await asyncio.wait_for(err.readline(), 20)).startswith(b"dataspace assert: holding")
         await srv.stop(signal.SIGKILL)
+        # It says the assertion is gone meanwhile, and when it holds it again.
+        assert await asyncio.wait_for(err.readline(), 20) == (
+            b"dataspace assert: connection lost (the server no longer holds the assertions); "
+            b"reconnecting\n")
         await srv.start()
+        assert await asyncio.wait_for(err.readline(), 30) == (
+            b"dataspace assert: reconnected; asserted again, holding\n")
         obs = await cli("observe", "<Present $who>", "--count", "1", *conn)
         out, _ = await asyncio.wait_for(obs.communicate(), 30)
         assert out.decode().splitlines() == ['+ <Present "carol">']
