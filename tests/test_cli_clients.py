@@ -284,6 +284,16 @@ async def test_query_prints_the_matches_now_and_exits(tmp_path):
         assert [json.loads(x) for x in r.stdout.splitlines()] == [
             {"text": '<Present "alice" {since: 3}>', "values": ["alice", {"since": 3}]},
             {"text": '<Present "bob" {since: 3}>', "values": ["bob", {"since": 3}]}]
+        # A pattern with _ and no $ (`query _`, as one types `KEYS *`) prints one line for
+        # every match: said, with what lists them; a literal pattern needs no such note.
+        r = await acli("query", "<Present _ _>", *conn)
+        assert r.stdout == "<Present _ _>\n"
+        assert one_line(r) == (
+            "dataspace query: <Present _ _> captures nothing, so every match shows as that one "
+            "line; write $ where you want the values (e.g. '$v' for every assertion, "
+            "'<Present $who>')")
+        r = await acli("query", '<Present "bob" {since: 3}>', *conn)
+        assert (r.stdout, r.stderr) == ('<Present "bob" {since: 3}>\n', "")
         await peer.close()
 
 
