@@ -660,6 +660,7 @@ def test_link_status_command(tmp_path):
             out, err = await asyncio.wait_for(status.communicate(), TIMEOUT)
             doc = json.loads((Path(s["d"].data_dir) / "links.json").read_text())
             assert doc["links"][0]["connected"] is True
+            assert doc["pid"] == os.getpid()  # the server runs in this process
             return out.decode() + err.decode()
 
     text = asyncio.run(asyncio.wait_for(go(), 120))
@@ -689,6 +690,58 @@ def test_link_status_of_a_server_that_is_not_running_does_not_count_up(tmp_path)
     assert re.fullmatch(r"<- from 127\.0\.0\.1:4242  \[root\]  was refused for 10 s when the "
                         rf"server last wrote its status, {ago}, peer f3ee", lines[3]), lines
     assert lines[4] == "     refused: this link would close a cycle: f3ee already reaches 8748"
+
+
+@async_test
+async def test_a_link_that_keeps_failing_warns_once_not_at_every_attempt(tmp_path, caplog):
+    """A link whose peer stays down (or whose CA stays wrong) logged a WARNING at every
+    attempt, every 10 s for good; the same failure is now a warning once a minute, the
+    attempts between at info level."""
+    import logging
+    import socket
+
+    from dataspace.broker.link import LinkDialer, LinkSpec
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    caplog.set_level(logging.INFO, logger="dataspace.broker.link")
+    async with running_server(tmp_path / "d") as d:
+        dialer = LinkDialer(d.links["root"], LinkSpec(f"127.0.0.1:{port}", d.sturdyref), d.hub,
+                            None, backoff=(0.005, 0.01))
+        dialer.start()
+        deadline = time.monotonic() + TIMEOUT
+        while dialer.attempts < 6 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        dialer.stop()
+        await dialer.wait_stopped()
+    said = [r for r in caplog.records if r.name == "dataspace.broker.link"
+            and f"link 127.0.0.1:{port}: no server at 127.0.0.1:{port} (connection refused): "
+            "is the server there running?" in r.getMessage()]
+    assert dialer.attempts >= 6 and len(said) >= 5, said
+    assert [r.levelname for r in said] == ["WARNING"] + ["INFO"] * (len(said) - 1)
+
+
+def test_link_status_of_a_server_just_stopped_says_it_is_not_running(tmp_path):
+    """A server stopped a second ago left a fresh status file: `link status` said
+    "connected for 94 s" (and "next attempt in 8 s") until the file was 10 s old.  The
+    file names the server's process; when it has ended, the status is its last."""
+    ended = subprocess.run([PY, "-c", "import os; print(os.getpid())"], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+    now = time.time()
+    (tmp_path / "links.json").write_text(json.dumps({
+        "time": now, "pid": int(ended.stdout), "links": [
+            {"link": "127.0.0.1:7611", "direction": "out", "dataspace": "root",
+             "connected": True, "state": "up", "since": now - 94,
+             "peer_id": "874894659b9c7413", "upstreamed": 1}]}))
+    p = subprocess.run([PY, "-m", "dataspace.cli", "link", "status", "--data-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0
+    assert p.stderr.startswith(f"dataspace link: the server is not running (its process "
+                               f"{int(ended.stdout)} has ended): its links are down"), p.stderr
+    assert re.fullmatch(r"-> 127\.0\.0\.1:7611  \[root\]  was connected for 94 s when the "
+                        r"server last wrote its status, \d s ago, peer 874894659b9c7413",
+                        p.stdout.splitlines()[0]), p.stdout
 
 
 @async_test

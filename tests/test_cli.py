@@ -52,3 +52,73 @@ def test_demo_rejects_bad_arguments(capsys):
 def test_no_command_prints_help(capsys):
     assert main([]) == 2
     assert "usage: dataspace" in capsys.readouterr().out
+
+
+def _every_parser():
+    """(name, parser) for the command, every command and every subcommand."""
+    import argparse
+
+    from dataspace.cli import build_parser
+
+    todo = [("dataspace", build_parser())]
+    while todo:
+        name, parser = todo.pop()
+        yield name, parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                todo.extend((f"{name} {n}", p) for n, p in action.choices.items())
+
+
+def test_every_help_fits_an_80_column_terminal(monkeypatch):
+    """Descriptions written as one long line were cut by the terminal mid-word (the
+    observe help's first paragraph was 292 columns wide): every line of every help,
+    commands and subcommands alike, fits 80 columns, and the examples keep their layout."""
+    monkeypatch.setenv("COLUMNS", "80")
+    names = []
+    for name, parser in _every_parser():
+        names.append(name)
+        text = parser.format_help()
+        wide = [line for line in text.splitlines() if len(line) > 80]
+        assert not wide, (name, wide)
+    assert {"dataspace observe", "dataspace cap attenuate", "dataspace pipeline reset",
+            "dataspace stream rm"} <= set(names)
+    observe = dict(_every_parser())["dataspace observe"].format_help()
+    # A paragraph is wrapped (its words intact); an example line stays as written.
+    assert "Subscribe to PATTERN on a dataspace server and print every matching assertion" \
+        in observe.replace("\n", " ")
+    assert "  dataspace observe '<Says \"alice\" $text>'          alice's messages\n" in observe
+
+
+def test_a_misspelt_option_is_reported_by_its_command_with_a_guess(capsys):
+    """`send --sever x` was reported by the top-level parser ("dataspace: error:", the
+    usage of `dataspace`), with no hint of --server."""
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["send", "--sever", "127.0.0.1:7411", "<x>"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dataspace send ")
+    assert err.rstrip().splitlines()[-1] == (
+        "dataspace send: error: unrecognized arguments: --sever (did you mean --server?)")
+    with pytest.raises(SystemExit):
+        main(["scry", "follow", "--form", "start", "udp://127.0.0.1:7413/chat"])
+    assert capsys.readouterr().err.rstrip().splitlines()[-1] == (
+        "dataspace scry follow: error: unrecognized arguments: --form udp://127.0.0.1:7413/chat"
+        " (did you mean --from?)")
+    with pytest.raises(SystemExit):
+        main(["info", "--zzzzz"])
+    assert capsys.readouterr().err.rstrip().splitlines()[-1] == (
+        "dataspace info: error: unrecognized arguments: --zzzzz (see dataspace info --help)")
+
+
+def test_a_misspelt_command_gets_the_likely_one(capsys):
+    import pytest
+
+    for argv, typo, guess in ((["obsrve", "_"], "obsrve", "observe"),
+                              (["stream", "lss"], "lss", "ls"),
+                              (["cap", "attenuat", "x"], "attenuat", "attenuate")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        last = capsys.readouterr().err.rstrip().splitlines()[-1]
+        assert f"invalid choice: '{typo}': did you mean '{guess}'? (choose from" in last, last

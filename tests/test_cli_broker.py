@@ -76,9 +76,18 @@ async def test_assert_is_reasserted_when_the_server_restarts(tmp_path):
     try:
         conn = ("--server", srv.address, "--data-dir", str(data))
         held = await cli("assert", '<Present "carol">', *conn)
-        await asyncio.wait_for(held.stderr.readline(), 20)  # type: ignore[union-attr]
+        err = held.stderr
+        assert err is not None
+        assert (await asyncio.wait_for(err.readline(), 20)).startswith(b"asserted")
+        assert (await asyncio.wait_for(err.readline(), 20)).startswith(b"dataspace assert: holding")
         await srv.stop(signal.SIGKILL)
+        # It says the assertion is gone meanwhile, and when it holds it again.
+        assert await asyncio.wait_for(err.readline(), 20) == (
+            b"dataspace assert: connection lost (the server no longer holds the assertions); "
+            b"reconnecting\n")
         await srv.start()
+        assert await asyncio.wait_for(err.readline(), 30) == (
+            b"dataspace assert: reconnected; asserted again, holding\n")
         obs = await cli("observe", "<Present $who>", "--count", "1", *conn)
         out, _ = await asyncio.wait_for(obs.communicate(), 30)
         assert out.decode().splitlines() == ['+ <Present "carol">']
@@ -130,6 +139,33 @@ async def test_serve_with_a_config_file_and_a_port_in_use(tmp_path):
             await kill(p)
     finally:
         await srv.stop()
+
+
+@async_test
+async def test_a_second_server_on_one_data_directory_is_warned(tmp_path):
+    """A second `dataspace serve` with the same data directory (the default one, say, in
+    another terminal) started in silence: the two shared a capability, a server id (so a
+    link between them is refused as a link to itself) and a store.  It is said once."""
+    data = tmp_path / "data"
+    first = await ServerProcess(data).start()
+    second = ServerProcess(data)
+    try:
+        await second.start()
+        said = [x for x in second.stderr_lines if "warning" in x]
+        assert said == [f"dataspace serve: warning: another `dataspace serve` (pid "
+                        f"{first.proc.pid}) uses the data directory {data}: the two share its "
+                        "capability, its server id (a link between them is refused) and its "
+                        "stream store; give this one its own --data-dir DIR\n"], said
+        assert not any("warning" in x for x in first.stderr_lines)
+        # Once the first is gone (kill -9 included) the directory is free again.
+        await first.stop(signal.SIGKILL)
+        await second.stop()
+        third = await ServerProcess(data).start()
+        assert not any("warning" in x for x in third.stderr_lines), third.stderr_lines
+        await third.stop()
+    finally:
+        await first.stop(signal.SIGKILL)
+        await second.stop(signal.SIGKILL)
 
 
 @pytest.mark.parametrize("how", ["--store", "config"])

@@ -98,6 +98,24 @@ async def test_clients_pointed_at_an_http_port_are_told_it_speaks_http(tmp_path)
             in one_line(r)
 
 
+@async_test
+async def test_a_client_given_the_ws_port_as_host_port_is_told_it_speaks_http(tmp_path):
+    """`send --server HOST:PORT` of the broker's --ws port: the WebSocket layer waited for
+    an HTTP request line that never came and closed after 10 s ("closed the connection
+    without answering"); the listener now answers a non-HTTP first byte at once."""
+    async with running_server(tmp_path, ws=["127.0.0.1:0"]) as server:
+        ws = ws_address(server).removeprefix("ws://").rstrip("/")
+        r = await acli("send", "<x>", "--server", ws, "--data-dir", str(tmp_path / "data"))
+        assert r.returncode == 1
+        assert one_line(r).startswith(
+            f"dataspace send: {ws} is not a dataspace server: that port speaks HTTP, not the "
+            "Syndicate protocol (is it the --http port, or a --ws port?"), r.stderr
+        # The port still serves WebSocket clients.
+        r = await acli("send", "-v", "<x>", "--server", ws_address(server),
+                       "--data-dir", str(tmp_path / "data"))
+        assert (r.returncode, r.stderr) == (0, "sent <x>\n"), r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (("--max-packet-size", "10"), "--max-packet-size must be an integer from 1024 to 67108864 "
      "bytes, not 10 (1 KiB to 64 MiB: a client's first packet, its capability, must fit"),
@@ -266,6 +284,16 @@ async def test_query_prints_the_matches_now_and_exits(tmp_path):
         assert [json.loads(x) for x in r.stdout.splitlines()] == [
             {"text": '<Present "alice" {since: 3}>', "values": ["alice", {"since": 3}]},
             {"text": '<Present "bob" {since: 3}>', "values": ["bob", {"since": 3}]}]
+        # A pattern with _ and no $ (`query _`, as one types `KEYS *`) prints one line for
+        # every match: said, with what lists them; a literal pattern needs no such note.
+        r = await acli("query", "<Present _ _>", *conn)
+        assert r.stdout == "<Present _ _>\n"
+        assert one_line(r) == (
+            "dataspace query: <Present _ _> captures nothing, so every match shows as that one "
+            "line; write $ where you want the values (e.g. '$v' for every assertion, "
+            "'<Present $who>')")
+        r = await acli("query", '<Present "bob" {since: 3}>', *conn)
+        assert (r.stdout, r.stderr) == ('<Present "bob" {since: 3}>\n', "")
         await peer.close()
 
 

@@ -380,6 +380,12 @@ async def test_client_files_that_cannot_be_used(tmp_path, pki):
                                   tls_cert=str(pki.client_cert), tls_key=str(pki.key)))
         assert msg.startswith(f"the client key {pki.key} does not match the client "
                               f"certificate {pki.client_cert}")
+        # A certificate without --tls-key: say to give the key (it once said the
+        # certificate "holds no PEM private key", which reads as a broken file).
+        msg = await fails(connect(where, server.sturdyref, tls_ca=str(pki.ca),
+                                  tls_cert=str(pki.client_cert)))
+        assert msg == (f"the client certificate {pki.client_cert} comes without its key: "
+                       "give the key it was made with too (--tls-key FILE)")
         msg = await fails(connect(parse_address(where).host_port, server.sturdyref,
                                   tls_ca=str(pki.ca)))
         assert "TLS options were given for" in msg and "write tls://" in msg

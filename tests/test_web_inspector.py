@@ -614,7 +614,8 @@ def test_the_links_page_is_a_table_with_states_reasons_and_formatted_bytes(
                      "suppressed", "received", "bytes out", "bytes in"], heads
     down = pg.locator('table.links tr[data-link="127.0.0.1:1"]')
     expect(down.locator('td[data-col="state"] .badge')).to_have_text("down")
-    expect(down.locator('td[data-col="state"] .reason')).to_contain_text("Connect call failed")
+    expect(down.locator('td[data-col="state"] .reason')).to_contain_text(
+        "no server at 127.0.0.1:1 (connection refused)")
     expect(down.locator('td[data-col="state"]')).to_contain_text(re.compile(r"\d+ attempts?"))
     expect(down.locator('td[data-col="since"]')).to_have_text("\u2013")  # an en dash: nothing to say
     # Every counter, formatted, one click away; no raw JSON anywhere.
@@ -733,7 +734,7 @@ def test_every_page_fits_a_phone(serve: Any, clients: list[Proc], phone: Page) -
         "observe": ("#events", "synced:"),
         "streams?stream=chat": ("#entries", '<Says "bob"'),
         "pipelines": ('[data-graph="shout"] .run-state', "not running"),
-        "links": ("table.links", "Connect call failed"),
+        "links": ("table.links", "no server at 127.0.0.1:1"),
     }
     for path, (sel, text) in checks.items():
         pg = phone.goto(srv.url + "inspector/" + path)

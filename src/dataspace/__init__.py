@@ -10,9 +10,14 @@ send messages, record them into durable streams and run exactly-once pipelines o
 alice hi
 """
 
+# First: Ctrl-C while the `dataspace` command is still importing is one line, not a
+# traceback (only in the command's own process; see _interrupt).
+from . import _interrupt  # noqa: F401
+
+# isort: split
 from typing import TYPE_CHECKING
 
-# First: choose the compiled or the pure-Python core before any of it is imported.
+# Then: choose the compiled or the pure-Python core before any of it is imported.
 from . import _build  # noqa: F401
 from ._lazy import lazy_exports
 

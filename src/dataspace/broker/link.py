@@ -1070,6 +1070,23 @@ class _DialData(Entity):
         self.on_messages = session.on_data_messages
 
 
+REPEAT_WARNING = 60.0
+"""Seconds before a link's same connection failure is warned of again."""
+
+
+def _dial_failure(e: BaseException, address: str) -> str:
+    """Why a link could not connect, in words (not ``[Errno 111] Connect call failed``)."""
+    if isinstance(e, ConnectionRefusedError):
+        return f"no server at {address} (connection refused): is the server there running?"
+    if isinstance(e, FileNotFoundError):
+        return f"no server at {address} (no such socket): is the server there running?"
+    if isinstance(e, TimeoutError) and not str(e):
+        return f"no answer from {address}"
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, ConnectionError):
+        return f"cannot connect to {address}: {e.strerror}"
+    return str(e) or type(e).__name__
+
+
 class LinkDialer:
     """Keeps the link of one ``--link`` connected, reconnecting with backoff."""
 
@@ -1128,6 +1145,7 @@ class LinkDialer:
         delay = lo
         n = len(self.spec.addresses)
         failed = 0  # addresses that failed in a row (a round: each was tried once)
+        said: tuple[str, float] | None = None  # the last failure warned of, and when
         while not self._stop.is_set():
             self.attempts += 1
             self.next_attempt = None
@@ -1136,6 +1154,7 @@ class LinkDialer:
                 await self._connect_once()
                 delay = lo
                 failed = 0
+                said = None
                 assert self.conn is not None
                 await self.conn.wait_closed()
                 reason = self.conn.close_reason
@@ -1152,19 +1171,33 @@ class LinkDialer:
                         self._at = (self._at + 1) % n
                         wait = 0.0
             except (OSError, ConnectionError, TimeoutError) as e:
-                msg = str(e) or type(e).__name__
+                msg = _dial_failure(e, self.current)
                 if n > 1:
-                    msg = f"{self.current}: {msg}"
+                    if self.current not in msg:
+                        msg = f"{self.current}: {msg}"
                     self._at = (self._at + 1) % n
                     failed += 1
+                else:
+                    msg = _dial_failure(e, self.spec.address)
                 self.hub.last_error[self.spec.address] = msg
                 if n > 1 and failed % n:
                     wait = 0.0  # the next address of this round at once
-                    log.warning("link %s: %s; trying %s", self.spec.address, msg, self.current)
+                    log.info("link %s: %s; trying %s", self.spec.address, msg, self.current)
                 else:
                     wait = delay * (0.5 + self._rng.random())
                     delay = min(hi, delay * 2)
-                    log.warning("link %s: %s; retrying in %.1f s", self.spec.address, msg, wait)
+                    # The same failure again (a peer that stays down, a CA that stays
+                    # wrong) is a warning once a minute, not at every attempt; the
+                    # attempts between are said at info level (-v).
+                    now = time.monotonic()
+                    if said is None or said[0] != msg or now - said[1] >= REPEAT_WARNING:
+                        again = f" (attempt {self.attempts})" if said is not None else ""
+                        log.warning("link %s: %s; retrying in %.1f s%s", self.spec.address,
+                                    msg, wait, again)
+                        said = (msg, now)
+                    else:
+                        log.info("link %s: %s; retrying in %.1f s", self.spec.address, msg,
+                                 wait)
             finally:
                 s = self.session
                 self.session = None
@@ -1266,6 +1299,8 @@ class LinkDialer:
 def write_status_file(path: Path, hubs: list[LinkHub]) -> None:
     rows = [row for h in hubs for row in h.status()]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"time": time.time(), "links": rows}, indent=1, default=str),
-                   encoding="utf-8")
+    # The pid lets `dataspace link status` tell a stopped server from a running one at once
+    # (the file stays after a server stops, and its time alone takes seconds to go stale).
+    doc = {"time": time.time(), "pid": os.getpid(), "links": rows}
+    tmp.write_text(json.dumps(doc, indent=1, default=str), encoding="utf-8")
     os.replace(tmp, path)

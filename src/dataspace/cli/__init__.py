@@ -9,41 +9,19 @@ in ``--help``.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import importlib
+import logging
 import os
+import pkgutil
 import signal
 import sys
 
-
-def _interrupted_early(signum: int, frame: object) -> None:
-    os.write(2, b"dataspace: interrupted\n")
-    os._exit(130)
-
-
-def _is_the_command() -> bool:
-    """Whether this process is the ``dataspace`` command (its console script, ``python -m
-    dataspace[.cli]``), not a program that imports the package."""
-    argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
-    if len(argv) > 2 and argv[1] == "-m":
-        return argv[2] in ("dataspace", "dataspace.cli")
-    return len(argv) > 1 and os.path.basename(argv[1]) == "dataspace"
-
-
-# Ctrl-C while the command's own modules still import (before main() takes it): one line
-# and exit 130, not a KeyboardInterrupt traceback from deep in an import.
-if _is_the_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    try:
-        signal.signal(signal.SIGINT, _interrupted_early)
-    except ValueError:  # not the main thread
-        pass
-
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import importlib  # noqa: E402
-import logging  # noqa: E402
-import pkgutil  # noqa: E402
-
-from .. import __version__  # noqa: E402
-from .._build import BUILD  # noqa: E402
+from .. import __version__
+from .._build import BUILD
+from .._interrupt import interrupted_early as _interrupted_early
+from ._parser import Parser
 
 ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
          "cluster", "stream", "scry", "pipeline", "demo"]  # module names
@@ -74,7 +52,7 @@ examples:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dataspace",
         description="A dataspace broker and toolkit: shared live state, events and "
         "exactly-once pipelines over Preserves values.",

@@ -84,6 +84,13 @@ async def _assert(args: argparse.Namespace, vals: list[Any]) -> int:
         await ds.close()
         return 1
     print("dataspace assert: holding; Ctrl-C retracts and exits", file=sys.stderr, flush=True)
+    # While the connection is down the server holds nothing of ours: say so, as observe
+    # does, rather than "holding" through it in silence.
+    ds.on_disconnect.append(lambda: print(
+        "dataspace assert: connection lost (the server no longer holds the assertions); "
+        "reconnecting", file=sys.stderr, flush=True))
+    ds.on_reconnect.append(lambda: print(
+        "dataspace assert: reconnected; asserted again, holding", file=sys.stderr, flush=True))
     ended = asyncio.ensure_future(ds.wait_closed())
     waiter = asyncio.ensure_future(stop.wait())
     await asyncio.wait({ended, waiter}, timeout=args.duration, return_when=asyncio.FIRST_COMPLETED)

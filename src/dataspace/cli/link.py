@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -77,6 +78,21 @@ def _state_line(r: dict[str, Any], written: float, running: bool) -> str:
     return f"not connected (attempts: {r.get('attempts', 0)}){retry}"
 
 
+def _alive(pid: object) -> bool:
+    """Whether the server process that wrote the status still runs (True when the file
+    names none: an older server's).  The status file is in the server's own data
+    directory, so its pid is of this machine."""
+    if not isinstance(pid, int) or pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it exists
+        return True
+    return True
+
+
 def run_status(args: argparse.Namespace) -> int:
     data_dir = resolve_data_dir(args.data_dir, create=False)
     path = data_dir / STATUS_FILE
@@ -94,11 +110,13 @@ def run_status(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     written = float(doc.get("time", 0))
-    running = time.time() - written <= STALE
+    gone = not _alive(doc.get("pid"))
+    running = time.time() - written <= STALE and not gone
     if not running:
-        print(f"dataspace link: {path} was written {_age(written)} ago: the server "
-              "is not running (its links are down); what follows is its last status",
-              file=sys.stderr)
+        why = (f"its process {doc['pid']} has ended" if gone
+               else f"{path} was written {_age(written)} ago")
+        print(f"dataspace link: the server is not running ({why}): its links are down; "
+              f"what follows is its last status, written {_age(written)} ago", file=sys.stderr)
     rows = doc.get("links", [])
     if not rows:
         print("no links")

@@ -194,6 +194,11 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
+def _count(n: int, one: str) -> str:
+    """``1 processor``, ``4 processors``."""
+    return f"{n:,} {one if n == 1 else one + 's'}"
+
+
 def format_progress(stats: list[ProcStats], rate: float | None = None,
                     dt: float | None = 0.0) -> str:
     """One line: per processor messages in/out (errors), lag per input, what it is doing
@@ -275,7 +280,7 @@ def run_check(args: argparse.Namespace) -> int:
                 check_sources(g, store)
         except (EngineError, StoreError, OSError, ValueError) as e:
             return _fail(str(e))
-    print(f"{args.graph}: graph {g.name!r} is valid: {len(g.processors)} processors, "
+    print(f"{args.graph}: graph {g.name!r} is valid: {_count(len(g.processors), 'processor')}, "
           f"{len(g.streams())} streams")
     for p in g.order():
         outs = ", ".join(p.outputs) or "(side effects)"
@@ -407,8 +412,9 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
             where = f"engine {args.engine}"
             if spark:
                 where += f" on {engine.spark.sparkContext.master}"  # type: ignore[attr-defined]
-            live.echo(f"dataspace pipeline: running graph {g.name!r} ({len(g.processors)} "
-                      f"processors, {args.guarantee}, {where}, store {store.display})"
+            live.echo(f"dataspace pipeline: running graph {g.name!r} "
+                      f"({_count(len(g.processors), 'processor')}, {args.guarantee}, {where}, "
+                      f"store {store.display})"
                       + (f"; retrying the interrupted steps of {', '.join(retried)}" if retried else ""))
             if spark and getattr(engine, "read_on", "executor") == "driver":
                 live.echo(f"dataspace pipeline: the driver does all the reading: the executors of "
@@ -497,7 +503,8 @@ def run_status(args: argparse.Namespace) -> int:
             if line:
                 print(f"      {line}")
         if g.error_stream:
-            print(f"  error stream {g.error_stream}: {_n(nexts.get(g.error_stream, 0))} records")
+            print(f"  error stream {g.error_stream}: "
+                  f"{_count(nexts.get(g.error_stream, 0), 'record')}")
     except StoreError as e:
         return _fail(str(e))
     finally:

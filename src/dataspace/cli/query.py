@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from ..pattern import Pattern, PatternError, parse_pattern
+from ..pattern import Arr, Dict, Discard, Pattern, PatternError, Rec, parse_pattern
 from ._client import CONNECTION_HELP, add_connection_args, check_subscription, open_dataspace
 from .observe import event_line
 
@@ -84,4 +84,20 @@ async def _query(args: argparse.Namespace, pattern: Pattern) -> int:
     out.flush()
     if not matches:
         print(f"dataspace query: no assertion matches {pattern}", file=sys.stderr)
+    elif not pattern.binding_names() and _has_discard(pattern):
+        # `query _` (as one types `KEYS *`) printed a lone "_": say why, and what lists.
+        print(f"dataspace query: {pattern} captures nothing, so every match shows as that one "
+              "line; write $ where you want the values (e.g. '$v' for every assertion, "
+              "'<Present $who>')", file=sys.stderr)
     return 0
+
+
+def _has_discard(p: Pattern) -> bool:
+    """Whether ``p`` has a ``_`` somewhere (assertions differing there show as one)."""
+    if isinstance(p, Discard):
+        return True
+    if isinstance(p, (Rec, Arr)):
+        return any(_has_discard(q) for _i, q in (p.fields if isinstance(p, Rec) else p.items))
+    if isinstance(p, Dict):
+        return any(_has_discard(q) for _k, q in p.entries)
+    return False

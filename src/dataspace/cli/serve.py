@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import signal
 import sys
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from ..broker.config import ConfigError, ServerConfig, load_config, parse_size
 from ..broker.server import Server, listen_error
@@ -30,13 +34,13 @@ examples:
   dataspace serve --record 'chat:<Says $who $text>'
                                                record every <Says ...> message into stream chat
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
+                                               presence messages, assertions and retractions
   dataspace serve --record 'chat:<Says $who $text>' --store postgresql://app@db.example/app
                                                record into a PostgreSQL store
   dataspace serve --http 127.0.0.1:7480        the web inspector on http://127.0.0.1:7480/, metrics
                                                and JSON endpoints (`dataspace top`)
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
                                                share the root dataspace with another server
-                                               presence messages, assertions and retractions
   dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT} --tls-cert server.crt --tls-key server.key
                                                TLS for every client (they connect to
                                                tls://HOST:{DEFAULT_PORT}; SIGHUP reloads the files)
@@ -315,6 +319,38 @@ def _say_reloaded(server: Server, info: CertInfo | None, why: str) -> None:
           "new connections get it", file=sys.stderr, flush=True)
 
 
+LOCK_FILE = "serve.lock"
+"""In the data directory: locked (and holding the pid) while a server uses it."""
+
+
+def _claim(data_dir: Path) -> IO[str] | None:
+    """Lock the data directory for this server (released when the process ends, however
+    it ends).  A directory another running server holds is said once: the two would
+    share its capability, its server id (links between them are refused as links of a
+    server to itself) and its stream store.  A warning, not a refusal."""
+    try:
+        f = open(data_dir / LOCK_FILE, "a+", encoding="utf-8")  # held open: the lock
+    except OSError:
+        return None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        pid = f.read().strip()
+        f.close()
+        who = f"another `dataspace serve` (pid {pid})" if pid.isdigit() else \
+            "another `dataspace serve`"
+        print(f"dataspace serve: warning: {who} uses the data directory {data_dir}: the two "
+              "share its capability, its server id (a link between them is refused) and its "
+              "stream store; give this one its own --data-dir DIR", file=sys.stderr,
+              flush=True)
+        return None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
 async def _serve(cfg: ServerConfig) -> int:
     # Everything that can fail on the data directory's contents is checked before the
     # server listens or prints its sturdyref: a damaged stream store is one line and a
@@ -336,6 +372,12 @@ async def _serve(cfg: ServerConfig) -> int:
             store.close()
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
+    with contextlib.closing(_claim(data_dir) or open(os.devnull, encoding="utf-8")):
+        return await _run(cfg, server, store, specs)
+
+
+async def _run(cfg: ServerConfig, server: Server, store: Store | None,
+               specs: list[RecorderSpec]) -> int:
     stop = stop_event()
     started = False
     recorders: list[Any] = []

@@ -259,9 +259,13 @@ def _load_chain(ctx: ssl.SSLContext, cert: str, key: str | None, role: str) -> N
     key_path = key or cert
     key_pem = _read(key_path, f"{role} key")
     if b"PRIVATE KEY-----" not in key_pem:
-        where = f"the {role} key {key_path}" if key else f"the {role} certificate {cert}"
-        raise TLSConfigError(f"{where} holds no PEM private key (-----BEGIN PRIVATE "
-                             "KEY-----): give the key the certificate was made with")
+        if key:
+            raise TLSConfigError(f"the {role} key {key_path} holds no PEM private key "
+                                 "(-----BEGIN PRIVATE KEY-----): give the key the "
+                                 "certificate was made with")
+        # Only a certificate was named (it may hold its key too: it does not).
+        raise TLSConfigError(f"the {role} certificate {cert} comes without its key: give "
+                             "the key it was made with too (--tls-key FILE)")
     if b"ENCRYPTED" in key_pem:
         raise TLSConfigError(f"the {role} key {key_path} is encrypted with a passphrase: "
                              "decrypt it (openssl pkey -in KEY -out plain.key) and keep the "

@@ -162,6 +162,34 @@ class WebSocketConnection(Connection):
             await self._idle.wait()
 
 
+_NOT_HTTP_BODY = b"this is a WebSocket port of a dataspace server: connect to ws://HOST:PORT/\n"
+NOT_HTTP_RESPONSE = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s" % (len(_NOT_HTTP_BODY), _NOT_HTTP_BODY))
+"""What a WebSocket listener answers to a peer whose first byte cannot start an HTTP
+request: a client of the Syndicate protocol over TCP, or TLS to a ``ws`` listener.  The
+WebSocket layer would wait for the end of a request line that never comes (10 s); this
+way the client learns at once that the port speaks HTTP (see :mod:`.sniff`)."""
+
+
+class _ServerConnection(ServerConnection):
+    """The WebSocket layer's connection, answering at once a peer that does not speak HTTP."""
+
+    _first = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._first and data:
+            self._first = False
+            # Every HTTP request starts with its method, ASCII letters (GET).
+            if not data[:1].isalpha():
+                log.info("ws: a peer sent %r first, not an HTTP request: answered 400",
+                         data[:HEAD_BYTES // 4])
+                self.transport.write(NOT_HTTP_RESPONSE)
+                self.transport.close()
+                return
+        super().data_received(data)
+
+
 async def listen_ws(
     host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory, max_packet: int,
     *, ssl: SSLContext | None = None, ssl_handshake_timeout: float | None = None,
@@ -198,6 +226,7 @@ async def listen_ws(
         ping_interval=ping,
         ping_timeout=ping,
         write_limit=flow.write_buffer,
+        create_connection=_ServerConnection,
     )
 
 

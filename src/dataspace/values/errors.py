@@ -67,7 +67,9 @@ class ParseError(PreservesError):
         column: int | None = None,
         reason: str | None = None,
     ) -> None:
-        super().__init__(message, position)
+        # A message that says its line and column does not say its offset too.
+        super().__init__(message, position if line is None else None)
+        self.position = position
         self.line = line
         self.column = column
         self.reason = message if reason is None else reason
