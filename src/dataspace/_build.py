@@ -42,6 +42,11 @@ COMPILED_MODULES: tuple[str, ...] = (
     "dataspace.values.model",
     "dataspace.values.binary",
     "dataspace.pattern",
+    "dataspace.index",
+    "dataspace.dataspace",
+    "dataspace.protocol.wire",
+    "dataspace.protocol.route",
+    "dataspace.protocol.relay",
 )
 
 GROUP = "dataspace_core"

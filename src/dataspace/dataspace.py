@@ -36,10 +36,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NewType
+
+from mypy_extensions import mypyc_attr
 
 from .index import Index
 from .pattern import Pattern, PatternError, as_pattern, from_preserves, to_preserves
@@ -122,6 +123,7 @@ class Encoded:
         return f"Encoded({self.encodings()!r})"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Entity:
     """Something assertions and messages can be delivered to (Syndicate's entity).
 
@@ -138,15 +140,16 @@ class Entity:
     def on_message(self, value: Value) -> None:
         """``value`` was sent to this entity."""
 
-    send_body: Callable[[bytes], None] | None = None
-    """Optional: when set, ``send_body(body)`` delivers a message given by its canonical
-    encoding ``body`` (a relay's proxy for a peer's object: the bytes go out as they are).
-    A dataspace's message router delivers to such observers without decoding."""
-
-    on_messages: Callable[[list[Value]], None] | None = None
-    """Optional: when set, a relay hands it the messages of one incoming packet that are
-    all to this entity, at once and in order, instead of calling :meth:`on_message` for
-    each (a link's data entity: its peer's packets are long runs of messages)."""
+    # Optional, looked up by name (``getattr``) where they matter, so a subclass defines
+    # them as methods or sets them as attributes:
+    #
+    # ``send_body(body)`` delivers a message given by its canonical encoding ``body`` (a
+    # relay's proxy for a peer's object: the bytes go out as they are); a dataspace's
+    # message router delivers to such observers without decoding.
+    #
+    # ``on_messages(values)``: a relay hands it the messages of one incoming packet that
+    # are all to this entity, at once and in order, instead of calling :meth:`on_message`
+    # for each (a link's data entity: its peer's packets are long runs of messages).
 
 
 Handle = NewType("Handle", int)
@@ -259,9 +262,9 @@ class _EntityObserver:
             self.handles[value] = h
             self.entity.on_assert(value, h)
         elif event == "-":
-            h = self.handles.pop(value, None)
-            if h is not None:
-                self.entity.on_retract(h)
+            gone = self.handles.pop(value, None)
+            if gone is not None:
+                self.entity.on_retract(gone)
         else:
             self.entity.on_message(value)
 
@@ -270,7 +273,7 @@ class _EntityObserver:
         the entity has ``send_body``."""
         if self.live:
             self.delivered += 1
-            send = self.entity.send_body
+            send = getattr(self.entity, "send_body", None)
             if send is not None:
                 send(body)
 
@@ -291,6 +294,7 @@ class _EntityObserver:
         return held
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class _DataspaceBase:
     """What the in-process :class:`Dataspace` and the remote client share: live handles
     and their values, turns (collected, applied as their net effect, undone if they
@@ -319,7 +323,22 @@ class _DataspaceBase:
     def _after_turn(self) -> None:
         pass
 
-    def retract(self, handle: Handle) -> bool:
+    def assert_(self, value: Value) -> Handle:
+        raise NotImplementedError
+
+    def retract(self, handle: Any) -> bool:
+        raise NotImplementedError
+
+    def send(self, value: Value) -> None:
+        raise NotImplementedError
+
+    def observe(
+        self,
+        pattern: Pattern | str | Value,
+        on_assert: Callable[..., Any] | None = None,
+        on_retract: Callable[..., Any] | None = None,
+        on_message: Callable[..., Any] | None = None,
+    ) -> Any:
         raise NotImplementedError
 
     def value_of(self, handle: Handle) -> Value | None:
@@ -336,10 +355,14 @@ class _DataspaceBase:
             self._owner[h] = facet
         return h
 
-    def _drop_handle(self, handle: Handle) -> Any:
+    def _drop_handle(self, handle: Any) -> Any:
         """Forget a live handle; its value, or _MISSING if it was not live."""
-        value = self._values.pop(handle, _MISSING)
-        if value is not _MISSING and self._owner:
+        values = self._values
+        value = values.get(handle, _MISSING)
+        if value is _MISSING:
+            return value
+        del values[handle]
+        if self._owner:
             facet = self._owner.pop(handle, None)
             if facet is not None:
                 facet.handles.discard(handle)
@@ -389,7 +412,8 @@ class _DataspaceBase:
         self._apply(added, removed, messages)
 
     def _undo(self, actions: list[tuple[str, Any, Any]]) -> None:
-        for kind, h, v in reversed(actions):
+        for i in range(len(actions) - 1, -1, -1):
+            kind, h, v = actions[i]
             if kind == "a":
                 self._values.pop(h, None)
                 facet = self._owner.pop(h, None)
@@ -575,8 +599,8 @@ class Dataspace(_DataspaceBase):
     def __init__(self, name: str = "dataspace") -> None:
         self.name = name
         # Events the index produces, (event, targets, captures), dispatched in order.
-        self._queue: deque[tuple[str, tuple[Any, ...], tuple[Any, ...]]] = deque()
-        self.index = Index(sink=self._queue)  # type: ignore[arg-type]
+        self._queue: list[tuple[str, tuple[Any, ...], Any]] = []
+        self.index = Index(sink=self._queue)
         self._init_base()
         self._dispatching = False
         # Observe assertion (strict key) -> (pattern, index callback)
@@ -625,8 +649,8 @@ class Dataspace(_DataspaceBase):
             self._dispatch()
         return h
 
-    def retract(self, handle: Handle) -> bool:
-        """Retract the assertion made under ``handle``.
+    def retract(self, handle: Any) -> bool:
+        """Retract the assertion made under ``handle`` (a :data:`Handle`).
 
         Returns False (and does nothing) if it was already retracted or is not a handle
         of this dataspace.
@@ -1062,7 +1086,8 @@ class Dataspace(_DataspaceBase):
             if messages and self._tap is not None:
                 q.append(("x", (self._tap,), (_decoded(messages),)))
         except TurnTooLarge:
-            for kind, v, info in reversed(done):
+            for i in range(len(done) - 1, -1, -1):
+                kind, v, info = done[i]
                 if kind == "a":
                     self._remove(v)
                 elif kind == "r":
@@ -1077,53 +1102,69 @@ class Dataspace(_DataspaceBase):
             raise
 
     def _dispatch(self) -> None:
-        queue = self._queue
         self._dispatching = True
         try:
-            while queue:
-                event, targets, caps = queue.popleft()
-                if event == "b":  # a message's encoding to observers that take bytes
-                    for target in targets:
-                        target.deliver_body(caps)
-                    continue
-                for target in targets:
-                    if type(target) is Subscription:
-                        if not target.live:
-                            continue
-                        if event == "!":
-                            fn = target.on_message
-                        elif event == "+":
-                            fn = target.on_assert
-                        else:
-                            fn = target.on_retract
-                        if fn is None:
-                            continue
-                        # _run_callback(fn, caps, target.facet), inlined: the hottest call
-                        prev_turn, prev_facet = self._turn, self._facet
-                        turn: list[tuple[str, Any, Any]] = []
-                        self._turn = turn
-                        self._facet = target.facet
-                        try:
-                            fn(*caps)
-                        except Exception:
-                            log.exception("%s: callback %r failed; its actions are discarded",
-                                          self.name, fn)
-                            self._turn = prev_turn
-                            self._undo(turn)
-                        else:
-                            self._turn = prev_turn
-                            if turn:
-                                self._commit(turn)
-                        finally:
-                            self._turn, self._facet = prev_turn, prev_facet
-                    elif event == "x":
-                        self._run_callback(target, caps, None)
-                    elif not target.dead:
-                        self._run_callback(target.deliver, (event, caps), None)
+            while self._queue:
+                # The events queued so far, in order; what they cause goes to a fresh
+                # list (the index's sink too), dispatched after them.
+                batch = self._queue
+                fresh: list[tuple[str, tuple[Any, ...], Any]] = []
+                self._queue = fresh
+                self.index.sink = fresh
+                i = 0
+                try:
+                    for event, targets, caps in batch:
+                        i += 1
+                        self._dispatch_one(event, targets, caps)
+                except BaseException:
+                    # Keep the undelivered events, ahead of those they caused.
+                    self._queue[:0] = batch[i:]
+                    raise
         finally:
             self._dispatching = False
 
-
+    def _dispatch_one(self, event: str, targets: tuple[Any, ...], caps: Any) -> None:
+        if event == "b":  # a message's encoding to observers that take bytes
+            for target in targets:
+                target.deliver_body(caps)
+            return
+        for target in targets:
+            if type(target) is Subscription:
+                sub: Subscription = target
+                if not sub.live:
+                    continue
+                if event == "!":
+                    fn = sub.on_message
+                elif event == "+":
+                    fn = sub.on_assert
+                else:
+                    fn = sub.on_retract
+                if fn is None:
+                    continue
+                # _run_callback(fn, caps, sub.facet), inlined: the hottest call
+                prev_turn = self._turn
+                prev_facet = self._facet
+                turn: list[tuple[str, Any, Any]] = []
+                self._turn = turn
+                self._facet = sub.facet
+                try:
+                    fn(*caps)
+                except Exception:
+                    log.exception("%s: callback %r failed; its actions are discarded",
+                                  self.name, fn)
+                    self._turn = prev_turn
+                    self._undo(turn)
+                else:
+                    self._turn = prev_turn
+                    if turn:
+                        self._commit(turn)
+                finally:
+                    self._turn = prev_turn
+                    self._facet = prev_facet
+            elif event == "x":
+                self._run_callback(target, caps, None)
+            elif not target.dead:
+                self._run_callback(target.deliver, (event, caps), None)
 
 
 def _decoded(messages: Any) -> Any:
@@ -1140,12 +1181,12 @@ def _decoded(messages: Any) -> Any:
     return messages
 
 
-def _queued_cost(q: deque[Any], n: int) -> int:
+def _queued_cost(q: list[Any], n: int) -> int:
     """Deliveries in the entries queued after the first ``n``."""
-    k = len(q) - n
-    if k == 1:  # one message or one assertion: the usual case, without a generator
-        return len(q[-1][1])
-    return sum(len(e[1]) for e in itertools.islice(reversed(q), k))
+    total = 0
+    for i in range(n, len(q)):
+        total += len(q[i][1])
+    return total
 
 
 def fresh_handle() -> Handle:
@@ -1192,8 +1233,8 @@ class DataspaceEntity(Entity):
     def on_message(self, value: Value) -> None:
         self.dataspace.send(value)
 
-    def on_messages(self, values: list[Value]) -> None:  # type: ignore[override]
-        """The messages of one packet (see :attr:`Entity.on_messages`)."""
+    def on_messages(self, values: list[Value]) -> None:
+        """The messages of one packet (see :class:`Entity`)."""
         send = self.dataspace.send
         for v in values:
             send(v)

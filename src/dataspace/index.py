@@ -37,7 +37,7 @@ the index (queue the work instead -- :class:`dataspace.Dataspace` does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .pattern import (
@@ -61,48 +61,228 @@ Callback = Callable[[str, tuple[Value, ...]], Any]
 _tuple_getitem = tuple.__getitem__
 
 
+# ---------------------------------------------------------------------------------------
+# Projections: the values at a continuation's constant and check paths, and at a
+# handler's capture paths.  Made once per constant group / capture map as small objects
+# over the paths (no generated code): paths into the fields of the outermost record --
+# most patterns' -- get dedicated classes, any other path a walk over its steps.  (Compiled,
+# each is a native class and ``get`` a direct call through its method table.)
+
+
+class _Project:
+    """v -> strict key of the constant values (``()`` when none), or None if undefined."""
+
+    def get(self, v: Any) -> Any:
+        return ()
+
+
+class _HasField(_Project):
+    def __init__(self, need: int) -> None:
+        self.need = need
+
+    def get(self, v: Any) -> Any:
+        return () if self.need < len(v.fields) else None
+
+
+class _OneField(_Project):
+    def __init__(self, i0: int, need: int) -> None:
+        self.i0 = i0
+        self.need = need
+
+    def get(self, v: Any) -> Any:
+        f: tuple[Any, ...] = v.fields
+        if self.need >= len(f):
+            return None
+        c = f[self.i0]
+        t = type(c)
+        if t is str or t is Symbol or t in _PLAIN:
+            return c
+        return key(c)
+
+
+class _TwoFields(_Project):
+    def __init__(self, i0: int, i1: int, need: int) -> None:
+        self.i0 = i0
+        self.i1 = i1
+        self.need = need
+
+    def get(self, v: Any) -> Any:
+        f: tuple[Any, ...] = v.fields
+        if self.need >= len(f):
+            return None
+        return (_sk(f[self.i0]), _sk(f[self.i1]))
+
+
+class _SomeFields(_Project):
+    def __init__(self, idx: tuple[int, ...], need: int) -> None:
+        self.idx = idx
+        self.need = need
+
+    def get(self, v: Any) -> Any:
+        f: tuple[Any, ...] = v.fields
+        if self.need >= len(f):
+            return None
+        return tuple([_sk(f[i]) for i in self.idx])
+
+
+class _WalkPaths(_Project):
+    def __init__(self, consts: tuple[Any, ...], checks: tuple[Any, ...]) -> None:
+        self.consts = consts
+        self.checks = checks
+        self.single = len(consts) == 1
+
+    def get(self, v: Any) -> Any:
+        for c in self.checks:
+            if _walk(v, c) is _MISSING:
+                return None
+        out = []
+        for c in self.consts:
+            x = _walk(v, c)
+            if x is _MISSING:
+                return None
+            out.append(_sk(x))
+        if self.single:
+            return out[0]
+        return tuple(out)
+
+
+class _Captures:
+    """v -> the captures (a tuple), or None if undefined."""
+
+    def get(self, v: Any) -> tuple[Any, ...] | None:
+        return ()
+
+
+class _OneCapture(_Captures):
+    def __init__(self, i0: int) -> None:
+        self.i0 = i0
+
+    def get(self, v: Any) -> tuple[Any, ...] | None:
+        f: tuple[Any, ...] = v.fields
+        i0 = self.i0
+        if i0 >= len(f):
+            return None
+        return (f[i0],)
+
+
+class _FieldCaptures(_Captures):
+    def __init__(self, idx: tuple[int, ...], need: int) -> None:
+        self.idx = idx
+        self.need = need
+
+    def get(self, v: Any) -> tuple[Any, ...] | None:
+        f: tuple[Any, ...] = v.fields
+        if self.need >= len(f):
+            return None
+        return tuple([f[i] for i in self.idx])
+
+
+class _WalkCaptures(_Captures):
+    def __init__(self, paths: tuple[Any, ...]) -> None:
+        self.paths = paths
+
+    def get(self, v: Any) -> tuple[Any, ...] | None:
+        out = []
+        for c in self.paths:
+            x = _walk(v, c)
+            if x is _MISSING:
+                return None
+            out.append(x)
+        return tuple(out)
+
+
+class _Step:
+    """Parent value -> child value at one step of a move, or None when absent (the
+    identity: the root's move to the whole value)."""
+
+    def get(self, v: Any) -> Any:
+        return v
+
+
+class _RecStep(_Step):
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def get(self, v: Any) -> Any:
+        f: tuple[Any, ...] = v.fields
+        i = self.i
+        return f[i] if i < len(f) else None
+
+
+class _ArrStep(_Step):
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+    def get(self, v: Any) -> Any:
+        i = self.i
+        return _tuple_getitem(v, i) if i < len(v) else None
+
+
+class _DictStep(_Step):
+    def __init__(self, k: Any) -> None:
+        self.k = k
+
+    def get(self, v: Any) -> Any:
+        e = v._items.get(self.k)
+        return None if e is None else e[1]
+
+
+class _Move:
+    """One move out of a node: how far up, the step down, and the child nodes by the
+    class of what is there."""
+
+    __slots__ = ("step", "table", "up")
+
+    def __init__(self, up: int, step: _Step) -> None:
+        self.up = up
+        self.step = step
+        self.table: dict[Any, _Node] = {}
+
+
+class _CapEntry:
+    """A capture projection shared by the handlers of one node with these capture paths."""
+
+    __slots__ = ("project", "users")
+
+    def __init__(self, project: _Captures) -> None:
+        self.project = project
+        self.users = 0
+
+
 class _Node:
-    __slots__ = (
-        "cls",
-        "compiled",
-        "cont",
-        "kinds",
-        "move_key",
-        "move_list",
-        "moves",
-        "parent",
-    )
+    __slots__ = ("cls", "compiled", "cont", "kinds", "move_key", "move_list", "moves", "parent")
 
     def __init__(
-        self, parent: _Node | None, move_key: Any, cls: Any, kinds: dict[Path, str]
+        self, parent: _Node | None, move_key: Any, cls: Any, kinds: dict[Any, str]
     ) -> None:
         self.cont = _Continuation()
-        # move key -> (getter, up, {class -> node}); move_list mirrors it as a list of
-        # (up, getter, class table) for fast iteration.
-        self.moves: dict[Any, tuple[Callable[[Any], Any], int, dict[Any, _Node]]] = {}
-        self.move_list: list[tuple[int, Callable[[Any], Any], dict[Any, _Node]]] = []
+        # move key -> move; move_list mirrors its values, for fast iteration.
+        self.moves: dict[Any, _Move] = {}
+        self.move_list: list[_Move] = []
         self.parent = parent
         self.move_key = move_key
         self.cls = cls
         self.kinds = kinds
-        # capture paths -> [compiled projection, handlers using it] (shared by every leaf
-        # under this node; dropped with its last handler)
-        self.compiled: dict[Any, list[Any]] = {}
+        # capture paths -> the projection and how many handlers use it (shared by every
+        # leaf under this node; dropped with its last handler)
+        self.compiled: dict[Any, _CapEntry] = {}
 
     def rebuild_move_list(self) -> None:
-        self.move_list = [(up, get, table) for (get, up, table) in self.moves.values()]
+        self.move_list = list(self.moves.values())
 
 
 class _Continuation:
-    __slots__ = ("cache", "has_msg", "table")
+    __slots__ = ("cache", "groups", "has_msg", "table")
 
     def __init__(self) -> None:
         self.cache: dict[int, None] = {}  # ids of the assertions that reach here
         self.table: dict[Any, _ConstGroup] = {}
+        self.groups: list[_ConstGroup] = []  # table.values(), for fast iteration
         self.has_msg = False  # some handler here hears messages
 
-    def refresh_msg(self) -> None:
-        self.has_msg = any(grp.msg for grp in self.table.values())
+    def refresh(self) -> None:
+        self.groups = list(self.table.values())
+        self.has_msg = any(grp.msg for grp in self.groups)
 
 
 class _ConstGroup:
@@ -110,13 +290,12 @@ class _ConstGroup:
 
     __slots__ = ("leaves", "msg", "nhandlers", "project")
 
-    def __init__(self, project: Callable[[Value], Any]) -> None:
+    def __init__(self, project: _Project) -> None:
         self.project = project
         self.leaves: dict[Any, _Leaf] = {}
-        # What a message needs and nothing else: constant values -> flat tuple
-        # (projection, callbacks, projection, callbacks, ...) of the handlers with
-        # callbacks, so a message touches one dict and one tuple per match.
-        self.msg: dict[Any, tuple[Any, ...]] = {}
+        # What a message needs and nothing else: constant values -> the handlers of that
+        # leaf with callbacks hearing messages, so a message touches one dict per group.
+        self.msg: dict[Any, tuple[_Handler, ...]] = {}
         self.nhandlers = 0
 
 
@@ -124,9 +303,10 @@ class _Leaf:
     __slots__ = ("cache", "handlers", "hlist", "one")
 
     def __init__(self) -> None:
-        # Ids of the assertions with these constants: the first in ``one``, any more in
-        # ``cache`` (most leaves hold one assertion, and a dict costs an allocation).
-        self.one: int | None = None
+        # Ids of the assertions with these constants: the first in ``one`` (-1: none),
+        # any more in ``cache`` (most leaves hold one assertion, and a dict costs an
+        # allocation).
+        self.one = -1
         self.cache: dict[int, None] = {}
         self.handlers: dict[Any, _Handler] = {}
         self.hlist: tuple[_Handler, ...] = ()  # handlers.values(), for fast iteration
@@ -134,23 +314,29 @@ class _Leaf:
     def refresh(self, grp: _ConstGroup, ck: Any) -> None:
         """Recompute the derived tuples after a handler or callback change."""
         self.hlist = tuple(self.handlers.values())
-        flat: list[Any] = []
-        for h in self.hlist:
-            if h.mcbs:
-                flat += (h.project, h.mcbs)
-        if flat:
-            grp.msg[ck] = tuple(flat)
-        else:
-            grp.msg.pop(ck, None)
+        hearing = tuple([h for h in self.hlist if h.mcbs])
+        if hearing:
+            grp.msg[ck] = hearing
+        elif ck in grp.msg:
+            del grp.msg[ck]
+
+    def empty(self) -> bool:
+        return self.one < 0 and not self.cache and not self.handlers
 
 
-_NO = object()  # "no entry" in a handler's first-entry slot
+class _NoEntry:
+    """The type of "no entry" in a handler's first-entry slot."""
+
+    __slots__ = ()
+
+
+_NO = _NoEntry()
 
 
 class _Handler:
     __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "pattern", "project")
 
-    def __init__(self, project: Callable[[Value], Any], pattern: Pattern) -> None:
+    def __init__(self, project: _Captures, pattern: Pattern) -> None:
         self.project = project
         self.pattern = pattern  # the first pattern of this handler (all have its captures)
         # Bag of capture tuples, strict key -> captures: the first distinct entry in
@@ -158,31 +344,84 @@ class _Handler:
         # handlers only ever hold one).  A count above one is kept in ``extra``
         # (key -> count - 1), so the common case allocates nothing.
         self.k1: Any = _NO
-        self.c1: tuple[Any, ...] | None = None
+        self.c1: tuple[Any, ...] = ()
         self.bag: dict[Any, tuple[Any, ...]] = {}
         self.extra: dict[Any, int] = {}
-        self.callbacks: dict[Callback, bool] = {}  # callback -> hears messages
-        self.cbs: tuple[Callback, ...] = ()  # the callbacks, as a tuple for firing
-        self.mcbs: tuple[Callback, ...] = ()  # those that hear messages
+        self.callbacks: dict[Any, bool] = {}  # callback -> hears messages
+        self.cbs: tuple[Any, ...] = ()  # the callbacks, as a tuple for firing
+        self.mcbs: tuple[Any, ...] = ()  # those that hear messages
 
     def set_callbacks(self) -> None:
         self.cbs = tuple(self.callbacks)
-        self.mcbs = tuple(cb for cb, m in self.callbacks.items() if m)
+        self.mcbs = tuple([cb for cb, m in self.callbacks.items() if m])
 
+    def add(self, rk: Any, caps: tuple[Any, ...]) -> bool:
+        """Add one copy of ``caps`` (strict key ``rk``) to the bag; True if it was not
+        there."""
+        k1 = self.k1
+        if k1 is _NO:
+            if not self.bag:
+                self.k1 = rk
+                self.c1 = caps
+                return True
+        elif k1 == rk:
+            extra = self.extra
+            extra[rk] = extra.get(rk, 0) + 1
+            return False
+        bag = self.bag
+        n = len(bag)
+        bag.setdefault(rk, caps)  # one lookup for both
+        if len(bag) != n:
+            return True
+        extra = self.extra
+        extra[rk] = extra.get(rk, 0) + 1
+        return False
 
-# ---------------------------------------------------------------------------------------
-# Projections: the values at a continuation's constant and check paths, and at a
-# handler's capture paths.  Built once per constant group / capture map as closures over
-# the paths (no generated code): paths into the fields of the outermost record -- most
-# patterns' -- get dedicated ones, any other path a walk over its steps.
+    def remove(self, rk: Any) -> tuple[Any, ...] | None:
+        """Remove one copy of the captures whose key is ``rk``; the captures when the
+        last copy went, else None."""
+        extra = self.extra
+        if extra:
+            more = extra.get(rk)
+            if more is not None:
+                if more == 1:
+                    del extra[rk]
+                else:
+                    extra[rk] = more - 1
+                return None
+        k1 = self.k1
+        if k1 is not _NO and k1 == rk:
+            caps = self.c1
+            self.k1 = _NO
+            self.c1 = ()
+            return caps
+        bag = self.bag
+        got = bag.get(rk)
+        if got is not None:
+            del bag[rk]
+        return got
+
+    def entries(self) -> list[tuple[Any, ...]]:
+        """The distinct capture tuples held."""
+        out = list(self.bag.values())
+        if self.k1 is not _NO:
+            out.append(self.c1)
+        return out
+
 
 _REC = 0
 _ARR = 1
 _DICT = 2
-_MISSING = object()
 
 
-def _steps(kinds: dict[Path, str], path: Path) -> tuple[tuple[int, Any], ...]:
+class _Missing:
+    __slots__ = ()
+
+
+_MISSING = _Missing()
+
+
+def _steps(kinds: dict[Any, str], path: Path) -> tuple[tuple[int, Any], ...]:
     """``path`` as (kind, step) pairs: field index, element index or strict key."""
     out = []
     for i, step in enumerate(path):
@@ -217,7 +456,7 @@ def _walk(v: Any, steps: tuple[tuple[int, Any], ...]) -> Any:
     return v
 
 
-def _fields_only(kinds: dict[Path, str], paths: tuple[Path, ...]) -> list[int] | None:
+def _fields_only(kinds: dict[Any, str], paths: tuple[Path, ...]) -> list[int] | None:
     """The field indices, when every path is one field of the outermost record."""
     if kinds.get((), "") != "rec":
         return None
@@ -229,175 +468,89 @@ def _fields_only(kinds: dict[Path, str], paths: tuple[Path, ...]) -> list[int] |
     return out
 
 
-def _sk(x: Value) -> Any:
+def _sk(x: Any) -> Any:
     """The key the index uses for a constant or capture: the value itself when its Python
     equality is already strict, else its strict key."""
-    return x if type(x) in _PLAIN else key(x)
+    t = type(x)
+    if t is str or t is Symbol or t in _PLAIN:
+        return x
+    return key(x)
 
 
-def _no_constants(v: Value) -> Any:
-    return ()
+def _caps_key(caps: tuple[Any, ...]) -> Any:
+    """The strict key of a captures tuple: its one item's (:func:`_sk`), or the tuple
+    itself when every item is compared strictly already."""
+    if len(caps) == 1:
+        return _sk(caps[0])
+    for c in caps:
+        if type(c) not in _PLAIN:
+            return tuple([key(x) for x in caps])
+    return caps
+
+
+_NO_CONSTANTS = _Project()
+_NO_CAPTURES = _Captures()
 
 
 def _compile_constants(
-    kinds: dict[Path, str], const_paths: tuple[Path, ...], check_paths: tuple[Path, ...]
-) -> Callable[[Value], Any]:
-    """v -> strict key of the constant values (``()`` when none), or None if undefined."""
+    kinds: dict[Any, str], const_paths: tuple[Path, ...], check_paths: tuple[Path, ...]
+) -> _Project:
+    """The projection of a constant group (see :class:`_Project`)."""
     fields = _fields_only(kinds, const_paths + check_paths)
     if fields is not None:
         need = max(fields, default=-1)  # the record must have this field
         idx = fields[: len(const_paths)]
         if not idx:
-            if need < 0:
-                return _no_constants
-
-            def has_field(v: Any, need: int = need) -> Any:
-                return () if need < len(v.fields) else None
-
-            return has_field
+            return _NO_CONSTANTS if need < 0 else _HasField(need)
         if len(idx) == 1:
-            i0 = idx[0]
-
-            def one_field(v: Any, i0: int = i0, need: int = need) -> Any:
-                f = v.fields
-                if need >= len(f):
-                    return None
-                c = f[i0]
-                return c if type(c) in _PLAIN else key(c)
-
-            return one_field
+            return _OneField(idx[0], need)
         if len(idx) == 2:
-            i0, i1 = idx
-
-            def two_fields(v: Any, i0: int = i0, i1: int = i1, need: int = need) -> Any:
-                f = v.fields
-                if need >= len(f):
-                    return None
-                c0 = f[i0]
-                c1 = f[i1]
-                return (c0 if type(c0) in _PLAIN else key(c0),
-                        c1 if type(c1) in _PLAIN else key(c1))
-
-            return two_fields
-        tidx = tuple(idx)
-
-        def some_fields(v: Any, idx: tuple[int, ...] = tidx, need: int = need) -> Any:
-            f = v.fields
-            if need >= len(f):
-                return None
-            return tuple([_sk(f[i]) for i in idx])
-
-        return some_fields
-    consts = tuple(_steps(kinds, p) for p in const_paths)
-    checks = tuple(_steps(kinds, p) for p in check_paths)
-    single = len(consts) == 1
-
-    def walk_paths(v: Any, consts: tuple[Any, ...] = consts, checks: tuple[Any, ...] = checks,
-                   single: bool = single) -> Any:
-        for c in checks:
-            if _walk(v, c) is _MISSING:
-                return None
-        out = []
-        for c in consts:
-            x = _walk(v, c)
-            if x is _MISSING:
-                return None
-            out.append(x if type(x) in _PLAIN else key(x))
-        if single:
-            return out[0]
-        return tuple(out)
-
-    return walk_paths
+            return _TwoFields(idx[0], idx[1], need)
+        return _SomeFields(tuple(idx), need)
+    return _WalkPaths(
+        tuple([_steps(kinds, p) for p in const_paths]),
+        tuple([_steps(kinds, p) for p in check_paths]),
+    )
 
 
-def _no_captures(v: Value) -> Any:
-    return ((), ())
-
-
-def _compile_captures(kinds: dict[Path, str], capture_paths: tuple[Path, ...]) -> Callable[[Value], Any]:
-    """v -> (strict key of the captures, captures tuple), or None if undefined."""
+def _compile_captures(kinds: dict[Any, str], capture_paths: tuple[Path, ...]) -> _Captures:
+    """The projection of a handler's captures (see :class:`_Captures`)."""
     if not capture_paths:
-        return _no_captures
+        return _NO_CAPTURES
     fields = _fields_only(kinds, capture_paths)
     if fields is not None:
-        need = max(fields)
         if len(fields) == 1:
-            i0 = fields[0]
-
-            def one_capture(v: Any, i0: int = i0) -> Any:
-                f = v.fields
-                if i0 >= len(f):
-                    return None
-                c = f[i0]
-                return (c if type(c) in _PLAIN else key(c), (c,))
-
-            return one_capture
-        tidx = tuple(fields)
-
-        def field_captures(v: Any, idx: tuple[int, ...] = tidx, need: int = need) -> Any:
-            f = v.fields
-            if need >= len(f):
-                return None
-            t = tuple([f[i] for i in idx])
-            if _PLAIN.issuperset(map(type, t)):
-                return (t, t)
-            return (tuple(map(key, t)), t)
-
-        return field_captures
-    paths = tuple(_steps(kinds, p) for p in capture_paths)
-
-    def walk_captures(v: Any, paths: tuple[Any, ...] = paths) -> Any:
-        out = []
-        for c in paths:
-            x = _walk(v, c)
-            if x is _MISSING:
-                return None
-            out.append(x)
-        t = tuple(out)
-        if _PLAIN.issuperset(map(type, t)):
-            return (t, t)
-        return (tuple(map(key, t)), t)
-
-    return walk_captures
+            return _OneCapture(fields[0])
+        return _FieldCaptures(tuple(fields), max(fields))
+    return _WalkCaptures(tuple([_steps(kinds, p) for p in capture_paths]))
 
 
-def _compile_step(kind: str, step: Any) -> Callable[[Any], Any]:
+def _compile_step(kind: str, step: Any) -> _Step:
     """parent value -> child value at ``step``, or None when absent."""
     if step is None:
-        return _identity
+        return _IDENTITY
     if kind == "rec":
-        i = int(step)
-
-        def get_rec(r: Any) -> Any:
-            f = r.fields
-            return f[i] if i < len(f) else None
-
-        return get_rec
+        return _RecStep(int(step))
     if kind == "arr":
-        i = int(step)
-
-        def get_arr(s: Any) -> Any:
-            return _tuple_getitem(s, i) if i < len(s) else None
-
-        return get_arr
-    k = key(step)
-
-    def get_dict(d: Any) -> Any:
-        e = d._items.get(k)
-        return None if e is None else e[1]
-
-    return get_dict
+        return _ArrStep(int(step))
+    return _DictStep(key(step))
 
 
-def _class(v: Value) -> Any:
+_IDENTITY = _Step()
+
+
+def _class(v: Any) -> Any:
     """The key of ``v``'s class in the index's class tables: the name of a record's
-    symbol label (a str: hashed in C, its hash kept by the string; a Symbol's __hash__ is
-    Python code run at every lookup), a 1-tuple of the strict key of any other label,
-    or the sequence / dictionary sentinel; None for an atom."""
+    symbol label (a str: hashed in C, its hash kept by the string), a 1-tuple of the
+    strict key of any other label, or the sequence / dictionary sentinel; None for an
+    atom."""
     t = type(v)
     if t is Record:
         lab = v.label
-        return lab.name if type(lab) is Symbol else (key(lab),)
+        if type(lab) is Symbol:
+            name: str = lab.name
+            return name
+        return (key(lab),)
     if t is Sequence:
         return SEQUENCE_CLASS
     if t is Dictionary:
@@ -413,10 +566,6 @@ def _table_class(cls: Any) -> Any:
     if cls is SEQUENCE_CLASS or cls is DICTIONARY_CLASS:
         return cls
     return (cls,)
-
-
-def _identity(v: Any) -> Any:
-    return v
 
 
 # Generic (slow) projection, used only when a new node or group must be filled from a cache.
@@ -458,22 +607,30 @@ class Index:
     """
 
     def __init__(self, sink: list[Any] | None = None) -> None:
-        """With ``sink``, callbacks are not called: ``(event, callbacks, captures)``
-        triples are appended to ``sink`` for the owner to dispatch."""
+        """With ``sink`` (a list), callbacks are not called: ``(event, callbacks,
+        captures)`` triples are appended to it for the owner to dispatch."""
         self.sink = sink
         # strict key of each present assertion -> its id.  Every cache below is keyed by
         # the id (an int, hashed in C), so an assertion is hashed once per operation.
         # Copy counts above one live in ``extra`` (id -> count - 1).
         self.bag: dict[Any, int] = {}
         self.extra: dict[int, int] = {}
-        self.values: dict[int, Value] = {}  # id -> assertion
+        # id -> assertion: ids are slots of this list, reused once free (None), so they
+        # stay small and the table needs no hashing.
+        self._slots: list[Any] = []
+        self._free: list[int] = []
         self.root = _Node(None, None, None, {})
         self.listener: Callable[[int, Pattern, Any], Any] | None = None
         """Called as ``listener(+1, pattern, callback)`` / ``listener(-1, pattern,
         callback)`` whenever a callback that hears messages is added for / removed from
         ``pattern`` (a message router's cache depends on them)."""
         self._busy = False
-        self._next_id = 0
+
+    def _ids_at(self, node: _Node) -> list[int]:
+        """The ids of the assertions that reach ``node`` (the root: all of them)."""
+        if node is self.root:
+            return list(self.bag.values())
+        return list(node.cont.cache)
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -481,17 +638,18 @@ class Index:
         node = self.root
         h: Path = ()
         kinds = node.kinds
+        slots = self._slots
         for (up, down), cls in skel.visit:
             step = down[0] if down else None
             mkey = (up, None if step is None else (step if type(step) is int else key(step)))
-            entry = node.moves.get(mkey)
-            if entry is None:
+            mv = node.moves.get(mkey)
+            if mv is None:
                 parent_path = h[: len(h) - up]
                 kind = kinds.get(path_key(parent_path), "") if step is not None else ""
-                entry = (_compile_step(kind, step), up, {})
-                node.moves[mkey] = entry
+                mv = _Move(up, _compile_step(kind, step))
+                node.moves[mkey] = mv
                 node.rebuild_move_list()
-            table = entry[2]
+            table = mv.table
             h = apply_move(h, (up, down))
             tk = _table_class(cls)
             nxt = table.get(tk)
@@ -502,16 +660,15 @@ class Index:
                 )
                 nxt = _Node(node, mkey, tk, new_kinds)
                 cache = nxt.cont.cache
-                values = self.values
-                for k in node.cont.cache:
-                    if _class(_project(values[k], h)) == tk:
+                for k in self._ids_at(node):
+                    if _class(_project(slots[k], h)) == tk:
                         cache[k] = None
                 table[tk] = nxt
             node = nxt
             kinds = node.kinds
         return node
 
-    def add_handler(self, pattern: Pattern, callback: Callback, messages: bool = True) -> None:
+    def add_handler(self, pattern: Pattern, callback: Any, messages: bool = True) -> None:
         """Install ``callback`` for ``pattern``; it hears ``"+"`` at once for every
         distinct capture tuple of the assertions already present.  With ``messages``
         False it hears assertions only (a message never reaches it: it costs messages
@@ -521,23 +678,24 @@ class Index:
             skel = skeleton(pattern)
             node = self._extend(skel)
             cont = node.cont
-            const_paths = tuple(p for p, _v in skel.constants)
+            slots = self._slots
+            const_paths = tuple([p for p, _v in skel.constants])
             check_paths = tuple(skel.index_checks)
             ckey = (tuple(map(path_key, const_paths)), tuple(map(path_key, check_paths)))
             grp = cont.table.get(ckey)
             if grp is None:
                 grp = _ConstGroup(_compile_constants(node.kinds, const_paths, check_paths))
                 cont.table[ckey] = grp
+                cont.refresh()
                 proj = grp.project
                 leaves = grp.leaves
-                values = self.values
-                for k in cont.cache:
-                    ck = proj(values[k])
+                for k in self._ids_at(node):
+                    ck = proj.get(slots[k])
                     if ck is not None:
                         leaf = leaves.get(ck)
                         if leaf is None:
                             leaf = leaves[ck] = _Leaf()
-                        if leaf.one is None:
+                        if leaf.one < 0:
                             leaf.one = k
                         else:
                             leaf.cache[k] = None
@@ -551,40 +709,41 @@ class Index:
             if handler is None:
                 entry = node.compiled.get(capkey)
                 if entry is None:
-                    entry = node.compiled[capkey] = [
-                        _compile_captures(node.kinds, tuple(skel.captures)), 0]
-                entry[1] += 1
-                handler = _Handler(entry[0], pattern)
+                    entry = node.compiled[capkey] = _CapEntry(
+                        _compile_captures(node.kinds, tuple(skel.captures)))
+                entry.users += 1
+                handler = _Handler(entry.project, pattern)
                 leaf.handlers[capkey] = handler
                 grp.nhandlers += 1
-                proj = handler.project
+                cproj = handler.project
                 ids = list(leaf.cache)
-                if leaf.one is not None:
+                if leaf.one >= 0:
                     ids.append(leaf.one)
                 for k in ids:
-                    r = proj(self.values[k])
-                    if r is not None:
-                        _bag_add(handler, r[0], r[1])
+                    caps = cproj.get(slots[k])
+                    if caps is not None:
+                        handler.add(_caps_key(caps), caps)
             if callback in handler.callbacks:
                 return
             handler.callbacks[callback] = messages
             handler.set_callbacks()
             leaf.refresh(grp, cvals)
-            cont.refresh_msg()
-            initial = list(handler.bag.values())
-            if handler.k1 is not _NO:
-                initial.append(handler.c1)
+            cont.refresh()
+            initial = handler.entries()
             if messages and self.listener is not None:
                 self.listener(1, pattern, callback)
         finally:
             self._busy = False
-        if self.sink is not None:
-            self.sink.extend(("+", (callback,), caps) for caps in initial)
+        sink = self.sink
+        if sink is not None:
+            cbt = (callback,)
+            for caps in initial:
+                sink.append(("+", cbt, caps))
         else:
             for caps in initial:
                 callback("+", caps)
 
-    def remove_handler(self, pattern: Pattern, callback: Callback) -> None:
+    def remove_handler(self, pattern: Pattern, callback: Any) -> None:
         """Remove a handler added with an equal pattern and the same callback."""
         self._enter()
         try:
@@ -594,7 +753,7 @@ class Index:
                 return
             cont = node.cont
             ckey = (
-                tuple(path_key(p) for p, _v in skel.constants),
+                tuple([path_key(p) for p, _v in skel.constants]),
                 tuple(map(path_key, skel.index_checks)),
             )
             grp = cont.table.get(ckey)
@@ -615,21 +774,21 @@ class Index:
             handler.set_callbacks()
             if handler.callbacks:
                 leaf.refresh(grp, cvals)
-                cont.refresh_msg()
+                cont.refresh()
                 return
             del leaf.handlers[capkey]
             entry = node.compiled[capkey]
-            entry[1] -= 1
-            if not entry[1]:
+            entry.users -= 1
+            if not entry.users:
                 del node.compiled[capkey]
             leaf.refresh(grp, cvals)
             grp.nhandlers -= 1
-            if leaf.one is None and not leaf.cache and not leaf.handlers:
+            if leaf.empty():
                 del grp.leaves[cvals]
             if grp.nhandlers == 0:
                 # No handler needs these constants any more: drop the group and its leaves.
                 del cont.table[ckey]
-            cont.refresh_msg()
+            cont.refresh()
             self._prune(node)
         finally:
             self._busy = False
@@ -639,10 +798,10 @@ class Index:
         for (up, down), cls in skel.visit:
             step = down[0] if down else None
             mkey = (up, None if step is None else (step if type(step) is int else key(step)))
-            entry = node.moves.get(mkey)
-            if entry is None:
+            mv = node.moves.get(mkey)
+            if mv is None:
                 return None
-            nxt = entry[2].get(_table_class(cls))
+            nxt = mv.table.get(_table_class(cls))
             if nxt is None:
                 return None
             node = nxt
@@ -651,9 +810,9 @@ class Index:
     def _prune(self, node: _Node) -> None:
         while node.parent is not None and not node.cont.table and not node.moves:
             parent = node.parent
-            entry = parent.moves[node.move_key]
-            del entry[2][node.cls]
-            if not entry[2]:
+            mv = parent.moves[node.move_key]
+            del mv.table[node.cls]
+            if not mv.table:
                 del parent.moves[node.move_key]
                 parent.rebuild_move_list()
             node = parent
@@ -673,41 +832,47 @@ class Index:
         """Change the copy count of ``value`` by ``delta``.  Returns True when the value
         appeared or disappeared (the observable contents changed)."""
         if type(value) in _PLAIN_NOINT:
-            k = value
+            k: Any = value
         else:
             value = strip(preserve(value))
             k = key(value)  # an int: big ones salted (their raw hashes can be made to collide)
         bag = self.bag
         if delta > 0:
-            vid = self._next_id + 1
+            free = self._free
+            slots = self._slots
+            vid = free[-1] if free else len(slots)
             old = bag.setdefault(k, vid)  # one hash for lookup and insertion
             if old != vid:
-                self.extra[old] = self.extra.get(old, 0) + delta
+                extra = self.extra
+                extra[old] = extra.get(old, 0) + delta
                 return False
-            if delta > 1:
-                self.extra[vid] = delta - 1
             if self._busy:
                 del bag[k]
                 self._enter()
-            self._next_id = vid
+            if delta > 1:
+                self.extra[vid] = delta - 1
+            if free:
+                free.pop()
+                slots[vid] = value
+            else:
+                slots.append(value)
             sink = self.sink
             fire: list[Any] = [] if sink is None else sink
             self._busy = True
             try:
                 root = self.root
-                self.values[vid] = value
-                root.cont.cache[vid] = None
-                if root.cont.table:
-                    _add_visit(_EMPTY_NODE, [value], vid, value, fire, root.cont)
+                if root.cont.groups:  # (the root keeps no cache: its ids are the bag's)
+                    _add_at(root.cont, vid, value, fire)
                 if root.move_list:
-                    if type(value) is Record:  # _class(), inlined: the hottest line
-                        cls = value.label
-                        cls = cls.name if type(cls) is Symbol else (key(cls),)
-                    else:
-                        cls = _class(value)
-                    nxt = root.move_list[0][2].get(cls)
+                    nxt = root.move_list[0].table.get(_class(value))
                     if nxt is not None:
-                        _add_visit(nxt, [value, value], vid, value, fire, nxt.cont)
+                        if nxt.move_list:
+                            for n in _reached(nxt, value):
+                                n.cont.cache[vid] = None
+                                _add_at(n.cont, vid, value, fire)
+                        else:
+                            nxt.cont.cache[vid] = None
+                            _add_at(nxt.cont, vid, value, fire)
             finally:
                 self._busy = False
             if sink is None:
@@ -715,9 +880,10 @@ class Index:
             return True
         if delta == 0:
             return False
-        vid = bag.get(k)
-        if vid is None:
+        got = bag.get(k)
+        if got is None:
             return False
+        vid = got
         extra = self.extra
         if extra:
             more = extra.get(vid)
@@ -732,11 +898,27 @@ class Index:
         if self._busy:
             self._enter()
         del bag[k]
+        slots = self._slots
+        v = slots[vid]
+        slots[vid] = None
+        self._free.append(vid)
         sink = self.sink
         fire = [] if sink is None else sink
         self._busy = True
         try:
-            _del_root(self.root, vid, self.values.pop(vid), fire)
+            root = self.root
+            if root.cont.groups:
+                _del_at(root.cont, vid, v, fire)
+            if root.move_list:
+                nxt = root.move_list[0].table.get(_class(v))
+                if nxt is not None:
+                    if nxt.move_list:
+                        for n in _reached(nxt, v):
+                            del n.cont.cache[vid]
+                            _del_at(n.cont, vid, v, fire)
+                    else:
+                        del nxt.cont.cache[vid]
+                        _del_at(nxt.cont, vid, v, fire)
         finally:
             self._busy = False
         if sink is None:
@@ -755,35 +937,37 @@ class Index:
         try:
             root = self.root
             if root.cont.has_msg:  # (a server's links observe everything, assertions only)
-                _msg_visit(_EMPTY_NODE, [value], value, fire, root.cont)
+                _msg_at(root.cont, value, fire)
             if root.move_list:
-                if type(value) is Record:  # _class(), inlined
-                    cls = value.label
-                    cls = cls.name if type(cls) is Symbol else (key(cls),)
-                else:
-                    cls = _class(value)
-                nxt = root.move_list[0][2].get(cls)
+                nxt = root.move_list[0].table.get(_class(value))
                 if nxt is not None:
-                    _msg_visit(nxt, [value, value], value, fire, nxt.cont)
+                    if nxt.move_list:
+                        for n in _reached(nxt, value):
+                            if n.cont.has_msg:
+                                _msg_at(n.cont, value, fire)
+                    elif nxt.cont.has_msg:
+                        _msg_at(nxt.cont, value, fire)
         finally:
             self._busy = False
         if sink is None:
             _fire(fire)
 
-    def message_matches(self, value: Value) -> list[tuple[_Handler, tuple[Callback, ...]]]:
+    def message_matches(self, value: Value) -> list[tuple[_Handler, tuple[Any, ...]]]:
         """The handlers a message ``value`` reaches, in the order :meth:`send_message`
         fires them, each with its callbacks that hear messages (what a message router
         caches).  Does not fire anything."""
         if type(value) not in _PLAIN:
             value = strip(preserve(value))
-        out: list[tuple[_Handler, tuple[Callback, ...]]] = []
+        out: list[tuple[_Handler, tuple[Any, ...]]] = []
         root = self.root
         if root.cont.has_msg:
-            _match_visit(_EMPTY_NODE, [value], value, out, root.cont)
+            _match_at(root.cont, value, out)
         if root.move_list:
-            nxt = root.move_list[0][2].get(_class(value))
+            nxt = root.move_list[0].table.get(_class(value))
             if nxt is not None:
-                _match_visit(nxt, [value, value], value, out, nxt.cont)
+                for n in _reached(nxt, value):
+                    if n.cont.has_msg:
+                        _match_at(n.cont, value, out)
         return out
 
     def message_patterns(self) -> list[tuple[Pattern, int]]:
@@ -793,13 +977,13 @@ class Index:
         stack = [self.root]
         while stack:
             n = stack.pop()
-            for grp in n.cont.table.values():
+            for grp in n.cont.groups:
                 for leaf in grp.leaves.values():
                     for h in leaf.hlist:
                         if h.mcbs:
                             out.append((h.pattern, len(h.mcbs)))
-            for _get, _up, table in n.moves.values():
-                stack.extend(table.values())
+            for mv in n.move_list:
+                stack.extend(mv.table.values())
         return out
 
     def _enter(self) -> None:
@@ -819,80 +1003,73 @@ class Index:
     def __contains__(self, value: Value) -> bool:
         return self._bag_key(value) in self.bag
 
+    def __len__(self) -> int:
+        """How many distinct assertions are present."""
+        return len(self.bag)
+
     def count(self, value: Value) -> int:
         """How many copies of ``value`` are asserted."""
         vid = self.bag.get(self._bag_key(value))
         return 0 if vid is None else 1 + self.extra.get(vid, 0)
 
     def assertions(self) -> list[Value]:
-        """The distinct assertions present."""
-        return list(self.values.values())
+        """The distinct assertions present (in the order they were added)."""
+        slots = self._slots
+        return [slots[vid] for vid in self.bag.values()]
 
     def compact(self) -> None:
         """Give back the memory of tables that were once large (a Python dict never
         shrinks by itself when entries are deleted); O(size), for after a big release."""
         self.bag = dict(self.bag)
         self.extra = dict(self.extra)
-        self.values = dict(self.values)
+        slots = self._slots
+        n = len(slots)
+        while n and slots[n - 1] is None:
+            n -= 1
+        if n < len(slots):
+            del slots[n:]
+            self._free = [i for i in self._free if i < n]
+        self._slots = list(slots)
+        self._free = list(self._free)
         stack = [self.root]
         while stack:
-            n = stack.pop()
-            n.cont.cache = dict(n.cont.cache)
-            for grp in n.cont.table.values():
+            node = stack.pop()
+            node.cont.cache = dict(node.cont.cache)
+            for grp in node.cont.groups:
                 grp.leaves = dict(grp.leaves)
+                grp.msg = dict(grp.msg)
                 for leaf in grp.leaves.values():
                     leaf.cache = dict(leaf.cache)
                     for h in leaf.handlers.values():
                         h.bag = dict(h.bag)
                         h.extra = dict(h.extra)
-            for _get, _up, table in n.moves.values():
-                stack.extend(table.values())
+            for mv in node.move_list:
+                stack.extend(mv.table.values())
 
     def stats(self) -> dict[str, int]:
         """Sizes of every part of the index (for memory tests and diagnostics)."""
         s = {"assertions": len(self.bag), "nodes": 0, "shapes": 0, "groups": 0, "leaves": 0,
              "handlers": 0, "callbacks": 0, "cached": 0, "compiled": 0}
-
-        def walk(n: _Node) -> None:
+        stack = [self.root]
+        while stack:
+            n = stack.pop()
             s["nodes"] += 1
             if n.cont.table:
                 s["shapes"] += 1  # a node where some pattern's shape ends
             s["compiled"] += len(n.compiled)
             s["cached"] += len(n.cont.cache)
-            for grp in n.cont.table.values():
+            for grp in n.cont.groups:
                 s["groups"] += 1
                 for leaf in grp.leaves.values():
                     s["leaves"] += 1
-                    s["cached"] += len(leaf.cache) + (leaf.one is not None)
+                    s["cached"] += len(leaf.cache) + (leaf.one >= 0)
                     for h in leaf.handlers.values():
                         s["handlers"] += 1
                         s["callbacks"] += len(h.callbacks)
                         s["cached"] += len(h.bag) + (h.k1 is not _NO)
-            for _get, _up, table in n.moves.values():
-                for child in table.values():
-                    walk(child)
-
-        walk(self.root)
+            for mv in n.move_list:
+                stack.extend(mv.table.values())
         return s
-
-
-def _bag_add(handler: _Handler, rk: Any, caps: tuple[Any, ...]) -> bool:
-    """Add one copy of ``caps`` to the handler's bag; True if it was not there."""
-    k1 = handler.k1
-    if k1 is _NO and not handler.bag:
-        handler.k1 = rk
-        handler.c1 = caps
-        return True
-    if k1 is not _NO and k1 == rk:
-        new = False
-    else:
-        bag = handler.bag
-        n = len(bag)
-        bag.setdefault(rk, caps)
-        new = len(bag) != n
-    if not new:
-        handler.extra[rk] = handler.extra.get(rk, 0) + 1
-    return new
 
 
 def _fire(fire: list[Any]) -> None:
@@ -901,92 +1078,65 @@ def _fire(fire: list[Any]) -> None:
             cb(event, caps)
 
 
-def _children(node: _Node, stack: list[Any]) -> Iterator[tuple[_Node, list[Any]]]:
-    """The child nodes a value reaches through ``node``'s moves, with their stacks."""
-    for up, get, table in node.move_list:
-        base = stack if up == 0 else stack[: len(stack) - up]
-        child = get(base[-1])
-        if child is not None:
-            nxt = table.get(_class(child))
-            if nxt is not None:
-                yield nxt, [*base, child]
+def _reached(first: _Node, v: Any) -> list[_Node]:
+    """The nodes ``v`` reaches from ``first`` (the node of its class), in depth-first
+    order: each node's moves are followed in turn, a move to the class of what is at its
+    position.  Iterative: the trie can be as deep as a pattern has compound positions."""
+    out: list[_Node] = []
+    todo: list[tuple[_Node, list[Any]]] = [(first, [v, v])]
+    while todo:
+        node, stack = todo.pop()
+        out.append(node)
+        ml = node.move_list
+        if not ml:
+            continue
+        kids: list[tuple[_Node, list[Any]]] = []
+        for mv in ml:
+            up = mv.up
+            base = stack if up == 0 else stack[: len(stack) - up]
+            child = mv.step.get(base[-1])
+            if child is not None:
+                nxt = mv.table.get(_class(child))
+                if nxt is not None:
+                    st = list(base)
+                    st.append(child)
+                    kids.append((nxt, st))
+        for i in range(len(kids) - 1, -1, -1):
+            todo.append(kids[i])
+    return out
 
 
-_EMPTY_NODE = _Node(None, None, None, {})  # stands for "no moves" at the root
-
-# At the root the only move is (0, []): the class of the whole value picks the child.
-
-
-def _del_root(root: _Node, vid: int, v: Value, fire: list[Any]) -> None:
-    root.cont.cache.pop(vid, None)
-    if root.cont.table:
-        _del_visit(_EMPTY_NODE, [v], vid, v, fire, root.cont)
-    if root.move_list:
-        if type(v) is Record:  # _class(), inlined
-            cls = v.label
-            cls = cls.name if type(cls) is Symbol else (key(cls),)
-        else:
-            cls = _class(v)
-        nxt = root.move_list[0][2].get(cls)
-        if nxt is not None:
-            _del_visit(nxt, [v, v], vid, v, fire, nxt.cont)
+# What an assertion or message does at each node it reaches (seed 000's ``modify``,
+# specialised per operation).  Callbacks are collected in ``fire`` and invoked after the
+# index is consistent again.
 
 
-# The three traversals (seed 000's ``modify`` specialised per operation).  ``stack`` holds
-# the values along the current path, the last one being the value at the node's position.
-# Callbacks are collected in ``fire`` and invoked after the index is consistent again.
-
-
-def _add_visit(
-    node: _Node, stack: list[Any], k: int, v: Value, fire: list[Any], cont: _Continuation
-) -> None:
-    cont.cache[k] = None
-    for grp in cont.table.values():
-        ck = grp.project(v)
+def _add_at(cont: _Continuation, k: int, v: Any, fire: list[Any]) -> None:
+    for grp in cont.groups:
+        ck = grp.project.get(v)
         if ck is None:
             continue
-        leaf = grp.leaves.get(ck)
+        leaves = grp.leaves
+        leaf = leaves.get(ck)
         if leaf is None:
-            leaf = grp.leaves[ck] = _Leaf()
-        if leaf.one is None:
+            leaf = leaves[ck] = _Leaf()
+        if leaf.one < 0:
             leaf.one = k
         else:
             leaf.cache[k] = None
         for handler in leaf.hlist:
-            r = handler.project(v)
-            if r is None:
+            caps = handler.project.get(v)
+            if caps is None:
                 continue
-            rk, caps = r
-            k1 = handler.k1
-            if k1 is _NO and not handler.bag:
-                handler.k1 = rk
-                handler.c1 = caps
-                new = True
-            elif k1 is not _NO and k1 == rk:
-                new = False
-            else:
-                bag = handler.bag
-                n = len(bag)
-                bag.setdefault(rk, caps)
-                new = len(bag) != n
-            if new:
+            if handler.add(_caps_key(caps), caps):
                 cbs = handler.cbs
                 if cbs:
                     fire.append(("+", cbs, caps))
-            else:
-                extra = handler.extra
-                extra[rk] = extra.get(rk, 0) + 1
-    if node.move_list:
-        for nxt, st in _children(node, stack):
-            _add_visit(nxt, st, k, v, fire, nxt.cont)
 
 
-def _del_visit(
-    node: _Node, stack: list[Any], k: int, v: Value, fire: list[Any], cont: _Continuation
-) -> None:
-    cont.cache.pop(k, None)
-    for grp in cont.table.values():
-        ck = grp.project(v)
+def _del_at(cont: _Continuation, k: int, v: Any, fire: list[Any]) -> None:
+    for grp in cont.groups:
+        ck = grp.project.get(v)
         if ck is None:
             continue
         leaves = grp.leaves
@@ -994,82 +1144,51 @@ def _del_visit(
         if leaf is None:
             continue
         if leaf.one == k:
-            leaf.one = None
+            leaf.one = -1
         else:
-            leaf.cache.pop(k, None)
+            del leaf.cache[k]
         for handler in leaf.hlist:
-            r = handler.project(v)
-            if r is None:
+            caps = handler.project.get(v)
+            if caps is None:
                 continue
-            rk = r[0]
-            extra = handler.extra
-            if extra:
-                more = extra.get(rk)
-                if more is not None:
-                    if more == 1:
-                        del extra[rk]
-                    else:
-                        extra[rk] = more - 1
-                    continue
-            k1 = handler.k1
-            if k1 is not _NO and k1 == rk:
-                caps = handler.c1
-                handler.k1 = _NO
-                handler.c1 = None
-            else:
-                caps = handler.bag.pop(rk, None)
-            if caps is not None:
+            gone = handler.remove(_caps_key(caps))
+            if gone is not None:
                 cbs = handler.cbs
                 if cbs:
-                    fire.append(("-", cbs, caps))
-        if leaf.one is None and not leaf.cache and not leaf.handlers:
+                    fire.append(("-", cbs, gone))
+        if leaf.one < 0 and not leaf.hlist and not leaf.cache:
             del leaves[ck]
-    if node.move_list:
-        for nxt, st in _children(node, stack):
-            _del_visit(nxt, st, k, v, fire, nxt.cont)
 
 
-def _msg_visit(
-    node: _Node, stack: list[Any], v: Value, fire: list[Any], cont: _Continuation
-) -> None:
-    for grp in cont.table.values():
+def _msg_at(cont: _Continuation, v: Any, fire: list[Any]) -> None:
+    for grp in cont.groups:
         msg = grp.msg
         if not msg:
             continue  # assertion-only handlers
-        ck = grp.project(v)
+        ck = grp.project.get(v)
         if ck is None:
             continue
-        m = msg.get(ck)
-        if m is None:
+        hs = msg.get(ck)
+        if hs is None:
             continue
-        r = m[0](v)
-        if r is not None:
-            fire.append(("!", m[1], r[1]))
-        for i in range(2, len(m), 2):
-            r = m[i](v)
-            if r is not None:
-                fire.append(("!", m[i + 1], r[1]))
-    if node.move_list:
-        for nxt, st in _children(node, stack):
-            _msg_visit(nxt, st, v, fire, nxt.cont)
+        for h in hs:
+            caps = h.project.get(v)
+            if caps is not None:
+                fire.append(("!", h.mcbs, caps))
 
 
-def _match_visit(
-    node: _Node, stack: list[Any], v: Value, out: list[Any], cont: _Continuation
-) -> None:
-    """:func:`_msg_visit` collecting the handlers reached instead of firing them."""
-    for grp in cont.table.values():
-        if not grp.msg:
+def _match_at(cont: _Continuation, v: Any, out: list[tuple[_Handler, tuple[Any, ...]]]) -> None:
+    """:func:`_msg_at` collecting the handlers reached instead of firing them."""
+    for grp in cont.groups:
+        msg = grp.msg
+        if not msg:
             continue
-        ck = grp.project(v)
-        if ck is None or ck not in grp.msg:
+        ck = grp.project.get(v)
+        if ck is None:
             continue
-        leaf = grp.leaves.get(ck)
-        if leaf is None:  # pragma: no cover - a message entry has its leaf
+        hs = msg.get(ck)
+        if hs is None:
             continue
-        for h in leaf.hlist:
-            if h.mcbs and h.project(v) is not None:
+        for h in hs:
+            if h.project.get(v) is not None:
                 out.append((h, h.mcbs))
-    if node.move_list:
-        for nxt, st in _children(node, stack):
-            _match_visit(nxt, st, v, out, nxt.cont)

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from operator import is_
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from ..dataspace import OBSERVE, Encoded, Entity, TurnTooLarge, fresh_handle
 from ..values import (
     DecodeError,
@@ -118,6 +120,7 @@ def keep_received(on: bool) -> None:
         _received.clear()
 
 
+@mypyc_attr(native_class=False)  # (its defaults are read off the class: broker/config.py)
 @dataclass(frozen=True)
 class RelayLimits:
     """Per-connection limits of the protocol machine (all enforced on peer input).
@@ -206,7 +209,7 @@ class RemoteEntity(Entity):
     def on_message(self, value: Value) -> None:
         self.relay._send_message(self, value)
 
-    def send_body(self, body: bytes) -> None:  # type: ignore[override]
+    def send_body(self, body: bytes) -> None:
         """Send the message whose canonical encoding is ``body``, as it is."""
         relay = self.relay
         if not relay.closed:
@@ -323,6 +326,9 @@ class Relay:
         """Turns (packets of events) received from the peer and applied."""
         self.messages_in = 0
         """Messages the peer sent (``<M ...>`` events received)."""
+        self.packets_decoded = 0
+        """Packets read by the generic decoder rather than the fast path (any packet that
+        is not a Turn in canonical form: an error, an extension, annotated values ...)."""
         # Events sent that are not messages to the peer's observers (``messages_out`` is
         # the rest of ``events_out``: the message path, the hottest, counts nothing more).
         self._other_out = 0
@@ -603,11 +609,12 @@ class Relay:
         done = 1
         try:
             done = fn(enc, cuts)
-        except TurnTooLarge as e:
-            done = e.sent + 1  # the refused turn was received too
-            self.fail(str(e), Symbol("turn-too-large"))
-        except Exception as e:
-            self._internal_error(e)
+        # (Each clause names its exception apart: compiled, a name has one type.)
+        except TurnTooLarge as big:
+            done = big.sent + 1  # the refused turn was received too
+            self.fail(str(big), Symbol("turn-too-large"))
+        except Exception as bug:
+            self._internal_error(bug)
         self.packets_in += done - 1
         self.turns_in += done
         self.messages_in += cuts[done - 1]
@@ -752,12 +759,12 @@ class Relay:
                 generic = False
                 try:
                     events.append(_envelope(ev))
-                except ProtocolError as e:
+                except ProtocolError as bad:
                     # Events before the bad one are applied first, as when decoded.
                     self.packets_in += 1
                     if events:
                         self._turn_in(events, emb)
-                    self.fail(e.message, e.detail)
+                    self.fail(bad.message, bad.detail)
                     return -1
                 continue
             if p >= n:
@@ -799,6 +806,7 @@ class Relay:
 
     def _packet(self, v: Value) -> None:
         self.packets_in += 1
+        self.packets_decoded += 1
         t = type(v)
         if t is Sequence:
             if v:
@@ -852,12 +860,13 @@ class Relay:
                     self._apply(ev, emb)
                     if self.closed:
                         return
-            except ProtocolError as e:
-                self.fail(e.message, e.detail)
-            except TurnTooLarge as e:
-                self.fail(str(e), Symbol("turn-too-large"))
-            except Exception as e:
-                self._internal_error(e)
+            # (Each clause names its exception apart: compiled, a name has one type.)
+            except ProtocolError as perr:
+                self.fail(perr.message, perr.detail)
+            except TurnTooLarge as big:
+                self.fail(str(big), Symbol("turn-too-large"))
+            except Exception as bug:
+                self._internal_error(bug)
             return
         err: ProtocolError | None = None
         syncs = self._syncs = []
@@ -873,21 +882,21 @@ class Relay:
                 for ev in events:
                     try:
                         self._apply(ev, emb)
-                    except ProtocolError as e:
-                        err = e
+                    except ProtocolError as perr2:
+                        err = perr2
                         break
-                    except TurnTooLarge as e:
-                        err = ProtocolError(str(e), Symbol("turn-too-large"))
+                    except TurnTooLarge as big2:
+                        err = ProtocolError(str(big2), Symbol("turn-too-large"))
                         break
-                    except Exception as e:
-                        err = self._internal_error(e, fail=False)
+                    except Exception as bug2:
+                        err = self._internal_error(bug2, fail=False)
                         break
                     if self.closed:
                         break
-        except TurnTooLarge as e:  # the turn was undone when it was applied
-            err = ProtocolError(str(e), Symbol("turn-too-large"))
-        except Exception as e:  # committing the turn failed: a bug on this side
-            err = self._internal_error(e, fail=False)
+        except TurnTooLarge as big3:  # the turn was undone when it was applied
+            err = ProtocolError(str(big3), Symbol("turn-too-large"))
+        except Exception as bug3:  # committing the turn failed: a bug on this side
+            err = self._internal_error(bug3, fail=False)
         finally:
             self._syncs = None
         if err is not None:
@@ -985,14 +994,14 @@ class Relay:
                         Symbol("too-many-observers"),
                     )
                 self._observing.add(h)
-            p = None
+            pinned: list[Any] | None = None
             if emb:
-                p = []
-                a = self._rewrite_in(a, p)
+                pinned = []
+                a = self._rewrite_in(a, pinned)
             if ex is not None:
                 ex.count += 1
             lh = fresh_handle()
-            inbound[h] = (target, lh, p, ex, size)
+            inbound[h] = (target, lh, pinned, ex, size)
             if size:
                 self._held += size
                 budget.held += size  # type: ignore[union-attr]
@@ -1008,7 +1017,7 @@ class Relay:
                 if self._strict and not self.refused:
                     raise ProtocolError(f"retraction of unknown handle {short(a)}", a)
                 return
-            target, lh, p, ex2, size = rec
+            target, rh, rpins, ex2, size = rec
             if size:
                 self._release(size)
             if self.quota is not None:
@@ -1017,10 +1026,10 @@ class Relay:
                 self._observing.discard(a)
             if ex2 is not None:
                 self._unpin_export(ex2)
-            if p:
-                self._drop_pins(p)
+            if rpins:
+                self._drop_pins(rpins)
             if target is not None:
-                target.on_retract(lh)
+                target.on_retract(rh)
         else:  # S
             if type(a) is not Embedded or type(a.value) is not WireRef:
                 raise ProtocolError(f"<S> needs an embedded peer reference, not {short(a)}", Symbol("malformed-event"))

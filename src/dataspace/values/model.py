@@ -381,7 +381,9 @@ def _record_hash(r: Record) -> int:
     lab = r.label
     if type(lab) in _HK_TYPES:
         lab = _hk(lab)
-    h: int = hash(f) ^ hash(lab) ^ 0x2545F491
+    # One tuple hashed (with a tag, so that a record does not hash like the sequence
+    # [label [fields...]]): compiled, arithmetic on full-width hashes would box them.
+    h: int = hash(("<record>", lab, f))
     return -2 if h == -1 else h
 
 
