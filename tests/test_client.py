@@ -395,11 +395,25 @@ async def test_a_handshake_with_something_else_says_what_answered(tmp_path):
             with pytest.raises(ConnectionError, match=r"speaks HTTP but answered the WebSocket "
                                r"request with HTTP 404 .*--http port"):
                 await connect(f"ws://127.0.0.1:{http_port}/", cap, reconnect=False)
-            # A WebSocket port waits, silent, for an HTTP request that never comes.
+            # A WebSocket port answers the protocol's first bytes (no HTTP request line)
+            # with an HTTP 400 at once.
             ws = ws_address(server).removeprefix("ws://").rstrip("/")
-            with pytest.raises(ConnectionError, match=rf"no answer from {ws} within 1 s: is it "
+            with pytest.raises(ConnectionError, match=rf"{ws} is not a dataspace server: that "
+                               r"port speaks HTTP.*a --ws port\?"):
+                await connect(ws, cap, reconnect=False, connect_timeout=5)
+        # A port that accepts and never answers (as an HTTP server waiting for its request
+        # line would): said within the connect timeout.
+        held: list[asyncio.StreamWriter] = []  # (kept open: a collected writer may close its socket)
+        quiet = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)
+        try:
+            q = "127.0.0.1:%d" % quiet.sockets[0].getsockname()[1]
+            with pytest.raises(ConnectionError, match=rf"no answer from {q} within 1 s: is it "
                                r"a dataspace server's port\? \(a WebSocket or HTTP port waits"):
-                await connect(ws, cap, reconnect=False, connect_timeout=1)
+                await connect(q, cap, reconnect=False, connect_timeout=1)
+        finally:
+            for w in held:
+                w.close()
+            quiet.close()
     finally:
         await runner.cleanup()
 

@@ -570,13 +570,30 @@ class Out(Entity):
 
 
 class Server:
+    made: list[Server] = []  # closed after each test (see _close_servers)
+
     def __init__(self, sid: str, leaf: bool = False) -> None:
         self.id = sid
         self.leaf = leaf
         self.ds = Dataspace(sid)
         self.hub = LinkHub(self.ds, server_id=sid, bindings=Bindings(), loop=FakeLoop())
+        Server.made.append(self)
         self.alive = True
         self.sessions: dict[str, LinkSession] = {}   # peer id -> session
+
+
+@pytest.fixture(autouse=True)
+def _close_servers() -> Any:
+    """Each test's simulated servers close their link hubs when it ends, as a server does
+    when it stops: a hub that forwards messages holds a process-wide setting
+    (keep_received), which must not outlive it."""
+    yield
+    from dataspace.protocol import relay
+
+    made, Server.made = Server.made, []
+    for srv in made:
+        srv.hub.close()
+    assert relay._keeping == 0, "a closed link hub still keeps received encodings"
 
 
 class Obs:

@@ -523,3 +523,36 @@ def test_a_class_with_many_entries_is_invalidated_not_updated(monkeypatch):
     h.pub.receive_data(_packet(msgs))
     h.collect()
     assert h.got[late] == [(key("hi"),)] * 10
+
+
+def test_messages_are_routed_on_their_bytes_while_a_link_forwards_them():
+    """A server with a link keeps received encodings (keep_received) so that the link
+    forwards messages as the bytes they came in.  That must not turn byte routing off
+    for the whole process: messages are still routed on their bytes, and the link's tap
+    is given the values, which go out as the bytes received."""
+    from dataspace.protocol.relay import keep_received
+
+    h = Harness()
+    s = h.observe(parse_pattern("<Says $who $text>"), True)
+    out = Relay(name="link")
+    peer = out.import_ref(3)
+    tapped: list[Any] = []
+
+    def tap(vs: Any) -> None:
+        tapped.extend(vs)
+        peer.send_messages(list(vs))
+
+    h.ds.tap_messages(tap)
+    bodies = [encode(Record(Symbol("Says"), ["a", str(i)])) for i in range(4)]
+    keep_received(True)
+    try:
+        h.pub.receive_data(_packet(bodies[:2]))
+        h.pub.receive_data(_packet(bodies[2:3]) + _packet(bodies[3:]))  # a run of turns
+    finally:
+        keep_received(False)
+    h.collect()
+    assert h.router.stats.routed == 4
+    assert h.got[s] == [tuple(map(key, ["a", str(i)])) for i in range(4)]
+    assert [encode(v) for v in tapped] == bodies
+    sent = b"".join(out.take_packets())
+    assert all(sent.count(b) == 1 for b in bodies)

@@ -566,6 +566,8 @@ class Relay:
         it that are the same (up to 256), and have the entity apply them, turn by turn,
         in one call (see :meth:`Dataspace.send_turns`).  Returns the offset after the
         last packet applied, or -1 (nothing applied) when no such packet follows."""
+        if _keeping:
+            return -1  # (a link's tap hears each turn: see keep_received)
         oid = ev[0]
         enc = ev[2]
         ex = self._exports.get(oid)
@@ -661,7 +663,6 @@ class Relay:
                             raw = ex is not None and \
                                 getattr(ex.target, "accepts_encoded", False) is True
                             self._raw_ex = (ex, raw)
-                        raw = raw and not keep
                     if raw and e != no_raw:
                         # A run of messages to this OID, routed on their bytes, not
                         # decoded: each body canonical, without embedded values (the
@@ -684,7 +685,13 @@ class Relay:
                                 break
                             p += lenv
                         if msgs:
-                            events.append((oid, k, Encoded(buf, msgs), None))
+                            enc = Encoded(buf, msgs)
+                            events.append((oid, k, enc, None))
+                            if keep:
+                                # A link forwards what its tap hears: the values the
+                                # tap is given go out as the bytes they came in.
+                                for m, v in zip(msgs, enc.values()):
+                                    _received[id(v)] = (v, buf[m[0]:m[-1]])
                         if items is None:
                             no_raw = e
                         p = e
