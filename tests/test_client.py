@@ -406,7 +406,7 @@ async def test_a_handshake_with_something_else_says_what_answered(tmp_path):
         held: list[asyncio.StreamWriter] = []  # (kept open: a collected writer may close its socket)
         quiet = await asyncio.start_server(lambda r, w: held.append(w), "127.0.0.1", 0)
         try:
-            q = "127.0.0.1:%d" % quiet.sockets[0].getsockname()[1]
+            q = f"127.0.0.1:{quiet.sockets[0].getsockname()[1]}"
             with pytest.raises(ConnectionError, match=rf"no answer from {q} within 1 s: is it "
                                r"a dataspace server's port\? \(a WebSocket or HTTP port waits"):
                 await connect(q, cap, reconnect=False, connect_timeout=1)
