@@ -453,8 +453,11 @@ def profiling(pid: int, out: Path | None, name: str) -> Iterator[None]:
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     out.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    # The compiled core's functions are C functions, seen only in native stacks (which
+    # py-spy reads only while it pauses the process: the shares hold, the rate drops).
+    mode = ["--native"] if name.startswith("compiled") else ["--nonblocking"]
     p = subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
-                          "--output", str(out / f"{slug}.txt"), "--nonblocking"],
+                          "--output", str(out / f"{slug}.txt"), *mode],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield
@@ -468,22 +471,36 @@ def profiling(pid: int, out: Path | None, name: str) -> Iterator[None]:
 
 
 # Categories of the server's time, by the function a sample was in (its own time; a
-# py-spy frame reads "function (file:line)").
+# py-spy frame reads "function (file:line)" for Python code and "CPyDef_module___Class___
+# method (lib.so)" for the compiled core's C functions, with --native).
 CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
     ("decode packets", re.compile(
         r"^(make_reader|_read_varint|Decoder|_envelope|scan|skip|_scan_ordered|_utf8|"
         r"_varint)[ .]|^Relay\.(_fast_events|_fast_turn|receive_data|_go_on|_decode_loop|"
-        r"_packet|_wireref_in|_run_of_turns) |^Encoded\.")),
+        r"_packet|_wireref_in|_run_of_turns) |^Encoded\.|"
+        r"^CPyDef_(route___(scan|skip|_scan_ordered|_utf8|_varint)|binary___|"
+        r"relay___Relay____(fast_events|fast_turn|go_on|decode_loop|packet|run_of_turns)|"
+        r"relay___Relay___receive_data)|^dataspace___Encoded")),
     ("encode deliveries", re.compile(
         r"^make_writer|^Relay\.(_send_message|_send_messages|_emit|_body|_seal|take_packets|"
         r"_encode_int|data_to_send|_send_assert|_send_retract|emit_captures|emit_run) |"
-        r"^MessageRouter\.(emit|_emit_one)[ .]|^RemoteEntity\.send_body")),
+        r"^MessageRouter\.(emit|_emit_one)[ .]|^RemoteEntity\.send_body|"
+        r"^CPyDef_(relay___Relay___?_?(send_message|send_messages|emit|body|seal|take_packets|"
+        r"encode_int|data_to_send|send_assert|send_retract|emit_captures|emit_run|"
+        r"charge_output)|route___MessageRouter___?_?(emit|emit_one)|relay___RemoteEntity)")),
     ("index lookup / routing", re.compile(
         r"dataspace/index\.py|dataspace/pattern\.py|dataspace/values/model\.py|<string>|"
-        r"dataspace/protocol/route\.py")),
+        r"dataspace/protocol/route\.py|^CPyDef_(index___|pattern___|model___|route___)")),
     ("dataspace turn and dispatch", re.compile(
-        r"dataspace/dataspace\.py|contextlib\.py|dataspace/protocol/relay\.py")),
-    ("asyncio, sockets, flow", re.compile(r"asyncio/|selectors\.py|dataspace/net/|socket\.py")),
+        r"dataspace/dataspace\.py|contextlib\.py|dataspace/protocol/relay\.py|"
+        r"^CPyDef_(dataspace___|relay___)")),
+    ("asyncio, sockets, flow", re.compile(
+        r"asyncio/|selectors\.py|dataspace/net/|socket\.py|^(send|recv|epoll_\w+|__libc_\w+|"
+        r"write|read) \(")),
+    ("allocation, copying, GC, refcounts (C runtime)", re.compile(
+        r"^(malloc|free|realloc|calloc|gc_collect\w*|_?Py\w*(Dealloc|_Dealloc|Alloc)\w*|"
+        r"\w+_dealloc|CPyTagged_\w+|CPyList_\w+|CPyDict_\w+|mem\w+) \(|"
+        r"^0x[0-9a-f]+ \((libc|libpython)")),
 ]
 
 
