@@ -240,6 +240,32 @@ async def test_only_what_the_far_side_wants_crosses(tmp_path):
 
 
 @async_test
+async def test_messages_across_a_link_are_routed_on_their_bytes_on_both_sides(tmp_path):
+    """A link does not cost the servers byte routing: on U (whose link taps the messages
+    its clients send) and on D (where they arrive over the link, once it has settled)
+    each message is routed on its encoded bytes, not through the index."""
+    async with linked(tmp_path, "u", "d", links={"d": ["u"]}) as s:
+        cd, cu = await client(s["d"]), await client(s["u"])
+        od = Changes()
+        cd.observe('<Says "user-7" $text>', **od.kw())
+        await cd.sync()
+        await LinkWatch(s["d"]).settled()
+        await LinkWatch(s["u"]).settled()
+        ru, rd = s["u"].dataspaces["root"].router, s["d"].dataspaces["root"].router
+        u0, d0 = ru.stats.routed, rd.stats.routed
+        for i in range(10):
+            with cu.turn():
+                for t in range(5):
+                    cu.send(Record(Symbol("Says"), [f"user-{i}", f"t{t}"]))
+        await od.until(lambda c: len(c.messages()) == 5)
+        assert od.messages() == [(f"t{t}",) for t in range(5)]
+        assert ru.stats.routed - u0 == 50  # every message U's client sent
+        assert rd.stats.routed - d0 == 5  # those D wanted, as they came over the link
+        for c in (cd, cu):
+            await c.close()
+
+
+@async_test
 async def test_interest_follows_subscriptions_going(tmp_path):
     async with linked(tmp_path, "u", "d", links={"d": ["u"]}) as s:
         wu = LinkWatch(s["u"])

@@ -213,6 +213,13 @@ class _DialData(Entity):
         self.on_message = session.on_data_message  # type: ignore[method-assign]
         self.on_messages = session.on_data_messages
 
+    @property
+    def accepts_encoded(self) -> bool:
+        """A route's messages may come as runs of encoded messages, routed on their bytes
+        (see ``link._Data.accepts_encoded``)."""
+        s = self.session
+        return s is not None and s.hub.ds.router is not None
+
 
 def _route_error(e: BaseException) -> str:
     """One line for a failed route dial (TLS failures say what to change)."""

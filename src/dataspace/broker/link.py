@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..dataspace import OBSERVE, Dataspace, Entity, Subscription, fresh_handle
+from ..dataspace import OBSERVE, Dataspace, Encoded, Entity, Subscription, fresh_handle
 from ..net.address import Address, parse_address
 from ..net.connection import Connection
 from ..net.dial import dial, explain_early_close
@@ -162,6 +162,23 @@ def _head(v: Value) -> Any:
 # One established link
 
 
+def _values_of(vs: list[Any]) -> list[Any]:
+    """``vs`` with each :class:`Encoded` run decoded into its messages."""
+    if not any(type(v) is Encoded for v in vs):
+        return vs
+    out: list[Any] = []
+    for v in vs:
+        if type(v) is Encoded:
+            out += v.values()
+        else:
+            out.append(v)
+    return out
+
+
+def _count_of(vs: list[Any]) -> int:
+    return sum(len(v.msgs) if type(v) is Encoded else 1 for v in vs)
+
+
 class _Control(Entity):
     def __init__(self, session: LinkSession) -> None:
         self.session = session
@@ -185,6 +202,13 @@ class _Data(Entity):
 
     def on_message(self, value: Value) -> None:
         self.session.on_data_message(value)
+
+    @property
+    def accepts_encoded(self) -> bool:
+        """Runs of the peer's messages may come as :class:`Encoded` (not decoded): once
+        the link has settled, they go into the dataspace as they are and are routed on
+        their bytes (see :meth:`LinkSession.on_data_messages`)."""
+        return self.session.hub.ds.router is not None
 
 
 class LinkSession:
@@ -321,6 +345,9 @@ class LinkSession:
     def on_data_message(self, v: Value) -> None:
         if self.closed or not self.ready:
             return
+        if type(v) is Encoded:
+            self.on_data_messages([v])
+            return
         self.counters["messages_received"] += 1
         hub = self.hub
         if not self.settled:  # settled: the peer forwards only what we asked for
@@ -337,17 +364,21 @@ class LinkSession:
         """The messages of one packet from the peer (see :meth:`on_data_message`)."""
         if self.closed or not self.ready:
             return
-        if not self.settled:
-            for v in vs:
-                self.on_data_message(v)
-            return
-        self.counters["messages_received"] += len(vs)
         hub = self.hub
+        if not self.settled or hub.tapping:
+            # Each message is looked at (not settled), or the tap must know it as ours
+            # (by the object): decoded.
+            vs = _values_of(vs)
+            if not self.settled:
+                for v in vs:
+                    self.on_data_message(v)
+                return
+        self.counters["messages_received"] += _count_of(vs)
         if hub.tapping:  # the tap hears them, and must know them as ours
             (hub.route_echo if self.route else self.echo).extend(vs)
         send = hub.ds.send
         for v in vs:
-            send(v)
+            send(v)  # (an Encoded run is routed on its bytes)
 
     def on_data_assert(self, v: Value, handle: int) -> None:
         if self.closed or handle in self.injected:
@@ -1068,6 +1099,11 @@ class _DialData(Entity):
         the hottest, without a call in between)."""
         self.on_message = session.on_data_message  # type: ignore[method-assign]
         self.on_messages = session.on_data_messages
+
+    @property
+    def accepts_encoded(self) -> bool:
+        """As :attr:`_Data.accepts_encoded` (this is the dialing side's)."""
+        return self.dialer.hub.ds.router is not None
 
 
 REPEAT_WARNING = 60.0
