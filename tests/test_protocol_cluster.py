@@ -1069,3 +1069,22 @@ def test_an_assertion_held_on_two_members_goes_only_when_both_retract():
     b.ds.retract(hb)
     w.settle()
     assert not o.view and c.ds.count(v) == 0
+
+
+def test_a_link_the_far_end_refuses_counts_as_refused_here():
+    """When the far end decides first that a link would close a cycle and says so, the
+    dialing end takes the link as refused too: it is retried slowly, not at once, and its
+    status says why (it read 'checking', without a reason, on a slow machine)."""
+    from dataspace.broker.link import LINK_REFUSED
+
+    a, b = Server("a"), Server("b")
+    sa = LinkSession(a.hub, "to b", "b", None, dialed=True)
+    sb = LinkSession(b.hub, "from a", "a", None, dialed=False)
+    wab, wba = Wire(b, sb), Wire(a, sa)
+    sa.ctl_out, sa.data_out = Out(wab, "ctl"), Out(wab, "data")
+    sb.ctl_out, sb.data_out = Out(wba, "ctl"), Out(wba, "data")
+    a.hub.begin(sa)
+    why = "this link would close a cycle: a reaches b through c"
+    sa.on_control(Record(LINK_REFUSED, [why]))
+    assert sa.closed and sa.refused == why
+    assert a.hub.last_error["to b"] == f"the peer refused the link: {why}"

@@ -326,6 +326,10 @@ class LinkSession:
                 why = v.fields[0] if v.fields and type(v.fields[0]) is str else "refused"
                 self.hub.last_error[self.name] = f"the peer refused the link: {why}"
                 log.warning("link %s: the peer refused the link: %s", self.name, why)
+                if self.refused is None:
+                    # Refused all the same (the far end may decide first): the dialer
+                    # tries again slowly, and the link's status says why meanwhile.
+                    self.refused = why
                 self.hub.end(self)
                 return
             elif lab == LINK_ACCEPT:
