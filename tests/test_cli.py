@@ -112,6 +112,23 @@ def test_a_misspelt_option_is_reported_by_its_command_with_a_guess(capsys):
         "dataspace info: error: unrecognized arguments: --zzzzz (see dataspace info --help)")
 
 
+def test_an_option_named_as_other_servers_name_it_gets_ours(capsys):
+    """`serve --listen HOST:PORT` (as many servers spell it) was answered 'did you mean
+    --link?'; the options other brokers and clients use for an address point to ours."""
+    import pytest
+
+    for argv, given, guess in ((["serve", "--listen", "127.0.0.1:7411"], "--listen", "--tcp"),
+                               (["serve", "--bind", "127.0.0.1"], "--bind", "--tcp"),
+                               (["serve", "--port", "7411"], "--port", "--tcp"),
+                               (["send", "--host", "h:7411", "<x>"], "--host", "--server"),
+                               (["observe", "--url", "h:7411", "_"], "--url", "--server")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        last = capsys.readouterr().err.rstrip().splitlines()[-1]
+        assert f"unrecognized arguments: {given} " in last and \
+            last.endswith(f"(did you mean {guess}?)"), last
+
+
 def test_a_misspelt_command_gets_the_likely_one(capsys):
     import pytest
 

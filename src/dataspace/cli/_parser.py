@@ -86,7 +86,26 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return "\n".join(indent + x for x in out)
 
 
+# Options other servers and clients call by these names (nats-server --addr/--port,
+# redis-server --bind/--port, many tools' --listen/--host/--url): the first of ours that
+# the command has is the guess, before any spelling match ('--listen' is not a misspelt
+# '--link').
+_SYNONYMS: dict[str, tuple[str, ...]] = {
+    "--listen": ("--tcp",),
+    "--bind": ("--tcp",),
+    "--addr": ("--tcp", "--server"),
+    "--address": ("--tcp", "--server"),
+    "--port": ("--tcp", "--server"),
+    "--host": ("--server", "--tcp"),
+    "--url": ("--server",),
+    "--connect": ("--server",),
+}
+
+
 def _guess(word: str, choices: Sequence[str]) -> str | None:
+    for synonym in _SYNONYMS.get(word, ()):
+        if synonym in choices:
+            return synonym
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
 
