@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..dataspace import OBSERVE, Dataspace, Encoded, Entity, Subscription, fresh_handle
+from ..dataspace import _decoded as _values_of  # Encoded runs decoded, in order
 from ..net.address import Address, parse_address
 from ..net.connection import Connection
 from ..net.dial import dial, explain_early_close
@@ -160,19 +161,6 @@ def _head(v: Value) -> Any:
 
 # ---------------------------------------------------------------------------------------
 # One established link
-
-
-def _values_of(vs: list[Any]) -> list[Any]:
-    """``vs`` with each :class:`Encoded` run decoded into its messages."""
-    if not any(type(v) is Encoded for v in vs):
-        return vs
-    out: list[Any] = []
-    for v in vs:
-        if type(v) is Encoded:
-            out += v.values()
-        else:
-            out.append(v)
-    return out
 
 
 def _count_of(vs: list[Any]) -> int:
