@@ -345,6 +345,7 @@ def test_router_agrees_with_brute_force_reference(scenario):
     for i in want:
         assert h.got[i] == want[i], (i, h.observers.get(i))
     assert h.router.stats.routed == on_bytes  # every canonical one, and only those
+    assert h.router.stats.fallbacks == 0  # every capture placed (every plan complete)
 
 
 def test_routed_messages_use_the_cache_and_handler_changes_invalidate_it():
@@ -523,6 +524,19 @@ def test_a_class_with_many_entries_is_invalidated_not_updated(monkeypatch):
     h.pub.receive_data(_packet(msgs))
     h.collect()
     assert h.got[late] == [(key("hi"),)] * 10
+
+
+def test_a_new_class_plans_what_the_patterns_of_no_class_capture():
+    """A class whose first pattern tests nothing (``<A>``) still places the captures
+    of the patterns of every class (``$x``): its plan is made at once, not only when
+    the new pattern tests more than the empty plan."""
+    h = Harness()
+    whole = h.observe(parse_pattern("$x"), True)
+    h.observe(parse_pattern("<A>"), True)
+    h.pub.receive_data(_packet([encode(Record(A, []))]))
+    h.collect()
+    assert h.got[whole] == [(key(Record(A, [])),)]
+    assert h.router.stats.fallbacks == 0 and h.router.stats.routed == 1
 
 
 def test_messages_are_routed_on_their_bytes_while_a_link_forwards_them():

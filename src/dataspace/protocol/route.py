@@ -563,6 +563,7 @@ class MessageRouter:
             self.stats.invalidations += 1 + len(self._classes)
             return
         got = self._classes.get(info.cls)
+        new = got is None
         if got is None:
             got = self._classes[info.cls] = _Class()
         cs = got
@@ -573,7 +574,9 @@ class MessageRouter:
             cs.gen = self._gen  # entries holding it are stale
             self.stats.invalidations += 1
             return
-        if delta > 0 and not _covered(cs, info):
+        # (A new class's plan starts from the patterns of no class: what they test and
+        # capture is in every plan, even when this one tests nothing.)
+        if new or (delta > 0 and not _covered(cs, info)):
             self._replan(cs)
             self.stats.invalidations += 1
             return
