@@ -261,6 +261,10 @@ async def test_messages_across_a_link_are_routed_on_their_bytes_on_both_sides(tm
         assert od.messages() == [(f"t{t}",) for t in range(5)]
         assert ru.stats.routed - u0 == 50  # every message U's client sent
         assert rd.stats.routed - d0 == 5  # those D wanted, as they came over the link
+        # U's link is a forwarder of U's router: it decided on the bytes (cached).
+        assert ru.forwarders == 1
+        (row,) = LinkWatch(s["u"]).rows()
+        assert row["messages_forwarded"] == 5 and row["messages_suppressed"] >= 45
         for c in (cd, cu):
             await c.close()
 
@@ -802,17 +806,21 @@ async def test_serve_prints_link_events(tmp_path):
 # The forwarding path, without sockets: what a turn of messages costs the link
 
 
-def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in():
-    """U forwards the messages of a publisher's turn with one call of the dataspace's tap
-    (no match and no callback per message), in one packet on the link, each as the bytes
-    it was received in (not encoded again: an integer written in two bytes where one
-    would do stays so)."""
+@pytest.mark.parametrize("routed", [False, True], ids=["tap", "router"])
+def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in(routed):
+    """U forwards the messages of a publisher's turn in one packet on the link, each as
+    the bytes it was received in (not encoded again: an integer written in two bytes
+    where one would do stays so), in order.  Without a message router, through one call
+    of the dataspace's tap (no match and no callback per message); with one (as a server
+    has), the run of canonical messages goes through the link's forwarder in the router
+    (not decoded, the decision cached) and only the other one through the tap."""
     from dataspace.broker.link import LINK_RELAY_LIMITS, LinkHub, LinkSession
     from dataspace.dataspace import Dataspace, DataspaceEntity
     from dataspace.pattern import parse_pattern
     from dataspace.protocol.gatekeeper import Bindings
     from dataspace.protocol.linktree import CHECK, DECIDE
     from dataspace.protocol.relay import Relay
+    from dataspace.protocol.route import MessageRouter
     from dataspace.protocol.upstream import Subscriber, pattern_chain
     from dataspace.values import Sequence, encode
 
@@ -820,6 +828,7 @@ def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in():
     try:
         ds = Dataspace("u")
         ds.max_turn_events = 100_000
+        router = MessageRouter(ds) if routed else None
         hub = LinkHub(ds, server_id="u", bindings=Bindings(), loop=loop)
         link = Relay(limits=LINK_RELAY_LIMITS, turn=ds.turn)  # U's end of the link
         s = LinkSession(hub, "from d", "d", link, dialed=False)
@@ -848,12 +857,26 @@ def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in():
         packet = b"\xb5" + b"".join(b"\xb5\xb0\x01\x01\xb4\xb3\x01M" + b + b"\x84\x84"
                                     for b in bodies) + b"\x84"
         pub.receive_data(packet)
-        assert taps == [50]
+        assert taps == ([1] if routed else [50])  # (routed: only the odd one is a value)
+        if router is not None:
+            assert router.forwarders == 1 and router.stats.routed == 49
+            misses = router.stats.misses
+            assert misses <= 2  # one decision for <Says "user-7" _>, cached
         out = link.take_packets()
         assert len(out) == 1
         assert out[0] == b"\xb5" + b"".join(b"\xb5\xb0\x01\x0b\xb4\xb3\x01M" + b + b"\x84\x84"
                                             for b in bodies) + b"\x84"
         assert s.counters["messages_forwarded"] == 50
+        assert s.counters["messages_suppressed"] == 0
+        if router is not None:
+            # Another publisher's turn: what D does not want is counted as suppressed.
+            other = [encode(parse(f'<Says "user-{i}" "x">')) for i in range(10)]
+            pub.receive_data(b"\xb5" + b"".join(b"\xb5\xb0\x01\x01\xb4\xb3\x01M" + b
+                                                 + b"\x84\x84" for b in other) + b"\x84")
+            assert s.counters["messages_forwarded"] == 51
+            assert s.counters["messages_suppressed"] == 9
+            hub.end(s)
+            assert router.forwarders == 0
     finally:
         hub.close()
         loop.close()

@@ -69,6 +69,7 @@ def test_a_values_own_chain_matches_it_and_survives_the_wire(v):
 @pytest.mark.parametrize("bad", [
     "7", "[[1 2 3]]", '[[[-1] <arr>]]', "[[[] <rec>]]", "[[[] <lit [1]>]]", "[[[] <odd 1>]]",
     "[" + " ".join(["[[] <arr>]"] * 65) + "]", "[[[" + " ".join(["0"] * 33) + "] <arr>]]",
+    '[[[0] <lit 1>]]', '[[[] <rec a>] [[0 1] <lit 1>]]',  # the value holding it comes first
 ])
 def test_malformed_chains_are_refused(bad):
     with pytest.raises(UpstreamError):

@@ -22,6 +22,15 @@ from dataspace.dataspace import OBSERVE, Dataspace, DataspaceEntity, Encoded
 from dataspace.pattern import DISCARD, Arr, Bind, Dict, Lit, Rec, match, parse_pattern, to_preserves
 from dataspace.protocol.relay import Relay, RelayLimits
 from dataspace.protocol.route import MessageRouter, is_canonical, scan, skip
+from dataspace.protocol.upstream import (
+    REJECT,
+    RESET,
+    SUBSCRIBE,
+    Producer,
+    chain_to_value,
+    pattern_chain,
+    value_chain,
+)
 from dataspace.protocol.wire import Message, Turn, WireRef, parse_packet
 from dataspace.values import (
     Annotated,
@@ -406,13 +415,25 @@ def test_order_is_kept_when_an_in_process_observer_queues_work():
     assert seen == [str(i) for i in range(5)]
 
 
-def test_the_tap_hears_decoded_messages():
+def test_with_a_router_the_tap_hears_only_the_messages_sent_as_values():
+    """Runs routed on their bytes go to the router's forwarders (a link's), not to the
+    tap; messages sent as values (in process, or received in another encoding) still
+    reach the tap, in order."""
     h = Harness()
     heard: list[Any] = []
     h.ds.tap_messages(lambda ms: heard.extend(ms))
     msgs = [Record(Symbol("Says"), ["a", str(i)]) for i in range(3)]
     h.pub.receive_data(_packet([encode(m) for m in msgs]))
-    assert heard == msgs
+    assert heard == []
+    assert h.router.stats.routed == 3
+    h.pub.receive_data(_packet([noncanonical(msgs[0])]))
+    h.ds.send(msgs[1])
+    assert heard == [msgs[0], msgs[1]]
+    h.ds.tap_messages(None)
+    ds = Dataspace("no-router")  # without a router every message is a value: all tapped
+    ds.tap_messages(lambda ms: heard.extend(ms))
+    ds.send(_encoded(msgs))
+    assert heard[2:] == msgs
 
 
 def test_encoded_messages_sent_in_process():
@@ -526,6 +547,181 @@ def test_a_class_with_many_entries_is_invalidated_not_updated(monkeypatch):
     assert h.got[late] == [(key("hi"),)] * 10
 
 
+# ---------------------------------------------------------------------------------------
+# Forwarders: a link's wants, decided by its producer, cached with the rest
+
+
+def _encoded(msgs: list[Any]) -> Encoded:
+    """``msgs`` as an Encoded run (their canonical encodings, one after another)."""
+    buf = b"".join(encode(m) for m in msgs)
+    items = []
+    p = 0
+    while p < len(buf):
+        it = scan(buf, p, 0)
+        assert it is not None
+        items.append(it)
+        p = it[-1]
+    return Encoded(buf, items)
+
+
+class Forwarder:
+    """What a link gives the router (see broker.link._Forward), keeping what it sends."""
+
+    def __init__(self, decide: Any) -> None:
+        self.decide = decide
+        self.delivered = 0
+        self.sent: list[bytes] = []
+        self.seen_count = 0
+
+    def seen(self, n: int) -> None:
+        self.seen_count += n
+
+    def emit_run(self, head: bytes, parts: list[bytes]) -> None:
+        assert head == b""
+        self.sent += parts
+
+    def emit_captures(self, head: bytes, parts: tuple[bytes, ...], size: int) -> None:
+        assert len(parts) == 1 and size == len(parts[0])
+        self.emit_run(head, list(parts))
+
+    def deliver_body(self, body: bytes) -> None:
+        self.delivered += 1
+        assert body[:1] == b"\xb5" and body[-1:] == b"\x84"
+        self.sent.append(body[1:-1])
+
+
+def _request(kind: Symbol, seq: int, chain: Any) -> Record:
+    return Record(kind, [seq, 0, chain_to_value(chain)])
+
+
+chains = st.one_of(patterns.map(pattern_chain), small_values.map(value_chain))
+
+
+@st.composite
+def forwarding_scenarios(draw):
+    cs = draw(st.lists(chains, min_size=1, max_size=5))
+    pats = draw(st.lists(patterns, min_size=1, max_size=3))
+    vals = draw(st.lists(small_values, min_size=1, max_size=6))
+    op = st.one_of(
+        st.tuples(st.sampled_from(["subscribe", "reject", "reset"]),
+                  st.integers(0, len(cs) - 1)),
+        st.tuples(st.just("observe"), st.integers(0, len(pats) - 1), st.booleans()),
+        st.tuples(st.just("send"), st.lists(st.integers(0, len(vals) - 1), min_size=1,
+                                            max_size=5), st.sampled_from(["", "skip", "value"])),
+    )
+    return cs, pats, vals, draw(st.lists(op, min_size=1, max_size=25)), draw(st.sampled_from([2, 8192]))
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(forwarding_scenarios())
+def test_forwarders_agree_with_their_producer_under_churn(scenario):
+    """A forwarder hears exactly the messages its producer's reference rule
+    (``forward_reference``: every matching entry, no trie walk) lets through at the
+    moment each is sent -- with the producer's entries subscribed, rejected and reset
+    between messages, observers of the dataspace coming and going (the plans change),
+    a tiny cache (evictions), runs that came from the forwarder itself (skipped) and
+    messages sent as values (those are the tap's, never the forwarder's)."""
+    cs, pats, vals, ops, cap = scenario
+    h = Harness(max_entries=cap)
+    prod = Producer()
+    fw = Forwarder(prod.forward)
+    h.router.add_forwarder(fw, [c for c, _p in prod.entries()])
+    other = Forwarder(lambda v: True)  # a second link: hears everything not its own
+    h.router.add_forwarder(other, [()])
+    want: list[bytes] = []
+    want_other: list[bytes] = []
+    seq = 0
+    kinds = {"subscribe": SUBSCRIBE, "reject": REJECT, "reset": RESET}
+    for op in ops:
+        if op[0] in kinds:
+            seq += 1
+            changed = prod.on_request(_request(kinds[op[0]], seq, cs[op[1]]))
+            prod.take_outgoing()
+            if changed is not None:
+                h.router.forwarder_changed(fw, changed, prod.has(changed))
+        elif op[0] == "observe":
+            h.observe(pats[op[1]], op[2])
+        else:
+            msgs = [vals[j] for j in op[1]]
+            if op[2] == "value":
+                for m in msgs:
+                    h.ds.send(m)
+                continue
+            enc = _encoded(msgs)
+            if op[2] == "skip":
+                enc.skip = (fw,)
+            h.ds.send(enc)
+            for m in msgs:
+                if op[2] != "skip" and prod.forward_reference(m):
+                    want.append(encode(m))
+                want_other.append(encode(m))
+    h.collect()
+    assert fw.sent == want
+    assert other.sent == want_other
+    assert h.router.stats.fallbacks == 0
+    h.router.remove_forwarder(fw)
+    h.ds.send(_encoded(vals))
+    assert fw.sent == want  # removed: hears nothing more
+    assert other.sent == want_other + [encode(v) for v in vals]
+
+
+def test_a_forwarder_gets_runs_as_the_bytes_they_came_in_and_counts_what_it_skipped():
+    """Through a relay: a run of messages reaches the forwarder as its received bytes
+    in one call; ``seen`` counts every routed message not from it; the cache is hit
+    from the second message of a class on; a producer's change invalidates only the
+    class of its chain."""
+    h = Harness()
+    prod = Producer()
+    calls: list[int] = []
+    fw = Forwarder(prod.forward)
+    run = fw.emit_run
+    fw.emit_run = lambda head, parts: (calls.append(len(parts)), run(head, parts))  # type: ignore[method-assign]
+    h.router.add_forwarder(fw, [c for c, _p in prod.entries()])
+    says = [encode(Record(Symbol("Says"), ["a", str(i)])) for i in range(5)]
+    h.pub.receive_data(_packet(says))
+    assert fw.sent == says and calls == [5]  # the root artifact: everything, one call
+    assert fw.seen_count == 5
+    # The peer asks for <Says "b" _> only, and drops the root artifact.
+    chain = pattern_chain(parse_pattern('<Says "b" $t>'))
+    prod.on_request(_request(SUBSCRIBE, 1, chain))
+    h.router.forwarder_changed(fw, chain, prod.has(chain))
+    prod.on_request(_request(RESET, 2, ()))
+    h.router.forwarder_changed(fw, (), prod.has(()))
+    b = [encode(Record(Symbol("Says"), ["b", str(i)])) for i in range(3)]
+    hits = h.router.stats.hits
+    h.pub.receive_data(_packet([says[0], b[0], b[1], says[1], b[2]]))
+    assert fw.sent == says + b
+    assert h.router.stats.hits >= hits + 3
+    assert fw.seen_count == 10
+    enc = _encoded([decode(x) for x in b])
+    enc.skip = (fw,)
+    h.ds.send(enc)  # came from the forwarder's own link: not back
+    assert fw.sent == says + b and fw.seen_count == 10
+
+
+def test_messages_are_routed_on_their_bytes_while_a_link_keeps_received_encodings():
+    """keep_received (a link forwarding values as the bytes they came in) does not
+    turn byte routing off: runs are still routed on their bytes, to subscribers and to
+    forwarders, and a run of turns is still read as one."""
+    from dataspace.protocol.relay import keep_received
+
+    h = Harness()
+    s = h.observe(parse_pattern("<Says $who $text>"), True)
+    fw = Forwarder(lambda v: True)
+    h.router.add_forwarder(fw, [()])
+    bodies = [encode(Record(Symbol("Says"), ["a", str(i)])) for i in range(4)]
+    keep_received(True)
+    try:
+        h.pub.receive_data(_packet(bodies[:2]))
+        h.pub.receive_data(_packet(bodies[2:3]) + _packet(bodies[3:]))  # a run of turns
+    finally:
+        keep_received(False)
+    h.collect()
+    assert h.router.stats.routed == 4
+    assert h.got[s] == [tuple(map(key, ["a", str(i)])) for i in range(4)]
+    assert fw.sent == bodies
+
+
 def test_a_new_class_plans_what_the_patterns_of_no_class_capture():
     """A class whose first pattern tests nothing (``<A>``) still places the captures
     of the patterns of every class (``$x``): its plan is made at once, not only when
@@ -539,34 +735,13 @@ def test_a_new_class_plans_what_the_patterns_of_no_class_capture():
     assert h.router.stats.fallbacks == 0 and h.router.stats.routed == 1
 
 
-def test_messages_are_routed_on_their_bytes_while_a_link_forwards_them():
-    """A server with a link keeps received encodings (keep_received) so that the link
-    forwards messages as the bytes they came in.  That must not turn byte routing off
-    for the whole process: messages are still routed on their bytes, and the link's tap
-    is given the values, which go out as the bytes received."""
-    from dataspace.protocol.relay import keep_received
-
-    h = Harness()
-    s = h.observe(parse_pattern("<Says $who $text>"), True)
+def test_a_relay_writes_bodies_as_they_are():
     out = Relay(name="link")
     peer = out.import_ref(3)
-    tapped: list[Any] = []
-
-    def tap(vs: Any) -> None:
-        tapped.extend(vs)
-        peer.send_messages(list(vs))
-
-    h.ds.tap_messages(tap)
-    bodies = [encode(Record(Symbol("Says"), ["a", str(i)])) for i in range(4)]
-    keep_received(True)
-    try:
-        h.pub.receive_data(_packet(bodies[:2]))
-        h.pub.receive_data(_packet(bodies[2:3]) + _packet(bodies[3:]))  # a run of turns
-    finally:
-        keep_received(False)
-    h.collect()
-    assert h.router.stats.routed == 4
-    assert h.got[s] == [tuple(map(key, ["a", str(i)])) for i in range(4)]
-    assert [encode(v) for v in tapped] == bodies
-    sent = b"".join(out.take_packets())
-    assert all(sent.count(b) == 1 for b in bodies)
+    bodies = [encode(Record(Symbol("Says"), ["a", str(i)])) for i in range(3)]
+    peer.send_bodies(bodies)
+    (pkt,) = out.take_packets()
+    p = parse_packet(decode(pkt, embedded=WireRef.from_value))
+    assert isinstance(p, Turn)
+    assert [(te.oid, encode(te.event.body)) for te in p.events] == [(3, b) for b in bodies]
+    assert out.events_out == 3

@@ -95,14 +95,17 @@ class Encoded:
     (a record's label is its first item) and where it ends, as
     :func:`dataspace.protocol.route.scan` finds them.  A relay hands a run of messages
     to one entity as one of these, to a dataspace with a message router, which delivers
-    them without decoding; values are decoded only when something needs them."""
+    them without decoding; values are decoded only when something needs them.
+    ``skip``: the router's forwarders that must not hear these (the link they came in
+    by: see :meth:`dataspace.protocol.route.MessageRouter.add_forwarder`)."""
 
-    __slots__ = ("_values", "buf", "msgs")
+    __slots__ = ("_values", "buf", "msgs", "skip")
 
     def __init__(self, buf: bytes, msgs: list[list[int]]) -> None:
         self.buf = buf
         self.msgs = msgs
         self._values: list[Value] | None = None
+        self.skip: tuple[Any, ...] | None = None
 
     def values(self) -> list[Value]:
         """The messages, decoded (once)."""
@@ -714,10 +717,6 @@ class Dataspace(_DataspaceBase):
             return 1
         q = self._queue
         limit = self.max_turn_events
-        tap = self._tap
-        if tap is not None:  # the tap hears each turn's messages, after the turn
-            self.send(Encoded(enc.buf, enc.msgs[:cuts[0]]))
-            return 1
         entries, _cost = router.prepare(enc, 0, cuts[-1])
         sent = len(cuts)
         refused = False
@@ -816,7 +815,12 @@ class Dataspace(_DataspaceBase):
         its own messages), so it runs in order with them and is isolated like any
         callback.  For a server's links, which forward messages: one call per turn and
         no matching, where an observer of everything would cost a match and a callback
-        per message."""
+        per message.
+
+        With a message :attr:`router`, the tap hears only the messages that are not
+        routed on their bytes (those sent as values); :class:`Encoded` runs go to the
+        router's forwarders instead.  Its calls are then queued where those messages
+        were delivered, so that what a link forwards keeps the order of the turn."""
         self._tap = fn
 
     def _after_turn(self) -> None:
@@ -1013,21 +1017,38 @@ class Dataspace(_DataspaceBase):
             self._send_messages(messages)
 
     def _send_messages(self, messages: Any) -> None:
-        """Deliver a turn's messages (unmetered), in order, then tell the tap."""
+        """Deliver a turn's messages (unmetered), in order, and tell the tap (see
+        :meth:`tap_messages`)."""
         send = self.index.send_message
         router = self.router
         q = self._queue
+        tap = self._tap
+        if tap is not None and router is None:
+            for m in messages:
+                if type(m) is Encoded:
+                    for v in m.values():
+                        send(v)
+                else:
+                    send(m)
+            q.append(("x", (tap,), (_decoded(messages),)))
+            return
+        tapped: list[Value] = []  # values sent since the last run routed on bytes
         for m in messages:
             if type(m) is Encoded:
                 if router is not None:
+                    if tapped:
+                        q.append(("x", (tap,), (tapped,)))
+                        tapped = []
                     router.emit(m, router.prepare(m)[0], q, True)
                     continue
                 for v in m.values():
                     send(v)
                 continue
             send(m)
-        if self._tap is not None:
-            q.append(("x", (self._tap,), (_decoded(messages),)))
+            if tap is not None:
+                tapped.append(m)
+        if tapped:
+            q.append(("x", (tap,), (tapped,)))
 
     def _apply_metered(self, added: Any, removed: Any, messages: Any) -> None:
         """:meth:`_apply` counting the deliveries that additions and messages queue; past
@@ -1056,6 +1077,7 @@ class Dataspace(_DataspaceBase):
             for _h, v in removed:
                 done.append(("r", v, self._remove(v)))
             router = self.router
+            tap = self._tap
             routed: list[Any] = []  # (messages, deliveries): delivered once the turn fits
             for m in messages:
                 if type(m) is Encoded:
@@ -1081,10 +1103,14 @@ class Dataspace(_DataspaceBase):
                         used += _queued_cost(q, n)
                         if used > limit:
                             raise TurnTooLarge(limit)
+                if tap is not None and router is not None:
+                    # (With a router the tap hears the values, in their place: the runs
+                    # routed on bytes go to its forwarders.)
+                    q.append(("x", (tap,), (list(values),)))
             for rm, entries in routed:
                 router.emit(rm, entries, q, True)
-            if messages and self._tap is not None:
-                q.append(("x", (self._tap,), (_decoded(messages),)))
+            if messages and tap is not None and router is None:
+                q.append(("x", (tap,), (_decoded(messages),)))
         except TurnTooLarge:
             for i in range(len(done) - 1, -1, -1):
                 kind, v, info = done[i]

@@ -75,7 +75,7 @@ from ..protocol.upstream import (
     chain_matches,
     pattern_chain,
 )
-from ..values import Dictionary, Embedded, Record, Symbol, Value, key, stringify
+from ..values import Dictionary, Embedded, Record, Symbol, Value, decode, key, stringify
 from ..values.model import _PLAIN
 
 __all__ = ["LinkHub", "LinkSpec", "load_server_id"]
@@ -199,6 +199,53 @@ class _Data(Entity):
         return self.session.hub.ds.router is not None
 
 
+class _Forward:
+    """A link in its dataspace's message router (see
+    :meth:`~dataspace.protocol.route.MessageRouter.add_forwarder`): the runs of messages
+    routed on their bytes that the peer wants (its producer decides, and the router
+    caches the decision) go out as the bytes they came in, without being decoded here.
+    Messages sent as values reach the link through the dataspace's tap instead."""
+
+    __slots__ = ("counters", "delivered", "session")
+
+    def __init__(self, session: LinkSession) -> None:
+        self.session = session
+        self.counters = session.counters
+        self.delivered = 0
+
+    def decide(self, value: Value) -> bool:
+        return self.session.prod.forward(value)
+
+    def seen(self, n: int) -> None:
+        """``n`` messages were routed here (not from this link): all suppressed until
+        forwarded."""
+        self.counters["messages_suppressed"] += n
+
+    def emit_run(self, head: bytes, parts: list[bytes]) -> None:
+        """Forward the messages whose encodings are ``parts``, in order."""
+        s = self.session
+        if s.closed:
+            return
+        out = s.data_out
+        send = getattr(out, "send_bodies", None)
+        if send is not None:
+            send(parts)
+        else:  # (a peer's entity that takes values only: tests' in-memory links)
+            for p in parts:
+                out.on_message(decode(p))
+        c = self.counters
+        c["messages_forwarded"] += len(parts)
+        c["messages_suppressed"] -= len(parts)
+
+    def emit_captures(self, head: bytes, parts: tuple[bytes, ...], size: int) -> None:
+        self.emit_run(head, list(parts))
+
+    def deliver_body(self, body: bytes) -> None:
+        """The message, queued as ``[message]`` (see the router's emit)."""
+        self.delivered += 1
+        self.emit_run(b"", [body[1:-1]])
+
+
 class LinkSession:
     """An established link, on either side (see the module docstring)."""
 
@@ -228,6 +275,10 @@ class LinkSession:
         self.injected: dict[int, tuple[int, Value]] = {}  # peer handle -> (local handle, value)
         self.injected_count: dict[Any, int] = {}
         self.echo: deque[Value] = deque()   # messages injected, to recognise as ours
+        self.fw: _Forward | None = None  # in the router while the link is up (if it has one)
+        self.skip: tuple[Any, ...] | None = None
+        """The forwarders that must not hear what comes over this link: its own; for a
+        route, every route's (see LinkHub.update_skips)."""
         self.ready = False
         """Data crosses only once the link is up: checked to close no cycle."""
         self.settled = False
@@ -357,20 +408,23 @@ class LinkSession:
         if self.closed or not self.ready:
             return
         hub = self.hub
-        if not self.settled or hub.tapping:
-            # Each message is looked at (not settled), or the tap must know it as ours
-            # (by the object): decoded.
-            vs = _values_of(vs)
-            if not self.settled:
-                for v in vs:
-                    self.on_data_message(v)
-                return
+        if not self.settled:  # each message is looked at: decoded
+            for v in _values_of(vs):
+                self.on_data_message(v)
+            return
         self.counters["messages_received"] += _count_of(vs)
-        if hub.tapping:  # the tap hears them, and must know them as ours
-            (hub.route_echo if self.route else self.echo).extend(vs)
+        tapping = hub.tapping
+        echo = hub.route_echo if self.route else self.echo
+        skip = self.skip
         send = hub.ds.send
         for v in vs:
-            send(v)  # (an Encoded run is routed on its bytes)
+            if type(v) is Encoded:
+                # Routed on its bytes: the router's forwarders, not the tap, hear it,
+                # and this link's (a route's: every route's) are told to skip it.
+                v.skip = skip
+            elif tapping:  # the tap hears it, and must know it as ours
+                echo.append(v)
+            send(v)
 
     def on_data_assert(self, v: Value, handle: int) -> None:
         if self.closed or handle in self.injected:
@@ -625,6 +679,8 @@ class LinkHub:
         """The peer of ``session`` asked for (or dropped) ``chain``: pass it on to the other
         links, and re-decide the assertions it covers."""
         self._tap_messages()
+        if session.fw is not None and self.ds.router is not None:
+            self.ds.router.forwarder_changed(session.fw, chain, session.prod.has(chain))
         k = chain_key(chain)
         positive = session.prod.wants(chain)
         had = k in session.wants
@@ -793,6 +849,11 @@ class LinkHub:
             return
         session.ready = True
         session.up_since = time.time()
+        router = self.ds.router
+        if router is not None:
+            session.fw = _Forward(session)
+            router.add_forwarder(session.fw, [c for c, _p in session.prod.entries()])
+            self.update_skips()
         self.last_error.pop(session.name, None)
         self._said.pop(session.peer_id, None)
         now = time.monotonic()
@@ -806,6 +867,17 @@ class LinkHub:
         log.info("%s %s: up (peer %s)", "route" if session.route else "link", session.name,
                  session.peer_id)
         self.write_status()
+
+    def update_skips(self) -> None:
+        """What each session's incoming runs tell the router to skip: its own
+        forwarder; a route's, every route's (what came over a route goes on to links
+        and local observers, never to another route)."""
+        routes = tuple(s.fw for s in self.sessions if s.route and s.fw is not None)
+        for s in self.sessions:
+            if s.route:
+                s.skip = routes or None
+            else:
+                s.skip = (s.fw,) if s.fw is not None else None
 
     def refuse(self, session: LinkSession, why: str) -> None:
         """The check refused the link (it would close a cycle): no data ever crossed it.
@@ -840,6 +912,11 @@ class LinkHub:
         session.closed = True
         if session in self.sessions:
             self.sessions.remove(session)
+        if session.fw is not None:
+            if self.ds.router is not None:
+                self.ds.router.remove_forwarder(session.fw)
+            session.fw = None
+            self.update_skips()
         if was_up:
             now = time.monotonic()
             for chain in session.wants.values():

@@ -215,6 +215,12 @@ class RemoteEntity(Entity):
         if not relay.closed:
             relay._emit(self.oid_bytes, _HDR_M, body)
 
+    def send_bodies(self, bodies: list[bytes]) -> None:
+        """:meth:`send_body` for each of ``bodies``, in order."""
+        relay = self.relay
+        if not relay.closed:
+            relay.emit_bodies(self.oid_bytes, bodies)
+
     def send_messages(self, values: list[Value]) -> None:
         """:meth:`on_message` for each of ``values``, in order (a link forwarding a
         turn's messages: one call, and each received one written as it came in)."""
@@ -566,8 +572,6 @@ class Relay:
         it that are the same (up to 256), and have the entity apply them, turn by turn,
         in one call (see :meth:`Dataspace.send_turns`).  Returns the offset after the
         last packet applied, or -1 (nothing applied) when no such packet follows."""
-        if _keeping:
-            return -1  # (a link's tap hears each turn: see keep_received)
         oid = ev[0]
         enc = ev[2]
         ex = self._exports.get(oid)
@@ -685,13 +689,9 @@ class Relay:
                                 break
                             p += lenv
                         if msgs:
-                            enc = Encoded(buf, msgs)
-                            events.append((oid, k, enc, None))
-                            if keep:
-                                # A link forwards what its tap hears: the values the
-                                # tap is given go out as the bytes they came in.
-                                for m, v in zip(msgs, enc.values()):
-                                    _received[id(v)] = (v, buf[m[0]:m[-1]])
+                            # (A link forwards these as they are: the dataspace's router
+                            # hands their bytes to its forwarders.)
+                            events.append((oid, k, Encoded(buf, msgs), None))
                         if items is None:
                             no_raw = e
                         p = e
@@ -1241,6 +1241,36 @@ class Relay:
             return
         for part in parts:
             self.emit_captures(head, (part,), len(part))
+
+    def emit_bodies(self, oid_bytes: bytes, bodies: list[bytes]) -> None:
+        """Append the events ``[oid <M body>]``, one for each of ``bodies`` (canonical
+        encodings of messages, sent as they are: a link forwarding what it received)."""
+        if self.closed:
+            return
+        frags = self._frags
+        size = self._frag_size
+        max_out = self._max_out
+        hm = _HDR_M
+        end = _B_END2
+        lo = len(oid_bytes) + 7
+        for body in bodies:
+            if not frags:
+                frags.append(_B_SEQ)
+                size = 1
+                if not self._dirty:
+                    self._dirty = True
+                    if self.on_dirty is not None:
+                        self.on_dirty(self)
+            frags += (_B_SEQ, oid_bytes, hm, body, end)
+            size += lo + len(body)
+            self.events_out += 1
+            if size >= max_out:
+                self._frag_size = size
+                self._seal()
+                size = 0
+                if self.closed:  # (over its memory budget)
+                    return
+        self._frag_size = size
 
     def _emit(self, oid_bytes: bytes, hdr: bytes, body: bytes) -> None:
         """Append the event ``[oid <hdr body>]`` to the Turn being built."""

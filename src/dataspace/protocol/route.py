@@ -17,6 +17,12 @@ for the message:
 * A remote subscriber gets the message as the bytes of its captures spliced into its
   outgoing Turn (``[capture ...]``, each capture the received bytes of that field); an
   in-process observer gets decoded captures, through the dataspace's queue, as before.
+* A *forwarder* (a link to another server, :meth:`MessageRouter.add_forwarder`) gets the
+  whole message as it came in, when the link's producer (seed 001) lets it through.  The
+  producer decides on the chains its peer asked for; their tests join the plans below,
+  so its decision is cached with the rest.  A message that came in over a link is not
+  sent back over it: the :class:`~dataspace.dataspace.Encoded` run carries the
+  forwarders to skip (``skip``).
 
 Canonical form
 --------------
@@ -51,10 +57,12 @@ from ..dataspace import Dataspace, Encoded, Subscription, _EntityObserver
 from ..pattern import Arr, Bind, Dict, Discard, Lit, Pattern, Rec
 from ..values import Embedded, Value, encode
 from ..values.binary import DEFAULT_MAX_DEPTH, make_reader
+from .upstream import Chain, chain_key
 
 __all__ = [
     "CacheStats",
     "MessageRouter",
+    "chain_info",
     "is_canonical",
     "scan",
     "skip",
@@ -370,6 +378,61 @@ def _has_embedded(v: Value) -> bool:
     return False
 
 
+def chain_info(chain: Chain) -> PatternInfo | None:
+    """What a link producer's ``chain`` (:mod:`dataspace.protocol.upstream`) tests, as a
+    :class:`PatternInfo` capturing the whole message: a record, sequence or dictionary
+    constraint tests the class there, an atom the encoding.  None when it can match no
+    message routed on bytes (a constraint under an atom or a dictionary, whose
+    container is not constrained first, or on an embedded value)."""
+    info = PatternInfo(_WHOLE)
+    kinds: dict[tuple[int, ...], Any] = {}
+    steps: dict[tuple[int, ...], Path] = {(): ()}
+    for path, item in chain:
+        kind = item[0]
+        try:
+            if kind == "rec":
+                enc: bytes = encode(item[2])
+            elif kind == "lit":
+                enc = encode(item[2])
+                if _has_embedded(item[2]):
+                    return None
+            else:
+                enc = b""
+        except (TypeError, ValueError):
+            return None
+        if path:
+            up = path[:-1]
+            parent = kinds.get(up)
+            if parent == "rec":
+                rpath: Path = (*steps[up], (0xB4, path[-1] + 1))
+            elif parent == "arr":
+                rpath = (*steps[up], (0xB5, path[-1]))
+            else:
+                return None
+            steps[path] = rpath
+        else:
+            rpath = ()
+        kinds[path] = kind
+        if kind == "rec":
+            if rpath:
+                info.tests.append((rpath, CLASS, b"\xb4" + enc))
+            elif info.cls is None or info.cls == enc:
+                info.cls = enc
+            else:
+                return None  # two labels at the root
+        elif kind == "arr" or kind == "dict":
+            c = b"\xb5" if kind == "arr" else b"\xb7"
+            if rpath:
+                info.tests.append((rpath, CLASS, c))
+            elif info.cls is None or info.cls == c:
+                info.cls = c
+            else:
+                return None
+        else:
+            info.tests.append((rpath, VALUE, enc))
+    return info
+
+
 def class_of(buf: bytes, s: int, e: int) -> bytes:
     """The class of the (canonical) value ``buf[s:e]``: ``b"\\xb4"`` and its label's
     encoding for a record, ``b"\\xb5"`` / ``b"\\xb7"`` for a sequence / dictionary (a set
@@ -449,12 +512,14 @@ class _Entry:
     message then goes through the index.
     """
 
-    __slots__ = ("count", "cs", "fallback", "fast", "gen", "groups", "queued", "simple",
-                 "size")
+    __slots__ = ("alt", "count", "cs", "fallback", "fast", "fws", "gen", "groups", "queued",
+                 "simple", "size")
 
     def __init__(self, cs: _Class, groups: list[tuple[Any, ...]], count: int, size: int,
-                 fallback: bool = False) -> None:
+                 fallback: bool = False, fws: tuple[Any, ...] = ()) -> None:
         self.cs = cs
+        self.fws = fws  # the forwarders among the deliveries (see MessageRouter.add_forwarder)
+        self.alt: tuple[Any, _Entry] | None = None  # (skip, this entry without those)
         self.gen = cs.gen
         self.groups = groups
         self.count = count  # callbacks reached (what a turn's metering counts)
@@ -467,6 +532,7 @@ class _Entry:
 
     def refresh(self) -> None:
         """Recompute the derived fields after ``groups`` changed."""
+        self.alt = None
         groups = self.groups
         self.queued = any(g[3] for g in groups)
         # The common case in a form quick to use: every match a remote observer whose
@@ -477,6 +543,29 @@ class _Entry:
             if len(w[0]) == 1 and all(g[0] is w for g in groups):
                 a, b = w[0][0]
                 self.fast = (a, b, tuple(x for g in groups for x in g[1]))
+
+
+    def without(self, skip: tuple[Any, ...]) -> _Entry:
+        """This entry without the deliveries to the forwarders in ``skip`` (a message
+        that came in over a link does not go back over it); kept for the next message
+        from there."""
+        alt = self.alt
+        if alt is not None and alt[0] is skip:
+            return alt[1]
+        groups: list[tuple[Any, ...]] = []
+        fws: list[Any] = []
+        count = self.count
+        for g in self.groups:
+            obs = g[2]
+            if len(obs) == 1 and obs[0] in self.fws:
+                if obs[0] in skip:
+                    count -= 1
+                    continue
+                fws.append(obs[0])
+            groups.append(g)
+        e = _Entry(self.cs, groups, count, self.size, self.fallback, tuple(fws))
+        self.alt = (skip, e)
+        return e
 
 
 class CacheStats:
@@ -506,6 +595,9 @@ through the index each time."""
 
 _read_plain = make_reader(False, None, MAX_DEPTH)
 
+_WHOLE = Bind(Discard())
+_WHOLE_INFO = PatternInfo(_WHOLE)
+"""Where a forwarder's capture is: the whole message."""
 
 _B_SEQ = b"\xb5"
 _B_END = b"\x84"
@@ -530,6 +622,8 @@ class MessageRouter:
         self._bytes = 0
         self._infos: dict[Pattern, PatternInfo] = {}
         self._gen = 0
+        self._fws: list[Any] = []  # forwarders (see add_forwarder), in the order added
+        self._fw_chains: dict[int, dict[Any, PatternInfo]] = {}  # id(fw) -> chains counted
         # Handlers installed before the router: count them in.
         for pattern, n in self.index.message_patterns():
             self._changed(n, pattern)
@@ -552,7 +646,9 @@ class MessageRouter:
         ``pattern``: a remote observer joining or leaving is added to or removed from
         the entries of its class (the plan still covers what it tests); any other change
         makes them stale."""
-        info = self._info(pattern)
+        self._changed_info(delta, self._info(pattern), callback)
+
+    def _changed_info(self, delta: int, info: PatternInfo, callback: Any) -> None:
         if info.never:
             return  # it matches no message routed on bytes: nothing to invalidate
         if info.cls is None:
@@ -596,6 +692,75 @@ class MessageRouter:
             self.stats.invalidations += 1
         elif cs.keys:
             self._patch(cs, info, sink, delta)
+
+    def _stale(self, cls: bytes | None) -> None:
+        """Every entry of the class ``cls`` (None: of every class) is stale."""
+        self._gen += 1
+        self.stats.invalidations += 1
+        if cls is None:
+            for cs in self._classes.values():
+                cs.gen = self._gen
+            self._root.gen = self._gen
+        else:
+            got = self._classes.get(cls)
+            if got is not None:
+                got.gen = self._gen
+
+    # -- forwarders --------------------------------------------------------------------
+
+    def add_forwarder(self, fw: Any, chains: list[Chain]) -> None:
+        """Have ``fw`` (a link's sink: see :class:`dataspace.broker.link`) hear every
+        message its ``decide(value)`` accepts, as the message's bytes: ``fw`` takes the
+        calls a relay does (``emit_run(head, parts)``, ``emit_captures(head, parts,
+        size)``), a queued observer's (``deliver_body(body)``, the body being
+        ``[message]``) and ``seen(n)`` for every ``n`` messages routed here that did not
+        come from it; it has a ``delivered`` count.  ``decide`` must depend only on
+        which of the ``chains`` hold on the message (a link producer's entries, positive
+        and negative): their tests join the plans, so decisions are cached exactly.  Tell
+        :meth:`forwarder_changed` of every change of those chains."""
+        if any(f is fw for f in self._fws):
+            return
+        self._fws.append(fw)
+        self._fw_chains[id(fw)] = {}
+        for chain in chains:
+            self.forwarder_changed(fw, chain, True)
+        self._stale(None)
+
+    def remove_forwarder(self, fw: Any) -> None:
+        """``fw`` hears nothing from now on."""
+        counted = self._fw_chains.pop(id(fw), None)
+        if counted is None:
+            return
+        self._fws = [f for f in self._fws if f is not fw]
+        for info in counted.values():
+            self._changed_info(-1, info, None)
+        self._stale(None)
+
+    def forwarder_changed(self, fw: Any, chain: Chain, present: bool) -> None:
+        """The entry of ``chain`` in what ``fw`` decides on changed: it is there
+        (``present``: added, or its decision changed) or gone; the entries of the
+        messages it tests are recomputed."""
+        counted = self._fw_chains.get(id(fw))
+        if counted is None:
+            return
+        k = chain_key(chain)
+        info = counted.get(k)
+        if present and info is None:
+            got = chain_info(chain)
+            if got is None:
+                return  # it matches no message routed here: no decision depends on it
+            counted[k] = got
+            self._changed_info(1, got, None)
+        elif not present and info is not None:
+            del counted[k]
+            self._changed_info(-1, info, None)
+        elif info is not None:
+            self._stale(info.cls)
+
+    @property
+    def forwarders(self) -> int:
+        """How many forwarders hear messages here."""
+        return len(self._fws)
 
     def _patch(self, cs: _Class, info: PatternInfo, sink: tuple[Any, ...], delta: int) -> None:
         """Add (``delta`` 1) or remove (-1) the remote observer ``sink`` to or from the
@@ -850,6 +1015,23 @@ class MessageRouter:
                     others.append(cb)  # (a subscription without on_message: nothing to do)
             groups.append((w, tuple(sinks), tuple(observers), tuple(others)))
             size += 64 + 16 * len(mcbs)
+        fws: list[Any] = []
+        if self._fws and not fallback:
+            ww: Any = None
+            for fw in self._fws:
+                if not fw.decide(value):
+                    continue
+                if ww is None:
+                    ww = self._placement(cs, _WHOLE_INFO)
+                    if ww is None:  # pragma: no cover - a forwarder's chains capture it
+                        log.warning("route: the whole message is missing from its plan")
+                        fallback = True
+                        break
+                    ww = shared.setdefault(ww, ww)
+                fws.append(fw)
+                groups.append((ww, ((fw, fw, b""),), (fw,), ()))
+                count += 1
+                size += 80
         key_bytes = 0
         for x in key:
             if type(x) is bytes:
@@ -857,7 +1039,7 @@ class MessageRouter:
         size += key_bytes + 40 * len(key)
         if fallback:
             return _Entry(cs, [], count, size, True)
-        entry = _Entry(cs, groups, count, size)
+        entry = _Entry(cs, groups, count, size, False, tuple(fws))
         if key_bytes <= MAX_KEY:
             self._keep(key, entry)
         return entry
@@ -894,6 +1076,13 @@ class MessageRouter:
         k = lo
         i = 0
         n = len(entries)
+        if self._fws:
+            skip = enc.skip
+            for fw in self._fws:
+                if skip is None or fw not in skip:
+                    fw.seen(n)
+            if skip is not None:
+                entries = [e.without(skip) if e.fws else e for e in entries]
         while i < n:
             e = entries[i]
             fast = e.fast

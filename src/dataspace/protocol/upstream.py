@@ -266,7 +266,12 @@ def chain_from_value(v: Value) -> Chain:
             item = ("lit", key(f[0]), f[0])
         else:
             raise UpstreamError("a chain item is <rec L>, <arr>, <dict> or <lit ATOM>")
-        out.append((tuple(path), item))
+        t = tuple(path)
+        if t and not any(p == t[:-1] for p, _i in out):
+            # (So that what a constraint looks at -- a record's field or a sequence's
+            # item -- is known: chains of patterns and values always say it first.)
+            raise UpstreamError("a chain constrains a path only after the value holding it")
+        out.append((t, item))
     return tuple(out)
 
 
@@ -1019,6 +1024,11 @@ class Producer:
                        for n in found):
                 return True
         return False
+
+    def has(self, chain: Chain) -> bool:
+        """Whether the trie has an entry (positive or negative) for ``chain``."""
+        n = self.trie.find(chain)
+        return n is not None and n.flags is not None
 
     def wants(self, chain: Chain) -> bool:
         """Whether the subscriber asked for ``chain`` (a positive entry it requested; the
