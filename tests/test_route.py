@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from dataspace.dataspace import OBSERVE, Dataspace, DataspaceEntity, Encoded
 from dataspace.pattern import DISCARD, Arr, Bind, Dict, Lit, Rec, match, parse_pattern, to_preserves
 from dataspace.protocol.relay import Relay, RelayLimits
-from dataspace.protocol.route import MessageRouter, is_canonical, scan, skip
+from dataspace.protocol.route import MessageRouter, is_canonical, scan, scan_rel, skip
 from dataspace.protocol.upstream import (
     REJECT,
     RESET,
@@ -67,6 +67,20 @@ def _items_of(v: Any) -> list[Any]:
             out += [k, x]
         return out
     return []
+
+
+@settings(max_examples=200)
+@given(values, st.binary(max_size=5))
+def test_relative_offsets_are_the_absolute_ones_less_the_start(v, before):
+    """What Encoded keeps (scan_rel) is scan's offsets, each but the start made relative
+    to the start, wherever the value sits in the buffer."""
+    b = before + encode(v)
+    p = len(before)
+    items = scan(b, p, 0)
+    rel = scan_rel(b, p, 0)
+    assert items is not None and rel is not None
+    assert rel[0] == items[0] == p
+    assert [p + x for x in rel[1:]] == items[1:]
 
 
 @settings(max_examples=500)
@@ -557,10 +571,10 @@ def _encoded(msgs: list[Any]) -> Encoded:
     items = []
     p = 0
     while p < len(buf):
-        it = scan(buf, p, 0)
+        it = scan_rel(buf, p, 0)
         assert it is not None
         items.append(it)
-        p = it[-1]
+        p = it[0] + it[-1]
     return Encoded(buf, items)
 
 

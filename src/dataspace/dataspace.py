@@ -93,7 +93,8 @@ class Encoded:
     ``buf``.  ``msgs`` holds, per message, ``[start, item offsets..., end]``: where it
     starts, where each item of its outermost record, sequence, set or dictionary starts
     (a record's label is its first item) and where it ends, as
-    :func:`dataspace.protocol.route.scan` finds them.  A relay hands a run of messages
+    :func:`dataspace.protocol.route.scan_rel` finds them: every offset but the start
+    relative to the start.  A relay hands a run of messages
     to one entity as one of these, to a dataspace with a message router, which delivers
     them without decoding; values are decoded only when something needs them.
     ``skip``: the router's forwarders that must not hear these (the link they came in
@@ -117,7 +118,7 @@ class Encoded:
 
     def encodings(self) -> list[bytes]:
         buf = self.buf
-        return [buf[m[0]:m[-1]] for m in self.msgs]
+        return [buf[m[0]:m[0] + m[-1]] for m in self.msgs]
 
     def __len__(self) -> int:
         return len(self.msgs)

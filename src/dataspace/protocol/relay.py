@@ -70,7 +70,7 @@ from .budget import (
     format_bytes,
     refused_packet,
 )
-from .route import scan
+from .route import scan_rel
 from .sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, SturdyError
 from .wire import ERROR, ProtocolError, WireRef, error_packet, short
 
@@ -107,6 +107,30 @@ _PARTIAL = -2
 # some user wants it (keep_received), and emptied after each packet is applied.
 _received: dict[int, tuple[Any, bytes]] = {}
 _keeping = 0
+
+
+def _scan_messages(buf: bytes, p: int, env: bytes, msgs: list[list[int]]) -> tuple[int, bool]:
+    """Read the messages of events in a row, each ``env body ]]`` (``env``: an event up
+    to its body, ``[oid <M ``), from ``buf[p]``, the first body: append the offsets of
+    each body (:func:`~dataspace.protocol.route.scan_rel`) to ``msgs``.  Returns where
+    the events read end, and False when reading stopped at an event whose body is not
+    routed on its bytes (not canonical, or not complete: it starts there), True when at
+    anything else."""
+    n = len(buf)
+    lenv = len(env)
+    e = p - lenv
+    while True:
+        items = scan_rel(buf, p, 3)
+        if items is None:
+            return e, False
+        end = p + items[-1]
+        if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
+            return e, False
+        msgs.append(items)
+        e = end + 2
+        if not buf.startswith(env, e):
+            return e, True
+        p = e + lenv
 
 
 def keep_received(on: bool) -> None:
@@ -589,22 +613,9 @@ class Relay:
         penv = _B_SEQ + env
         lenv = len(env)
         while q < n and len(cuts) < 256 and buf.startswith(penv, q):
-            p = q + lenv + 1
             had = len(msgs)
-            while True:
-                items = scan(buf, p, 3)
-                if items is None:
-                    break
-                end = items[-1]
-                if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
-                    items = None
-                    break
-                msgs.append(items)
-                p = end + 2
-                if not buf.startswith(env, p):
-                    break
-                p += lenv
-            if items is None or p >= n or buf[p] != 0x84 or p + 1 - q > limit:
+            p, whole = _scan_messages(buf, q + lenv + 1, env, msgs)
+            if not whole or p >= n or buf[p] != 0x84 or p + 1 - q > limit:
                 del msgs[had:]  # not one of those: read as usual
                 break
             q = p + 1
@@ -637,7 +648,6 @@ class Relay:
         raw_oid = -1  # the last OID asked whether it takes Encoded messages, and the answer
         raw = False
         no_raw = -1  # an event to read as usual (its body is not canonical, or incomplete)
-        n = len(buf)
         e = p
         try:
             while True:
@@ -671,28 +681,14 @@ class Relay:
                         # A run of messages to this OID, routed on their bytes, not
                         # decoded: each body canonical, without embedded values (the
                         # first that is not is read as usual).
-                        env = buf[e:p]  # this event's envelope: the run's other events'
-                        lenv = p - e
                         msgs: list[list[int]] = []
-                        while True:
-                            items = scan(buf, p, 3)
-                            if items is None:
-                                break
-                            end = items[-1]
-                            if end + 1 >= n or buf[end] != 0x84 or buf[end + 1] != 0x84:
-                                items = None
-                                break
-                            msgs.append(items)
-                            p = end + 2
-                            e = p
-                            if not buf.startswith(env, p):
-                                break
-                            p += lenv
+                        # (this event's envelope, buf[e:p], is the run's other events')
+                        e, whole = _scan_messages(buf, p, buf[e:p], msgs)
                         if msgs:
                             # (A link forwards these as they are: the dataspace's router
                             # hands their bytes to its forwarders.)
                             events.append((oid, k, Encoded(buf, msgs), None))
-                        if items is None:
+                        if not whole:
                             no_raw = e
                         p = e
                         continue

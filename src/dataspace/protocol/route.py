@@ -65,6 +65,7 @@ __all__ = [
     "chain_info",
     "is_canonical",
     "scan",
+    "scan_rel",
     "skip",
 ]
 
@@ -195,6 +196,16 @@ def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
     dictionary's items are its keys and values in turn) and where its end marker is
     (item ``i`` is ``buf[offsets[i + 1]:offsets[i + 2]]``); for an atom
     ``[start, end, end]``.  None when it is not canonical (or not complete)."""
+    items = scan_rel(buf, p, depth)
+    if items is None:
+        return None
+    return [p] + [p + x for x in items[1:]]
+
+
+def scan_rel(buf: bytes, p: int, depth: int) -> list[int] | None:
+    """:func:`scan`, with every offset but the first (the start) relative to the start:
+    the form :class:`~dataspace.dataspace.Encoded` keeps (a message's offsets are then
+    small integers, which Python does not allocate)."""
     if p >= len(buf):
         return None
     tag = buf[p]
@@ -202,10 +213,11 @@ def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
         if tag == 0xB6 or tag == 0xB7:
             return _scan_ordered(buf, p, depth)
         e = skip(buf, p, depth)
-        return None if e < 0 else [p, e, e]
+        return None if e < 0 else [p, e - p, e - p]
     if depth >= MAX_DEPTH:
         return None
     d1 = depth + 1
+    start = p
     items: list[int] = [p]
     p += 1
     try:
@@ -244,23 +256,24 @@ def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
                 q = skip(buf, p, d1)
                 if q < 0:
                     return None
-            items.append(p)
+            items.append(p - start)
             p = q
     except IndexError:
         return None
     if tag == 0xB4 and len(items) == 1:
         return None  # a record needs a label
-    items.append(p)
-    items.append(p + 1)
+    items.append(p - start)
+    items.append(p + 1 - start)
     return items
 
 
 def _scan_ordered(buf: bytes, p: int, depth: int) -> list[int] | None:
-    """:func:`scan` of a set or dictionary (elements, keys in canonical order)."""
+    """:func:`scan_rel` of a set or dictionary (elements, keys in canonical order)."""
     tag = buf[p]
     if depth >= MAX_DEPTH:
         return None
     d1 = depth + 1
+    start = p
     items: list[int] = [p]
     p += 1
     ps = -1
@@ -279,12 +292,12 @@ def _scan_ordered(buf: bytes, p: int, depth: int) -> list[int] | None:
                 return None  # out of order, or a duplicate
             ps = p
             pe = q
-        items.append(p)
+        items.append(p - start)
         p = q
     if tag == 0xB7 and not len(items) & 1:
         return None  # a key without a value
-    items.append(p)
-    items.append(p + 1)
+    items.append(p - start)
+    items.append(p + 1 - start)
     return items
 
 
@@ -911,10 +924,10 @@ class MessageRouter:
         last_e: Any = None  # and its entry)
         msgs = enc.msgs if lo == 0 and hi < 0 else enc.msgs[lo:hi if hi >= 0 else None]
         for items in msgs:
-            s = items[0]
+            s = items[0]  # (the offsets after it are relative to it: see scan_rel)
             t = buf[s]
             if t == 0xB4:
-                ck = buf[items[1]:items[2]]
+                ck = buf[s + items[1]:s + items[2]]
             elif 0xB5 <= t <= 0xB7:
                 ck = buf[s:s + 1]
             else:
@@ -944,15 +957,17 @@ class MessageRouter:
                         continue
                     key = (last_ck, n)
                 elif one >= 0:
-                    key = (ck, n, buf[items[one + 1]:items[one + 2]]) if one < n else (ck, n)
+                    key = (ck, n, buf[s + items[one + 1]:s + items[one + 2]]) if one < n \
+                        else (ck, n)
                 else:
                     parts: list[Any] = [ck, n]
                     for item, mode in km:
                         if item < n:
                             if mode == VALUE:
-                                parts.append(buf[items[item + 1]:items[item + 2]])
+                                parts.append(buf[s + items[item + 1]:s + items[item + 2]])
                             else:
-                                parts.append(class_of(buf, items[item + 1], items[item + 2]))
+                                parts.append(class_of(buf, s + items[item + 1],
+                                                      s + items[item + 2]))
                     key = tuple(parts)
             else:
                 key = self._general_key(buf, items, cs, ck)
@@ -972,7 +987,7 @@ class MessageRouter:
     def _general_key(self, buf: bytes, items: list[int], cs: _Class,
                      ck: bytes) -> tuple[Any, ...]:
         s = items[0]
-        e = items[-1]
+        e = s + items[-1]
         parts: list[Any] = [ck]
         memo: dict[int, Any] = {}
         for path, mode in cs.plan:
@@ -1093,7 +1108,11 @@ class MessageRouter:
                 while j < n and entries[j] is e:
                     j += 1
                 a, b, sinks = fast
-                parts = [buf[items[a]:items[b]] for items in msgs[k:k + j - i]]
+                if a:
+                    parts = [buf[items[0] + items[a]:items[0] + items[b]]
+                             for items in msgs[k:k + j - i]]
+                else:  # (the whole message)
+                    parts = [buf[items[0]:items[0] + items[b]] for items in msgs[k:k + j - i]]
                 for o, relay, head in sinks:
                     o.delivered += j - i
                     relay.emit_run(head, parts)
@@ -1114,6 +1133,7 @@ class MessageRouter:
         last: Any = None
         parts: Any = ()
         size = 0
+        s = items[0]  # (the other offsets are relative to it)
         for w, sinks, observers, others in e.groups:
             if w is not last:
                 last = w
@@ -1121,11 +1141,12 @@ class MessageRouter:
                 if e.simple:
                     if len(where) == 1:
                         lo, hi = where[0]
-                        part = buf[items[lo]:items[hi]]
+                        part = buf[s + items[lo] if lo else s:s + items[hi]]
                         parts = (part,)
                         size = len(part)
                     else:
-                        parts = tuple([buf[items[lo]:items[hi]] for lo, hi in where])
+                        parts = tuple([buf[s + items[lo] if lo else s:s + items[hi]]
+                                       for lo, hi in where])
                         size = sum(map(len, parts))
                 else:
                     if spans is None:
@@ -1141,7 +1162,8 @@ class MessageRouter:
                     queue.append(("b", observers, b"".join((_B_SEQ, *parts, _B_END))))
             if others:
                 if e.simple:
-                    caps = [_read_plain(buf, items[lo], 0)[0] for lo, _hi in w[1]]
+                    caps = [_read_plain(buf, s + items[lo] if lo else s, 0)[0]
+                            for lo, _hi in w[1]]
                 else:
                     if spans is None:
                         spans = _spans(buf, items, e.cs)
@@ -1233,7 +1255,7 @@ def _matches_key(cs: _Class, info: PatternInfo, key: tuple[Any, ...]) -> bool:
 
 def _spans(buf: bytes, items: list[int], cs: _Class) -> list[tuple[int, int] | None]:
     s0 = items[0]
-    e0 = items[-1]
+    e0 = s0 + items[-1]
     memo: dict[int, Any] = {}
     return [resolve(buf, s0, e0, p, memo) for p, _m in cs.plan]
 
