@@ -607,6 +607,11 @@ class Dataspace(_DataspaceBase):
         self.index = Index(sink=self._queue)
         self._init_base()
         self._dispatching = False
+        # Lists used again rather than made anew for every event (each one made is work
+        # for the cyclic collector): a dispatched batch, and a callback's turn that
+        # stayed empty.  Both are empty while kept here.
+        self._spare_batch: list[tuple[str, tuple[Any, ...], Any]] | None = None
+        self._spare_turn: list[tuple[str, Any, Any]] | None = None
         # Observe assertion (strict key) -> (pattern, index callback)
         self._observers: dict[Any, tuple[Pattern, Any]] = {}
         # id() of each object observing through an installed <Observe> -> how many
@@ -1135,7 +1140,10 @@ class Dataspace(_DataspaceBase):
                 # The events queued so far, in order; what they cause goes to a fresh
                 # list (the index's sink too), dispatched after them.
                 batch = self._queue
-                fresh: list[tuple[str, tuple[Any, ...], Any]] = []
+                fresh = self._spare_batch
+                self._spare_batch = None
+                if fresh is None:
+                    fresh = []
                 self._queue = fresh
                 self.index.sink = fresh
                 i = 0
@@ -1147,6 +1155,8 @@ class Dataspace(_DataspaceBase):
                     # Keep the undelivered events, ahead of those they caused.
                     self._queue[:0] = batch[i:]
                     raise
+                batch.clear()
+                self._spare_batch = batch
         finally:
             self._dispatching = False
 
@@ -1171,7 +1181,10 @@ class Dataspace(_DataspaceBase):
                 # _run_callback(fn, caps, sub.facet), inlined: the hottest call
                 prev_turn = self._turn
                 prev_facet = self._facet
-                turn: list[tuple[str, Any, Any]] = []
+                turn = self._spare_turn
+                self._spare_turn = None
+                if turn is None:
+                    turn = []
                 self._turn = turn
                 self._facet = sub.facet
                 try:
@@ -1185,6 +1198,8 @@ class Dataspace(_DataspaceBase):
                     self._turn = prev_turn
                     if turn:
                         self._commit(turn)
+                    else:
+                        self._spare_turn = turn  # (nothing done: the next one's)
                 finally:
                     self._turn = prev_turn
                     self._facet = prev_facet

@@ -231,7 +231,14 @@ def scan_rel(buf: bytes, p: int, depth: int) -> list[int] | None:
                 ln = buf[p + 1]
                 if ln < 0x80:
                     q = p + 2 + ln
-                    if not buf[p + 2:q].isascii() and not _utf8(buf, p + 2, q):
+                    if ln <= 24:
+                        # Short: looked at in place (no copy; compiled, a tight loop).
+                        i = p + 2
+                        while i < q and buf[i] < 0x80:
+                            i += 1
+                        if i < q and not _utf8(buf, p + 2, q):
+                            return None
+                    elif not buf[p + 2:q].isascii() and not _utf8(buf, p + 2, q):
                         return None
                 else:
                     q = skip(buf, p, d1)
