@@ -789,10 +789,13 @@ def cpu_seconds(p: Proc) -> float:
 
 async def one_run(fn: Callable[[], Awaitable[float]], procs: list[Proc],
                   n: int) -> tuple[float, list[float]]:
-    """One run's rate, and the CPU per message (seconds) each of ``procs`` spent in it."""
+    """One run's rate, and the CPU per message (seconds) each of ``procs`` spent in it,
+    then this process (the clients)."""
     c0 = [cpu_seconds(p) for p in procs]
+    t0 = time.process_time()
     rate = await fn()
-    return rate, [(cpu_seconds(p) - a) / n for p, a in zip(procs, c0)]
+    mine = (time.process_time() - t0) / n
+    return rate, [(cpu_seconds(p) - a) / n for p, a in zip(procs, c0)] + [mine]
 
 
 @dataclass
@@ -817,7 +820,8 @@ class Paired:
 
 async def paired(repeat: int, linked: Callable[[], Awaitable[float]], procs_l: list[Proc],
                  alone: Callable[[], Awaitable[float]], procs_a: list[Proc], n: int) -> Paired:
-    out = Paired(0.0, 0.0, [], [float("inf")] * len(procs_l), [float("inf")] * len(procs_a))
+    out = Paired(0.0, 0.0, [], [float("inf")] * (len(procs_l) + 1),
+                 [float("inf")] * (len(procs_a) + 1))
     for _ in range(repeat):
         r1, c1 = await one_run(linked, procs_l, n)
         r2, c2 = await one_run(alone, procs_a, n)
@@ -915,10 +919,10 @@ async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
                           lambda b=batch: ours_rate(pub_s, cnt_s, n, b), [lone], n)
         ratios.append(pr.median)
         linked_rates[label] = pr.linked
-        (cu, cd), (ca,) = pr.cpu_linked, pr.cpu_alone
+        (cu, cd, kl), (ca, ka) = pr.cpu_linked, pr.cpu_alone
         say(f"  dataspace {label:25s} linked {pr.linked:>8,.0f}/s  one server "
               f"{pr.alone:>8,.0f}/s  {pr.ratio_text()};  CPU/msg U {us(cu)} + D {us(cd)} "
-              f"vs {us(ca)}")
+              f"vs {us(ca)}; the clients {us(kl)} vs {us(ka)}")
     for c in (sub_l, pub_l, sub_s, pub_s):
         await c.close()
     await pair.settled(0)
@@ -936,10 +940,10 @@ async def section_2(srv: dict[str, Any], args: argparse.Namespace) -> None:
         pr = await paired(rep, lambda: nats_rate(npub_l, ncnt_l, n), [hub2, leaf2],
                           lambda: nats_rate(npub_s, ncnt_s, n), [nlone], n)
         nl, ns = pr.linked, pr.alone
-        (cu, cd), (ca,) = pr.cpu_linked, pr.cpu_alone
+        (cu, cd, kl), (ca, ka) = pr.cpu_linked, pr.cpu_alone
         say(f"  NATS      {'publish loop (buffered)':25s} linked {nl:>8,.0f}/s  one server "
               f"{ns:>8,.0f}/s  {pr.ratio_text()};  CPU/msg hub {us(cu)} + leaf {us(cd)} vs "
-              f"{us(ca)}")
+              f"{us(ca)}; the clients {us(kl)} vs {us(ka)}")
         for c in (nsub_l, npub_l, nsub_s, npub_s):
             await c.close()
         say(f"  linked, dataspace / NATS: batched {linked_rates['batched turns (100/turn)'] / nl:.2f}x, "
