@@ -87,7 +87,7 @@ test: setup postgresql chromium
 PURE_TESTS := tests/test_model.py tests/test_binary.py tests/test_text.py tests/test_pattern.py \
 	tests/test_conformance_binary.py tests/test_conformance_text.py tests/test_conformance_cross.py \
 	tests/test_index.py tests/test_dataspace.py tests/test_dataspace_limits.py \
-	tests/test_protocol_relay.py tests/test_compiled_differential.py
+	tests/test_protocol_relay.py tests/test_route.py tests/test_compiled_differential.py
 test-pure: setup
 	DATASPACE_PURE=1 DATASPACE_EXPECT_COMPILED=0 $(BIN)/python -m pytest -q $(PURE_TESTS)
 
