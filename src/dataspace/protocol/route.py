@@ -51,6 +51,7 @@ and in bytes; the oldest go first.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 from ..dataspace import Dataspace, Encoded, Subscription, _EntityObserver
@@ -189,6 +190,11 @@ def _utf8(buf: bytes, s: int, e: int) -> bool:
     return True
 
 
+_COMPILED = not isinstance(_utf8, types.FunctionType)
+"""Whether this module runs compiled (its functions are then not Python functions):
+loops over bytes pay there, and in pure Python a C method doing the same is faster."""
+
+
 def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
     """Check the value at ``buf[p]`` as :func:`skip` does, and return its offsets:
     ``[start, item offsets..., close, end]`` -- for a record, sequence, set or
@@ -231,8 +237,8 @@ def scan_rel(buf: bytes, p: int, depth: int) -> list[int] | None:
                 ln = buf[p + 1]
                 if ln < 0x80:
                     q = p + 2 + ln
-                    if ln <= 24:
-                        # Short: looked at in place (no copy; compiled, a tight loop).
+                    if ln <= 24 and _COMPILED:
+                        # Short: looked at in place (compiled, a tight loop; no copy).
                         i = p + 2
                         while i < q and buf[i] < 0x80:
                             i += 1
