@@ -475,19 +475,21 @@ def profiling(pid: int, out: Path | None, name: str) -> Iterator[None]:
 # method (lib.so)" for the compiled core's C functions, with --native).
 CATEGORIES: list[tuple[str, re.Pattern[str]]] = [
     ("decode packets", re.compile(
-        r"^(make_reader|_read_varint|Decoder|_envelope|scan|skip|_scan_ordered|_utf8|"
-        r"_varint)[ .]|^Relay\.(_fast_events|_fast_turn|receive_data|_go_on|_decode_loop|"
-        r"_packet|_wireref_in|_run_of_turns) |^Encoded\.|"
-        r"^CPyDef_(route___(scan|skip|_scan_ordered|_utf8|_varint)|binary___|"
+        r"^(make_reader|_read_varint|Decoder|_envelope|scan|scan_rel|skip|_scan_ordered|_utf8|"
+        r"_varint|_scan_messages)[ .]|^Relay\.(_fast_events|_fast_turn|receive_data|_go_on|"
+        r"_decode_loop|_packet|_wireref_in|_run_of_turns) |^Encoded\.|"
+        r"^CPyDef_(route___(scan|skip|_scan_ordered|_utf8|_varint)|binary___|relay____scan_messages|"
         r"relay___Relay____(fast_events|fast_turn|go_on|decode_loop|packet|run_of_turns)|"
         r"relay___Relay___receive_data)|^dataspace___Encoded")),
     ("encode deliveries", re.compile(
         r"^make_writer|^Relay\.(_send_message|_send_messages|_emit|_body|_seal|take_packets|"
-        r"_encode_int|data_to_send|_send_assert|_send_retract|emit_captures|emit_run) |"
+        r"_encode_int|data_to_send|_send_assert|_send_retract|emit_captures|emit_run|"
+        r"emit_bodies) |"
         r"^MessageRouter\.(emit|_emit_one)[ .]|^RemoteEntity\.send_body|"
         r"^CPyDef_(relay___Relay___?_?(send_message|send_messages|emit|body|seal|take_packets|"
         r"encode_int|data_to_send|send_assert|send_retract|emit_captures|emit_run|"
-        r"charge_output)|route___MessageRouter___?_?(emit|emit_one)|relay___RemoteEntity)")),
+        r"emit_bodies|charge_output)|route___MessageRouter___?_?(emit|emit_one)|"
+        r"relay___RemoteEntity)")),
     ("index lookup / routing", re.compile(
         r"dataspace/index\.py|dataspace/pattern\.py|dataspace/values/model\.py|<string>|"
         r"dataspace/protocol/route\.py|^CPyDef_(index___|pattern___|model___|route___)")),
