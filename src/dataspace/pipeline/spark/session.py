@@ -20,8 +20,9 @@ Classic failures this module prevents:
   master, so that it refuses ``readOn=executor`` on an SQLite store of a cluster
   before a job starts.
 * **Slow query starts**: Spark starts a fresh Python process for each streaming query's
-  source, 0.3 s of imports; in local mode a fork server (:mod:`.forkserver`) started
-  with the session forks it from preloaded imports instead.
+  source, 0.3 s of imports, and a daemon for each kind of Python task at the session's
+  first batch; in local mode a fork server (:mod:`.forkserver`) started with the session
+  forks them from preloaded imports instead.
 * **Silent start-up**: starting Spark takes 10-25 s (the JVM, the context, the session,
   the data source); ``phases`` (:class:`dataspace.progress.Phases`) is told of each as it
   begins and ends, and ``cancel`` (an event: Ctrl-C) stops the start-up between two of
