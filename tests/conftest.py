@@ -23,7 +23,18 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
 @pytest.fixture(scope="session")
-def spark_session():
+def spark_jvm_archive():
+    """The class-data archive of Spark's JVM (dataspace.pipeline.spark.warmup), made once
+    per machine before the run's first JVM: every JVM the run starts after it -- the shared
+    session's, the commands' and the crash harnesses' -- maps it and starts in about half
+    the time.  None where it cannot be made: the tests then run as without it."""
+    from dataspace.pipeline.spark.warmup import ensure
+
+    return ensure()
+
+
+@pytest.fixture(scope="session")
+def spark_session(spark_jvm_archive):
     """One SparkSession (local[2]) shared by every Spark test of the run."""
     from dataspace.pipeline.spark.session import get_session, stop_session
 

@@ -65,6 +65,7 @@ from ..crashtest import (
     spawn_child,
     verify,
 )
+from . import warmup
 from .faults import ENV, kill_session, session_pids
 
 __all__ = ["CHOSEN", "EXECUTOR_POINTS", "CampaignResult", "child", "main", "run_campaign", "soak"]
@@ -192,6 +193,7 @@ def run_campaign(
     ``store`` (a URL; default the directory's SQLite store), ``master`` and ``conf``
     are the child's; with ``worker_sid`` (the current Spark worker's session) the
     executor points kill the worker instead of the driver (see the module docstring)."""
+    warmup.ensure(say=say)  # every restart starts a JVM: each maps the class-data archive
     rng = random.Random(f"{seed}:spark-kills")
     extra_env = {STORE_ENV: store} if store else {}
     if master:
