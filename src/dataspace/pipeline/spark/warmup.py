@@ -79,6 +79,9 @@ def ensure(timeout: float = 600.0, say: Callable[[str], None] | None = None) -> 
             return None
         if target.is_file():
             return target
+        for left in target.parent.glob(f"{target.stem}.*.tmp"):  # a maker killed before us
+            with contextlib.suppress(OSError):
+                left.unlink()
         failed = target.with_suffix(".failed")
         with contextlib.suppress(OSError):
             if time.time() - failed.stat().st_mtime < RETRY_AFTER:
