@@ -32,6 +32,10 @@ from pathlib import Path
 from typing import Any
 
 START_TIMEOUT = 120.0
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+"""The JIT's first tier only, for the cluster's JVMs (the Master, the Worker, the
+executors): test-sized work on a shared 2-core machine, where C2's compiler threads take
+the cores from Spark's start-ups (as for the drivers: tests/conftest.py)."""
 EXECUTOR_MEMORY = "512m"
 WORKER_MEMORY = "1g"  # at least spark.executor.memory
 WORKER_CORES = 2
@@ -126,6 +130,7 @@ class Cluster:
                 del env[k]
         env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1",
                    SPARK_CONF_DIR=str(self.scratch / "conf"), SPARK_DAEMON_MEMORY="256m",
+                   SPARK_DAEMON_JAVA_OPTS=QUICK_JIT,
                    SPARK_LOG_DIR=str(self.scratch / "logs"))
         env.update(extra)
         return env
@@ -140,7 +145,7 @@ class Cluster:
     def conf(self) -> dict[str, str]:
         """Spark settings a driver on this cluster uses (one executor with both cores)."""
         return {"spark.executor.memory": EXECUTOR_MEMORY, "spark.cores.max": str(WORKER_CORES),
-                "spark.executor.cores": str(WORKER_CORES),
+                "spark.executor.cores": str(WORKER_CORES), "spark.executor.extraJavaOptions": QUICK_JIT,
                 "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
 
     def conf_args(self) -> list[str]:

@@ -482,7 +482,7 @@ def test_streams_md(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(900)  # a Spark command with its own JVM
-def test_pipelines_md(tmp_path, monkeypatch):
+def test_pipelines_md(spark_jvm_archive, tmp_path, monkeypatch):
     _run("docs/pipelines.md", tmp_path, monkeypatch)
 
 

@@ -104,7 +104,7 @@ def _fill(url) -> None:
 
 
 @pytest.fixture(scope="module")
-def driver_run(spark_cluster, pg_server, tmp_path_factory):
+def driver_run(spark_cluster, pg_server, tmp_path_factory, spark_jvm_archive):
     """tests/cluster_driver.py run once on the cluster: its RESULT, the stores it used and
     the connector's input values."""
     d = tmp_path_factory.mktemp("cluster-driver")

@@ -24,7 +24,7 @@ PROBE = textwrap.dedent("""
     line = sys.stdin.readline().strip()
     print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
                       "value": os.environ.get("PROBE_VALUE"), "name": __name__,
-                      "stdin": line, "argv0": sys.argv[0],
+                      "stdin": line, "argv0": sys.argv[0], "args": sys.argv[1:],
                       "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}),
           flush=True)
     if os.environ.get("PROBE_SLEEP"):
@@ -51,7 +51,9 @@ def server(tmp_path, monkeypatch):
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "probe_forked.py").write_text(PROBE)
     (tmp_path / "mods" / "probe_execd.py").write_text(PROBE)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mods"))
+    # (an existing PYTHONPATH kept: the server must run the dataspace under test)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "mods"),
+                                                      *filter(None, [os.environ.get("PYTHONPATH")])]))
     fs = ForkServer(sys.executable, modules=("probe_forked",), preload=("json",))
     assert fs.ready(60), "the fork server never listened"
     yield fs
@@ -63,9 +65,9 @@ def _ignore_sigint() -> None:
 
 
 def _run(fs: ForkServer, module: str, cwd: Path, ignore_sigint: bool = False,
-         **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+         args: tuple[str, ...] = (), **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     env = {"PYTHONHASHSEED": "0", **env}  # as Spark starts its workers
-    r = subprocess.run([fs.launcher, "-m", module], input="hello\n", capture_output=True,
+    r = subprocess.run([fs.launcher, "-m", module, *args], input="hello\n", capture_output=True,
                        text=True, timeout=60, cwd=cwd, env={**os.environ, **env},
                        preexec_fn=_ignore_sigint if ignore_sigint else None)
     assert r.stdout, r.stderr
@@ -78,12 +80,18 @@ def test_its_modules_are_forked_by_the_server_with_the_launchers_process_state(s
     assert got["ppid"] == server.proc.pid  # a child of the server, not a fresh interpreter
     assert got["cwd"] == str(tmp_path) and got["value"] == "v1" and got["stdin"] == "hello"
     assert got["name"] == "__main__" and got["argv0"].endswith("probe_forked.py")
-    assert r.returncode == 3
+    assert got["args"] == [] and r.returncode == 3
+    # Arguments after the module (pyspark.daemon's worker module) reach it as sys.argv[1:].
+    r, got = _run(server, "probe_forked", tmp_path, args=("pyspark.worker", "x y"))
+    assert got["ppid"] == server.proc.pid and got["args"] == ["pyspark.worker", "x y"]
+    assert got["argv0"].endswith("probe_forked.py") and r.returncode == 0
+    assert "RuntimeWarning" not in r.stderr
 
 
 def test_other_modules_and_a_switched_off_server_exec_the_interpreter(server, tmp_path, monkeypatch):
-    r, got = _run(server, "probe_execd", tmp_path, PROBE_EXIT="4")
+    r, got = _run(server, "probe_execd", tmp_path, args=("a",), PROBE_EXIT="4")
     assert got["ppid"] == os.getpid() and r.returncode == 4  # the launcher became python
+    assert got["args"] == ["a"]
     r, got = _run(server, "probe_forked", tmp_path, DATASPACE_SPARK_FORKSERVER="0")
     assert got["ppid"] == os.getpid() and r.returncode == 0
     r, got = _run(server, "probe_forked", tmp_path, PYTHONHASHSEED="12345")  # not the server's
@@ -163,9 +171,11 @@ def test_launcher_needs_a_plain_interpreter_path():
     assert not forkserver.enabled("/opt/my python/bin/python3")
 
 
-def test_sparks_streaming_source_process_is_forked_by_the_sessions_server(spark, tmp_path):
-    """The session's fork server serves Spark's per-query source process: while a
-    streaming query over the connector runs, a child of the server is alive."""
+def test_sparks_python_processes_are_forked_by_the_sessions_server(spark, tmp_path):
+    """The session's fork server serves Spark's per-query source process (forked while a
+    streaming query over the connector runs, gone when it stops) and the daemons its
+    tasks' Python workers fork from: their launchers wait for the server's children
+    instead of becoming the interpreter."""
     from dataspace.pipeline.spark import session
     from dataspace.streams import open_store
 
@@ -178,12 +188,35 @@ def test_sparks_streaming_source_process_is_forked_by_the_sessions_server(spark,
          .start())
     try:
         q.processAllAvailable()
-        kids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                and _ppid(p) == fs.proc.pid]
+        waiting = _launchers(fs.launcher)
+        kids = [k for k in _pids() if _ppid(Path(f"/proc/{k}")) == fs.proc.pid]
         assert kids, "no process forked by the fork server while the query runs"
+        runners = [k for k, m in waiting.items() if m == "pyspark.sql.streaming.python_streaming_source_runner"]
+        assert runners, f"the query's source process was not forked: {waiting}"
+        assert "pyspark.daemon pyspark.worker" in waiting.values(), \
+            f"the read tasks' daemon was not forked: {waiting}"
     finally:
         q.stop()
-    assert all(_wait_gone(k) for k in kids)
+    assert all(_wait_gone(k) for k in runners)
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _launchers(launcher: str) -> dict[int, str]:
+    """The launchers waiting for a child of the server (one that execs the interpreter
+    takes its command line): pid -> the module and its arguments."""
+    out = {}
+    for pid in _pids():
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv if a]
+        if launcher in args and "-m" in args:
+            out[pid] = " ".join(args[args.index("-m") + 1:])
+    return out
 
 
 def _ppid(p: Path) -> int | None:

@@ -10,6 +10,8 @@
 * :mod:`.placement` -- where a master's work runs, and so where the connector reads a
   store (the executors, or the driver for an SQLite store on a cluster);
 * :mod:`.route` -- matching a table of values against a table of patterns;
+* :mod:`.classdata`, :mod:`.warmup` -- the JVM's class-data archive: made once, mapped
+  by every session's JVM (half the start-up);
 * :mod:`.crashtest` -- the SIGKILL crash harness for the Spark engine;
 * :mod:`.status` -- reading the engine's progress files (no Spark needed).
 

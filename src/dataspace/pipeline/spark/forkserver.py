@@ -1,4 +1,4 @@
-"""A fork server for the Python process Spark starts afresh at every streaming query.
+"""A fork server for the Python processes Spark starts afresh in every session and query.
 
 Spark runs a Python streaming source's planning (``initialOffset``, ``latestOffset``,
 ``partitions``, ``commit``) in a process of its own, started with
@@ -6,7 +6,11 @@ Spark runs a Python streaming source's planning (``initialOffset``, ``latestOffs
 -- not forked from its daemon, as task workers are.  That process imports PySpark,
 PyArrow and this package before the query's first batch can be planned: about 0.3 s on
 a 2-core machine, at every query start (``pipeline run --until-idle`` starts one query
-per processor with input, per round).
+per processor with input, per round).  The task workers come from daemons
+(``python -m pyspark.daemon MODULE``), one per kind of work -- looking up, creating and
+planning the data source, the read and write tasks, the streaming sink -- each a fresh
+interpreter that imports PySpark at the session's first batch: six of them one after
+the other, 3-4 s of a 2-core machine before the first batch of a new session is done.
 
 In local mode the session (:mod:`.session`) points Spark's Python executable at a
 *launcher*: a small script that, for the modules in :data:`MODULES`, asks this server
@@ -14,17 +18,18 @@ In local mode the session (:mod:`.session`) points Spark's Python executable at 
 module with the launcher's arguments, environment, working directory and standard
 streams (passed over a Unix socket), then waits for the child and exits with its
 status; signals the launcher gets (Spark stops a worker with SIGTERM) go to the child.
-Anything else (the daemon, other modules) and whenever the server cannot be reached,
-the launcher ``exec``\\s the real interpreter exactly as Spark would have, so the server
-is an optimisation, never a dependency.
+A daemon forked so forks its workers in turn, with the modules they import loaded.
+Anything else and whenever the server cannot be reached, the launcher ``exec``\\s the
+real interpreter exactly as Spark would have, so the server is an optimisation, never a
+dependency.
 
 The socket lives in a directory only this user can enter.  The server exits when its
 parent (the driver) goes: its standard input is a pipe from the driver.  The server
-kills a child whose launcher disappeared (Spark killed it with SIGKILL).  Ctrl-C at the
-terminal stays the driver's: the server runs in a process group of its own and ignores
-SIGINT, and a child ignores the signals its launcher ignores (Spark's processes ignore
-SIGINT, as PySpark starts the JVM so), as a fresh interpreter would.
-``DATASPACE_SPARK_FORKSERVER=0`` turns it off.
+kills a child whose launcher disappeared (Spark killed it with SIGKILL), and the children
+left when it stops.  Ctrl-C at the terminal stays the driver's: the server runs in a
+process group of its own and ignores SIGINT, and a child ignores the signals its
+launcher ignores (Spark's processes ignore SIGINT, as PySpark starts the JVM so), as a
+fresh interpreter would.  ``DATASPACE_SPARK_FORKSERVER=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -51,12 +56,21 @@ log = logging.getLogger(__name__)
 
 ENV = "DATASPACE_SPARK_FORKSERVER"
 
-MODULES = ("pyspark.sql.streaming.python_streaming_source_runner",)
+MODULES = ("pyspark.sql.streaming.python_streaming_source_runner", "pyspark.daemon")
 """The ``-m`` modules the launcher hands to the server (the rest are exec'd)."""
 
 PRELOAD = (
     "pyspark.sql.streaming.python_streaming_source_runner",
+    "pyspark.daemon",
+    "pyspark.worker",
+    "pyspark.sql.worker.lookup_data_sources",
+    "pyspark.sql.worker.create_data_source",
+    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.worker.write_into_data_source",
+    "pyspark.sql.worker.commit_data_source_write",
+    "pyspark.sql.worker.python_streaming_sink_runner",
     "dataspace.pipeline.spark.source",
+    "dataspace.pipeline.spark.sink",
     "dataspace.streams.sqlite",
     "dataspace.streams.postgres",
 )
@@ -127,7 +141,7 @@ def _forked(argv):
 
 
 argv = sys.argv[1:]
-if len(argv) == 2 and argv[0] == "-m" and argv[1] in MODULES and os.environ.get({env!r}) != "0":
+if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and os.environ.get({env!r}) != "0":
     _forked(argv)
 os.execv(PYTHON, [PYTHON, *argv])
 '''
@@ -269,8 +283,13 @@ def _child(req: dict[str, Any], fds: list[int], others: list[Any]) -> None:
                 with contextlib.suppress(Exception):
                     stream.reconfigure(write_through=True)  # type: ignore[union-attr]
         import runpy
+        import warnings
 
-        sys.argv = [req["argv"][1]]
+        # The module is preloaded: runpy warns that it runs a fresh copy as __main__ (on
+        # Spark's log, or the terminal with --verbose), which is what a fresh interpreter does.
+        warnings.filterwarnings("ignore", message=r".* found in sys\.modules after import of package",
+                                category=RuntimeWarning)
+        sys.argv = req["argv"][1:]  # the module's arguments after it (argv[0]: runpy's)
         runpy.run_module(req["argv"][1], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:

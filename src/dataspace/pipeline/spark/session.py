@@ -20,8 +20,11 @@ Classic failures this module prevents:
   master, so that it refuses ``readOn=executor`` on an SQLite store of a cluster
   before a job starts.
 * **Slow query starts**: Spark starts a fresh Python process for each streaming query's
-  source, 0.3 s of imports; in local mode a fork server (:mod:`.forkserver`) started
-  with the session forks it from preloaded imports instead.
+  source, 0.3 s of imports, and a daemon for each kind of Python task at the session's
+  first batch; in local mode a fork server (:mod:`.forkserver`) started with the session
+  forks them from preloaded imports instead.
+* **Slow start-ups**: the driver's JVM maps the class-data archive of :mod:`.classdata`
+  when one was made (:mod:`.warmup`): its classes parsed and verified already.
 * **Silent start-up**: starting Spark takes 10-25 s (the JVM, the context, the session,
   the data source); ``phases`` (:class:`dataspace.progress.Phases`) is told of each as it
   begins and ends, and ``cancel`` (an event: Ctrl-C) stops the start-up between two of
@@ -276,6 +279,8 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
             if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # else spark-submit made one
                 phases.begin("launching the JVM")
                 with _workers_import_installed_pyspark():
+                    if "spark.driver.extraJavaOptions" not in extra:  # else the caller's alone
+                        _share_class_data(conf)
                     gateway = launch_gateway(conf, popen_kwargs=popen)
                 phases.end("JVM up")
                 _check_cancel(cancel)
@@ -305,6 +310,37 @@ def _start(master: str, app_name: str, verbose: int, extra: dict[str, str],
         for name in ("DataFrameQueryContextLogger", "SQLQueryContextLogger"):
             PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
     return spark
+
+
+def _share_class_data(conf: Any) -> None:
+    """Add the class-data archive of the JVM about to be launched (:mod:`.classdata`) to
+    the driver's Java options, when there is one."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    from . import classdata
+
+    java = find_java()
+    if java is None:
+        return
+    opts = classdata.java_options(java, os.environ.get("SPARK_HOME") or _find_spark_home())
+    if opts:
+        conf.set("spark.driver.extraJavaOptions",
+                 " ".join([conf.get("spark.driver.extraJavaOptions") or "", *opts]).strip())
+
+
+def launch_home() -> str:
+    """The ``SPARK_HOME`` a local session launches its JVM with (see
+    :func:`_workers_import_installed_pyspark`)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return home
+    try:
+        linked = _home_without_zips()
+    except OSError:
+        linked = None
+    return linked or _find_spark_home()
 
 
 def _stop_gateway(gateway: Any) -> None:

@@ -1,0 +1,274 @@
+"""Warming up Spark's start-up: making the class-data archive of :mod:`.classdata` once.
+
+::
+
+    python -m dataspace.pipeline.spark.warmup
+
+runs a small graph (the crash harness's: join, fork, alts, an SQLite sink, errors) on the
+Spark engine in a child process whose JVM writes the classes it loaded to an archive as it
+exits; the child then checks that a JVM with the session's classpath starts with it, and
+only then does the archive get its name.  Every later session's JVM maps it.  About a
+minute on a 2-core machine; nothing to do when the archive exists.
+
+One process makes it at a time: another that finds it being made carries on without it
+(its sessions start as before).  A failure is logged (the child's output is kept beside
+the archive, ``jvm-KEY.log``) and not retried for a day.  The Spark crash harness and the
+test suite call :func:`ensure` before they start Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from . import classdata
+from .faults import kill_session, session_pids
+
+__all__ = ["check", "ensure", "expected", "main"]
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER = 24 * 3600.0
+"""Seconds before a failed attempt is made again."""
+
+
+def expected() -> Path | None:
+    """The archive a local session here would use (made or not); None without Java."""
+    from .session import find_java, launch_home
+
+    java = find_java()
+    if java is None:
+        return None
+    return classdata.archive(java, launch_home())
+
+
+def ensure(timeout: float = 600.0, say: Callable[[str], None] | None = None) -> Path | None:
+    """The class-data archive, made first if it is missing; None when there is none to use:
+    turned off (``DATASPACE_SPARK_CDS=0``), no Java or PySpark, another process making it,
+    or it could not be made (logged)."""
+    if not classdata.enabled():
+        return None
+    try:
+        target = expected()
+    except (ImportError, OSError) as e:
+        log.info("no class-data archive for Spark's JVM: %s", e)
+        return None
+    if target is None:
+        return None
+    if target.is_file():
+        return target
+    target.parent.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(target.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    tmp = target.with_name(f"{target.stem}.{os.getpid()}.tmp")
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("another process makes the class-data archive %s: starting without it", target)
+            if say is not None:
+                say(f"another process makes the class-data archive of Spark's JVM ({target})")
+            return None
+        if target.is_file():
+            return target
+        for left in target.parent.glob(f"{target.stem}.*.tmp"):  # a maker killed before us
+            with contextlib.suppress(OSError):
+                left.unlink()
+        failed = target.with_suffix(".failed")
+        with contextlib.suppress(OSError):
+            if time.time() - failed.stat().st_mtime < RETRY_AFTER:
+                if say is not None:
+                    say(f"the class-data archive of Spark's JVM could not be made lately "
+                        f"({failed.read_text().strip()}; see {target.with_suffix('.log')}); "
+                        f"remove {failed} to try again")
+                return None
+        if say is not None:
+            say("making the class-data archive of Spark's JVM (once; about a minute) ...")
+        t0 = time.monotonic()
+        why = _make(tmp, target.with_suffix(".log"), timeout)
+        if why is None:
+            os.replace(tmp, target)
+            with contextlib.suppress(OSError):
+                failed.unlink()
+            log.info("made the class-data archive %s in %.0fs", target, time.monotonic() - t0)
+            if say is not None:
+                say(f"class-data archive made in {time.monotonic() - t0:.0f}s: {target}")
+            return target
+        with contextlib.suppress(OSError):
+            failed.write_text(why + "\n")
+        log.warning("the class-data archive of Spark's JVM could not be made (%s; see %s): "
+                    "Spark starts without it", why, target.with_suffix(".log"))
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        os.close(fd)
+
+
+def _make(tmp: Path, log_path: Path, timeout: float) -> str | None:
+    """Run the child that makes the archive at ``tmp``; None if it did, else why not."""
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dataspace.pipeline.spark.warmup", "child", str(tmp),
+             "--timeout", str(timeout)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    try:
+        rc: int | None = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        rc = None
+    finally:
+        _end_session(proc)
+    if rc is None:
+        return f"not done in {timeout:g}s"
+    if rc != 0:
+        return f"the child exited with {rc}"
+    if not tmp.is_file():
+        return "no archive written"
+    return None
+
+
+def _end_session(proc: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of the child's session (a JVM still writing, when it timed out)
+    and wait (bounded) until it is gone."""
+    kill_session(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    deadline = time.monotonic() + 30
+    while (left := session_pids(proc.pid)) and time.monotonic() < deadline:
+        kill_session(proc.pid)
+        for pid in left:
+            _wait_gone(pid, max(0.0, deadline - time.monotonic()))
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+
+def child(out: str, timeout: float) -> int:
+    """Run the graph on Spark with the JVM told to archive its classes at ``out``, stop
+    Spark, wait for the JVM to write the archive, and check a JVM starts with it."""
+    from pyspark import SparkContext
+
+    from ...streams import open_store
+    from ..crashtest import SOURCES, build_graph, inputs
+    from .engine import SparkEngine
+    from .session import stop_session
+
+    classdata._dump_to = out
+    with tempfile.TemporaryDirectory(prefix="dataspace-warmup-") as d:
+        store = open_store(d)
+        src = inputs(12, 1)
+        for s in SOURCES:
+            store.append_many(s, src[s])
+        engine = SparkEngine(build_graph(d), store, master="local[2]", batch=50,
+                             data_dir=d, log_file=os.path.join(d, "spark.log"))
+        try:
+            engine.run(until_idle=True)
+        finally:
+            engine.close()
+            store.close()
+        if engine.failed:
+            _err(f"the graph failed: {engine.failed}")
+            return 1
+        jvm = SparkContext._gateway.proc  # type: ignore[union-attr]
+        cmd = _cmdline(jvm.pid)
+        stop_session()
+        # The JVM exits when its standard input closes, and writes the archive as it does.
+        jvm.stdin.close()
+        try:
+            jvm.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _err(f"the JVM did not exit within {timeout:g}s")
+            return 1
+    if not os.path.isfile(out) or not cmd or "-cp" not in cmd:
+        _err(f"no archive written, or no classpath to check it with ({cmd})")
+        return 1
+    why = check(cmd[0], cmd[cmd.index("-cp") + 1], out)
+    if why is not None:
+        _err(why)
+        return 1
+    return 0
+
+
+def check(java: str, classpath: str, path: str | os.PathLike[str]) -> str | None:
+    """None if a JVM with ``classpath`` starts on the archive at ``path`` (``-Xshare:on``:
+    it fails rather than start without), else what it said.  A JVM maps an archive that
+    is cut short, and crashes: an archive is given its name only after this check."""
+    with tempfile.TemporaryDirectory(prefix="dataspace-cds-check-") as d:  # its crash report
+        r = subprocess.run([java, "-Xshare:on", f"-XX:SharedArchiveFile={os.path.abspath(path)}",
+                            "-XX:-CreateCoredumpOnCrash", "-cp", classpath, "-version"],
+                           capture_output=True, text=True, timeout=120, cwd=d)
+    if r.returncode == 0:
+        return None
+    said = [x for x in (r.stdout + r.stderr).splitlines() if x.strip() and not x.startswith("#")]
+    return f"a JVM does not start with the archive (exit {r.returncode}): {' '.join(said)[-500:]}"
+
+
+def _out(text: str) -> None:
+    """A line of the command's output (the CLI speaks; the library logs)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def _err(text: str) -> None:
+    """The child's reason for failing, for the log beside the archive."""
+    sys.stderr.write(text + "\n")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode() for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module docstring)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m dataspace.pipeline.spark.warmup",
+        description="Make the class-data archive of Spark's JVM (once), so that Spark "
+        "sessions start in about half the time.")
+    sub = ap.add_subparsers(dest="cmd")
+    ch = sub.add_parser("child", help="(internal) the run that writes the archive")
+    ch.add_argument("out")
+    ch.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds the making may take (default 600)")
+    args = ap.parse_args(argv)
+    if args.cmd == "child":
+        return child(args.out, args.timeout)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if not classdata.enabled():
+        _out(f"{classdata.ENV}=0: Spark sessions do not use a class-data archive")
+        return 0
+    path = ensure(args.timeout, say=_out)
+    if path is None:
+        _out("no class-data archive (Spark starts without one)")
+        return 1
+    _out(f"class-data archive: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
