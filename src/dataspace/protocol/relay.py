@@ -1392,34 +1392,18 @@ class Relay:
                 self._send_message(proxy, v)
             return
         oid = proxy.oid_bytes
-        frags = self._frags
-        size = self._frag_size
-        max_out = self._max_out
+        run: list[bytes] = []  # bodies as they came in (see keep_received), in a row
         for v in values:
-            if self.closed:
-                return
             r = received.get(id(v))
-            if r is None or r[0] is not v:
-                self._frag_size = size
-                self._send_message(proxy, v)
-                size = self._frag_size
+            if r is not None and r[0] is v:
+                run.append(r[1])
                 continue
-            body = r[1]  # as it came in (see keep_received); _emit, inline:
-            if not frags:
-                frags.append(_B_SEQ)
-                size = 1
-                if not self._dirty:
-                    self._dirty = True
-                    if self.on_dirty is not None:
-                        self.on_dirty(self)
-            frags += (_B_SEQ, oid, _HDR_M, body, _B_END2)
-            self.events_out += 1
-            size += len(oid) + len(body) + 7
-            if size >= max_out:
-                self._frag_size = size
-                self._seal()
-                size = 0
-        self._frag_size = size
+            if run:
+                self.emit_bodies(oid, run)
+                run = []
+            self._send_message(proxy, v)
+        if run:
+            self.emit_bodies(oid, run)
 
     def _emit_message_bytes(self, oid_bytes: bytes, body: bytes) -> None:
         if not self.closed:  # a sync's answer
