@@ -1029,15 +1029,6 @@ class Dataspace(_DataspaceBase):
         router = self.router
         q = self._queue
         tap = self._tap
-        if tap is not None and router is None:
-            for m in messages:
-                if type(m) is Encoded:
-                    for v in m.values():
-                        send(v)
-                else:
-                    send(m)
-            q.append(("x", (tap,), (_decoded(messages),)))
-            return
         tapped: list[Value] = []  # values sent since the last run routed on bytes
         for m in messages:
             if type(m) is Encoded:
@@ -1047,8 +1038,11 @@ class Dataspace(_DataspaceBase):
                         tapped = []
                     router.emit(m, router.prepare(m)[0], q, True)
                     continue
-                for v in m.values():
+                vs = m.values()
+                for v in vs:
                     send(v)
+                if tap is not None:
+                    tapped += vs
                 continue
             send(m)
             if tap is not None:
@@ -1084,10 +1078,14 @@ class Dataspace(_DataspaceBase):
                 done.append(("r", v, self._remove(v)))
             router = self.router
             tap = self._tap
+            tapped: list[Value] = []  # values sent since the last run routed on bytes
             routed: list[Any] = []  # (messages, deliveries): delivered once the turn fits
             for m in messages:
                 if type(m) is Encoded:
                     if router is not None:
+                        if tapped:  # (the tap hears them before the run that follows)
+                            q.append(("x", (tap,), (tapped,)))
+                            tapped = []
                         entries, cost = router.prepare(m)
                         if cost:
                             used += cost
@@ -1109,14 +1107,12 @@ class Dataspace(_DataspaceBase):
                         used += _queued_cost(q, n)
                         if used > limit:
                             raise TurnTooLarge(limit)
-                if tap is not None and router is not None:
-                    # (With a router the tap hears the values, in their place: the runs
-                    # routed on bytes go to its forwarders.)
-                    q.append(("x", (tap,), (list(values),)))
+                if tap is not None:
+                    tapped += values
             for rm, entries in routed:
                 router.emit(rm, entries, q, True)
-            if messages and tap is not None and router is None:
-                q.append(("x", (tap,), (_decoded(messages),)))
+            if tapped:
+                q.append(("x", (tap,), (tapped,)))
         except TurnTooLarge:
             for i in range(len(done) - 1, -1, -1):
                 kind, v, info = done[i]
