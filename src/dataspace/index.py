@@ -81,7 +81,8 @@ class _HasField(_Project):
         self.need = need
 
     def get(self, v: Any) -> Any:
-        return () if self.need < len(v.fields) else None
+        r: Record = v  # the outermost value is a record here (see _fields_only)
+        return () if self.need < len(r.fields) else None
 
 
 class _OneField(_Project):
@@ -90,7 +91,8 @@ class _OneField(_Project):
         self.need = need
 
     def get(self, v: Any) -> Any:
-        f: tuple[Any, ...] = v.fields
+        r: Record = v
+        f: tuple[Any, ...] = r.fields
         if self.need >= len(f):
             return None
         c = f[self.i0]
@@ -107,7 +109,8 @@ class _TwoFields(_Project):
         self.need = need
 
     def get(self, v: Any) -> Any:
-        f: tuple[Any, ...] = v.fields
+        r: Record = v
+        f: tuple[Any, ...] = r.fields
         if self.need >= len(f):
             return None
         return (_sk(f[self.i0]), _sk(f[self.i1]))
@@ -119,7 +122,8 @@ class _SomeFields(_Project):
         self.need = need
 
     def get(self, v: Any) -> Any:
-        f: tuple[Any, ...] = v.fields
+        r: Record = v
+        f: tuple[Any, ...] = r.fields
         if self.need >= len(f):
             return None
         return tuple([_sk(f[i]) for i in self.idx])
@@ -158,7 +162,8 @@ class _OneCapture(_Captures):
         self.i0 = i0
 
     def get(self, v: Any) -> tuple[Any, ...] | None:
-        f: tuple[Any, ...] = v.fields
+        r: Record = v
+        f: tuple[Any, ...] = r.fields
         i0 = self.i0
         if i0 >= len(f):
             return None
@@ -171,7 +176,8 @@ class _FieldCaptures(_Captures):
         self.need = need
 
     def get(self, v: Any) -> tuple[Any, ...] | None:
-        f: tuple[Any, ...] = v.fields
+        r: Record = v
+        f: tuple[Any, ...] = r.fields
         if self.need >= len(f):
             return None
         return tuple([f[i] for i in self.idx])
@@ -546,10 +552,11 @@ def _class(v: Any) -> Any:
     atom."""
     t = type(v)
     if t is Record:
-        lab = v.label
+        r: Record = v
+        lab = r.label
         if type(lab) is Symbol:
-            name: str = lab.name
-            return name
+            sym: Symbol = lab
+            return sym.name
         return (key(lab),)
     if t is Sequence:
         return SEQUENCE_CLASS
