@@ -457,7 +457,65 @@ def scenarios(draw):
 @settings(max_examples=400)
 @given(scenarios())
 def test_index_agrees_with_brute_force_reference(scenario):
-    pats, vals, ops = scenario
+    _agrees_with_reference(*scenario)
+
+
+# Flat records of few atoms, and patterns whose fields are all constants or captures: the
+# index's exact handlers (no bag while every value has the pattern's arity), with values
+# of more fields arriving before, between and after (the handler then counts in a bag).
+flat_atoms = st.sampled_from([1, "x", Symbol("s")])
+flat_values = st.builds(Record, st.just(A), st.lists(flat_atoms, max_size=4))
+flat_patterns = st.builds(
+    Rec, st.just(A), st.lists(st.one_of(st.just(Bind()), flat_atoms.map(Lit)), max_size=3))
+
+
+@st.composite
+def flat_scenarios(draw):
+    pats = draw(st.lists(flat_patterns, min_size=1, max_size=4))
+    vals = draw(st.lists(flat_values, min_size=1, max_size=8))
+    op = st.one_of(
+        st.tuples(st.just("add_handler"), st.integers(0, len(pats) - 1), st.integers(0, 1)),
+        st.tuples(st.just("remove_handler"), st.integers(0, len(pats) - 1), st.integers(0, 1)),
+        st.tuples(st.just("add"), st.integers(0, len(vals) - 1)),
+        st.tuples(st.just("remove"), st.integers(0, len(vals) - 1)),
+    )
+    return pats, vals, draw(st.lists(op, min_size=1, max_size=40))
+
+
+@settings(max_examples=400)
+@given(flat_scenarios())
+def test_exact_handlers_agree_with_brute_force_reference(scenario):
+    _agrees_with_reference(*scenario)
+
+
+def test_an_exact_handler_counts_once_a_longer_record_shares_its_captures():
+    """``<a "u" $x>`` also matches ``<a "u" 1 2>``: from then on the captures (1) stand
+    for two assertions, and "-" waits for the last of them."""
+    ix, got = Index(), []
+    ix.add_handler(Rec(A, [Lit("u"), Bind()]), lambda e, c: got.append((e, c)))
+    short, long_ = Record(A, ["u", 1]), Record(A, ["u", 1, 2])
+    ix.add_assertion(short)
+    ix.add_assertion(Record(A, ["u", 3]))
+    assert got == [("+", (1,)), ("+", (3,))]
+    ix.add_assertion(long_)  # the handler leaves exact mode here
+    assert got == [("+", (1,)), ("+", (3,))]
+    ix.remove_assertion(short)
+    assert got == [("+", (1,)), ("+", (3,))]
+    ix.remove_assertion(long_)
+    assert got[2:] == [("-", (1,))]
+    # A late handler on a leaf that already holds a longer record starts in the bag.
+    late = []
+    ix.add_assertion(long_)
+    ix.add_handler(Rec(A, [Lit("u"), Bind()]), lambda e, c: late.append((e, c)))
+    assert sorted(late) == [("+", (1,)), ("+", (3,))]
+    ix.add_assertion(short)
+    ix.remove_assertion(long_)
+    assert len(late) == 2
+    ix.remove_assertion(short)
+    assert late[2:] == [("-", (1,))]
+
+
+def _agrees_with_reference(pats, vals, ops):
     ix, ref = Index(), Reference()
     got = Counter()
 

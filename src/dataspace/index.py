@@ -305,6 +305,24 @@ class _ConstGroup:
         self.nhandlers = 0
 
 
+def _leaf_ids(leaf: _Leaf) -> list[int]:
+    """The ids of the assertions at ``leaf``."""
+    ids = list(leaf.cache)
+    if leaf.one >= 0:
+        ids.append(leaf.one)
+    return ids
+
+
+def _exact_arity(kinds: dict[Any, str], paths: tuple[Path, ...]) -> int:
+    """The arity of the records whose fields are all at ``paths`` (constants and
+    captures: the captures then determine the value, see :class:`_Handler`), or -1."""
+    idx = _fields_only(kinds, paths)
+    if idx is None:
+        return -1
+    fields = set(idx)
+    return len(fields) if fields == set(range(len(fields))) else -1
+
+
 class _Leaf:
     __slots__ = ("cache", "handlers", "hlist", "one")
 
@@ -340,11 +358,21 @@ _NO = _NoEntry()
 
 
 class _Handler:
-    __slots__ = ("bag", "c1", "callbacks", "cbs", "extra", "k1", "mcbs", "pattern", "project")
+    __slots__ = ("arity", "bag", "c1", "callbacks", "cbs", "exact", "extra", "k1", "mcbs",
+                 "pattern", "project")
 
-    def __init__(self, project: _Captures, pattern: Pattern) -> None:
+    def __init__(self, project: _Captures, pattern: Pattern, arity: int = -1) -> None:
         self.project = project
         self.pattern = pattern  # the first pattern of this handler (all have its captures)
+        # Exact handlers keep no bag.  When the leaf's constants and the captures are every
+        # field of a record of ``arity`` fields, the captures of a value with exactly that
+        # many fields determine the value: distinct assertions are distinct capture
+        # tuples, so "+" and "-" follow the assertion's own appearance and disappearance
+        # and the bag would only repeat the leaf.  The first value reaching the handler
+        # with more fields (the pattern matches those too) ends this for good:
+        # :meth:`to_bag` fills the bag from the leaf and the handler counts from then on.
+        self.arity = arity  # -1: the captures do not determine the value
+        self.exact = arity >= 0
         # Bag of capture tuples, strict key -> captures: the first distinct entry in
         # ``k1``/``c1``, any more in ``bag`` (a dict costs an allocation, and many
         # handlers only ever hold one).  A count above one is kept in ``extra``
@@ -407,8 +435,23 @@ class _Handler:
             del bag[rk]
         return got
 
-    def entries(self) -> list[tuple[Any, ...]]:
-        """The distinct capture tuples held."""
+    def to_bag(self, leaf: _Leaf, slots: list[Any], skip: int) -> None:
+        """Leave exact mode: count the captures of the leaf's assertions (but ``skip``,
+        the one being added) in the bag."""
+        self.exact = False
+        project = self.project
+        for k in _leaf_ids(leaf):
+            if k != skip:
+                caps = project.get(slots[k])
+                if caps is not None:
+                    self.add(_caps_key(caps), caps)
+
+    def entries(self, leaf: _Leaf, slots: list[Any]) -> list[tuple[Any, ...]]:
+        """The distinct capture tuples held (``leaf``: the handler's)."""
+        if self.exact:
+            project = self.project
+            got = [project.get(slots[k]) for k in _leaf_ids(leaf)]
+            return [caps for caps in got if caps is not None]
         out = list(self.bag.values())
         if self.k1 is not _NO:
             out.append(self.c1)
@@ -719,24 +762,29 @@ class Index:
                     entry = node.compiled[capkey] = _CapEntry(
                         _compile_captures(node.kinds, tuple(skel.captures)))
                 entry.users += 1
-                handler = _Handler(entry.project, pattern)
+                arity = _exact_arity(node.kinds, const_paths + tuple(skel.captures))
+                handler = _Handler(entry.project, pattern, arity)
                 leaf.handlers[capkey] = handler
                 grp.nhandlers += 1
-                cproj = handler.project
-                ids = list(leaf.cache)
-                if leaf.one >= 0:
-                    ids.append(leaf.one)
-                for k in ids:
-                    caps = cproj.get(slots[k])
-                    if caps is not None:
-                        handler.add(_caps_key(caps), caps)
+                if handler.exact:
+                    for k in _leaf_ids(leaf):
+                        r: Record = slots[k]
+                        if len(r.fields) != arity and handler.project.get(r) is not None:
+                            handler.to_bag(leaf, slots, -1)
+                            break
+                else:
+                    cproj = handler.project
+                    for k in _leaf_ids(leaf):
+                        caps = cproj.get(slots[k])
+                        if caps is not None:
+                            handler.add(_caps_key(caps), caps)
             if callback in handler.callbacks:
                 return
             handler.callbacks[callback] = messages
             handler.set_callbacks()
             leaf.refresh(grp, cvals)
             cont.refresh()
-            initial = handler.entries()
+            initial = handler.entries(leaf, slots)
             if messages and self.listener is not None:
                 self.listener(1, pattern, callback)
         finally:
@@ -869,17 +917,17 @@ class Index:
             try:
                 root = self.root
                 if root.cont.groups:  # (the root keeps no cache: its ids are the bag's)
-                    _add_at(root.cont, vid, value, fire)
+                    _add_at(root.cont, vid, value, fire, slots)
                 if root.move_list:
                     nxt = root.move_list[0].table.get(_class(value))
                     if nxt is not None:
                         if nxt.move_list:
                             for n in _reached(nxt, value):
                                 n.cont.cache[vid] = None
-                                _add_at(n.cont, vid, value, fire)
+                                _add_at(n.cont, vid, value, fire, slots)
                         else:
                             nxt.cont.cache[vid] = None
-                            _add_at(nxt.cont, vid, value, fire)
+                            _add_at(nxt.cont, vid, value, fire, slots)
             finally:
                 self._busy = False
             if sink is None:
@@ -1118,7 +1166,7 @@ def _reached(first: _Node, v: Any) -> list[_Node]:
 # index is consistent again.
 
 
-def _add_at(cont: _Continuation, k: int, v: Any, fire: list[Any]) -> None:
+def _add_at(cont: _Continuation, k: int, v: Any, fire: list[Any], slots: list[Any]) -> None:
     for grp in cont.groups:
         ck = grp.project.get(v)
         if ck is None:
@@ -1135,6 +1183,14 @@ def _add_at(cont: _Continuation, k: int, v: Any, fire: list[Any]) -> None:
             caps = handler.project.get(v)
             if caps is None:
                 continue
+            if handler.exact:
+                r: Record = v  # (an exact handler's values are records)
+                if len(r.fields) == handler.arity:
+                    cbs = handler.cbs
+                    if cbs:
+                        fire.append(("+", cbs, caps))
+                    continue
+                handler.to_bag(leaf, slots, k)
             if handler.add(_caps_key(caps), caps):
                 cbs = handler.cbs
                 if cbs:
@@ -1157,6 +1213,11 @@ def _del_at(cont: _Continuation, k: int, v: Any, fire: list[Any]) -> None:
         for handler in leaf.hlist:
             caps = handler.project.get(v)
             if caps is None:
+                continue
+            if handler.exact:  # (then every value here with captures is exact)
+                cbs = handler.cbs
+                if cbs:
+                    fire.append(("-", cbs, caps))
                 continue
             gone = handler.remove(_caps_key(caps))
             if gone is not None:
