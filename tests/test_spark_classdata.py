@@ -121,3 +121,13 @@ def test_an_existing_archive_is_returned_as_it_is(own_tmp):
     target.parent.mkdir(mode=0o700, exist_ok=True)
     target.write_bytes(b"made before")
     assert warmup.ensure() == target and target.read_bytes() == b"made before"
+
+
+def test_a_mistyped_option_is_named_as_such(capsys):
+    """The command's internal ``child`` run is not a subcommand a user can meet: a typo
+    is reported as the unknown option it is (it read "invalid choice: '5'")."""
+    with pytest.raises(SystemExit) as exc:
+        warmup.main(["--timout", "5"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --timout 5" in err and "child" not in err

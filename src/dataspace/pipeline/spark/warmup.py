@@ -245,19 +245,24 @@ def _cmdline(pid: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    prog = "python -m dataspace.pipeline.spark.warmup"
+    if argv[:1] == ["child"]:
+        # The run that writes the archive, started by ensure(); not a user's command (as
+        # a subcommand, a mistyped option's value was reported as an invalid choice of
+        # it).
+        ch = argparse.ArgumentParser(prog=f"{prog} child")
+        ch.add_argument("out")
+        ch.add_argument("--timeout", type=float, default=600.0)
+        cargs = ch.parse_args(argv[1:])
+        return child(cargs.out, cargs.timeout)
     ap = argparse.ArgumentParser(
-        prog="python -m dataspace.pipeline.spark.warmup",
+        prog=prog,
         description="Make the class-data archive of Spark's JVM (once), so that Spark "
         "sessions start in about half the time.")
-    sub = ap.add_subparsers(dest="cmd")
-    ch = sub.add_parser("child", help="(internal) the run that writes the archive")
-    ch.add_argument("out")
-    ch.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="seconds the making may take (default 600)")
     args = ap.parse_args(argv)
-    if args.cmd == "child":
-        return child(args.out, args.timeout)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if not classdata.enabled():
         _out(f"{classdata.ENV}=0: Spark sessions do not use a class-data archive")
