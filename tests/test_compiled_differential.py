@@ -450,6 +450,16 @@ def test_a_zip_of_the_package_runs_compiled_where_the_platform_matches(tmp_path:
         compiled, reason, file, _ = _probe_zip(other)
         assert not compiled and file.startswith("./dataspace.zip/") and "built for" in reason
         assert not list(other.parent.glob("dataspace-core-*"))
+        # A zip with no build record at all (a pure install's): said as on the driver.
+        bare = tmp_path / "bare" / "dataspace.zip"
+        bare.parent.mkdir()
+        with zipfile.ZipFile(zpath) as src, zipfile.ZipFile(bare, "w") as dst:
+            for n in src.namelist():
+                if n != f"dataspace/{build.INFO_FILE}" and not n.endswith(build.extension_suffix()):
+                    dst.writestr(n, src.read(n))
+        compiled, reason, file, _ = _probe_zip(bare)
+        assert not compiled and file.startswith("./dataspace.zip/")
+        assert reason == "no compiled core installed"
     else:
         assert not any(n.endswith(build.extension_suffix()) for n in names)
         compiled, reason, file, _ = _probe_zip(zpath)

@@ -223,7 +223,12 @@ def _choose() -> Build:
     info_path = os.path.join(_PACKAGE_DIR, INFO_FILE)
     try:
         if z is not None:
-            info_raw = _zip_member(z, "dataspace." + INFO_FILE[: -len(".json")], ".json")
+            try:
+                info_raw = _zip_member(z, "dataspace." + INFO_FILE[: -len(".json")], ".json")
+            except OSError:
+                # (zipimport reports a missing member as a bare OSError; the zip itself
+                # was read, since this module came from it.)
+                raise FileNotFoundError(INFO_FILE) from None
         else:
             with open(info_path, "rb") as f:
                 info_raw = f.read()
