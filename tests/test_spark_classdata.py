@@ -131,3 +131,36 @@ def test_a_mistyped_option_is_named_as_such(capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: --timout 5" in err and "child" not in err
+
+
+def test_archives_of_installations_gone_or_changed_are_pruned(own_tmp):
+    """Each archive is about 170 MB, one per Java and Spark: those no JVM would map again
+    (a deleted virtualenv, a reinstalled PySpark) go when a new one is made; one still
+    current, one without a record and the new one stay."""
+    java = find_java()
+    assert java is not None
+    homes = {}
+    for name in ("gone", "changed", "current", "new"):
+        home = own_tmp / name
+        (home / "jars").mkdir(parents=True)
+        homes[name] = str(home)
+    paths = {name: classdata.archive(java, home) for name, home in homes.items()}
+    paths["new"].parent.mkdir(mode=0o700)
+    for name, path in paths.items():
+        for suffix in (".jsa", ".lock", ".log"):
+            path.with_suffix(suffix).write_bytes(b"x")
+        classdata.record(path, java, homes[name])
+    unrecorded = paths["new"].with_name("jvm-0123456789abcdef.jsa")
+    unrecorded.write_bytes(b"x")
+    for f in (own_tmp / "gone" / "jars").iterdir():
+        f.unlink()
+    (own_tmp / "gone" / "jars").rmdir()
+    (own_tmp / "gone").rmdir()
+    (own_tmp / "changed" / "jars" / "pyspark-reinstalled.jar").write_bytes(b"")
+    removed = classdata.prune(paths["new"])
+    assert sorted(removed) == sorted([paths["gone"], paths["changed"]])
+    left = sorted(p.name for p in paths["new"].parent.iterdir())
+    assert left == sorted(
+        [paths[n].with_suffix(s).name for n in ("current", "new")
+         for s in (".jsa", ".lock", ".log", ".for")] + [unrecorded.name])
+    assert classdata.prune(paths["new"]) == []

@@ -14,7 +14,11 @@ machine a local session was ready in 4-7 s instead of 9-18 s.
 * :func:`java_options` -- what :mod:`.session` adds to the driver JVM's options: the
   archive when it exists.  ``DATASPACE_SPARK_CDS=0`` turns it off;
 * :mod:`.warmup` makes it (``python -m dataspace.pipeline.spark.warmup``, about a minute
-  once); the Spark crash harness and the test suite do so before they start Spark.
+  once); the Spark crash harness and the test suite do so before they start Spark;
+* :func:`record` and :func:`prune` -- beside each archive, the Java and the Spark it was
+  made for (``jvm-KEY.for``); when a new archive is made, the archives whose Java or Spark
+  is gone or changed (a deleted virtualenv, a reinstalled PySpark: they would never be
+  mapped again) are removed, so the directory does not grow by 170 MB per installation.
 
 An archive only ever has its name once it is complete and a JVM has started with it
 (:mod:`.warmup`).  A JVM that cannot use it (other JVM options, other jars) says so in
@@ -28,7 +32,7 @@ import os
 import tempfile
 from pathlib import Path
 
-__all__ = ["ENV", "archive", "enabled", "java_options"]
+__all__ = ["ENV", "archive", "enabled", "java_options", "prune", "record"]
 
 ENV = "DATASPACE_SPARK_CDS"
 
@@ -77,3 +81,42 @@ def java_options(java: str, spark_home: str) -> list[str]:
     if not path.is_file() or any(c.isspace() or c in "'\"\\" for c in str(path)):
         return []
     return [f"-XX:SharedArchiveFile={path}"]
+
+
+_FAMILY = (".jsa", ".lock", ".log", ".failed", ".for")
+"""The files of one archive: the archive, its maker's lock, log and failure note, and the
+record of what it was made for."""
+
+
+def record(path: Path, java: str, spark_home: str) -> None:
+    """Note beside the archive ``path`` the Java and the Spark it is for (see
+    :func:`prune`)."""
+    path.with_suffix(".for").write_text(f"{java}\n{spark_home}\n")
+
+
+def prune(keep: Path) -> list[Path]:
+    """Remove the archives beside ``keep`` whose recorded Java and Spark would no longer
+    be given that archive (either is gone or changed, so no JVM maps it again), with
+    their other files; the archives removed.  An archive without a record (made before
+    records were kept) is left alone.  A JVM that has one mapped keeps its mapping."""
+    removed: list[Path] = []
+    for note in sorted(keep.parent.glob("jvm-*.for")):
+        path = note.with_suffix(".jsa")
+        if path == keep:
+            continue
+        try:
+            java, spark_home = note.read_text().splitlines()[:2]
+        except (OSError, ValueError):
+            continue
+        if archive(java, spark_home) == path:
+            continue  # still the one for that installation
+        for suffix in _FAMILY:
+            try:
+                path.with_suffix(suffix).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                break  # (not ours to remove: leave the rest, and its record)
+        else:
+            removed.append(path)
+    return removed

@@ -41,14 +41,20 @@ RETRY_AFTER = 24 * 3600.0
 """Seconds before a failed attempt is made again."""
 
 
-def expected() -> Path | None:
-    """The archive a local session here would use (made or not); None without Java."""
+def _installation() -> tuple[str, str] | None:
+    """The Java and the ``SPARK_HOME`` a local session here launches; None without Java."""
     from .session import find_java, launch_home
 
     java = find_java()
     if java is None:
         return None
-    return classdata.archive(java, launch_home())
+    return java, launch_home()
+
+
+def expected() -> Path | None:
+    """The archive a local session here would use (made or not); None without Java."""
+    inst = _installation()
+    return None if inst is None else classdata.archive(*inst)
 
 
 def ensure(timeout: float = 600.0, say: Callable[[str], None] | None = None) -> Path | None:
@@ -58,13 +64,17 @@ def ensure(timeout: float = 600.0, say: Callable[[str], None] | None = None) -> 
     if not classdata.enabled():
         return None
     try:
-        target = expected()
+        inst = _installation()
     except (ImportError, OSError) as e:
         log.info("no class-data archive for Spark's JVM: %s", e)
         return None
-    if target is None:
+    if inst is None:
         return None
+    target = classdata.archive(*inst)
     if target.is_file():
+        if not target.with_suffix(".for").exists():  # (made before records were kept)
+            with contextlib.suppress(OSError):
+                classdata.record(target, *inst)
         return target
     target.parent.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(target.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -101,6 +111,9 @@ def ensure(timeout: float = 600.0, say: Callable[[str], None] | None = None) -> 
             log.info("made the class-data archive %s in %.0fs", target, time.monotonic() - t0)
             if say is not None:
                 say(f"class-data archive made in {time.monotonic() - t0:.0f}s: {target}")
+            with contextlib.suppress(OSError):
+                classdata.record(target, *inst)
+            _prune(target, say)
             return target
         with contextlib.suppress(OSError):
             failed.write_text(why + "\n")
@@ -111,6 +124,21 @@ def ensure(timeout: float = 600.0, say: Callable[[str], None] | None = None) -> 
         with contextlib.suppress(OSError):
             tmp.unlink()
         os.close(fd)
+
+
+def _prune(target: Path, say: Callable[[str], None] | None) -> None:
+    """Remove the archives of installations that are gone (see :func:`classdata.prune`)."""
+    try:
+        gone = classdata.prune(target)
+    except OSError as e:
+        log.info("could not prune old class-data archives beside %s: %s", target, e)
+        return
+    if gone:
+        log.info("removed %d class-data archive(s) of Java or Spark installations that are "
+                 "gone or changed: %s", len(gone), ", ".join(p.name for p in gone))
+        if say is not None:
+            say(f"removed {len(gone)} class-data archive(s) of Spark installations that are "
+                "gone or changed")
 
 
 def _make(tmp: Path, log_path: Path, timeout: float) -> str | None:
