@@ -70,6 +70,9 @@ def test_the_publisher_stays_bounded_under_a_flood_of_future_requests():
     mem = pub.memory()
     assert mem["shield_paths"] <= 100
     assert mem["requesters"] <= 100 * 50
+    # What the server's memory budget counts for it (no entry cached, no repeat due).
+    assert pub.held_bytes() == (mem["shield_paths"] * Publisher.PATH_BYTES
+                                + mem["requesters"] * Publisher.REQUESTER_BYTES) > 0
     assert pub.stats.too_far > 0 and pub.stats.loads == 0  # never touched the store
     # And requests for paths of streams not published get an answer, not memory.
     pub.datagram(encode(Record(GET, ["secret", 0, 0])), ("x", 1), 0.0)

@@ -12,14 +12,16 @@ import socket
 
 from broker_support import PY, ServerProcess, async_test, kill, read_line_matching, spawn
 from dataspace import scry
-from dataspace.protocol.scry import FixedPoll
+from dataspace.protocol.scry import GET, FixedPoll
 from dataspace.streams import open_store
+from dataspace.values import Record, encode
 
 TIMEOUT = 30.0
 
 
-async def publisher(tmp_path, *publish: str, port: int = 0) -> tuple[ServerProcess, str]:
-    extra = ["--scry-udp", f"127.0.0.1:{port}"]
+async def publisher(tmp_path, *publish: str, port: int = 0,
+                    more: tuple[str, ...] = ()) -> tuple[ServerProcess, str]:
+    extra = ["--scry-udp", f"127.0.0.1:{port}", *more]
     for s in publish:
         extra += ["--publish", s]
     sp = await ServerProcess(tmp_path / "data", extra=tuple(extra)).start()
@@ -191,6 +193,62 @@ async def test_get_waits_for_the_entry_and_unpublished_streams_are_refused(tmp_p
         await read_line_matching(refused, r"not published", out)
         assert await asyncio.wait_for(refused.wait(), TIMEOUT) == 1
     finally:
+        await sp.stop()
+
+
+@async_test
+async def test_what_readers_make_the_publisher_hold_counts_in_the_memory_budget(tmp_path):
+    """Premature requests are remembered (to be answered when the entry comes): 600 of
+    them from 60 addresses make `serve --max-memory` count about 200 KB more as held for
+    clients, and answering them gives it back."""
+    import urllib.request
+
+    sp, url = await publisher(tmp_path, "chat", more=(
+        "--max-memory", "64MiB", "--http", "127.0.0.1:0", "--http-open"))
+    line = next(s for s in sp.stderr_lines if "HTTP on http://" in s)
+    http = re.search(r"http://127\.0\.0\.1:\d+/", line)
+    assert http
+    target = ("127.0.0.1", int(url.rstrip("/").rsplit(":", 1)[1]))
+
+    def held() -> float:
+        with urllib.request.urlopen(http.group(0) + "metrics", timeout=TIMEOUT) as r:
+            text = r.read().decode()
+        return next(float(x.split(" ")[1]) for x in text.splitlines()
+                    if x.startswith("dataspace_memory_held_bytes"))
+
+    async def held_beyond(limit: float, above: bool) -> float:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TIMEOUT
+        while True:  # the budget's count of outside holders is refreshed now and then
+            h = await asyncio.to_thread(held)
+            if (h > limit) == above or loop.time() > deadline:
+                return h
+            await asyncio.sleep(0.2)  # polling a gauge, with a deadline
+
+    socks = []
+    try:
+        before = await asyncio.to_thread(held)
+
+        def ask(sock: socket.socket) -> None:
+            sock.settimeout(TIMEOUT)
+            for i in range(10):  # entries 0..9 of an empty stream: all premature
+                sock.sendto(encode(Record(GET, ["chat", i, 0])), target)
+                # One at a time, each acknowledged (<scry-wait ...>): a burst would
+                # overflow the server's receive buffer, and UDP drops the rest.
+                assert b"scry-wait" in sock.recv(2048)
+
+        for _ in range(60):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            socks.append(sock)
+            await asyncio.to_thread(ask, sock)
+        grown = await held_beyond(before + 600 * 300, above=True)
+        assert grown > before + 600 * 300, (before, grown)
+        await append(sp.data_dir, "chat", *[f'"e{i}"' for i in range(10)])
+        back = await held_beyond(before + 600 * 300, above=False)
+        assert back < before + 600 * 300, (before, grown, back)
+    finally:
+        for sock in socks:
+            sock.close()
         await sp.stop()
 
 

@@ -416,6 +416,8 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
                 scry_server = await start_scry_udp(store, udp[0], udp[1], cfg.publish)
             except OSError as e:
                 raise listen_error(e, cfg.scry_udp or "", "--scry-udp") from None
+            # What its readers make it hold counts in the memory budget (--max-memory).
+            server.memory_sources.append(scry_server.held_bytes)
         http_address = cfg.host_port("http")
         if http_address is not None:
             from ..web import start_http
@@ -472,6 +474,8 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
             await http.close()
         if scry_server is not None:
             await scry_server.close()
+            with contextlib.suppress(ValueError):
+                server.memory_sources.remove(scry_server.held_bytes)
         # Recorders first: what they queued is committed, and the server's own shutdown
         # (every connection closing) is not recorded as if clients had left.
         stop_recorders(recorders)

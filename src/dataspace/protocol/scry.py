@@ -458,6 +458,21 @@ class Publisher:
         out, self._loads = self._loads, []
         return out
 
+    REQUESTER_BYTES = 320
+    """About what one remembered requester holds (its address and time in a path's
+    table: 280 bytes measured for an IPv4 address, more for IPv6)."""
+    PATH_BYTES = 512
+    """About what one remembered path holds (its key, shield and empty table)."""
+
+    def held_bytes(self) -> int:
+        """What remote readers make the publisher hold, for the server's memory budget:
+        the cached fragments, the remembered paths and requesters, and the addresses
+        waiting for a repeated broadcast."""
+        requesters = sum(len(s.requesters) for s in self.shields.values())
+        repeats = sum(len(t[2]) for t in self._timers)
+        return (self._cached + requesters * self.REQUESTER_BYTES
+                + len(self.shields) * self.PATH_BYTES + len(self._timers) * 128 + repeats * 64)
+
     def memory(self) -> dict[str, int]:
         """Sizes of the in-memory tables (bounded: see the constructor)."""
         return {"shield_paths": len(self.shields),

@@ -137,6 +137,11 @@ class ScryServer:
     def stats(self) -> dict[str, Any]:
         return {**vars(self.machine.stats), **self.machine.memory()}
 
+    def held_bytes(self) -> int:
+        """What remote readers make this server hold (see :meth:`Publisher.held_bytes`):
+        counted in the broker's memory budget when it has one."""
+        return self.machine.held_bytes()
+
 
 async def start_scry_udp(store: Store, host: str, port: int, publish: Sequence[str]) -> ScryServer:
     """Start serving ``publish`` on ``host:port`` (UDP); raises OSError if it cannot bind."""
