@@ -515,6 +515,19 @@ def test_an_exact_handler_counts_once_a_longer_record_shares_its_captures():
     assert late[2:] == [("-", (1,))]
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_late_handler_hears_what_is_there_in_the_order_it_came(exact):
+    """Not a rule of seed 000, but what a user watching `dataspace observe` expects (the
+    README's example): alice, then bob, then carol."""
+    ix, got = Index(), []
+    names = ["alice", "bob", "carol"]
+    for n in names:
+        ix.add_assertion(Record(PRESENT, [n] if exact else [n, 0]))
+    pattern = Rec(PRESENT, [Bind()] if exact else [Bind(), DISCARD])
+    ix.add_handler(pattern, lambda e, c: got.append(c[0]))
+    assert got == names
+
+
 def _agrees_with_reference(pats, vals, ops):
     ix, ref = Index(), Reference()
     got = Counter()

@@ -306,10 +306,12 @@ class _ConstGroup:
 
 
 def _leaf_ids(leaf: _Leaf) -> list[int]:
-    """The ids of the assertions at ``leaf``."""
-    ids = list(leaf.cache)
-    if leaf.one >= 0:
-        ids.append(leaf.one)
+    """The ids of the assertions at ``leaf``, about in the order they came (``one`` is
+    the first, unless it went and came back while others stayed)."""
+    if leaf.one < 0:
+        return list(leaf.cache)
+    ids = [leaf.one]
+    ids += leaf.cache
     return ids
 
 
@@ -452,9 +454,8 @@ class _Handler:
             project = self.project
             got = [project.get(slots[k]) for k in _leaf_ids(leaf)]
             return [caps for caps in got if caps is not None]
-        out = list(self.bag.values())
-        if self.k1 is not _NO:
-            out.append(self.c1)
+        out = [] if self.k1 is _NO else [self.c1]  # (the first held, as a rule)
+        out += self.bag.values()
         return out
 
 
