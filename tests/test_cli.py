@@ -139,3 +139,35 @@ def test_a_misspelt_command_gets_the_likely_one(capsys):
             main(argv)
         last = capsys.readouterr().err.rstrip().splitlines()[-1]
         assert f"invalid choice: '{typo}': did you mean '{guess}'? (choose from" in last, last
+
+
+_LOST_INTERRUPT = """
+import sys, weakref
+from dataspace import cli
+if sys.argv[1] == "hook":
+    sys.unraisablehook = cli.redeliver_interrupt  # as the console script's main() does
+class A:
+    pass
+a = A()
+def cb(_ref):
+    raise KeyboardInterrupt  # a Ctrl-C landing in a weakref callback (the import system's)
+r = weakref.ref(a, cb)
+try:
+    del a
+    for _ in range(10_000_000):  # bounded: the interrupt lands at the next check
+        pass
+    print("lost")
+except KeyboardInterrupt:
+    print("delivered")
+"""
+
+
+def test_a_ctrl_c_python_could_only_drop_is_delivered_again():
+    """A KeyboardInterrupt raised where Python can only print "Exception ignored" (once
+    in CI: Ctrl-C inside the import system's lock callback, then the run went on) reaches
+    the command's main thread instead; without the hook it is lost."""
+    for mode, want in (("hook", "delivered"), ("none", "lost")):
+        p = subprocess.run([sys.executable, "-c", _LOST_INTERRUPT, mode], capture_output=True,
+                           text=True, timeout=60)
+        assert p.stdout.strip() == want, (mode, p.stdout, p.stderr)
+        assert ("Exception ignored" in p.stderr) == (mode == "none"), p.stderr

@@ -9,6 +9,7 @@ in ``--help``.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import contextlib
 import importlib
@@ -17,6 +18,7 @@ import os
 import pkgutil
 import signal
 import sys
+from typing import Any
 
 from .. import __version__
 from .._build import BUILD
@@ -72,8 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def redeliver_interrupt(unraisable: Any) -> None:
+    """``sys.unraisablehook`` of the command's process: a Ctrl-C that landed where Python
+    can only report an exception and drop it (a weakref callback of the import system, a
+    ``__del__``) is delivered again to the main thread, where the command takes it --
+    instead of an "Exception ignored ... KeyboardInterrupt" traceback and a Ctrl-C lost."""
+    exc_type = unraisable.exc_type
+    if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+        # From another thread, once this one has left the hook: raised here, it would be
+        # raised inside the hook (and dropped again).
+        _thread.start_new_thread(_thread.interrupt_main, ())
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``dataspace`` console script."""
+    if argv is None:  # the command's own process (a test calling main() keeps its hook)
+        sys.unraisablehook = redeliver_interrupt
     try:
         if signal.getsignal(signal.SIGINT) is _interrupted_early:
             signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt now
