@@ -35,6 +35,7 @@ from broker_support import (
 )
 from dataspace.broker import Server
 from dataspace.broker.config import ConfigError, ServerConfig
+from dataspace.broker.server import STATUS_EVERY, STATUS_SOON
 from dataspace.client import connect
 from dataspace.protocol.sturdy import SturdyRef, attenuate
 from dataspace.values import Dictionary, Embedded, Record, Symbol, parse
@@ -413,7 +414,16 @@ async def test_the_issue_x_y_z_a_refused_link_disturbs_nothing(tmp_path):
         cz = await connect(z.address, SturdyRef.parse(z.sturdyref))
         cz.assert_(parse('<OnZ "z">'))
         await oy.until(lambda c: ("z",) in c.present)
+
+        def shown(rows: list[dict]) -> bool:
+            return any(r["link"] == loser.address and "refused" in r for r in rows)
+
+        # The status file follows a change within STATUS_SOON (0.2 s): wait for it.
+        deadline = time.monotonic() + TIMEOUT
         rows, text = await link_status(z)
+        while not shown(rows) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)  # polling a file written by another process
+            rows, text = await link_status(z)
         states = {r["link"]: r["state"] for r in rows}
         # On a slow machine the refused link's first retry (30-60 s later) may be under
         # way ("checking"): it still shows why it was refused.
@@ -880,3 +890,21 @@ def test_a_turn_of_messages_crosses_as_one_packet_of_the_bytes_they_came_in(rout
     finally:
         hub.close()
         loop.close()
+
+
+@async_test
+async def test_a_change_of_the_links_does_not_wait_for_the_periodic_status_write(tmp_path):
+    """`dataspace link status` reads links.json, rewritten every 2 s while there are links
+    and soon after a change.  A change while the 2-second write was pending waited for it
+    (a refused link showed as still checking, once in CI): now it moves the write up, and
+    changes within the short delay share one write."""
+    async with running_server(tmp_path) as server:
+        loop = asyncio.get_running_loop()
+        periodic = loop.call_later(STATUS_EVERY, server._write_links)
+        server._status_timer = periodic
+        server._links_changed()
+        soon = server._status_timer
+        assert soon is not None and soon is not periodic and periodic.cancelled()
+        assert soon.when() <= loop.time() + STATUS_SOON
+        server._links_changed()  # another change meanwhile: the same write
+        assert server._status_timer is soon and not soon.cancelled()

@@ -208,6 +208,12 @@ relay, tables and transport: measured about 12 KiB)."""
 MEMORY_REFRESH = 0.5
 """Seconds between updates of the memory budget's view of buffers and connections."""
 
+STATUS_SOON = 0.2
+"""Seconds from a change of the links to its status written (``links.json``, read by
+``dataspace link status``); changes meanwhile are written together."""
+STATUS_EVERY = 2.0
+"""Seconds between status writes while there are links (their counters move)."""
+
 
 class _Arrivals:
     """New connections per source address, as token buckets (bounded in size)."""
@@ -459,9 +465,18 @@ class Server:
         return self.cluster.status() if self.cluster is not None else None
 
     def _links_changed(self) -> None:
-        """Write the links' status soon (and every 2 s while there are links)."""
-        if self._status_timer is None and not self._stopping:
-            self._status_timer = asyncio.get_running_loop().call_later(0.2, self._write_links)
+        """Write the links' status soon: within 0.2 s of a change, changes meanwhile
+        written together (and every 2 s while there are links)."""
+        if self._stopping:
+            return
+        loop = asyncio.get_running_loop()
+        soon = loop.time() + STATUS_SOON
+        timer = self._status_timer
+        if timer is not None:
+            if timer.when() <= soon:
+                return
+            timer.cancel()  # the 2-second write: a change does not wait for it
+        self._status_timer = loop.call_at(soon, self._write_links)
 
     def _write_links(self) -> None:
         self._status_timer = None
@@ -478,7 +493,8 @@ class Server:
                 log.warning("cannot write %s: %s", self.data_dir / CLUSTER_STATUS_FILE, e)
         if self.cluster is not None or any(h.dialers or h.sessions or h.gone
                                            for h in self.links.values()):
-            self._status_timer = asyncio.get_running_loop().call_later(2.0, self._write_links)
+            self._status_timer = asyncio.get_running_loop().call_later(
+                STATUS_EVERY, self._write_links)
 
     @property
     def stopping(self) -> bool:
