@@ -52,7 +52,6 @@ import json
 import os
 import queue
 import random
-import select
 import subprocess
 import sys
 import tempfile
@@ -72,7 +71,7 @@ from ..crashtest import (
     verify,
 )
 from . import warmup
-from .faults import ENV, kill_session, session_pids
+from .faults import ENV, kill_session, reap_session
 
 __all__ = ["CHOSEN", "EXECUTOR_POINTS", "CampaignResult", "child", "main", "run_campaign", "soak"]
 
@@ -144,40 +143,6 @@ def _spawn(directory: str, n: int, seed: int, run: int, batch: int, fault: str |
         env[f"{ENV}_DIR"] = fault_dir
     return spawn_child("dataspace.pipeline.spark.crashtest", directory, n, seed, run, batch,
                        env=env, new_session=True)
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    """Wait (bounded) for a process that is not our child to end: a pidfd becomes
-    readable when it exits."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return  # already gone
-    try:
-        select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)
-
-
-def _reap(proc: subprocess.Popen[str], timeout: float) -> bool:
-    """Kill whatever is left of the child's session (the JVM, Python workers) and wait
-    until it is gone; False if it would not go."""
-    sid = proc.pid
-    deadline = time.monotonic() + timeout
-    kill_session(sid)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        return False
-    while True:
-        left = session_pids(sid)
-        if not left:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        kill_session(sid)
-        for pid in left:
-            _wait_gone(pid, max(0.0, deadline - time.monotonic()))
 
 
 def run_campaign(
@@ -269,7 +234,7 @@ def run_campaign(
                 if line == "ready" and point == "random":
                     ready_at = time.monotonic() + rng.uniform(0.5, 8.0)
         finally:
-            if not _reap(proc, 60.0):
+            if not reap_session(proc, 60.0):
                 res.problems.append(f"run {res.runs}: processes of the killed driver would not die")
         if remote and fault and _fired(fault_dir, fault):
             killed = True  # the worker with its executor, mid-batch; the driver carried on

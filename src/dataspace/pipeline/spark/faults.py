@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
+import subprocess
+import time
 
-__all__ = ["ENV", "POINTS", "kill_session", "point", "session_pids"]
+__all__ = ["ENV", "POINTS", "kill_session", "point", "reap_session", "session_pids"]
 
 ENV = "DATASPACE_SPARK_FAULT"
 POINTS = ("source", "partitions", "read", "stage", "write", "sink", "commit-inside", "commit-after")
@@ -99,3 +102,37 @@ def kill_session(sid: int | None = None) -> None:
                 pass
     if os.getsid(0) == sid:
         os.kill(me, signal.SIGKILL)
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait (bounded) for a process that is not our child to end: a pidfd becomes
+    readable when it exits."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # already gone
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+
+
+def reap_session(proc: subprocess.Popen[str] | subprocess.Popen[bytes], timeout: float) -> bool:
+    """Kill whatever is left of the session ``proc`` leads (a JVM, Python workers) and
+    wait until it is gone; False if it would not go within ``timeout`` seconds."""
+    sid = proc.pid
+    deadline = time.monotonic() + timeout
+    kill_session(sid)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    while True:
+        left = session_pids(sid)
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        kill_session(sid)
+        for pid in left:
+            _wait_gone(pid, max(0.0, deadline - time.monotonic()))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import classdata
-from .faults import kill_session, session_pids
+from .faults import reap_session
 
 __all__ = ["check", "ensure", "expected", "main"]
 
@@ -153,7 +153,8 @@ def _make(tmp: Path, log_path: Path, timeout: float) -> str | None:
     except subprocess.TimeoutExpired:
         rc = None
     finally:
-        _end_session(proc)
+        # (a JVM still writing, when it timed out)
+        reap_session(proc, 60.0)
     if rc is None:
         return f"not done in {timeout:g}s"
     if rc != 0:
@@ -161,32 +162,6 @@ def _make(tmp: Path, log_path: Path, timeout: float) -> str | None:
     if not tmp.is_file():
         return "no archive written"
     return None
-
-
-def _end_session(proc: subprocess.Popen[bytes]) -> None:
-    """Kill what is left of the child's session (a JVM still writing, when it timed out)
-    and wait (bounded) until it is gone."""
-    kill_session(proc.pid)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(30)
-    deadline = time.monotonic() + 30
-    while (left := session_pids(proc.pid)) and time.monotonic() < deadline:
-        kill_session(proc.pid)
-        for pid in left:
-            _wait_gone(pid, max(0.0, deadline - time.monotonic()))
-
-
-def _wait_gone(pid: int, timeout: float) -> None:
-    import select
-
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return
-    try:
-        select.select([fd], [], [], timeout)
-    finally:
-        os.close(fd)
 
 
 # -- the child ---------------------------------------------------------------------------------
