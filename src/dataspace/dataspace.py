@@ -65,7 +65,6 @@ log = logging.getLogger(__name__)
 OBSERVE = Symbol("Observe")
 
 
-
 @final
 class _Ids:
     """The process-wide source of handles and ids (one counter: a handle of one

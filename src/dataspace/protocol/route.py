@@ -51,8 +51,7 @@ and in bytes; the oldest go first.
 from __future__ import annotations
 
 import logging
-import types
-from typing import Any
+from typing import Any, Final
 
 from ..dataspace import Dataspace, Encoded, Subscription, _EntityObserver
 from ..pattern import Arr, Bind, Dict, Discard, Lit, Pattern, Rec
@@ -190,9 +189,15 @@ def _utf8(buf: bytes, s: int, e: int) -> bool:
     return True
 
 
-_COMPILED = not isinstance(_utf8, types.FunctionType)
-"""Whether this module runs compiled (its functions are then not Python functions):
-loops over bytes pay there, and in pure Python a C method doing the same is faster."""
+def _is_compiled() -> bool:
+    """True when this module runs compiled: its functions then carry no Python code (as
+    in values.model and pattern)."""
+    return not hasattr(_is_compiled, "__code__")
+
+
+COMPILED: Final = _is_compiled()
+"""Whether this module is the compiled build of its source: loops over bytes pay there,
+and in pure Python a C method doing the same is faster."""
 
 
 def scan(buf: bytes, p: int, depth: int) -> list[int] | None:
@@ -237,7 +242,7 @@ def scan_rel(buf: bytes, p: int, depth: int) -> list[int] | None:
                 ln = buf[p + 1]
                 if ln < 0x80:
                     q = p + 2 + ln
-                    if ln <= 24 and _COMPILED:
+                    if ln <= 24 and COMPILED:
                         # Short: looked at in place (compiled, a tight loop; no copy).
                         i = p + 2
                         while i < q and buf[i] < 0x80:
