@@ -8,6 +8,8 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
+from dataspace.pipeline.spark.classdata import QUICK_JIT
+
 # Let test modules import the shared hypothesis strategies (``from strategies import ...``).
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -25,7 +27,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 # test-sized work on a shared 2-core machine: the JIT's first tier only, whose compiler
 # threads leave the cores to that work (the connector tests took 2/3 of the time, each JVM
 # start about 30% less).  The product keeps the JVM's default.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
+os.environ.setdefault("SPARK_SUBMIT_OPTS", QUICK_JIT)
 
 
 @pytest.fixture(scope="session")

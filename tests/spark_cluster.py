@@ -31,11 +31,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from dataspace.pipeline.spark.classdata import QUICK_JIT  # (the cluster's JVMs too)
+
 START_TIMEOUT = 120.0
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
-"""The JIT's first tier only, for the cluster's JVMs (the Master, the Worker, the
-executors): test-sized work on a shared 2-core machine, where C2's compiler threads take
-the cores from Spark's start-ups (as for the drivers: tests/conftest.py)."""
 EXECUTOR_MEMORY = "512m"
 WORKER_MEMORY = "1g"  # at least spark.executor.memory
 WORKER_CORES = 2

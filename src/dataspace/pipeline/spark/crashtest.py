@@ -71,6 +71,7 @@ from ..crashtest import (
     verify,
 )
 from . import warmup
+from .classdata import QUICK_JIT
 from .faults import ENV, kill_session, reap_session
 
 __all__ = ["CHOSEN", "EXECUTOR_POINTS", "CampaignResult", "child", "main", "run_campaign", "soak"]
@@ -84,7 +85,6 @@ EXECUTOR_POINTS = ("read", "stage", "write")
 MASTER_ENV = "DATASPACE_CRASH_MASTER"
 CONF_ENV = "DATASPACE_CRASH_SPARK_CONF"
 EXECUTOR_SID_ENV = f"{ENV}_EXECUTOR_SID"
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 
 # -- the child -------------------------------------------------------------------------------
