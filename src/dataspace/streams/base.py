@@ -27,14 +27,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from ..values import Value, encode
 from .entry import Entry, check_name, check_stream_name, check_tailer_name
+from .errors import (
+    MAX_INDEX,
+    MAX_VALUE_SIZE,
+    ForeignStore,
+    LockHeld,
+    StoreCorrupt,
+    StoreError,
+    StoreNotFound,
+    StreamNotFound,
+)
+from .integrity import CheckReport
 from .tailer import Tailer
-
-if TYPE_CHECKING:
-    from .integrity import CheckReport
 
 __all__ = [
     "MAX_INDEX",
@@ -62,38 +70,6 @@ __all__ = [
     "parse_duration",
 ]
 
-MAX_INDEX = (1 << 63) - 1
-"""Indices are signed 64-bit integers (SQLite's INTEGER), so at most this."""
-
-MAX_VALUE_SIZE = 16 * 1024 * 1024
-"""Largest encoded value (or metadata) one entry may hold, in bytes."""
-
-class StoreError(Exception):
-    """Base class of stream store errors (the message says what to do next)."""
-
-
-class StoreCorrupt(StoreError):
-    """The store file is damaged or is not a store at all -- also raised by a read that
-    did not get what it asked for (see :mod:`.integrity`): nothing of it is returned."""
-
-
-class ForeignStore(StoreError):
-    """The file or database is not a dataspace stream store (another application's, or
-    written by a newer version)."""
-
-
-class StoreNotFound(StoreError):
-    """There is no store where one was to be opened without creating it."""
-
-
-class LockHeld(StoreError):
-    """A :meth:`Store.lock` is held by another process (``holder`` says which)."""
-
-    def __init__(self, name: str, holder: str) -> None:
-        super().__init__(f"the lock {name!r} is held by {holder}")
-        self.name = name
-        self.holder = holder
-
 
 class StoreLock(ABC):
     """A held :meth:`Store.lock`: :meth:`release` it (or leave the ``with`` block); the
@@ -108,13 +84,6 @@ class StoreLock(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-class StreamNotFound(StoreError, KeyError):
-    """No stream of that name."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0]) if self.args else "stream not found"
 
 
 RESERVED_PREFIX = "__"

@@ -68,7 +68,7 @@ from functools import lru_cache
 from itertools import pairwise, repeat
 from typing import Any
 
-from .base import MAX_INDEX, StoreCorrupt, StoreError
+from .errors import MAX_INDEX, StoreCorrupt, StoreError
 
 __all__ = [
     "CHECKSUM_MASK",
