@@ -125,6 +125,40 @@ def test_progress_in_a_log_prints_only_changes():
     assert [x.split(" | ")[0] for x in lines] == ["p in 0 out 0 lag a:5", "p in 5 out 5 lag a:0"]
 
 
+def test_a_failed_read_counts_nothing_it_did_not_commit(tmp_path):
+    """Issue 28: after a read that failed (a damaged entry) the progress said "m in 5,000
+    out 0" though nothing was committed: the steps planned before it were counted."""
+    import sqlite3
+
+    from dataspace.pipeline import Graph, LocalEngine
+    from dataspace.streams import StoreCorrupt
+
+    g = Graph("g")
+    g.source("in")
+    g.map("m", "in", "out", lambda v: v + 1)
+    with open_store(tmp_path) as s:
+        s.append_many("in", range(5000))
+    raw = sqlite3.connect(tmp_path / "streams.sqlite3")
+    raw.execute("UPDATE entries SET value = X'a1' WHERE idx = 4000")  # its checksum fails
+    raw.commit()
+    raw.close()
+    reports: list[list[ProcStats]] = []
+    # One group of steps (a long group time): 4,000 messages planned, then the read fails.
+    with open_store(tmp_path) as s, LocalEngine(g, s, batch=1000, group_ms=600_000) as e:
+        with pytest.raises(StoreCorrupt):
+            e.run(until_idle=True, on_progress=reports.append)
+        [m] = reports[-1]
+        assert (m.consumed, m.produced, m.errors, m.steps) == (0, 0, 0, 0), m
+        assert m.lag == {"in": 5000}  # the positions are the store's again
+        assert s.position("in", "g/m") in (None, 0) and not s.next_index("out")
+        assert format_progress(reports[-1]).startswith("m in 0 out 0 lag in:5,000")
+    # What is committed counts, once.
+    with open_store(tmp_path / "sound") as s, LocalEngine(g, s, batch=1000) as e:
+        s.append_many("in", range(5000))
+        [m] = e.run(until_idle=True)
+        assert (m.consumed, m.produced, m.steps, m.lag) == (5000, 5000, 5, {"in": 0})
+
+
 def test_run_follows_input_and_stops_cleanly_on_ctrl_c(env, store_url):
     data = store_url
     at = ["--store", store_url]

@@ -192,6 +192,10 @@ class _Proc:
         self.produced = 0
         self.errors = 0
         self.steps = 0
+        # What steps not committed yet add to the four counts above (they count once
+        # their transaction commits: :meth:`settle`), and the state before those steps.
+        self._pend = [0, 0, 0, 0]
+        self._saved: tuple[Any, ...] | None = None
         # at-most-once: the batch read (positions committed) and its outputs to write
         self.amo_batches: list[Any] = []
         self.amo_pending: list[tuple[dict[str, tuple[list[bytes], list[bytes]]], tuple[list[bytes], list[bytes]]]] = []
@@ -207,6 +211,31 @@ class _Proc:
         if self.alts:
             return any(nexts.get(s, 0) > pos[i] for i, s in enumerate(self.inputs))
         return all(nexts.get(s, 0) > pos[i] for i, s in enumerate(self.inputs))
+
+    # -- what is committed ------------------------------------------------------------
+
+    def _begin(self) -> None:
+        """A step (or at-most-once batch) starts: remember the state it may have to go
+        back to, unless an uncommitted one already did."""
+        if self._saved is None:
+            self._saved = (self.positions, self.retry, self.skip_snapshot, self.have_alts,
+                           len(self.amo_batches), self.amo_pending)
+
+    def settle(self, committed: bool) -> None:
+        """The transaction of the steps since the last settle committed (their counts
+        join the totals), or did not (they are forgotten, and the positions and retry
+        state are what the store holds: a failed read or commit counts nothing)."""
+        saved, self._saved = self._saved, None
+        pend, self._pend = self._pend, [0, 0, 0, 0]
+        if committed:
+            self.consumed += pend[0]
+            self.produced += pend[1]
+            self.errors += pend[2]
+            self.steps += pend[3]
+        elif saved is not None:
+            (self.positions, self.retry, self.skip_snapshot, self.have_alts, n,
+             self.amo_pending) = saved
+            del self.amo_batches[n:]
 
     # -- step 1: choosing the message sets ----------------------------------------------
 
@@ -288,6 +317,7 @@ class _Proc:
 
     def plan(self, reader: Any, limit: int) -> _Step | None:
         """Step 1: the tailer indices, the message sets and the snapshot (3: its hash)."""
+        self._begin()
         got = self._read(reader, limit)
         if got is None:
             return None
@@ -330,8 +360,8 @@ class _Proc:
         self.have_alts = False
         self.retry = None
         self.positions = st.ends
-        self.consumed += sum(len(r) for r in st.rows)
-        self.steps += 1
+        self._pend[0] += sum(len(r) for r in st.rows)
+        self._pend[3] += 1
 
     def write_post(self, io: _IO, st: _Step) -> None:
         """Steps 7 and 8 (or 9: the processor stops, the step stays to retry)."""
@@ -359,11 +389,11 @@ class _Proc:
             io.point(pid, "attempt")
             for s, (datas, metas) in outs.items():  # 7e
                 io.tx.append_encoded(s, datas, metas)  # type: ignore[arg-type]
-                self.produced += len(datas)
+                self._pend[1] += len(datas)
             if errs[0]:
                 assert err_stream is not None
                 io.tx.append_encoded(err_stream, errs[0], errs[1])  # type: ignore[arg-type]
-                self.errors += len(errs[0])
+                self._pend[2] += len(errs[0])
             io.point(pid, "output")
         else:  # 8
             io.tx.append_encoded(self.backing, [encode(attempt_record(ATTEMPT_NIL, h))])
@@ -615,17 +645,19 @@ class _Proc:
     # -- at-most-once ------------------------------------------------------------------
 
     def amo_flush(self, tx: Transaction) -> None:
+        self._begin()
         pending, self.amo_pending = self.amo_pending, []
         for outs, errs in pending:
             for s, (datas, metas) in outs.items():
                 tx.append_encoded(s, datas, metas)  # type: ignore[arg-type]
-                self.produced += len(datas)
+                self._pend[1] += len(datas)
             if errs[0]:
                 assert self.err_stream is not None
                 tx.append_encoded(self.err_stream, errs[0], errs[1])  # type: ignore[arg-type]
-                self.errors += len(errs[0])
+                self._pend[2] += len(errs[0])
 
     def amo_read(self, tx: Transaction, limit: int) -> int:
+        self._begin()
         got = self._read(tx, limit)
         if got is None:
             return 0
@@ -633,8 +665,8 @@ class _Proc:
         tx.set_positions([(s, self.id, e) for s, e in zip(self.inputs, ends)])
         self.positions = ends
         self.amo_batches.append((starts, ends, rows, order))
-        self.consumed += sum(len(r) for r in rows)
-        self.steps += 1
+        self._pend[0] += sum(len(r) for r in rows)
+        self._pend[3] += 1
         return max(len(r) for r in rows) if order is None else len(order)
 
     def amo_compute(self) -> None:
@@ -817,11 +849,21 @@ class LocalEngine(Engine):
         return [q for q in self.procs if q.has_input(nexts)]
 
     def run_round(self) -> int:
-        """One group: steps of every processor with input; returns message sets done."""
+        """One group: steps of every processor with input; returns message sets done.
+
+        A step counts (messages in and out, errors, steps) once its transaction commits;
+        when a read or a commit fails, what the round did not commit is forgotten -- the
+        processors' positions are again the store's -- and the error propagates."""
         if not self.started:
             self.start()
-        if self.guarantee == "at-most-once":
-            return self._round_amo()
+        try:
+            return self._round_amo() if self.guarantee == "at-most-once" else self._round()
+        except BaseException:
+            for q in self.procs:
+                q.settle(False)
+            raise
+
+    def _round(self) -> int:
         nexts = self.store.next_indices()
         todo = [q for q in self.procs if q.has_input(nexts)]
         if not todo:
@@ -840,6 +882,7 @@ class LocalEngine(Engine):
                 except BaseException:
                     io.rollback()
                     raise
+                q.settle(True)
             return done
         if any(not q.p.side_effects for q in todo):
             # Plan and compute steps (no lock held) for about group_ms, then write them
@@ -871,6 +914,8 @@ class LocalEngine(Engine):
                 except BaseException:
                     io.rollback()
                     raise
+                for q, _st in steps:
+                    q.settle(True)
         nexts = store.next_indices() if self.effectful else nexts
         for q in self.effectful:
             if q.failed or not q.has_input(nexts):
@@ -883,6 +928,7 @@ class LocalEngine(Engine):
             except BaseException:
                 io.rollback()
                 raise
+            q.settle(True)
         return done
 
     def _round_amo(self) -> int:
@@ -908,6 +954,8 @@ class LocalEngine(Engine):
         except BaseException:
             io.rollback()
             raise
+        for q in self.procs:
+            q.settle(True)
         t = time.monotonic()
         for q in self.procs:
             q.amo_compute()
@@ -920,9 +968,16 @@ class LocalEngine(Engine):
 
     def _flush_amo(self) -> None:
         if any(q.amo_pending for q in self.procs):
-            with self.store.transaction() as tx:
+            try:
+                with self.store.transaction() as tx:
+                    for q in self.procs:
+                        q.amo_flush(tx)
+            except BaseException:
                 for q in self.procs:
-                    q.amo_flush(tx)
+                    q.settle(False)
+                raise
+            for q in self.procs:
+                q.settle(True)
 
     def idle(self) -> bool:
         """No processor has input (and nothing is waiting to be written)."""
