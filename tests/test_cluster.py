@@ -612,6 +612,101 @@ async def test_a_silent_partition_is_noticed_by_keepalive_and_heals_in_one_round
 
 
 # ---------------------------------------------------------------------------------------
+# Every member given the same --routes list, itself included
+
+
+class LogLines(logging.Handler):
+    """The log records of the ``dataspace`` loggers while it is installed."""
+
+    def __init__(self, level: int = logging.INFO) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def lines(self, *words: str) -> list[str]:
+        out = [r.getMessage() for r in self.records]
+        return [t for t in out if all(w in t for w in words)]
+
+    def __enter__(self) -> LogLines:
+        lg = logging.getLogger("dataspace")
+        self._level = lg.level
+        lg.setLevel(min(self.level, lg.getEffectiveLevel()))
+        lg.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        lg = logging.getLogger("dataspace")
+        lg.removeHandler(self)
+        lg.setLevel(self._level)
+
+
+@pytest.mark.parametrize(("n", "aliases"), [(2, False), (5, False), (2, True)])
+@async_test
+async def test_members_given_the_same_routes_itself_included_settle_without_phantoms(
+        tmp_path, secret, root_key, capsys, n, aliases):
+    """Issue 28: each member dials its own address once, knows it as its own, and says so
+    in one line; `cluster status` says "n of n members up" with no member that is not
+    reached, and nothing is dialed or logged again while the routes are pinged.  With
+    ``aliases`` the list names every member twice (127.0.0.1 and localhost): a second
+    name of another member is learned as that member's from its answer, though the
+    route is not kept, and is not dialed again either."""
+    from dataspace.cli import main as cli_main
+
+    addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+    names = {a: [a, a.replace("127.0.0.1", "localhost")] if aliases else [a] for a in addrs}
+    routes = [x for a in addrs for x in names[a]]
+    with LogLines() as logs:
+        async with contextlib.AsyncExitStack() as stack:
+            ms = [await stack.enter_async_context(running_server(
+                tmp_path / f"m{i}", cluster=a, routes=routes, cluster_secret=str(secret),
+                root_key=root_key)) for i, a in enumerate(addrs)]
+            watch = ClusterWatch(*ms)
+            await watch.until(watch.meshed)
+
+            def known() -> bool:  # every name: this member's own, or whose it is
+                return all(m.cluster.membership.targets[x].itself
+                           for m, a in zip(ms, addrs) for x in names[a]) and all(
+                    (t.itself or t.peer) and not t.dialing
+                    for m in ms for t in m.cluster.membership.targets.values())
+
+            with contextlib.suppress(TimeoutError):  # (asserted below, with what it shows)
+                await watch.until(known, 10.0)
+
+            def attempts() -> list[dict[str, int]]:
+                return [{x: t.attempts for x, t in m.cluster.membership.targets.items()}
+                        for m in ms]
+
+            before = attempts()
+            # Two seconds of pings and ticks (the machine steps at least each second):
+            # today's code redialed itself within 0.15 s, then every few seconds.
+            until = time.monotonic() + 2.0
+            await watch.until(lambda: time.monotonic() >= until)
+            for m, a in zip(ms, addrs):
+                m._write_links()  # (what the server writes every 2 s, now)
+                capsys.readouterr()
+                assert cli_main(["cluster", "status", "--data-dir", str(m.data_dir)]) == 0
+                text = capsys.readouterr().out
+                assert f"; {n} of {n} members up" in text, text
+                assert "not reached" not in text and a not in text.split("\n", 1)[1], text
+                rows = m.cluster_status()["members"]
+                assert len(rows) == n - 1 and all(r["id"] and r["up"] for r in rows), rows
+                for x in names[a]:
+                    t = m.cluster.membership.targets[x]
+                    assert t.itself and t.attempts == 1 and not t.dialing, (x, t)
+                    said = logs.lines(f"{x}: this is this member's own address")
+                    assert said == [f"route to {x}: this is this member's own address: not "
+                                    "dialed again"], said
+                others = [t for t in m.cluster.membership.targets.values() if not t.itself]
+                assert all(t.peer and not t.dialing for t in others), others
+            assert attempts() == before  # (nothing dialed while the routes were pinged)
+            # (A member started before the others finds them not listening yet, once.)
+            retries = [t for t in logs.lines("retrying") if "Connect call failed" not in t]
+            assert not logs.lines("leads back") and not retries, logs.lines()
+
+
+# ---------------------------------------------------------------------------------------
 # Linked trees and the cluster
 
 

@@ -50,6 +50,7 @@ from ..net.address import AddressError, parse_address
 from ..net.connection import Connection, StreamConnection
 from ..net.flow import Hub
 from ..protocol.cluster import (
+    ITSELF,
     MESSAGES,
     ROUTE_ACCEPT,
     ROUTE_REFUSED,
@@ -299,7 +300,7 @@ class Cluster:
         self.address = self.spec.advertise or self.listen_address
         self.membership = Membership(self.me, self.address, self.spec.routes,
                                      random=self.rng.random, ping=self.spec.ping,
-                                     dead=self.spec.dead)
+                                     dead=self.spec.dead, incarnation=self.incarnation)
         self.membership.start(time.monotonic())
         log.debug("cluster %s: listening for routes on %s (member %s)", self.name,
                   self.listen_address, self.me)
@@ -425,20 +426,28 @@ class Cluster:
 
     # -- dialing ------------------------------------------------------------------------
 
-    def _dial(self, address: str) -> None:
+    def _dial(self, address: str, nonce: str) -> None:
         if address in self._dialing or self._closing:
             return
-        task = asyncio.get_running_loop().create_task(self._dial_task(address))
+        task = asyncio.get_running_loop().create_task(self._dial_task(address, nonce))
         self._dialing[address] = task
         task.add_done_callback(lambda _t: self._dialing.pop(address, None))
 
-    async def _dial_task(self, address: str) -> None:
+    async def _dial_task(self, address: str, nonce: str) -> None:
         try:
-            await self._dial_once(address)
+            await self._dial_once(address, nonce)
             self._failures.pop(address, None)
         except asyncio.CancelledError:
             raise
         except (OSError, ConnectionError, TimeoutError, ClusterError, AddressError) as e:
+            m = self.membership
+            if m is not None and m.is_itself(address):
+                # This member's own port answered (and closed the route first).
+                log.info("route to %s: this is this member's own address: not dialed "
+                         "again", address)
+                m.dial_failed(address, "itself", time.monotonic())
+                self._apply()
+                return
             why = _route_error(e)
             n = self._failures[address] = self._failures.get(address, 0) + 1
             (log.warning if n == 1 or n % 20 == 0 else log.debug)(
@@ -447,7 +456,7 @@ class Cluster:
                 self.membership.dial_failed(address, why, time.monotonic())
                 self._apply()
 
-    async def _dial_once(self, address: str) -> None:
+    async def _dial_once(self, address: str, nonce: str) -> None:
         a = parse_address(address, default_kind="tcp")
         if a.kind != "tcp":
             raise ClusterError(f"a route address is HOST:PORT, not {address}")
@@ -475,7 +484,7 @@ class Cluster:
             self.net_hub.flush(None)
             ref = await self._wait(fut, conn, "resolving the route capability")
             done: asyncio.Future[None] = loop.create_future()
-            attempt = _Attempt(self, address, conn, secrets.token_hex(8), done)
+            attempt = _Attempt(self, address, conn, nonce, done)
             ref.on_assert(Record(ROUTE_REQUEST, [
                 self._info(self.me, attempt.nonce).to_value(), Embedded(attempt.ctl),
                 Embedded(attempt.data)]), fresh_handle())
@@ -573,7 +582,7 @@ class Cluster:
                 s = eff[1]
                 s.send_control(eff[2])
             elif kind == "dial":
-                self._dial(eff[1])
+                self._dial(eff[1], eff[2])
             elif kind == "ready":
                 s = eff[1]
                 if not s.closed:
@@ -594,14 +603,28 @@ class Cluster:
     def _close_route(self, s: LinkSession, why: str, *, tell: bool) -> None:
         was = s.ready
         self.hub.end(s, why)
-        (log.info if tell and not was else log.warning)("route %s: closed: %s", s.name, why)
+        if why == ITSELF:
+            if s.dialed:  # (the answer came before the close: this end says it)
+                log.info("route %s: this is this member's own address: not dialed again",
+                         s.name)
+            else:
+                log.debug("route %s: closed: %s", s.name, why)
+        else:
+            (log.info if tell and not was else log.warning)("route %s: closed: %s", s.name,
+                                                            why)
         conn = s.conn
         if conn is None or conn.closed:
             return
         if not tell:
             conn.close(why)  # nothing gets through: do not wait for a send
         elif s.relay is not None:
-            s.relay.fail(f"route: {why}", Symbol("route-closed"))
+            # After the turn under way: what it sends (an accepted route's answer, which
+            # names this member) reaches the peer before the close, so a dialer learns
+            # whom its address reaches even when the route is not kept (a duplicate, a
+            # route to itself) and does not dial it again.
+            relay = s.relay
+            asyncio.get_running_loop().call_soon(
+                lambda: relay.fail(f"route: {why}", Symbol("route-closed")))
 
     def _arm(self) -> None:
         m = self.membership

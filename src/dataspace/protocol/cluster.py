@@ -8,9 +8,9 @@ when input last arrived on a route (:meth:`Membership.heard`) and hands it the c
 control messages (:meth:`Membership.message`); it carries out what
 :meth:`Membership.take_effects` says:
 
-``("dial", ADDRESS)``
-    open a route to the member listening at ``ADDRESS`` (then report it established, or
-    the dial failed);
+``("dial", ADDRESS, NONCE)``
+    open a route to the member listening at ``ADDRESS``, with ``NONCE`` as the route
+    request's nonce (then report it established, or the dial failed);
 ``("ready", ROUTE)``
     data crosses this route from now on (it is the one route to its peer);
 ``("close", ROUTE, WHY, TELL)``
@@ -37,6 +37,13 @@ network that lost it), and between routes of one incarnation the one dialed by t
 member with the smaller id, then the greater dial nonce.  The route kept is made ready
 before the other is closed, so what the peer holds is never gone meanwhile.
 
+**Itself.**  A seed list may name this member (every member given the same list): a
+dial of such an address reaches this member's own port.  Either end that learns it marks
+the address as this member's own, never dialed again: the accepting end knows the request's
+nonce as one of its own dials, the dialing end reads its own id (and incarnation) in the
+answer.  A member of another incarnation with this member's id (two members sharing one
+id, a copied data directory) is not this member: its routes are refused, the address kept.
+
 **Keepalive.**  Every ``ping`` seconds a ``<route-ping>`` goes on every route; a route on
 which nothing arrived for ``dead`` seconds is closed (its peer's assertions are retracted
 by the host).  If this member itself was stalled (its ticks late by more than ``2 *
@@ -61,6 +68,7 @@ __all__ = [
     "ROUTE_REFUSED",
     "ROUTE_REQUEST",
     "VERSION",
+    "ITSELF",
     "ClusterError",
     "Membership",
     "RouteInfo",
@@ -77,6 +85,8 @@ ROUTE_REQUEST = Symbol("route-request")
 ROUTE_ACCEPT = Symbol("route-accept")
 ROUTE_REFUSED = Symbol("route-refused")
 MESSAGES = frozenset({PING, MEMBERS, ROUTE_REFUSED})
+ITSELF = "this address leads back to this member (a route to itself is not needed)"
+"""Why a route to this member itself is closed (the ``close`` effect's WHY)."""
 """Control messages of routes that the host hands to :meth:`Membership.message`."""
 
 MAX_ID = 200
@@ -237,6 +247,8 @@ class _Target:
     delay: float = 0.0
     attempts: int = 0
     dialing: bool = False
+    nonce: str = ""
+    """The nonce of the dial in flight (``dialing``)."""
     itself: bool = False
     """This address leads back to this member (a seed list that names every member)."""
     last_error: str | None = None
@@ -256,14 +268,18 @@ class Membership:
 
     ``me``: this member's id; ``address``: where it listens for routes, as peers should
     dial it (``""``: not said); ``seeds``: the configured route addresses; ``random``:
-    floats in [0, 1) (jitter); times in seconds.
+    floats in [0, 1) (jitter, dial nonces); ``incarnation``: this member's, as its
+    handshakes say it (a route from this id with another is another member sharing the
+    id, not this one); times in seconds.
     """
 
     def __init__(self, me: str, address: str, seeds: Iterable[str], *,
                  random: Callable[[], float], ping: float = 1.0, dead: float = 3.0,
                  backoff: tuple[float, float] = (0.1, 5.0), grace: float = 2.0,
-                 forget: float = 120.0) -> None:
+                 forget: float = 120.0,
+                 incarnation: tuple[float, str] | None = None) -> None:
         self.me = _str(me, "a member id")
+        self.incarnation = incarnation
         self.address = check_address(address) if address else ""
         if not 0 < ping < dead:
             raise ValueError("the route ping interval must be positive and below the "
@@ -280,6 +296,10 @@ class Membership:
             if a not in self.targets:
                 self.targets[a] = _Target(a, explicit=True, delay=backoff[0])
         self._effects: list[tuple[Any, ...]] = []
+        self._dials: dict[str, str] = {}
+        """The nonce of each dial in flight -> the address dialed (a request carrying one
+        of them reached this member itself)."""
+        self._dial_seq = 0
         self._next_ping = 0.0
         self._last_tick: float | None = None
         self._had_routes = False
@@ -301,7 +321,9 @@ class Membership:
         t = self.targets.get(address)
         if t is None:
             return
-        t.dialing = False
+        self._end_dial(t)
+        if t.itself:
+            return  # (the accepting end, this member, closed it: never dialed again)
         t.last_error = why
         self._backoff(t, now)
 
@@ -312,20 +334,17 @@ class Membership:
         False if the route is closed at once (to itself, or a duplicate kept out)."""
         t = self.targets.get(target) if target is not None else None
         if t is not None:
-            t.dialing = False
+            self._end_dial(t)
             t.attempts = 0
             t.last_error = None
         if info.peer == self.me:
-            if t is not None:
-                t.itself = True
-            self._effects.append(("close", route, "this address leads back to this member "
-                                  "(a route to itself is not needed)", True))
-            return False
+            return self._itself(route, info, t, now)
         if t is not None:
             t.peer = info.peer
             if t.explicit:  # a seed stands for the member: no second target for it
                 for a, other in list(self.targets.items()):
                     if other is not t and not other.explicit and other.peer == info.peer:
+                        self._end_dial(other)
                         del self.targets[a]
         r = _Route(info, target, now, now)
         self.routes[route] = r
@@ -425,6 +444,7 @@ class Membership:
                 continue
             m = self.members.get(t.peer)
             if m is not None and not m.up and now >= m.since + self.forget:
+                self._end_dial(t)
                 del self.targets[a]
                 del self.members[t.peer]
         self._dial_due(now)
@@ -449,6 +469,11 @@ class Membership:
         return out
 
     # -- inspection ---------------------------------------------------------------------
+
+    def is_itself(self, address: str) -> bool:
+        """Whether ``address`` (a target) is known to lead back to this member."""
+        t = self.targets.get(address)
+        return t is not None and t.itself
 
     def is_ready(self, route: Hashable) -> bool:
         r = self.routes.get(route)
@@ -513,6 +538,39 @@ class Membership:
                 if p != peer:
                     self._effects.append(("send", other, news))
 
+    def _itself(self, route: Hashable, info: RouteInfo, t: _Target | None,
+                now: float) -> bool:
+        """A route whose other end says it is this member (``t``: the target this end
+        dialed, or None: it accepted the route)."""
+        same = self.incarnation is None or info.incarnation == self.incarnation
+        if t is None and same:
+            # Accepted: if the request is one of this member's own dials, its address is
+            # this member's (whatever the dialing end hears first: an answer or a close).
+            address = self._dials.get(info.nonce)
+            t = self.targets.get(address) if address is not None else None
+            if t is not None and not t.dialing:
+                t = None
+        if not same:
+            why = (f"the member at the other end has this member's id {self.me} (two members "
+                   "share one id: give each its own data directory, or remove the copy's "
+                   "server.id)")
+            if t is not None:
+                t.last_error = why
+                self._backoff(t, now)
+            self._effects.append(("close", route, why, True))
+            return False
+        if t is not None:
+            t.itself = True
+            t.last_error = None
+        self._effects.append(("close", route, ITSELF, False))  # (nobody else to tell)
+        return False
+
+    def _end_dial(self, t: _Target) -> None:
+        t.dialing = False
+        if t.nonce:
+            self._dials.pop(t.nonce, None)
+            t.nonce = ""
+
     def _learn(self, peer: str, address: str, now: float) -> None:
         """A member exists at ``address``: keep a route to it."""
         m = self.members.get(peer)
@@ -547,7 +605,10 @@ class Membership:
             if self._wants_dial(t, now):
                 t.dialing = True
                 t.attempts += 1
-                self._effects.append(("dial", t.address))
+                self._dial_seq += 1
+                t.nonce = f"{int(self.random() * (1 << 48)):012x}{self._dial_seq:x}"
+                self._dials[t.nonce] = t.address
+                self._effects.append(("dial", t.address, t.nonce))
 
     def _backoff(self, t: _Target, now: float) -> None:
         lo, hi = self.backoff
