@@ -225,3 +225,55 @@ def _ppid(p: Path) -> int | None:
     except OSError:
         return None
     return int(stat[stat.rindex(b")") + 2:].split()[1])
+
+
+PATH_PROBE = textwrap.dedent("""
+    import copy, json, os, sys, sysconfig
+    import usermod
+    cwd = os.getcwd()
+    stdlib = sysconfig.get_paths()["stdlib"]
+    print(json.dumps({"ppid": os.getppid(), "copy": copy.__file__, "usermod": usermod.__file__,
+                      "deepcopy": hasattr(copy, "deepcopy"), "cwd_at": sys.path.index(cwd),
+                      "stdlib_at": sys.path.index(stdlib), "args": sys.argv[1:]}), flush=True)
+""")
+
+
+@pytest.fixture
+def shadowing_cwd(tmp_path):
+    """A working directory holding a copy.py (named like the standard library's copy) and
+    a module of the user's own."""
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "copy.py").write_text("raise ImportError('the copy.py of the working directory')\n")
+    (cwd / "usermod.py").write_text("VALUE = 1\n")
+    (tmp_path / "mods").mkdir(exist_ok=True)
+    (tmp_path / "mods" / "path_forked.py").write_text(PATH_PROBE)
+    (tmp_path / "mods" / "path_execd.py").write_text(PATH_PROBE)
+    return cwd
+
+
+@pytest.mark.parametrize("module", ["path_forked", "path_execd", "path_forked/off"])
+def test_the_working_directory_comes_last_on_sys_path(tmp_path, shadowing_cwd, monkeypatch, module):
+    """A module started through the launcher -- forked by the server, exec'd, or with the
+    server switched off -- finds the standard library's copy, not the working directory's
+    copy.py (python -m puts the working directory first), and still imports the user's
+    module there: the working directory is on sys.path, after the standard library."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "mods"),
+                                                      *filter(None, [os.environ.get("PYTHONPATH")])]))
+    module, _, off = module.partition("/")
+    fs = ForkServer(sys.executable, modules=("path_forked",), preload=("json",), serve=not off)
+    try:
+        assert off or fs.ready(60), "the fork server never listened"
+        server = fs.proc.pid if fs.proc is not None else None
+        r = subprocess.run([fs.launcher, "-m", module, "a b"], capture_output=True, text=True,
+                           timeout=60, cwd=shadowing_cwd, env={**os.environ, "PYTHONHASHSEED": "0"})
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout)
+    finally:
+        fs.stop()
+    forked = module == "path_forked" and not off
+    assert got["ppid"] == (server if forked else os.getpid())
+    assert got["deepcopy"] and not got["copy"].startswith(str(shadowing_cwd))
+    assert got["usermod"] == str(shadowing_cwd / "usermod.py")
+    assert got["stdlib_at"] < got["cwd_at"]
+    assert got["args"] == ["a b"]

@@ -168,3 +168,31 @@ def test_shipped_zips_are_removed_with_the_session_and_after_a_kill(tmp_path, mo
     assert not orphan.exists() and alive.exists()
     session.remove_shipped()
     assert not path.parent.exists() and alive.exists()
+
+
+def test_files_named_like_imported_modules_are_named(tmp_path, monkeypatch, caplog):
+    """Where Spark's Python processes start without the launcher (a cluster's planning
+    processes on the driver), the working directory is first on their sys.path: the
+    session names the files there that would replace a module (a copy.py)."""
+    from dataspace.pipeline.spark import session
+
+    (tmp_path / "copy.py").write_text("x = 1\n")
+    (tmp_path / "json").mkdir()
+    (tmp_path / "json" / "__init__.py").write_text("")
+    (tmp_path / "helpers.py").write_text("")  # the user's own: no module of that name
+    (tmp_path / "notes").mkdir()  # not a package
+    (tmp_path / "copy.txt").write_text("")
+    assert session.shadowing_files(tmp_path) == ["copy.py", "json"]
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("WARNING", logger=session.__name__):
+        session._warn_shadowing()
+    [rec] = caplog.records
+    assert rec.getMessage() == (
+        f"copy.py, json in the working directory {tmp_path} have the name of modules Spark's "
+        "Python processes import, and those started on this machine would import them from "
+        "there instead: rename them, or run from another directory")
+    (tmp_path / "copy.py").unlink()
+    (tmp_path / "json" / "__init__.py").unlink()
+    caplog.clear()
+    session._warn_shadowing()
+    assert not caplog.records

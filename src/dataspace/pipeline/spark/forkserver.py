@@ -20,8 +20,16 @@ streams (passed over a Unix socket), then waits for the child and exits with its
 status; signals the launcher gets (Spark stops a worker with SIGTERM) go to the child.
 A daemon forked so forks its workers in turn, with the modules they import loaded.
 Anything else and whenever the server cannot be reached, the launcher ``exec``\\s the
-real interpreter exactly as Spark would have, so the server is an optimisation, never a
+real interpreter as Spark would have, so the server is an optimisation, never a
 dependency.
+
+Either way a module runs with the working directory *last* on ``sys.path``, not first as
+``python -m`` puts it: the driver's working directory is the user's, and a file there
+named like a module of the standard library or of an installed package (``copy.py``,
+``types.py``, ``numpy.py``) would replace that module in every one of Spark's Python
+processes ("module 'copy' has no attribute 'deepcopy'").  The user's own modules there
+(a graph's helpers) are still found, after everything installed.  The launcher is used
+with the server switched off too, for that alone.
 
 The socket lives in a directory only this user can enter.  The server exits when its
 parent (the driver) goes: its standard input is a pipe from the driver.  The server
@@ -50,7 +58,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV", "MODULES", "PRELOAD", "ForkServer", "enabled", "serve"]
+__all__ = ["ENV", "MODULES", "PRELOAD", "ForkServer", "enabled", "launchable", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +125,7 @@ def _forked(argv):
         return None
     pid = struct.unpack("!i", got)[0] if len(got) == 4 else 0
     if pid <= 0:
-        return None  # refused: run it the ordinary way
+        return None  # refused: run it the ordinary way (below)
 
     def forward(sig, _frame):
         try:
@@ -141,17 +149,44 @@ def _forked(argv):
 
 
 argv = sys.argv[1:]
-if len(argv) >= 2 and argv[0] == "-m" and argv[1] in MODULES and os.environ.get({env!r}) != "0":
-    _forked(argv)
+if len(argv) >= 2 and argv[0] == "-m":
+    if SOCKET is not None and argv[1] in MODULES and os.environ.get({env!r}) != "0":
+        _forked(argv)
+    # As `python -m`, with the working directory last on sys.path instead of first.
+    os.execv(PYTHON, [PYTHON, "-P", "-c", {boot!r}, *argv[1:]])
 os.execv(PYTHON, [PYTHON, *argv])
 '''
+
+_BOOT = '''\
+import os, runpy, sys
+try:
+    _cwd = os.getcwd()
+except OSError:
+    _cwd = None
+if _cwd is not None and _cwd not in sys.path:
+    sys.path.append(_cwd)
+del sys.argv[0], _cwd
+if hasattr(runpy, "_run_module_as_main"):
+    runpy._run_module_as_main(sys.argv[0])
+else:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+'''
+"""What the launcher's interpreter runs (``python -P -c``) for a ``-m MODULE`` it does not
+hand to the server: the module as ``python -m`` runs it (``runpy._run_module_as_main``
+is what ``-m`` calls), with the working directory appended to ``sys.path``."""
+
+
+def launchable(python: str = sys.executable) -> bool:
+    """Whether a launcher can run ``python``: it names it on its ``#!`` line (no spaces,
+    not too long)."""
+    return " " not in python and len(python) < 200
 
 
 def enabled(python: str = sys.executable) -> bool:
     """Whether sessions use the fork server: not with ``DATASPACE_SPARK_FORKSERVER=0``,
-    nor where the launcher cannot name ``python`` on its ``#!`` line (spaces, length)."""
+    nor where the launcher cannot name ``python`` (:func:`launchable`)."""
     return (os.environ.get(ENV, "1") != "0" and hasattr(socket, "send_fds") and hasattr(os, "fork")
-            and " " not in python and len(python) < 200)
+            and launchable(python))
 
 
 def _base() -> Path:
@@ -177,19 +212,26 @@ def remove_orphans(base: Path, pattern: str, pid_at: int) -> None:
 
 
 class ForkServer:
-    """One session's fork server and its launcher (see the module docstring)."""
+    """One session's fork server and its launcher (see the module docstring); with
+    ``serve=False`` the launcher alone, which runs every module itself (``exec``), with
+    the working directory last on ``sys.path``."""
 
     def __init__(self, python: str = sys.executable, log_file: str | os.PathLike[str] | None = None,
-                 modules: tuple[str, ...] = MODULES, preload: tuple[str, ...] = PRELOAD) -> None:
+                 modules: tuple[str, ...] = MODULES, preload: tuple[str, ...] = PRELOAD,
+                 serve: bool = True) -> None:
         base = _base()
         remove_orphans(base, "fork-*-*", 1)  # servers of killed drivers
         self.dir = Path(tempfile.mkdtemp(prefix=f"fork-{os.getpid()}-", dir=base))
         self.socket = str(self.dir / "sock")
         self.launcher = str(self.dir / "python")
-        text = _LAUNCHER.format(python=python, socket=self.socket, modules=tuple(modules), env=ENV)
+        text = _LAUNCHER.format(python=python, socket=self.socket if serve else None,
+                                modules=tuple(modules), env=ENV, boot=_BOOT)
         with open(self.launcher, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(self.launcher, 0o700)
+        self.proc: subprocess.Popen[bytes] | None = None
+        if not serve:
+            return
         env = dict(os.environ)
         # Spark's workers run with PYTHONHASHSEED=0 unless the driver's says otherwise;
         # a child has its parent's hash seed, so the server starts with theirs.
@@ -198,8 +240,11 @@ class ForkServer:
         if log_file is not None:
             err = open(log_file, "ab")  # the server keeps its own copy
         try:
-            self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [python, "-m", __name__, str(self.dir), json.dumps([list(modules), list(preload)])],
+            # -P: not the working directory on the server's sys.path (nor, through it, on
+            # its children's): a copy.py there would be what the preloads import as copy.
+            self.proc = subprocess.Popen(
+                [python, "-P", "-m", __name__, str(self.dir),
+                 json.dumps([list(modules), list(preload)])],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, env=env, close_fds=True,
                 process_group=0)  # Ctrl-C at the terminal is the driver's to handle
@@ -277,7 +322,9 @@ def _child(req: dict[str, Any], fds: list[int], others: list[Any]) -> None:
         os.environ.clear()
         os.environ.update(env)
         extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-        sys.path[:0] = [cwd, *extra]
+        sys.path[:0] = extra
+        if cwd not in sys.path:  # last, not first as `python -m` has it (module docstring)
+            sys.path.append(cwd)
         if env.get("PYTHONUNBUFFERED"):
             for stream in (sys.stdout, sys.stderr):
                 with contextlib.suppress(Exception):

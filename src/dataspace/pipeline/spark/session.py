@@ -23,6 +23,13 @@ Classic failures this module prevents:
   source, 0.3 s of imports, and a daemon for each kind of Python task at the session's
   first batch; in local mode a fork server (:mod:`.forkserver`) started with the session
   forks them from preloaded imports instead.
+* **A file in the working directory named like a module** (``copy.py``): ``python -m``
+  puts the working directory first on ``sys.path``, so in Spark's Python processes it
+  would replace the standard library's module ("module 'copy' has no attribute
+  'deepcopy'").  In local mode they start through the fork server's launcher, which puts
+  the working directory last (a graph's own modules there are still found); where
+  they cannot (a cluster's planning processes on the driver), such files are named in a
+  warning as the session starts (:func:`shadowing_files`).
 * **Slow start-ups**: the driver's JVM maps the class-data archive of :mod:`.classdata`
   when one was made (:mod:`.warmup`): its classes parsed and verified already.
 * **Silent start-up**: starting Spark takes 10-25 s (the JVM, the context, the session,
@@ -70,6 +77,7 @@ __all__ = [
     "read_on",
     "register",
     "remove_shipped",
+    "shadowing_files",
     "ship_package",
     "stop_session",
 ]
@@ -208,6 +216,8 @@ def get_session(
         master = master or "local[*]"
         _python_env(master)
         spark = _start(master, app_name, verbose, conf or {}, log_file, phases, cancel)
+        if _fork is None:  # Spark's Python processes here have the working directory first
+            _warn_shadowing()
         try:
             # The first use of the session's SQL state builds it (seconds): here.
             phases.begin("preparing Spark SQL and the dataspace data source")
@@ -224,6 +234,45 @@ def get_session(
             raise
         _created = spark
         return spark, True
+
+
+def shadowing_files(directory: str | os.PathLike[str] | None = None) -> list[str]:
+    """The files and packages in ``directory`` (default: the working directory) named like
+    a module this process has imported -- the standard library's, PySpark's, this
+    package's: those Spark's Python processes import too -- e.g. ``copy.py``; where the
+    directory is first on their ``sys.path`` (``python -m``), each replaces that module."""
+    d = Path(directory if directory is not None else os.getcwd())
+    loaded = {name.partition(".")[0] for name in list(sys.modules)}
+    found = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return []
+    for name in names:
+        if name.endswith(".py"):
+            mod = name[:-3]
+        elif (d / name / "__init__.py").is_file():
+            mod = name
+        else:
+            continue
+        if mod in loaded and mod != "__main__":
+            found.append(name)
+    return found
+
+
+def _warn_shadowing() -> None:
+    """Name the files of the working directory that would replace modules in Spark's
+    Python processes started on this machine without the launcher (a cluster's planning
+    processes on the driver: see :mod:`.forkserver`)."""
+    found = shadowing_files()
+    if found:
+        one = len(found) == 1
+        log.warning("%s in the working directory %s %s the name of %s Spark's Python "
+                    "processes import, and those started on this machine would import %s "
+                    "from there instead: rename %s, or run from another directory",
+                    ", ".join(found), os.getcwd(), "has" if one else "have",
+                    "a module" if one else "modules", "it" if one else "them",
+                    "it" if one else "them")
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -362,16 +411,20 @@ def _stop_gateway(gateway: Any) -> None:
 def _start_fork_server(master: str, log_file: Path | None) -> Any:
     """The session's fork server (:mod:`.forkserver`) in local mode, when the workers run
     this interpreter; None otherwise or if it cannot start (Spark then starts its
-    processes itself, as without one)."""
+    processes itself, as without one).  With the server switched off
+    (``DATASPACE_SPARK_FORKSERVER=0``) its launcher alone, so that Spark's Python
+    processes still have the working directory last on ``sys.path``, not first: a
+    ``copy.py`` there does not replace the standard library's ``copy`` in them."""
     global _fork
     from . import forkserver
 
     if not (is_local(master) and os.environ.get("PYSPARK_PYTHON") == sys.executable
-            and forkserver.enabled(sys.executable)):
+            and forkserver.launchable(sys.executable)):
         return None
     _stop_fork_server()
     try:
-        _fork = forkserver.ForkServer(sys.executable, log_file=log_file)
+        _fork = forkserver.ForkServer(sys.executable, log_file=log_file,
+                                      serve=forkserver.enabled(sys.executable))
     except OSError as e:
         log.debug("no fork server: %s", e)
         return None

@@ -144,8 +144,10 @@ def _prune(target: Path, say: Callable[[str], None] | None) -> None:
 def _make(tmp: Path, log_path: Path, timeout: float) -> str | None:
     """Run the child that makes the archive at ``tmp``; None if it did, else why not."""
     with open(log_path, "wb") as out:
+        # -P: not the working directory first on the child's sys.path (a copy.py there
+        # would be the standard library's copy, and the archive a day's failure).
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dataspace.pipeline.spark.warmup", "child", str(tmp),
+            [sys.executable, "-P", "-m", "dataspace.pipeline.spark.warmup", "child", str(tmp),
              "--timeout", str(timeout)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
     try:
