@@ -925,3 +925,46 @@ async def test_routes_speak_tls_between_members_with_certificates(tmp_path, secr
         assert "\n" not in lines[0] and "--tls-ca" in lines[0], lines[0]
         for c in (a, b):
             await c.close()
+
+
+@async_test
+async def test_a_member_with_tls_and_one_without_say_which_in_one_line(tmp_path, secret,
+                                                                     root_key):
+    """Issue 28: a member without a certificate dialing one with is told that the other
+    speaks TLS (as a plain client is), not "connection closed by the peer"; the reverse
+    (a member with a certificate dialing one without) says the other does not, and the
+    member without hears a TLS handshake on its cluster port and says so once."""
+    import trustme
+
+    ca = trustme.CA()
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    ca.cert_pem.write_to_path(str(pki / "ca.crt"))
+    leaf = ca.issue_cert("127.0.0.1")
+    leaf.cert_chain_pems[0].write_to_path(str(pki / "m.crt"))
+    leaf.private_key_pem.write_to_path(str(pki / "m.key"))
+    tls = {"tls_cert": str(pki / "m.crt"), "tls_key": str(pki / "m.key"),
+           "tls_ca": str(pki / "ca.crt")}
+    common = {"cluster": "127.0.0.1:0", "cluster_secret": str(secret), "root_key": root_key}
+    for dialer_tls, acceptor_tls, said in ((False, True, "speaks TLS on its cluster port"),
+                                           (True, False, "does not speak TLS")):
+        with LogLines() as logs:
+            async with running_server(tmp_path / f"a{dialer_tls}", **common,
+                                      **(tls if acceptor_tls else {})) as a, \
+                    running_server(tmp_path / f"b{dialer_tls}", **common,
+                                   routes=[a.cluster.address],
+                                   **(tls if dialer_tls else {})) as b:
+                m = b.cluster.membership
+
+                def failed(m: Any = m) -> bool:
+                    return any(r.get("attempts", 0) >= 2 for r in m.status(time.monotonic()))
+
+                await ClusterWatch(a, b).until(failed)
+                (row,) = m.status(time.monotonic())
+                err = row["last_error"]
+                assert said in err and "every member a certificate" in err, err
+                assert "connection closed" not in err, err
+                assert "\n" not in err
+                heard = logs.lines("a member dials this one with TLS")
+                assert len(heard) == (1 if dialer_tls else 0), heard
+                assert not a.cluster.routes() and not b.cluster.routes()

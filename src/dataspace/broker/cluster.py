@@ -49,6 +49,8 @@ from ..dataspace import Entity, fresh_handle
 from ..net.address import AddressError, parse_address
 from ..net.connection import Connection, StreamConnection
 from ..net.flow import Hub
+from ..net.sniff import identify
+from ..net.tls import is_not_tls, speaks_tls
 from ..protocol.cluster import (
     ITSELF,
     MESSAGES,
@@ -222,6 +224,10 @@ class _DialData(Entity):
         return s is not None and s.hub.ds.router is not None
 
 
+ONE_RULE = ("one rule for the whole cluster: every member a certificate (--tls-cert, "
+            "--tls-key, --tls-ca), or none")
+
+
 def _route_error(e: BaseException) -> str:
     """One line for a failed route dial (TLS failures say what to change)."""
     if isinstance(e, _ssl.SSLCertVerificationError):
@@ -229,9 +235,20 @@ def _route_error(e: BaseException) -> str:
                 "needs --tls-ca naming the CA that signed the others' certificates, and a "
                 "certificate for the address the others dial")
     if isinstance(e, _ssl.SSLError):
-        return (f"TLS failed ({e.reason or e}): give every member of the cluster a "
-                "certificate (--tls-cert, --tls-key), or none")
+        if is_not_tls(e):
+            return ("the member does not speak TLS on its cluster port (it has no "
+                    "certificate), and this member dials with TLS (it has one): "
+                    f"{ONE_RULE}")
+        return f"TLS failed ({e.reason or e}): {ONE_RULE}"
     return str(e) or type(e).__name__
+
+
+SPEAKS_TLS = ("the member speaks TLS on its cluster port (it has a certificate), and this "
+              f"member dials without (it has none): {ONE_RULE}")
+"""Why a member without a certificate gets no route to one with (its connection is closed
+without a word: asked again with a TLS handshake to tell)."""
+HEARS_TLS = ("a member dials this one with TLS (it has a certificate) and this member has "
+             f"none: {ONE_RULE}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -281,6 +298,9 @@ class Cluster:
         self._closing = False
         self.refused = 0
         """Route requests refused (another cluster, to itself, malformed)."""
+        self.heard_tls = 0
+        """TLS handshakes on this member's plain cluster port (a member with a certificate
+        dialing one without)."""
         self.established = 0
         """Routes whose handshake completed since the start."""
         self.on_change: list[Any] = []
@@ -356,6 +376,11 @@ class Cluster:
 
     def _conn_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        if conn in self._handshaking and self.ssl_server is None and identify(conn.head) == "TLS":
+            # (Once a warning; a stranger speaking TLS here does not fill the log.)
+            self.heard_tls += 1
+            (log.warning if self.heard_tls == 1 else log.debug)(
+                "route from %s: %s", conn.peer_host or conn.name, HEARS_TLS)
         self._handshaking.discard(conn)
         if conn.relay is not None:
             self._relay_conn.pop(conn.relay, None)
@@ -474,6 +499,17 @@ class Cluster:
                 HANDSHAKE_TIMEOUT)
         except TimeoutError:
             raise ConnectionError(f"no connection within {HANDSHAKE_TIMEOUT:g} s") from None
+        try:
+            await self._handshake(address, nonce, conn)
+        except ConnectionError:
+            if (self.ssl_client is None and conn.closed and conn.bytes_in == 0
+                    and await speaks_tls(a.host, a.port)):
+                # A TLS port closes a plain connection without a word: say why.
+                raise ConnectionError(SPEAKS_TLS) from None
+            raise
+
+    async def _handshake(self, address: str, nonce: str, conn: Connection) -> None:
+        loop = asyncio.get_running_loop()
         relay = conn.relay
         assert relay is not None
         self._track(conn, relay)

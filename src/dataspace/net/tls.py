@@ -49,6 +49,7 @@ __all__ = [
     "explain_closed",
     "explain_handshake_error",
     "fetch_certificate",
+    "is_not_tls",
     "read_certificate",
     "speaks_tls",
 ]
@@ -568,6 +569,11 @@ def _is_ip(host: str) -> bool:
 
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
             "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "RECORD_TOO_LARGE")
+
+
+def is_not_tls(exc: BaseException) -> bool:
+    """Whether a failed handshake says the other end does not speak TLS at all."""
+    return isinstance(exc, ssl.SSLError) and (exc.reason or "") in _NOT_TLS
 # X509_V_ERR_*: the chain does not lead to a trusted CA
 _UNTRUSTED = {2, 18, 19, 20, 21, 27}
 _EXPIRED, _NOT_YET_VALID = 10, 9
