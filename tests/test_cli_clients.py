@@ -88,14 +88,16 @@ async def test_clients_pointed_at_an_http_port_are_told_it_speaks_http(tmp_path)
         r = await acli("send", "<x>", "--server", f"127.0.0.1:{port}", *data)
         assert r.returncode == 1
         line = one_line(r)
-        assert line.startswith(f"dataspace send: 127.0.0.1:{port} is not a dataspace server: "
-                               "that port speaks HTTP, not the Syndicate protocol (is it the "
-                               "--http port, or a --ws port? the broker's TCP port is 7411")
+        assert line.startswith(f"dataspace send: 127.0.0.1:{port} is an HTTP port (as a "
+                               "server's --http port is: the inspector, /metrics, /api/), not a "
+                               "plain dataspace TCP port (no TLS): clients connect to the "
+                               "server's TCP port (HOST:PORT, 7411 by default)")
         assert "malformed packet" not in line
-        r = await acli("observe", "_", "--server", f"ws://{tcp_address(server)}/", *data)
-        assert r.returncode == 1 and "is not a WebSocket port: that port does not answer in " \
-            "HTTP (is it the broker's TCP port? then connect as HOST:PORT, without ws://)" \
-            in one_line(r)
+        tcp = tcp_address(server)
+        r = await acli("observe", "_", "--server", f"ws://{tcp}/", *data)
+        assert r.returncode == 1 and one_line(r) == (
+            f"dataspace observe: {tcp} is a plain dataspace TCP port (no TLS), not a WebSocket "
+            f"port without TLS: use tcp://{tcp} or {tcp}")
 
 
 @async_test
@@ -107,9 +109,9 @@ async def test_a_client_given_the_ws_port_as_host_port_is_told_it_speaks_http(tm
         ws = ws_address(server).removeprefix("ws://").rstrip("/")
         r = await acli("send", "<x>", "--server", ws, "--data-dir", str(tmp_path / "data"))
         assert r.returncode == 1
-        assert one_line(r).startswith(
-            f"dataspace send: {ws} is not a dataspace server: that port speaks HTTP, not the "
-            "Syndicate protocol (is it the --http port, or a --ws port?"), r.stderr
+        assert one_line(r) == (
+            f"dataspace send: {ws} is a WebSocket port without TLS, not a plain dataspace TCP "
+            f"port (no TLS): use ws://{ws}/"), r.stderr
         # The port still serves WebSocket clients.
         r = await acli("send", "-v", "<x>", "--server", ws_address(server),
                        "--data-dir", str(tmp_path / "data"))

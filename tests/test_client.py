@@ -385,21 +385,24 @@ async def test_a_handshake_with_something_else_says_what_answered(tmp_path):
     try:
         async with running_server(tmp_path, ws=["127.0.0.1:0"]) as server:
             cap = server.sturdyref
-            with pytest.raises(ConnectionError, match=r"127.0.0.1:\d+ is not a dataspace server: "
-                               r"that port speaks HTTP, not the Syndicate protocol \(is it the "
-                               r"--http port, or a --ws port\?"):
+            # What answers is named (net.probe), with the address to use.
+            with pytest.raises(ConnectionError, match=r"127.0.0.1:\d+ is an HTTP port \(as a "
+                               r"server's --http port is.*\), not a plain dataspace TCP port "
+                               r"\(no TLS\): clients connect to the server's TCP port"):
                 await connect(f"127.0.0.1:{http_port}", cap, reconnect=False)
-            with pytest.raises(ConnectionError, match=r"that port does not answer in HTTP .*"
-                               r"without ws://"):
-                await connect(f"ws://{tcp_address(server)}/", cap, reconnect=False)
-            with pytest.raises(ConnectionError, match=r"speaks HTTP but answered the WebSocket "
-                               r"request with HTTP 404 .*--http port"):
+            tcp = tcp_address(server)
+            with pytest.raises(ConnectionError, match=rf"{tcp} is a plain dataspace TCP port "
+                               rf"\(no TLS\), not a WebSocket port without TLS: use tcp://{tcp} "
+                               rf"or {tcp}$"):
+                await connect(f"ws://{tcp}/", cap, reconnect=False)
+            with pytest.raises(ConnectionError, match=r"is an HTTP port .*, not a WebSocket port "
+                               r"without TLS"):
                 await connect(f"ws://127.0.0.1:{http_port}/", cap, reconnect=False)
             # A WebSocket port answers the protocol's first bytes (no HTTP request line)
             # with an HTTP 400 at once.
             ws = ws_address(server).removeprefix("ws://").rstrip("/")
-            with pytest.raises(ConnectionError, match=rf"{ws} is not a dataspace server: that "
-                               r"port speaks HTTP.*a --ws port\?"):
+            with pytest.raises(ConnectionError, match=rf"{ws} is a WebSocket port without TLS, "
+                               rf"not a plain dataspace TCP port \(no TLS\): use ws://{ws}/$"):
                 await connect(ws, cap, reconnect=False, connect_timeout=5)
         # A port that accepts and never answers (as an HTTP server waiting for its request
         # line would): said within the connect timeout.

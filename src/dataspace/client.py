@@ -61,6 +61,7 @@ from .net.address import DEFAULT_HOST, DEFAULT_PORT, Address, AddressError, pars
 from .net.connection import Connection
 from .net.dial import dial, explain_early_close
 from .net.flow import FlowLimits, Hub
+from .net.probe import explain_mismatch, explain_unix, explain_url
 from .net.sniff import what_answered
 from .net.tls import ClientTLS, TLSError
 from .pattern import Pattern
@@ -423,6 +424,11 @@ class RemoteDataspace(_DataspaceBase):
             closed_early = conn.closed and not relay.peer_error and not conn.head
             why = self._handshake_failure(conn, relay)
             conn.close("no answer from the gatekeeper")
+            if closed_early or (relay.error is not None and not relay.peer_error):
+                # Another kind of port (a WebSocket or HTTP one): say which (net.probe).
+                other = await explain_mismatch(self.address)
+                if other is not None:
+                    raise ConnectionError(other)
             tls_why = await explain_early_close(self.address, conn, self.tls) if closed_early \
                 else None
             if tls_why is not None:
@@ -452,6 +458,13 @@ class RemoteDataspace(_DataspaceBase):
         a = self.address
         port_hint = (f"the broker's TCP port is {DEFAULT_PORT} by default; a WebSocket "
                      "port (--ws) is reached as ws://HOST:PORT/")
+        if a.kind == "unix" and (relay.error is not None or not conn.head):
+            if relay.error is None:
+                said = "closed the connection without answering" if conn.closed else \
+                    f"did not answer within {self.connect_timeout:g} s"
+                return f"{a} {said}: is it a dataspace server's --unix socket?"
+            return (f"{a} is not a dataspace server: {what_answered(conn.head, 'socket')}, "
+                    "not the Syndicate protocol (give the path of the server's --unix socket)")
         if relay.error is not None:  # what it sent is not the Syndicate protocol
             answered = what_answered(conn.head)
             if answered.endswith("HTTP"):
@@ -763,7 +776,9 @@ async def connect(
     try:
         addrs = parse_addresses(address)
     except AddressError as e:
-        raise ConnectionError(f"bad server address: {e}") from None
+        # An http:// URL: say what answers there (a WebSocket port: ws://) (net.probe).
+        why = await explain_url(address) if isinstance(address, str) else None
+        raise ConnectionError(why or f"bad server address: {e}") from None
     addr = addrs[0]
     tls_given = ssl is not None or any((tls_ca, tls_cert, tls_key, tls_server_name,
                                         tls_insecure_skip_verify))
@@ -788,6 +803,9 @@ async def connect(
         if len(addrs) > 1:
             raise ConnectionError(f"no server at any of {', '.join(map(str, addrs))}: start "
                                   "the cluster's members (`dataspace serve --cluster ...`)") from None
+        not_socket = explain_unix(addr.path) if addr.kind == "unix" else None
+        if not_socket is not None:
+            raise ConnectionError(not_socket) from None
         default = addr.kind == "tcp" and (addr.host, addr.port) == (DEFAULT_HOST, DEFAULT_PORT)
         option = {"unix": "unix", "tcp": "tcp", "tls": "tcp"}.get(addr.kind, "ws")
         how = "dataspace serve" if default else (

@@ -13,6 +13,7 @@ import ssl
 from .address import Address
 from .connection import Connection, SessionFactory, connect_stream
 from .flow import FlowLimits, Hub
+from .probe import explain_mismatch
 from .tls import (
     HANDSHAKE_TIMEOUT,
     ClientTLS,
@@ -63,8 +64,10 @@ async def dial(
                                     coalesce=coalesce, ssl=context, server_hostname=name,
                                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
     except ssl.SSLError as e:
-        why = await explain_handshake_error(e, a.host, a.port, tls or ClientTLS(),
-                                            scheme="wss" if a.websocket else "tls")
+        # Another kind of port (a plain TCP port for wss://): say which (see .probe).
+        why = None if isinstance(e, ssl.SSLCertVerificationError) else await explain_mismatch(a)
+        why = why or await explain_handshake_error(e, a.host, a.port, tls or ClientTLS(),
+                                                   scheme="wss" if a.websocket else "tls")
         raise TLSError(why or f"the TLS handshake with {a} failed: {e}") from None
     except ConnectionRefusedError:
         raise
@@ -72,6 +75,10 @@ async def dial(
         # A server and a client that disagree on TLS (a WebSocket server meets the
         # other's handshake or HTTP request and the connection is reset or closed), or a
         # wss:// server that closed after the handshake (a client certificate refused).
+        if a.websocket:  # a TCP or HTTP port: say which (see .probe)
+            why = await explain_mismatch(a)
+            if why is not None:
+                raise ConnectionError(why) from None
         if not a.secure:
             if a.kind == "ws":
                 why = await explain_closed(a.host, a.port, str(e), None, 0, scheme="ws")
