@@ -1,0 +1,973 @@
+"""Groups of observers that share work: each message to one member, each assertion a job.
+
+Every observer of a pattern hears every matching message and sees every matching
+assertion.  A *group* is a pool of observers of one pattern that share them instead:
+
+* each matching **message** goes to one live member of the group (and, as before, to
+  every plain observer);
+* each matching **assertion** is a *job*: it is *assigned* to one live member of the
+  group, which alone is told of it (``on_assert``) and of its retraction
+  (``on_retract``); when that member leaves or dies, each of its jobs moves to another
+  live member, which is told.
+
+>>> from dataspace.dataspace import Dataspace
+>>> from dataspace.values import parse
+>>> ds = Dataspace()
+>>> groups = Groups.of(ds)
+>>> got = []
+>>> a = groups.join("resize", "<Job $id>", on_assert=lambda i: got.append(("a", i)))
+>>> b = groups.join("resize", "<Job $id>", on_assert=lambda i: got.append(("b", i)))
+>>> for i in range(4):
+...     _ = ds.assert_(parse(f"<Job {i}>"))
+>>> got
+[('a', 0), ('b', 1), ('a', 2), ('b', 3)]
+>>> a.cancel()                      # a leaves: its jobs move to b, which is told
+>>> got[4:]
+[('b', 0), ('b', 2)]
+
+The design
+----------
+**On the wire.**  A member joins by asserting, in the dataspace, the record ::
+
+    <ObserveGroup GROUP PATTERN #:OBSERVER>
+    <ObserveGroup GROUP PATTERN #:OBSERVER {rebalance: #t  weight: N}>
+
+``GROUP`` a string (the group's name, up to :data:`MAX_GROUP_NAME` bytes), ``PATTERN``
+the pattern in the Syndicate wire form (``dataspacePatterns.Pattern``, as in
+``<Observe PATTERN #:OBSERVER>``) and ``OBSERVER`` a reference.  In Preserves schema
+terms (beside ``dataspace.prs``'s ``Observe``)::
+
+    ObserveGroup = <ObserveGroup @group string @pattern dataspacePatterns.Pattern
+                                 @observer #:any> / <ObserveGroup @group string
+                                 @pattern dataspacePatterns.Pattern @observer #:any
+                                 @options {symbol: any ...:...}> .
+
+It leaves the record and the membership goes: retracting it, or the connection that
+asserted it closing, is leaving.  The observer is told exactly what an ``<Observe ...>``
+observer is told (so a Syndicate client handles both with the same code): a job is
+asserted to it as the sequence of the captures (``[capture ...]``) and retracted under
+that handle, a message is sent to it as the sequence of the captures.  Options, all
+optional: ``rebalance: #t`` (this member takes a share of the jobs already assigned when
+it joins, see below), ``weight: N`` (a positive integer, default 1: the member counts as
+N members; a server joins its neighbour's group on behalf of N members behind it, see
+"Across links and a cluster").  Unknown option keys are ignored (later versions may add
+some); a record of the wrong shape is ignored with a one-line warning in the log.
+
+Plain ``<Observe ...>`` assertions are unchanged.  A group's *dispatcher* observes its
+pattern once, with a plain ``<Observe PATTERN #:dispatcher>``, while the group has
+members: a producer watching interest sees someone wanting the pattern, whatever the
+number of members.  A group is one name *and* one pattern: members of ``"resize"`` that
+observe two different patterns form two pools, each sharing its own pattern's matches.
+
+**Messages: round-robin.**  Each message goes to the next live member in join order,
+cycling (:meth:`Pool.pick`); members of weight N count N times (smooth weighted
+round-robin: the N turns are spread, not consecutive).  Members of equal speed each get
+an equal share within one message, whatever their number; a slow member gets its share
+all the same and falls behind through its connection's flow control, as a plain observer
+does (a least-loaded rule needs a load signal that messages do not have: no
+acknowledgements).  A member whose connection is gone is never chosen: it is found dead
+when its turn comes (or by :meth:`Groups.reap`) and skipped, and its jobs move.  A message
+that arrives while no member is live goes to no member of that group (as to an observer
+that is not there).
+
+**Jobs: least-loaded, sticky.**  A job is one distinct match of the pattern, as an
+observer sees it: the captures.  The dataspace counts holders, so a value held by
+several holders is one job, assigned when the first holder asserts it and finished when
+the last retracts it (capture the whole value, ``<$ <Job _ _>>``, to make every distinct
+value its own job).  A new job goes to the live member holding the fewest jobs per
+weight, ties broken in turn (:meth:`Pool.add`).  An assignment is *sticky*: it stays
+with its member until the job is finished or the member leaves or dies; then it moves to
+the least-loaded live member, which is told (a member that left by retracting its record
+and is still connected is told the retraction first).  So a new member gets new work,
+not moved work -- unless it joins with ``rebalance``: then jobs move from the most
+loaded members to the least loaded until no move would make the spread more even (for
+equal weights: until every member holds within one job of every other), the most
+recently assigned first.  Jobs that arrive while the group has no live member wait,
+unassigned, for the first one.  In one process all of this happens within the turn that
+caused it: a member that leaves has its jobs moved before anything else happens, and no
+job is ever assigned to two members at once.
+
+**Across links and a cluster** (:mod:`dataspace.protocol.groups` holds these rules,
+sans-IO, tested on a simulated three-member cluster with a leaf; the servers do not use
+them yet).  "Once per group across the whole system", not once per server:
+
+* *Members across servers.*  A server's group machinery joins each neighbour's group
+  (over each route and link) as one member of weight N, N being the members reachable
+  through it on the side of that neighbour's traffic (its own members, plus for a link
+  everything behind its other routes and links, for a route only what is behind its
+  links: routes forward one hop).  With the weights a message or job that crosses the
+  system goes to each member with an equal share.
+* *Messages: the server where the message enters decides* (the member its client is
+  connected to, or the leaf it was sent at).  It picks among its local members and its
+  neighbours' weighted stand-ins; a message directed to a neighbour is picked again
+  there, among that server's members and its other neighbours (never back, never route to
+  route).  Each hop picks exactly one, so each message reaches one member per group; a
+  message that crosses a link or route as plain data (for plain observers) is never
+  dispatched to groups again.  While weights change (a member leaving a far server) a
+  message can reach no member of the group, but never two.
+* *Jobs: one coordinator decides.*  An assertion may be held on several servers at once
+  (bag semantics across the system), so the server that holds it cannot decide alone.
+  Every server that knows of the group observes its pattern and so sees every job; the
+  *coordinator* alone assigns them: the cluster member (a leaf only if there is no
+  cluster) that started first, then the smallest server id, among the servers that know
+  of the group -- learned, like the weights, from what each neighbour announces.  Its
+  directed assignments are assertions, so a route or link closing retracts them, and
+  they move.  Settled, no job is assigned twice.  During a failover two servers can each
+  believe they coordinate (a silent coordinator's routes are not yet judged dead by all
+  members: up to the routes' keepalive bound, ``dead`` seconds); then a job can be
+  assigned to one member under each of them, never to more than one member per
+  coordinator.  When the coordinator dies, the jobs it had assigned elsewhere move
+  (stickiness holds within one coordinator's reign).
+
+What is not built yet: the ``group=`` keyword of :meth:`Dataspace.observe`, the server
+side (a :class:`Groups` on each of a server's dataspaces, so remote clients join with the
+record), ``dataspace observe --group`` and the cross-server rules in the broker.
+
+This module is the dataspace layer: :class:`Pool` is the sharing rule as a pure state
+machine (no dataspace, no clock, no randomness: members and jobs are opaque keys, and
+each call returns what to tell whom), and :class:`Groups` runs pools on a
+:class:`~dataspace.dataspace.Dataspace` through its public API.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .dataspace import Dataspace, Entity, Facet, Subscription, fresh_handle
+from .pattern import (
+    DISCARD,
+    Bind,
+    Pattern,
+    PatternError,
+    Rec,
+    as_pattern,
+    from_preserves,
+    to_preserves,
+)
+from .values import Dictionary, Embedded, Record, Sequence, Symbol, Value, key, stringify
+
+__all__ = [
+    "ASSIGN",
+    "MAX_GROUP_NAME",
+    "MAX_WEIGHT",
+    "OBSERVE_GROUP",
+    "UNASSIGN",
+    "Effect",
+    "GroupMember",
+    "GroupRecord",
+    "GroupRecordError",
+    "Groups",
+    "Pool",
+    "member_record",
+    "parse_member_record",
+]
+
+log = logging.getLogger(__name__)
+
+OBSERVE_GROUP = Symbol("ObserveGroup")
+"""The label of the record a member asserts to join a group (see the module docstring)."""
+MAX_GROUP_NAME = 256
+"""Longest group name accepted, in bytes of UTF-8."""
+MAX_WEIGHT = 1_000_000
+"""Largest weight a member may claim."""
+
+_REBALANCE = Symbol("rebalance")
+_WEIGHT = Symbol("weight")
+
+ASSIGN = "assign"
+"""Effect: tell ``member`` that ``job`` is now its (``on_assert``)."""
+UNASSIGN = "unassign"
+"""Effect: tell ``member`` that ``job`` is no longer its (``on_retract``)."""
+
+Effect = tuple[str, Any, Any]
+"""``(ASSIGN or UNASSIGN, member, job)``: what a :class:`Pool` says to tell whom, in order."""
+
+
+# ---------------------------------------------------------------------------------------
+# The rule, as a pure state machine
+
+
+class _Slot:
+    """One member of a pool."""
+
+    __slots__ = ("current", "jobs", "member", "messages", "weight")
+
+    def __init__(self, member: Hashable, weight: int) -> None:
+        self.member = member
+        self.weight = weight
+        self.jobs: dict[Hashable, None] = {}  # held, in the order assigned
+        self.messages = 0
+        self.current = 0  # smooth weighted round-robin's running credit
+
+
+class _Job:
+    __slots__ = ("count", "exclude", "had", "holder")
+
+    def __init__(self, exclude: frozenset[Any] | None) -> None:
+        self.count = 1
+        self.exclude = exclude
+        self.holder: _Slot | None = None
+        self.had = False  # was assigned before (a later assignment is a move)
+
+
+class Pool:
+    """How one group shares one pattern's matches: members, messages, jobs.
+
+    A pure state machine: members and jobs are any hashable keys; nothing here knows of
+    dataspaces, connections or clocks.  :meth:`pick` names the member a message goes to;
+    :meth:`join`, :meth:`leave`, :meth:`add`, :meth:`remove`, :meth:`rebalance` return the
+    :data:`Effect` list saying whom to tell which job was assigned or unassigned, in
+    order.  The rules are in the module docstring.
+
+    ``exclude`` (of :meth:`pick` and :meth:`add`): members that must not get this message
+    or job (a server never sends one back to the neighbour it came from); an excluded job
+    waits if no other member is live.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[Hashable, _Slot] = {}
+        self._order: list[_Slot] = []  # join order
+        self._rr = 0  # round-robin: the index of the next member
+        self._jrr = 0  # jobs: where the search for the least loaded starts (ties in turn)
+        self._weighted = 0  # members whose weight is not 1
+        self._jobs: dict[Hashable, _Job] = {}
+        self._pending: dict[Hashable, None] = {}  # jobs with no member, in arrival order
+        self.messages = 0
+        """Messages given to a member."""
+        self.dropped = 0
+        """Messages that found no live member."""
+        self.reassigned = 0
+        """Assignments of a job that had been assigned before (its member left, or a
+        rebalance moved it)."""
+
+    # -- members -------------------------------------------------------------------------
+
+    def join(self, member: Hashable, weight: int = 1, rebalance: bool = False) -> list[Effect]:
+        """``member`` joins with ``weight``: it gets the jobs that were waiting for a
+        member; with ``rebalance``, a share of the others too."""
+        if member in self._slots:
+            raise ValueError(f"{member!r} is already a member")
+        _check_weight(weight)
+        s = _Slot(member, weight)
+        self._slots[member] = s
+        self._order.append(s)
+        if weight != 1:
+            self._weighted += 1
+        effects: list[Effect] = []
+        if self._pending:
+            self._assign_pending(effects)
+        if rebalance:
+            self._rebalance(effects)
+        return effects
+
+    def leave(self, member: Hashable, tell: bool = True) -> list[Effect]:
+        """``member`` left (or died): each of its jobs moves to the least-loaded live
+        member, or waits if there is none.  ``tell``: first unassign them from it (it
+        left but can still hear: it must not go on working on them); a dead member is
+        told nothing.  Unknown members are ignored."""
+        s = self._slots.pop(member, None)
+        if s is None:
+            return []
+        i = self._order.index(s)
+        del self._order[i]
+        if i < self._rr:
+            self._rr -= 1
+        if i < self._jrr:
+            self._jrr -= 1
+        if s.weight != 1:
+            self._weighted -= 1
+        effects: list[Effect] = []
+        held = list(s.jobs)
+        s.jobs.clear()
+        if tell:
+            for job in held:
+                effects.append((UNASSIGN, member, job))
+        for job in held:
+            j = self._jobs[job]
+            j.holder = None
+            t = self._choose(j.exclude)
+            if t is None:
+                self._pending[job] = None
+            else:
+                self._give(t, job, j, effects)
+        return effects
+
+    def set_weight(self, member: Hashable, weight: int) -> None:
+        """Change a member's weight (what it stands for changed).  Nothing moves: the
+        new weight counts for what comes next."""
+        _check_weight(weight)
+        s = self._slots[member]
+        if (s.weight != 1) != (weight != 1):
+            self._weighted += 1 if weight != 1 else -1
+        s.weight = weight
+
+    def __contains__(self, member: object) -> bool:
+        return member in self._slots
+
+    def __len__(self) -> int:
+        """How many members."""
+        return len(self._order)
+
+    def members(self) -> list[Any]:
+        """The members, in join order."""
+        return [s.member for s in self._order]
+
+    def weight(self, member: Hashable) -> int:
+        return self._slots[member].weight
+
+    # -- messages ------------------------------------------------------------------------
+
+    def pick(self, exclude: Iterable[Any] | None = None) -> Any:
+        """The member the next message goes to (counted as delivered to it), or None
+        when no member (but the excluded) is live: the message is dropped (counted)."""
+        order = self._order
+        n = len(order)
+        if n and not self._weighted and not exclude:
+            i = self._rr
+            if i >= n:
+                i = 0
+            s = order[i]
+            self._rr = i + 1
+        else:
+            ex = _as_set(exclude)
+            best: _Slot | None = None
+            total = 0
+            for t in order:
+                if ex and t.member in ex:
+                    continue
+                t.current += t.weight
+                total += t.weight
+                if best is None or t.current > best.current:
+                    best = t
+            if best is None:
+                self.dropped += 1
+                return None
+            best.current -= total
+            s = best
+        s.messages += 1
+        self.messages += 1
+        return s.member
+
+    # -- jobs ----------------------------------------------------------------------------
+
+    def add(self, job: Hashable, exclude: Iterable[Any] | None = None) -> list[Effect]:
+        """One more holder of ``job``: the first assigns it (to the least-loaded live
+        member not in ``exclude``; it waits if there is none); later ones only count."""
+        j = self._jobs.get(job)
+        if j is not None:
+            j.count += 1
+            return []
+        ex = frozenset(exclude) if exclude else None
+        j = self._jobs[job] = _Job(ex)
+        s = self._choose(ex)
+        if s is None:
+            self._pending[job] = None
+            return []
+        effects: list[Effect] = []
+        self._give(s, job, j, effects)
+        return effects
+
+    def remove(self, job: Hashable) -> list[Effect]:
+        """One holder of ``job`` fewer: when the last goes, its member is told (unknown
+        jobs are ignored)."""
+        j = self._jobs.get(job)
+        if j is None:
+            return []
+        j.count -= 1
+        if j.count > 0:
+            return []
+        del self._jobs[job]
+        s = j.holder
+        if s is None:
+            self._pending.pop(job, None)
+            return []
+        del s.jobs[job]
+        return [(UNASSIGN, s.member, job)]
+
+    def holder(self, job: Hashable) -> Any:
+        """The member ``job`` is assigned to (None: waiting, or no such job)."""
+        j = self._jobs.get(job)
+        return None if j is None or j.holder is None else j.holder.member
+
+    def holders(self, job: Hashable) -> int:
+        """How many holders ``job`` has (0: no such job)."""
+        j = self._jobs.get(job)
+        return 0 if j is None else j.count
+
+    def jobs(self) -> list[Any]:
+        """Every job, in arrival order."""
+        return list(self._jobs)
+
+    def jobs_of(self, member: Hashable) -> list[Any]:
+        """The jobs assigned to ``member``, in the order it got them."""
+        s = self._slots.get(member)
+        return [] if s is None else list(s.jobs)
+
+    def pending(self) -> list[Any]:
+        """The jobs waiting for a member."""
+        return list(self._pending)
+
+    def messages_of(self, member: Hashable) -> int:
+        """Messages given to ``member`` since it joined."""
+        return self._slots[member].messages
+
+    def rebalance(self) -> list[Effect]:
+        """Move jobs from the most loaded members to the least loaded until no move
+        makes the spread more even (equal weights: every member holds within one job of
+        every other), the most recently assigned first; each move unassigns, then
+        assigns."""
+        effects: list[Effect] = []
+        self._rebalance(effects)
+        return effects
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _choose(self, exclude: frozenset[Any] | None) -> _Slot | None:
+        """The least-loaded member (jobs per weight) not in ``exclude``; among equals the
+        first from where the last search chose, so ties go round."""
+        order = self._order
+        n = len(order)
+        if not n:
+            return None
+        start = self._jrr
+        if start >= n:
+            start = 0
+        best: _Slot | None = None
+        at = 0
+        for k in range(n):
+            i = start + k
+            if i >= n:
+                i -= n
+            s = order[i]
+            if exclude and s.member in exclude:
+                continue
+            if best is None or len(s.jobs) * best.weight < len(best.jobs) * s.weight:
+                best = s
+                at = i
+        if best is not None:
+            self._jrr = at + 1
+        return best
+
+    def _give(self, s: _Slot, job: Hashable, j: _Job, effects: list[Effect]) -> None:
+        j.holder = s
+        s.jobs[job] = None
+        if j.had:
+            self.reassigned += 1
+        j.had = True
+        effects.append((ASSIGN, s.member, job))
+
+    def _assign_pending(self, effects: list[Effect]) -> None:
+        for job in list(self._pending):
+            j = self._jobs[job]
+            s = self._choose(j.exclude)
+            if s is not None:
+                del self._pending[job]
+                self._give(s, job, j, effects)
+
+    def _rebalance(self, effects: list[Effect]) -> None:
+        # Each move lowers the sum over members of jobs**2 / weight (a move from a to b
+        # is made only when (2*la - 1)/wa > (2*lb + 1)/wb, which is that sum falling), so
+        # the loop ends; the bound is a second guard.
+        order = self._order
+        for _ in range(len(self._jobs) * max(1, len(order)) + 1):
+            if len(order) < 2:
+                return
+            a = max(order, key=lambda s: Fraction(2 * len(s.jobs) - 1, s.weight))
+            b = min((s for s in order if s is not a),
+                    key=lambda s: Fraction(2 * len(s.jobs) + 1, s.weight))
+            if not a.jobs or (2 * len(a.jobs) - 1) * b.weight <= (2 * len(b.jobs) + 1) * a.weight:
+                return
+            moved = None
+            for job in reversed(a.jobs):
+                ex = self._jobs[job].exclude
+                if not ex or b.member not in ex:
+                    moved = job
+                    break
+            if moved is None:
+                return
+            del a.jobs[moved]
+            effects.append((UNASSIGN, a.member, moved))
+            self._give(b, moved, self._jobs[moved], effects)
+
+    def check(self) -> None:
+        """Assert the machine's invariants (for tests): every job is held by exactly one
+        member or waiting, and each member's list is exactly what names it."""
+        held: dict[Any, _Slot] = {}
+        for s in self._order:
+            assert self._slots[s.member] is s
+            for job in s.jobs:
+                assert job not in held, f"{job!r} held twice"
+                held[job] = s
+        assert len(self._slots) == len(self._order)
+        for job, j in self._jobs.items():
+            assert j.count > 0
+            if j.holder is None:
+                assert job in self._pending, f"{job!r} neither held nor waiting"
+            else:
+                assert held.get(job) is j.holder and job not in self._pending
+        assert len(held) + len(self._pending) == len(self._jobs)
+        assert self._weighted == sum(1 for s in self._order if s.weight != 1)
+
+
+def _check_weight(weight: int) -> None:
+    if type(weight) is not int or not 1 <= weight <= MAX_WEIGHT:
+        raise ValueError(f"a member's weight is an integer from 1 to {MAX_WEIGHT}, "
+                         f"not {weight!r}")
+
+
+def _as_set(exclude: Iterable[Any] | None) -> Any:
+    if not exclude:
+        return None
+    return exclude if isinstance(exclude, (set, frozenset)) else frozenset(exclude)
+
+
+# ---------------------------------------------------------------------------------------
+# The record on the wire
+
+
+class GroupRecordError(ValueError):
+    """An ``<ObserveGroup ...>`` record of the wrong shape (the message says which part)."""
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """An ``<ObserveGroup GROUP PATTERN #:OBSERVER OPTIONS?>`` record, read."""
+
+    group: str
+    pattern: Pattern
+    observer: Any
+    weight: int = 1
+    rebalance: bool = False
+
+
+def member_record(group: str, pattern: Pattern | str | Value, observer: Any, *,
+                  weight: int = 1, rebalance: bool = False) -> Record:
+    """The record that makes ``observer`` a member of ``group`` for ``pattern`` (a
+    Pattern, concise pattern text, or the wire form) when asserted."""
+    _check_group(group)
+    _check_weight(weight)
+    fields: list[Value] = [group, to_preserves(as_pattern(pattern)), Embedded(observer)]
+    opts: dict[Value, Value] = {}
+    if rebalance:
+        opts[_REBALANCE] = True
+    if weight != 1:
+        opts[_WEIGHT] = weight
+    if opts:
+        fields.append(Dictionary(opts))
+    return Record(OBSERVE_GROUP, fields)
+
+
+def parse_member_record(value: Value) -> GroupRecord:
+    """Read an ``<ObserveGroup ...>`` record; :class:`GroupRecordError` says what is
+    wrong with one that is not well formed."""
+    if type(value) is not Record or value.label != OBSERVE_GROUP:
+        raise GroupRecordError("not an <ObserveGroup GROUP PATTERN #:OBSERVER> record")
+    f = value.fields
+    if len(f) not in (3, 4):
+        raise GroupRecordError(f"<ObserveGroup> has 3 or 4 fields, not {len(f)}")
+    group = f[0]
+    if type(group) is not str:
+        raise GroupRecordError(f"the group's name must be a string, not {_short(group)}")
+    try:
+        _check_group(group)
+    except ValueError as e:
+        raise GroupRecordError(str(e)) from None
+    try:
+        pattern = from_preserves(f[1])
+    except PatternError as e:
+        raise GroupRecordError(f"malformed pattern: {e}") from None
+    if type(f[2]) is not Embedded:
+        raise GroupRecordError(f"the observer must be a reference, not {_short(f[2])}")
+    weight = 1
+    rebalance = False
+    if len(f) == 4:
+        opts = f[3]
+        if type(opts) is not Dictionary:
+            raise GroupRecordError(f"the options must be a dictionary, not {_short(opts)}")
+        w = opts.get(_WEIGHT, 1)
+        if type(w) is not int or not 1 <= w <= MAX_WEIGHT:
+            raise GroupRecordError(f"weight must be an integer from 1 to {MAX_WEIGHT}, "
+                                   f"not {_short(w)}")
+        weight = w
+        r = opts.get(_REBALANCE, False)
+        if type(r) is not bool:
+            raise GroupRecordError(f"rebalance must be #t or #f, not {_short(r)}")
+        rebalance = r
+    return GroupRecord(group, pattern, f[2].value, weight, rebalance)
+
+
+def _check_group(group: str) -> None:
+    if not group:
+        raise ValueError("a group's name must not be empty")
+    if len(group.encode("utf-8", "surrogatepass")) > MAX_GROUP_NAME:
+        raise ValueError(f"a group's name is at most {MAX_GROUP_NAME} bytes long")
+
+
+def _short(v: Any) -> str:
+    try:
+        s = stringify(v)
+    except Exception:  # (not a Preserves value)
+        s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+# ---------------------------------------------------------------------------------------
+# Groups on a dataspace
+
+
+_ENTITY = 0
+_CALLBACKS = 1
+
+_WATCH = Bind(Rec(OBSERVE_GROUP, [DISCARD, DISCARD, DISCARD]))
+
+
+class GroupMember:
+    """A member of a group in this process, from :meth:`Groups.join`;
+    :meth:`cancel` leaves the group (its jobs move to the other members)."""
+
+    __slots__ = ("__weakref__", "facet", "group", "groups", "handle", "live", "on_assert",
+                 "on_message", "on_retract", "pattern")
+
+    def __init__(self, groups: Groups, group: str, pattern: Pattern,
+                 on_assert: Callable[..., Any] | None, on_retract: Callable[..., Any] | None,
+                 on_message: Callable[..., Any] | None, facet: Facet | None) -> None:
+        self.groups = groups
+        self.group = group
+        self.pattern = pattern
+        self.on_assert = on_assert
+        self.on_retract = on_retract
+        self.on_message = on_message
+        self.facet = facet
+        self.handle: Any = None
+        self.live = True
+
+    def cancel(self) -> None:
+        """Leave the group (retracts the ``<ObserveGroup ...>`` record).  Nothing more
+        is delivered to this member; it is not told the retraction of its jobs."""
+        if not self.live:
+            return
+        self.live = False
+        if self.handle is not None:
+            self.groups.dataspace.retract(self.handle)
+
+    def jobs(self) -> list[tuple[Any, ...]]:
+        """The captures of the jobs assigned to this member now."""
+        return self.groups._jobs_of(self)
+
+    def __repr__(self) -> str:
+        return f"<GroupMember {self.group!r} {self.pattern}>"
+
+
+class _Member:
+    """A member as a pool knows it: its observer and how to tell it."""
+
+    __slots__ = ("count", "gone", "handles", "kind", "observer")
+
+    def __init__(self, observer: Any, kind: int) -> None:
+        self.observer = observer
+        self.kind = kind
+        self.count = 1  # <ObserveGroup> records naming it (distinct ones)
+        self.gone = False  # found dead (or cancelled) before its record went
+        self.handles: dict[Hashable, int] = {}  # an entity's: job -> handle it was told
+
+    def __repr__(self) -> str:
+        return repr(self.observer)
+
+
+class _Group:
+    """One (group, pattern) on a dataspace: the pool and its dispatcher."""
+
+    __slots__ = ("caps", "members", "name", "pattern", "pool", "sub")
+
+    def __init__(self, name: str, pattern: Pattern) -> None:
+        self.name = name
+        self.pattern = pattern
+        self.pool = Pool()
+        self.members = 0  # _Members (live or gone) whose record is asserted
+        self.caps: dict[Hashable, tuple[Any, ...]] = {}  # job -> its captures
+        self.sub: Subscription | None = None
+
+
+_attached: weakref.WeakValueDictionary[int, Groups] = weakref.WeakValueDictionary()
+
+
+class Groups:
+    """The groups of one in-process :class:`~dataspace.dataspace.Dataspace`.
+
+    Use :meth:`Groups.of` (one per dataspace: two would each dispatch every message).
+    It watches the dataspace for ``<ObserveGroup ...>`` records (with a hidden
+    subscription: the watch shows up as no one's interest), and for each (group,
+    pattern) that has members it observes the pattern once and shares what matches
+    among them.  Members are in-process callbacks (:meth:`join`) or entities (a record
+    asserted by anyone, a remote peer's reference included: told as an
+    ``<Observe ...>`` entity is).  Callbacks run as the dataspace's callbacks do: each
+    in a turn of its own, in the facet that was current when the member joined, its
+    exceptions logged and its actions discarded.
+    """
+
+    def __init__(self, dataspace: Dataspace) -> None:
+        old = _attached.get(id(dataspace))
+        if old is not None and old.dataspace is dataspace and old._watch is not None:
+            raise RuntimeError(f"{dataspace.name}: it has its groups already; use "
+                               "Groups.of(dataspace)")
+        self.dataspace = dataspace
+        self._groups: dict[tuple[str, Pattern], _Group] = {}
+        self._members: dict[tuple[str, Pattern, int], _Member] = {}
+        self.malformed = 0
+        """<ObserveGroup> records ignored because they were not well formed."""
+        _attached[id(dataspace)] = self
+        self._watch: Subscription | None = dataspace.observe_hidden(
+            _WATCH, on_assert=self._record_added, on_retract=self._record_removed)
+
+    @classmethod
+    def of(cls, dataspace: Dataspace) -> Groups:
+        """The groups of ``dataspace`` (made at the first call)."""
+        g = _attached.get(id(dataspace))
+        if g is not None and g.dataspace is dataspace and g._watch is not None:
+            return g
+        return cls(dataspace)
+
+    def close(self) -> None:
+        """Stop: the dispatchers stop observing, members hear nothing more."""
+        if self._watch is None:
+            return
+        self._watch.cancel()
+        self._watch = None
+        for g in self._groups.values():
+            if g.sub is not None:
+                g.sub.cancel()
+        self._groups.clear()
+        self._members.clear()
+        if _attached.get(id(self.dataspace)) is self:
+            del _attached[id(self.dataspace)]
+
+    # -- joining -------------------------------------------------------------------------
+
+    def join(
+        self,
+        group: str,
+        pattern: Pattern | str | Value,
+        on_assert: Callable[..., Any] | None = None,
+        on_retract: Callable[..., Any] | None = None,
+        on_message: Callable[..., Any] | None = None,
+        *,
+        rebalance: bool = False,
+    ) -> GroupMember:
+        """Join ``group`` as an observer of ``pattern`` (a Pattern, concise pattern
+        text, or the wire form): ``on_message(*captures)`` for the messages given to
+        this member, ``on_assert(*captures)`` for each job assigned to it and
+        ``on_retract(*captures)`` when that job is finished (its last holder retracted
+        it) or moved away by a rebalance.  ``rebalance``: take a share of the jobs
+        already assigned at once (else only new and moved work comes).
+
+        Asserts ``<ObserveGroup group pattern #:member>`` in the current facet: the
+        membership ends with :meth:`GroupMember.cancel` or when the facet stops.
+        """
+        if self._watch is None:
+            raise RuntimeError("these groups are closed")
+        if type(group) is not str:
+            raise TypeError(f"a group's name is a string, not {type(group).__name__}")
+        _check_group(group)
+        pat = as_pattern(pattern)
+        ds = self.dataspace
+        member = GroupMember(self, group, pat, on_assert, on_retract, on_message,
+                             getattr(ds, "_facet", None))
+        member.handle = ds.assert_(member_record(group, pat, member, rebalance=rebalance))
+        return member
+
+    def reap(self) -> int:
+        """Take out every member that can no longer hear (its connection closed, or it
+        was cancelled) before its record is retracted: its jobs move now.  A server
+        calls this when a connection closes (its records go later, in chunks).  Returns
+        how many were taken out."""
+        n = 0
+        for g in list(self._groups.values()):
+            for m in g.pool.members():
+                if not _alive(m):
+                    self._dead(g, m)
+                    n += 1
+        if n:
+            self.dataspace.flush()
+        return n
+
+    # -- inspection ----------------------------------------------------------------------
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each (group, pattern) that has members, for monitoring: its members (in join
+        order: the observer, its weight, the messages given to it, the jobs it holds),
+        messages given and dropped, jobs, jobs waiting, reassignments."""
+        out = []
+        for g in self._groups.values():
+            p = g.pool
+            out.append({
+                "group": g.name,
+                "pattern": str(g.pattern),
+                "members": [{"observer": repr(m.observer), "weight": p.weight(m),
+                             "messages": p.messages_of(m), "jobs": len(p.jobs_of(m))}
+                            for m in p.members()],
+                "messages": p.messages,
+                "dropped": p.dropped,
+                "jobs": len(g.caps),
+                "pending": len(p.pending()),
+                "reassigned": p.reassigned,
+            })
+        out.sort(key=lambda d: (d["group"], d["pattern"]))
+        return out
+
+    def _jobs_of(self, observer: GroupMember) -> list[tuple[Any, ...]]:
+        g = self._groups.get((observer.group, observer.pattern))
+        m = self._members.get((observer.group, observer.pattern, id(observer)))
+        if g is None or m is None:
+            return []
+        return [g.caps[job] for job in g.pool.jobs_of(m)]
+
+    # -- the watch -----------------------------------------------------------------------
+
+    def _record_added(self, value: Value) -> None:
+        try:
+            rec = parse_member_record(value)
+        except GroupRecordError as e:
+            self.malformed += 1
+            log.warning("%s: ignoring an <ObserveGroup> record: %s", self.dataspace.name, e)
+            return
+        obs = rec.observer
+        if isinstance(obs, Entity):
+            kind = _ENTITY
+        elif type(obs) is GroupMember or type(obs) is Subscription:
+            home = obs.groups.dataspace if type(obs) is GroupMember else obs.ds
+            if home is not self.dataspace:
+                log.warning("%s: ignoring an <ObserveGroup> record: its member belongs to "
+                            "another dataspace", self.dataspace.name)
+                return
+            kind = _CALLBACKS
+        else:
+            self.malformed += 1
+            log.warning("%s: ignoring an <ObserveGroup> record: its observer %s is not an "
+                        "entity", self.dataspace.name, _short(obs))
+            return
+        mk = (rec.group, rec.pattern, id(obs))
+        m = self._members.get(mk)
+        if m is not None:
+            m.count += 1
+            return
+        gk = (rec.group, rec.pattern)
+        g = self._groups.get(gk)
+        if g is None:
+            g = self._groups[gk] = _Group(rec.group, rec.pattern)
+        m = self._members[mk] = _Member(obs, kind)
+        g.members += 1
+        if not _alive(m):
+            m.gone = True  # (dead before it joined: it never takes part)
+        else:
+            self._tell(g, g.pool.join(m, rec.weight, rec.rebalance))
+        if g.sub is None:
+            g.sub = self.dataspace.observe(
+                g.pattern,
+                on_assert=lambda *caps: self._job_added(g, caps),
+                on_retract=lambda *caps: self._job_removed(g, caps),
+                on_message=lambda *caps: self._message(g, caps),
+            )
+
+    def _record_removed(self, value: Value) -> None:
+        try:
+            rec = parse_member_record(value)
+        except GroupRecordError:
+            return  # (it was ignored when it came)
+        mk = (rec.group, rec.pattern, id(rec.observer))
+        m = self._members.get(mk)
+        if m is None:
+            return
+        m.count -= 1
+        if m.count > 0:
+            return
+        del self._members[mk]
+        g = self._groups[(rec.group, rec.pattern)]
+        if not m.gone:
+            self._tell(g, g.pool.leave(m, tell=m.kind == _ENTITY and _alive(m)))
+            m.gone = True
+        g.members -= 1
+        if g.members == 0:
+            del self._groups[(rec.group, rec.pattern)]
+            if g.sub is not None:
+                g.sub.cancel()
+                g.sub = None
+
+    def _dead(self, g: _Group, m: _Member) -> None:
+        m.gone = True
+        m.handles.clear()
+        self._tell(g, g.pool.leave(m, tell=False))
+
+    # -- the dispatcher ------------------------------------------------------------------
+
+    def _job_added(self, g: _Group, caps: tuple[Any, ...]) -> None:
+        job = key(Sequence(caps))
+        g.caps[job] = caps
+        self._tell(g, g.pool.add(job))
+
+    def _job_removed(self, g: _Group, caps: tuple[Any, ...]) -> None:
+        job = key(Sequence(caps))
+        effects = g.pool.remove(job)
+        self._tell(g, effects)
+        if not g.pool.holders(job):
+            g.caps.pop(job, None)
+
+    def _message(self, g: _Group, caps: tuple[Any, ...]) -> None:
+        pool = g.pool
+        for _ in range(len(pool) + 1):
+            m = pool.pick()
+            if m is None:
+                return
+            if _alive(m):
+                ob = m.observer
+                if m.kind == _ENTITY:
+                    self._run(ob.on_message, (Sequence(caps),), None)
+                elif ob.on_message is not None:
+                    self._run(ob.on_message, caps, ob.facet)
+                return
+            self._dead(g, m)
+
+    def _tell(self, g: _Group, effects: list[Effect]) -> None:
+        for what, m, job in effects:
+            if m.gone:
+                continue  # (found dead while these were told: its jobs moved then)
+            if not _alive(m):
+                if what == ASSIGN:
+                    self._dead(g, m)  # its jobs, this one included, move now
+                continue
+            ob = m.observer
+            caps = g.caps[job]
+            if what == ASSIGN:
+                if m.kind == _ENTITY:
+                    h = fresh_handle()
+                    m.handles[job] = h
+                    self._run(ob.on_assert, (Sequence(caps), h), None)
+                elif ob.on_assert is not None:
+                    self._run(ob.on_assert, caps, ob.facet)
+            elif m.kind == _ENTITY:
+                h = m.handles.pop(job, None)
+                if h is not None:
+                    self._run(ob.on_retract, (h,), None)
+            elif ob.on_retract is not None:
+                self._run(ob.on_retract, caps, ob.facet)
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...], facet: Facet | None) -> None:
+        # A callback's own turn, in its facet, its failure logged and its actions
+        # discarded: as the dataspace runs an observer's callbacks.
+        self.dataspace._run_callback(fn, args, facet)
+
+    def __repr__(self) -> str:
+        return f"<Groups of {self.dataspace.name}: {len(self._groups)} pools>"
+
+
+def _alive(m: _Member) -> bool:
+    if m.gone:
+        return False
+    ob = m.observer
+    if m.kind == _ENTITY:
+        return getattr(ob, "alive", True) is not False
+    return bool(ob.live)
