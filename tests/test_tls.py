@@ -808,6 +808,54 @@ async def test_serve_with_tls_and_client_commands(tmp_path, pki):
         await asyncio.wait_for(proc.wait(), TIMEOUT)
 
 
+@async_test
+async def test_a_failed_tls_reload_is_said_once(tmp_path, pki):
+    """Issue 28: a reload that fails (SIGHUP, or the files' change seen at a handshake)
+    is one line on the server's standard error, not a log line and a message both."""
+    cert, key = tmp_path / "live.crt", tmp_path / "live.key"
+    c, k = pki.issue("once one")
+    os.replace(c, cert)
+    os.replace(k, key)
+    proc, found = await _serve(tmp_path, "--tcp", "127.0.0.1:0", "--tls-cert", str(cert),
+                               "--tls-key", str(key))
+    assert proc.stderr is not None
+    a = parse_address(found["tls"])
+
+    async def lines_until(marker: str) -> list[str]:
+        out: list[str] = []
+        while not out or marker not in out[-1]:
+            out.append((await asyncio.wait_for(proc.stderr.readline(), TIMEOUT)).decode())
+            assert out[-1], out
+        return out
+
+    try:
+        # Half a renewal (a certificate without its key), then SIGHUP: one line.
+        c2, k2 = pki.issue("once two")
+        os.replace(c2, cert)
+        proc.send_signal(signal.SIGHUP)
+        # ... then the key, and SIGHUP again: the line that ends what the first said.
+        said = await lines_until("cannot reload TLS")
+        os.replace(k2, key)
+        proc.send_signal(signal.SIGHUP)
+        said += await lines_until("reloaded the TLS certificate")
+        assert sum("does not match" in t for t in said) == 1, said
+        assert said[0].startswith("dataspace serve: cannot reload TLS (SIGHUP): ") and \
+            said[-1].startswith("dataspace serve: reloaded the TLS certificate"), said
+        assert len(said) == 2, said
+        # The same without a signal: the files' change is seen at the next handshake.
+        c3, _k3 = pki.issue("once three")
+        os.replace(c3, cert)
+        assert await served_cn(a.host, a.port, pki.ca) == "once two"
+        assert await served_cn(a.host, a.port, pki.ca) == "once two"
+        proc.send_signal(signal.SIGHUP)  # (still half: says so, and ends the count)
+        said = await lines_until("cannot reload TLS (SIGHUP)")
+        assert len(said) == 2 and "(its files changed)" in said[0], said
+        assert all("does not match" in t for t in said), said
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), TIMEOUT)
+
+
 def test_serve_refuses_files_it_cannot_use(tmp_path, pki):
     r = _cli("serve", "--tcp", "127.0.0.1:0", "--data-dir", str(tmp_path),
              "--tls-cert", str(pki.cert), "--tls-key", str(pki.client_key))

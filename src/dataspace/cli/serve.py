@@ -317,14 +317,21 @@ def _say_tls(server: Server) -> None:
 
 
 def _reload_tls(server: Server) -> None:
-    """SIGHUP: read the certificate files again (new connections get them)."""
+    """SIGHUP: read the certificate files again (new connections get them).  What
+    happened is said once, here (not also by the server's log)."""
+    assert server.tls is not None
     try:
-        info = server.reload_tls()
+        info = server.tls.reload()
     except TLSConfigError as e:
-        print(f"dataspace serve: cannot reload TLS: {e}; still serving the previous "
-              "certificate", file=sys.stderr, flush=True)
+        _say_not_reloaded(str(e), "SIGHUP")
         return
     _say_reloaded(server, info, "SIGHUP")
+
+
+def _say_not_reloaded(why: str, trigger: str) -> None:
+    print(f"dataspace serve: cannot reload TLS ({trigger}): {why}; still serving the "
+          "previous certificate (fix the files, or send SIGHUP once they are complete)",
+          file=sys.stderr, flush=True)
 
 
 def _say_reloaded(server: Server, info: CertInfo | None, why: str) -> None:
@@ -436,6 +443,7 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
             _say_tls(server)
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload_tls, server)
             server.tls.on_change = lambda info: _say_reloaded(server, info, "its files changed")
+            server.tls.on_error = lambda why: _say_not_reloaded(why, "its files changed")
         if scry_server is not None:
             h, port = scry_server.address
             print(f"dataspace serve: scry on udp://{h}:{port}/ for "

@@ -334,6 +334,10 @@ class ServerTLS:
         """Why the files, as they are now, could not be loaded (None once they could)."""
         self.on_change: Callable[[CertInfo | None], Any] | None = None
         """Called after the files' change was seen and loaded at a handshake."""
+        self.on_error: Callable[[str], Any] | None = None
+        """Called with the one line saying why, when the files' change was seen at a
+        handshake and they cannot be used (instead of a warning in the log: the caller
+        says it, once)."""
         self._tried = _signature(self._paths)
         self.current, self.current_http, self.info = self._load()
         self.context = self.current
@@ -383,7 +387,7 @@ class ServerTLS:
         self.current, self.current_http, self.info = ctx, http, info
         self.last_error = None
         self.reloads += 1
-        log.info("TLS: loaded %s%s", self.cert,
+        log.debug("TLS: loaded %s%s", self.cert,
                  f" ({info.describe()}, valid until {_date(info.not_after)})" if info else "")
         return info
 
@@ -394,8 +398,11 @@ class ServerTLS:
         try:
             info = self.reload()
         except TLSConfigError as e:
-            log.warning("TLS: %s; still serving the previous certificate (fix the files, "
-                        "or send SIGHUP once they are complete)", e)
+            if self.on_error is not None:
+                self.on_error(str(e))
+            else:
+                log.warning("TLS: %s; still serving the previous certificate (fix the files, "
+                            "or send SIGHUP once they are complete)", e)
             return
         if self.on_change is not None:
             self.on_change(info)
