@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from dataspace.cli import main
-from dataspace.cli.pipeline import _Progress, format_progress
+from dataspace.cli.pipeline import LOG_GAP, _Progress, format_progress
 from dataspace.pipeline import ProcStats
 from dataspace.streams import open_store
 from dataspace.values import parse
@@ -310,11 +310,13 @@ def test_the_documented_progress_rule_is_the_one_followed(capsys):
     docs/pipelines.md said "a plain line is printed per interval"."""
     doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "pipelines.md")).read()
     bullet = " ".join(doc.split("- **Progress**", 1)[1].split("\n- ", 1)[0].split())
-    assert "otherwise (a log file, a pipe) a plain line is printed only when something changed" in bullet
+    assert ("otherwise (a log file, a pipe) a plain line is printed only when something "
+            "changed (counts, lag, state or the batch), at most one every 10 intervals") in bullet
+    assert f"at most one every {LOG_GAP} intervals" in bullet
     with pytest.raises(SystemExit):
         main(["pipeline", "run", "--help"])
-    assert "not on a terminal, a line is printed only when something changed" in " ".join(
-        capsys.readouterr().out.split())
+    assert ("not on a terminal, a line is printed only when something changed, at most one "
+            f"every {LOG_GAP} intervals") in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_killed_run_releases_its_graph(env, store_url):

@@ -3,6 +3,7 @@ periodic lines otherwise; and the commands that use it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 
@@ -10,7 +11,7 @@ import pytest
 
 from dataspace.cli.pipeline import format_progress
 from dataspace.pipeline.engine import ProcStats
-from dataspace.progress import LiveLine, Progress, WallRate, hms
+from dataspace.progress import Eta, LiveLine, Progress, WallRate, hms
 
 
 class Out:
@@ -90,9 +91,153 @@ def test_without_a_total_quiet_and_the_words():
 
 def test_pipeline_progress_says_when_the_lag_will_be_caught_up():
     stats = [ProcStats("p", "map", 100, 100, 0, 3, {"in": 500})]
-    assert format_progress(stats, 50.0).endswith("| 50 msg/s, catching up: ETA 0:10")
-    idle = [ProcStats("p", "map", 100, 100, 0, 3, {"in": 0})]
-    assert format_progress(idle, 50.0).endswith("| 50 msg/s")
+    assert format_progress(stats, 50.0, eta="ETA 0:10").endswith(
+        "| 50 msg/s, catching up: ETA 0:10")
+    assert format_progress(stats, 50.0).endswith("| 50 msg/s")
+
+
+# -- pipeline run's progress, as a log gets it: a Spark run with an injected clock ---------------
+
+
+class SparkLike:
+    """What the Spark engine reports once a second (as ``pipeline run`` hears it) while it
+    works off a backlog in batches of ``size`` messages that take ``took`` seconds each,
+    then waits for input: its stats at time ``t``."""
+
+    def __init__(self, backlog: int, size: int, took: float, start: float = 0.0) -> None:
+        self.backlog, self.size, self.took, self.start = backlog, size, took, start
+        self.retries = 0
+
+    def batches(self) -> int:
+        return -(-self.backlog // self.size)
+
+    def end(self) -> float:
+        return self.start + self.batches() * self.took
+
+    def stats(self, t: float) -> list[ProcStats]:
+        k = min(self.batches(), int((t - self.start) // self.took)) if t >= self.start else 0
+        done = min(self.backlog, k * self.size)
+        working = self.start <= t < self.end()
+        return [ProcStats(
+            "m", "map", done, done, 0, k, {"in": self.backlog - done},
+            # The engine once said "running" of a query waiting for input (the rate then
+            # fell for as long as the graph was idle): the lag and the batch say it.
+            "running", activity=f"batch {k}: {self.size:,} messages, tasks 0/1" if working else "",
+            activity_s=(t - self.start) % self.took if working else 0.0, retries=self.retries)]
+
+
+def run_log(job: SparkLike, until: float, on_tick=None) -> list[tuple[float, str]]:
+    """The lines a log gets from ``pipeline run`` (its defaults: a report a second, a
+    line at most every ten), each with the second it was written."""
+    from dataspace.cli.pipeline import _Progress
+
+    now = [0.0]
+    out = Out(False)
+    live = LiveLine(out, ticker=False, clock=lambda: now[0])
+    show = _Progress(out, live=live, clock=lambda: now[0], gap=10.0)
+    show.begin()
+    lines: list[tuple[float, str]] = []
+    seen = 0
+    t = 0
+    while t <= until:
+        now[0] = float(t)
+        if on_tick is not None:
+            on_tick(t)
+        show(job.stats(now[0]))
+        live.tick()
+        for x in out.text.splitlines()[seen:]:
+            lines.append((now[0], x))
+        seen = len(out.text.splitlines())
+        t += 1
+    return lines
+
+
+def test_a_log_gets_a_line_every_ten_seconds_while_spark_works_and_none_while_idle():
+    """Issue 28: a line every second while idle (50 in 50 s, the rate falling 2,266 ->
+    368 msg/s) and every second during a batch; the ETA climbed within a batch."""
+    job = SparkLike(backlog=20_000, size=5_000, took=56.0, start=5.0)  # 4 batches: 5 .. 229 s
+    lines = run_log(job, until=300)
+    busy = [(t, x) for t, x in lines if t < job.end()]
+    idle = [(t, x) for t, x in lines if t >= job.end()]
+    # While it works: one line per ten seconds (a change, or the heartbeat of a batch).
+    assert 20 <= len(busy) <= job.end() / 10 + 2, "\n".join(x for _t, x in busy)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(busy)]
+    assert min(gaps) >= 10, gaps
+    # Idle: the line that says the work is done, then nothing for the 70 seconds after.
+    assert len(idle) == 1 and idle[0][0] <= job.end() + 10, idle
+    assert idle[0][1].startswith("m in 20,000 out 20,000 lag in:0 | "), idle
+    # The rate: 20,000 messages in the 224 s of work (89/s), kept while idle.
+    assert idle[0][1].endswith("| 89 msg/s"), idle
+    # The ETA: estimating until two commits, then steady within a batch (it counts down).
+    etas = [(t, x.rsplit("catching up: ", 1)[1]) for t, x in busy if "catching up: " in x]
+    first = [(t, e) for t, e in etas if t < job.start + 2 * job.took]
+    assert first and all(e == "estimating ETA" for _t, e in first), etas
+    third = [(t, int(e[4:].split(":")[0]) * 60 + int(e.split(":")[1]))
+             for t, e in etas if job.start + 2 * job.took <= t < job.start + 3 * job.took]
+    assert len(third) >= 4, etas
+    for (t0, e0), (t1, e1) in itertools.pairwise(third):
+        assert e1 <= e0 and abs((e0 - e1) - (t1 - t0)) <= 1, third  # one second a second
+    assert abs(third[0][1] - (10_000 / (5_000 / 56) - (third[0][0] - job.start - 2 * 56))) <= 2
+
+
+def test_after_a_failed_task_the_eta_is_estimated_anew():
+    """Right after an executor was killed the line read "259 msg/s, catching up: ETA
+    12:13": the retried batch's time says nothing of the next ones."""
+    job = SparkLike(backlog=30_000, size=5_000, took=20.0)
+
+    def on_tick(t: int) -> None:
+        if t == 65:  # in the fourth batch a task fails (Spark runs it again)
+            job.retries = 1
+
+    lines = run_log(job, until=130, on_tick=on_tick)
+    etas = [(t, x.rsplit("catching up: ", 1)[1]) for t, x in lines if "catching up: " in x]
+    assert any(e.startswith("ETA ") for t, e in etas if 40 <= t < 65), etas
+    after = [e for t, e in etas if 65 <= t < 100]  # until two commits after it
+    assert after and all(e == "estimating ETA" for e in after), etas
+    assert any(e.startswith("ETA ") for t, e in etas if t >= 100), etas
+
+
+def test_eta_counts_down_between_commits_and_is_made_again_when_overrun():
+    eta = Eta()
+    eta.update(0.0, 0, 100, busy=True)
+    assert eta.left(0.0) is None  # nothing committed: estimating
+    eta.update(10.0, 10, 90, busy=True)
+    assert eta.left(10.0) is None  # one commit: the rate is not known yet
+    eta.update(20.0, 20, 80, busy=True)
+    assert eta.left(20.0) == 80.0  # 1/s between the commits
+    eta.update(25.0, 20, 80, busy=True)
+    assert eta.left(25.0) == 75.0  # within the batch: counts down
+    eta.update(26.0, 20, 90, busy=True)
+    assert eta.left(26.0) == 84.0  # 10 arrived: 10 s later
+    eta.update(120.0, 20, 90, busy=True)  # the batch takes far longer: estimated again
+    assert eta.left(120.0) == pytest.approx(90 / (10 / 110))
+    eta.update(121.0, 20, 0, busy=False)
+    assert eta.left(121.0) == 0.0
+    eta.update(122.0, 20, 50, busy=False)  # idle: the spell is over
+    eta.update(123.0, 30, 40, busy=True)
+    assert eta.left(123.0) is None  # a new spell: its own commits
+
+
+def test_a_status_line_in_a_log_waits_for_the_gap_and_the_last_one_is_never_lost():
+    now = [0.0]
+    out = Out(False)
+    live = LiveLine(out, ticker=False, gap=10.0, clock=lambda: now[0])
+    live.status(lambda dt: "a", key="a")
+    now[0] = 1.0
+    live.status(lambda dt: "b", key="b")  # within the gap: later
+    now[0] = 2.0
+    live.status(lambda dt: "a", key="a")  # back to what was printed: nothing to say
+    now[0] = 11.0
+    live.tick()
+    assert out.text.splitlines() == ["a"]
+    live.status(lambda dt: "c", key="c")  # the gap is over: at once
+    now[0] = 12.0
+    live.status(lambda dt: "d", key="d")
+    now[0] = 22.0
+    live.tick()  # printed by the ticker when the gap is over
+    live.status(lambda dt: "e", key="e")
+    live.close()  # the last change, at the end, whatever the gap
+    assert out.text.splitlines() == ["a", "c", "d", "e"]
 
 
 def test_other_output_does_not_garble_the_bar():

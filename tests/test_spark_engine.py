@@ -4,9 +4,11 @@ their reconciliation with the store; progress and ``pipeline status``; the CLI."
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import select
 import signal
 import sqlite3
 import subprocess
@@ -424,38 +426,140 @@ def test_cli_without_java_says_what_to_install(env, capsys, monkeypatch):
     assert "--engine local" in err
 
 
-def test_cli_process_is_quiet_and_stops_on_ctrl_c(env):
+GATED = """
+import os
+import time
+
+from dataspace.pipeline import Graph
+
+graph = Graph("shout", error_stream="shout.errors")
+graph.source("chat")
+GATE = {gate!r}
+
+
+def upper(v):
+    if v == "slow":  # a long step: it goes on once the test makes the gate (at most 60 s)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(GATE) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return v.upper()
+
+
+graph.map("upper", "chat", "loud", upper)
+"""
+
+
+class Run:
+    """A real `dataspace pipeline run` (its own JVM) of the gated graph, in a session of
+    its own so that Ctrl-C goes to its process group, as a terminal sends it."""
+
+    def __init__(self, env, *extra: str) -> None:
+        self.gate = env / "gate"
+        (env / "gated.py").write_text(GATED.format(gate=str(self.gate)))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "gated.py"),
+             "--master", "local[1]", *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            with self.cond:
+                self.lines.append(line.rstrip("\n"))
+                self.cond.notify_all()
+        with self.cond:
+            self.lines.append("EOF")
+            self.cond.notify_all()
+
+    def wait_line(self, pred, after: int = 0) -> int:
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(pred(x) for x in self.lines[after:]), LONG), \
+                self.lines
+            return next(i for i, x in enumerate(self.lines) if i >= after and pred(x))
+
+    def ctrl_c(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def close(self) -> None:
+        self.gate.touch()  # a worker still waiting goes on (and is stopped with its JVM)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(LONG)
+
+
+def test_cli_process_is_quiet_and_ctrl_c_mid_batch_finishes_the_batch(env):
     """A real `dataspace pipeline run` process (its own JVM): no Spark log noise on the
-    terminal, a live progress line, Ctrl-C stops it cleanly."""
+    terminal, a live progress line, and Ctrl-C in the middle of a batch lets the batch
+    finish and commit -- as the docs say -- then stops cleanly (exit 0).  It once stopped
+    the queries at once, dropping the batch for the next run to do again."""
     main(["stream", "append", "chat", '"x"'])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "graph.py"),
-         "--master", "local[1]", "--interval", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: list[str] = []
-    cond = threading.Condition()
-
-    def pump():
-        for line in proc.stdout:
-            with cond:
-                lines.append(line)
-                cond.notify_all()
-
-    threading.Thread(target=pump, daemon=True).start()
+    run = Run(env, "--interval", "0.2")
     try:
         with open_store(env / "data") as s:
             assert s.wait_until(lambda: s.next_index("loud") == 1, timeout=LONG)
-        with cond:
-            assert cond.wait_for(lambda: any("upper in 1 out 1" in x for x in lines), LONG)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(LONG) == 0
-        err = proc.stderr.read()
+            run.wait_line(lambda x: "upper in 1 out 1" in x)
+            s.append("chat", "slow")
+        at = run.wait_line(lambda x: "[batch 1: 1 messages" in x)  # the batch runs (and waits)
+        run.ctrl_c()
+        at = run.wait_line(lambda x: x == STOPPING, at)
+        run.wait_line(lambda x: "[finishing batch 1: 1 messages" in x, at)
+        assert run.proc.poll() is None  # it waits for the batch
+        run.gate.touch()
+        assert run.proc.wait(LONG) == 0
+        err = run.proc.stderr.read()
+        run.wait_line(lambda x: x == "EOF")
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        run.close()
     assert "WARN" not in err and "log4j" not in err and "incubator" not in err, err
-    assert any("interrupted: 1 messages in, 1 out" in x for x in lines)
+    assert err == "", err
+    assert any("interrupted: 2 messages in, 2 out" in x for x in run.lines), run.lines
+    with open_store(env / "data") as s:
+        assert [e.value for e in s.read("loud")] == ["X", "SLOW"]
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{t}/children") as f:
+            kids += [int(x) for x in f.read().split()]
+    return kids
+
+
+def test_cli_second_ctrl_c_mid_batch_stops_at_once_in_one_line(env):
+    """While the first Ctrl-C waits for the batch, a second stops at once: exit 130 and
+    one line -- it once printed "KeyboardInterrupt while sending command" and a py4j
+    traceback (the KeyboardInterrupt landed in a py4j call).  The JVM goes too; the
+    batch is left for the next run (nothing of it committed)."""
+    main(["stream", "append", "chat", '"slow"'])
+    run = Run(env, "--interval", "0.2")
+    try:
+        at = run.wait_line(lambda x: "[batch 0: 1 messages" in x)
+        jvms = _children(run.proc.pid)
+        assert jvms
+        run.ctrl_c()
+        run.wait_line(lambda x: x == STOPPING, at)
+        run.wait_line(lambda x: "[finishing batch 0" in x, at)
+        run.ctrl_c()
+        assert run.proc.wait(LONG) == 130
+        err = run.proc.stderr.read()
+        run.wait_line(lambda x: x == "EOF")
+        for pid in jvms:  # gone with the driver (their standard input closed)
+            with contextlib.suppress(ProcessLookupError):
+                fd = os.pidfd_open(pid)
+                try:
+                    assert select.select([fd], [], [], LONG)[0], f"process {pid} still runs"
+                finally:
+                    os.close(fd)
+    finally:
+        run.close()
+    assert err == "dataspace pipeline: stopped at once (the next run recovers)\n", err
+    out = "\n".join(run.lines)
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    with open_store(env / "data") as s:
+        assert s.next_index("loud") == 0
 
 
 def test_the_documented_example_graph_runs_on_spark(spark, env, capsys, monkeypatch):

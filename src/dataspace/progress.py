@@ -23,7 +23,8 @@ Work that is not a count -- starting Spark, a micro-batch of unknown length -- s
 line that keeps moving while nothing else does (on a terminal a spinner and the seconds
 of what is going on; otherwise a line every ``heartbeat`` seconds).  Library code reports
 its phases to anything with ``begin``/``end`` (:class:`Phases`); :data:`NO_PHASES` says
-nothing.  :class:`WallRate` is a rate over wall time that a burst cannot inflate.
+nothing.  :class:`WallRate` is a rate over wall time that a burst cannot inflate;
+:class:`Eta` the time left to work off a backlog, steady while a step of work runs.
 
 Stdlib only: it imports nothing from the rest of the package, so every layer may use it.
 """
@@ -31,6 +32,7 @@ Stdlib only: it imports nothing from the rest of the package, so every layer may
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import sys
@@ -39,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
-__all__ = ["NO_PHASES", "LiveLine", "Phases", "Progress", "WallRate", "hms"]
+__all__ = ["NO_PHASES", "Eta", "LiveLine", "Phases", "Progress", "WallRate", "hms"]
 
 
 def hms(seconds: float) -> str:
@@ -276,8 +278,10 @@ class LiveLine:
     * **A status line** (:meth:`status`): ``render(dt)`` gives its text ``dt`` seconds
       after it was set.  On a terminal it is rewritten in place, redrawn by the ticker
       while ``busy`` (with a spinner in front); otherwise it is printed when ``key``
-      changes (``key`` leaves out what moves by itself, like seconds), and every
-      ``heartbeat`` seconds while ``busy``.
+      changes (``key`` leaves out what moves by itself, like seconds) -- at most one
+      line every ``gap`` seconds: a change within the gap is printed when it is over (or
+      at :meth:`close`), so a log gets a line per ``gap`` while the work moves and none
+      while it does not -- and every ``heartbeat`` seconds while ``busy``.
     * :meth:`echo` prints a line without garbling the live one; :meth:`notice` does it
       from a signal handler (a raw write: no lock, no buffer).
 
@@ -291,6 +295,7 @@ class LiveLine:
         prefix: str = "",
         tty: bool | None = None,
         heartbeat: float = 10.0,
+        gap: float = 0.0,
         tick: float = 0.25,
         quiet: bool = False,
         ticker: bool = True,
@@ -300,6 +305,7 @@ class LiveLine:
         self.prefix = prefix
         self.tty = bool(getattr(self.out, "isatty", lambda: False)()) if tty is None else tty
         self.heartbeat = heartbeat
+        self.gap = gap
         self.tick_s = tick
         self.quiet = quiet
         self.clock = clock or time.monotonic
@@ -313,6 +319,8 @@ class LiveLine:
         self._width = 0
         self._spin = 0
         self._said = self.clock()  # the last line printed (heartbeats count from it)
+        self._status_said = -math.inf  # the last status line printed (the gap counts from it)
+        self._pending: str | None = None  # the key of a change not printed yet (the gap)
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -345,10 +353,15 @@ class LiveLine:
             text = render(0.0)
             if self.tty:
                 self._draw()
-            elif (key if key is not None else text) != self._key:
-                self._key = key if key is not None else text
-                self._line(text)
-        if busy:
+            else:
+                k = key if key is not None else text
+                if k == self._key:
+                    self._pending = None  # back to what was printed: nothing to say
+                elif now - self._status_said >= self.gap:
+                    self._status_line(k, text)
+                else:
+                    self._pending = k  # printed when the gap is over
+        if busy or self._pending is not None:
             self._start_ticker()
 
     # -- lines -----------------------------------------------------------------------------
@@ -396,6 +409,8 @@ class LiveLine:
         with self._lock:
             self._phase = None  # a phase that did not end is not kept
             self._busy = False
+            if self._pending is not None and self._render is not None and not self.quiet:
+                self._status_line(self._pending, self._text())  # the last change, always
             if self.tty and self._width and not self.quiet:
                 if self._render is not None:
                     self._draw()
@@ -441,6 +456,11 @@ class LiveLine:
         self.out.flush()
         self._said = self.clock()
 
+    def _status_line(self, key: str, text: str) -> None:
+        self._key, self._pending = key, None
+        self._line(text)
+        self._status_said = self._said
+
     def tick(self) -> None:
         """What the ticker does every ``tick`` seconds (tests call it themselves)."""
         with self._lock:
@@ -451,12 +471,18 @@ class LiveLine:
                 if self._phase is not None or self._busy:
                     self._draw()
                 return
-            if self.clock() - self._said < self.heartbeat:
+            now = self.clock()
+            if (self._pending is not None and self._render is not None and self._phase is None
+                    and now - self._status_said >= self.gap):
+                self._status_line(self._pending, self._text())
+                return
+            if now - self._said < self.heartbeat:
                 return
             if self._phase is not None:
                 self._line(self._text())
             elif self._busy and self._render is not None:
-                self._line(self._text())
+                key = self._pending if self._pending is not None else self._key
+                self._status_line(key or "", self._text())
 
     def _start_ticker(self) -> None:
         if not self._ticker or self.quiet or self._thread is not None or self._closed.is_set():
@@ -520,3 +546,90 @@ class WallRate:
         if t <= t0:
             return None
         return (n - n0) / (t - t0)
+
+
+class Eta:
+    """The time left to work off a backlog, for work that commits in steps -- a Spark
+    micro-batch of a minute, or the local engine's steps of milliseconds.
+
+    Feed it ``update(t, done, left, busy, restarts)`` at every report: the time, the
+    running count of work committed, the work left (the lag), whether there is work now,
+    and a count of disruptions (tasks that failed and are retried, a restarted query).
+
+    * It is estimated from the rate *between commits* of the current spell of work (a
+      spell starts with the first busy report after an idle one): the first commit of a
+      spell starts the measurement, so what came before it -- starting up, a query's
+      first batch, idle time -- does not count.  Over the last ``window`` seconds of
+      commits, stretched back to the commit before them.
+    * Between two commits the estimate counts down, one second a second (a batch in
+      flight does not make it climb); work that arrives meanwhile pushes it back at the
+      same rate.  Once it has run out with work left (this batch is slower than the
+      ones before), it is estimated again from the rate including the time since the
+      last commit.
+    * :meth:`left` is None -- estimating -- until a spell has two commits, and again
+      after a disruption (``restarts`` moved), whose batch says nothing of the others.
+    """
+
+    def __init__(self, window: float = 30.0) -> None:
+        self.window = window
+        self._marks: list[tuple[float, int]] = []  # the spell's commits (as reported)
+        self._done: int | None = None
+        self._left = 0
+        self._restarts = 0
+        self._rate: float | None = None
+        self._deadline: float | None = None
+
+    def reset(self) -> None:
+        """Start estimating anew (a restart: what was measured says nothing now)."""
+        self._marks = []
+        self._rate = None
+        self._deadline = None
+
+    def _rate_since(self, t: float, done: int) -> float | None:
+        """``done`` at ``t`` over the commits of the last ``window`` seconds, from the one
+        before them (and from the one before the last, at least)."""
+        marks = self._marks
+        keep = 2 if marks and marks[-1][1] >= done else 1  # between commits: two
+        if len(marks) < keep:
+            return None
+        cut = t - self.window
+        j = 0
+        while j + keep < len(marks) and marks[j + 1][0] <= cut:
+            j += 1
+        del marks[:j]
+        t0, n0 = marks[0]
+        return (done - n0) / (t - t0) if t > t0 and done > n0 else None
+
+    def update(self, t: float, done: int, left: int, busy: bool = True,
+               restarts: int = 0) -> None:
+        if restarts != self._restarts:
+            self._restarts = restarts
+            self.reset()
+        prev, self._done = self._done, done
+        before, self._left = self._left, left
+        committed = prev is not None and done > prev
+        if not busy and not committed:
+            self.reset()  # idle: the spell is over (idle time never counts)
+            return
+        if committed:
+            if self._marks:
+                self._rate = self._rate_since(t, done)
+            self._marks.append((t, done))
+            self._deadline = None if self._rate is None else t + left / self._rate
+            return
+        if self._deadline is None or self._rate is None:
+            return
+        if left != before:  # arrivals (or retention) between commits: at the same rate
+            self._deadline += (left - before) / self._rate
+        if self._deadline <= t and left > 0:  # run out: slower than before
+            r = self._rate_since(t, done)
+            if r is not None:
+                self._rate, self._deadline = r, t + left / r
+
+    def left(self, t: float) -> float | None:
+        """Seconds left at ``t`` (0 when nothing is left); None while estimating."""
+        if self._left <= 0:
+            return 0.0
+        if self._deadline is None:
+            return None
+        return max(0.0, self._deadline - t)

@@ -27,7 +27,7 @@ from ..pipeline.engine import (
 )
 from ..pipeline.exactly_once import BackingCorrupt, recover
 from ..pipeline.loader import GraphLoadError, load_graph
-from ..progress import LiveLine, WallRate, hms
+from ..progress import Eta, LiveLine, WallRate, hms
 from ..streams import StoreError
 from ._store import CREATE_HINT, add_store_argument, open_data_store, spark_data_dir
 
@@ -104,7 +104,8 @@ def register(sub: Any) -> None:
                      help="stop when no processor has input left")
     run.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
                      help="how often the progress line is refreshed (default 1); not on a "
-                     "terminal, a line is printed only when something changed")
+                     "terminal, a line is printed only when something changed, at most one "
+                     "every 10 intervals")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress output")
     run.add_argument("--create-store", action="store_true",
                      help="create the store if there is none (default: refuse, so that a "
@@ -200,12 +201,12 @@ def _count(n: int, one: str) -> str:
 
 
 def format_progress(stats: list[ProcStats], rate: float | None = None,
-                    dt: float | None = 0.0) -> str:
+                    dt: float | None = 0.0, eta: str | None = None) -> str:
     """One line: per processor messages in/out (errors), lag per input, what it is doing
     if that takes a while (``[batch 3: 5,000 messages, tasks 1/4, 0:12]``: seconds
     ``dt`` later than the statistics say; None leaves the time out) and state; with
-    ``rate``, the messages per second and, while there is lag, when it will be caught up
-    at that rate."""
+    ``rate``, the messages per second, and ``eta`` (``ETA 0:56``, ``estimating ETA``)
+    after it while there is lag to catch up."""
     parts = []
     for s in stats:
         lag = " ".join(f"{k}:{_n(v)}" for k, v in s.lag.items())
@@ -222,43 +223,77 @@ def format_progress(stats: list[ProcStats], rate: float | None = None,
     if rate is not None:
         # A slow function's rate is under 10/s: a decimal, rather than "0 msg/s".
         line += f" | {rate:,.1f} msg/s" if 0 < rate < 9.95 else f" | {_n(round(rate))} msg/s"
-        lag = sum(v for s in stats for v in s.lag.values())
-        if lag and rate > 0 and lag / rate >= 1:  # under a second: nothing to wait for
-            line += f", catching up: ETA {hms(lag / rate)}"
+        if eta:
+            line += f", catching up: {eta}"
     return line
+
+
+LOG_GAP = 10
+"""Not on a terminal, a progress line at most every LOG_GAP intervals (10 s by default)."""
 
 
 class _Progress:
     """Renders progress on a :class:`~dataspace.progress.LiveLine`: one line rewritten on
     a terminal (kept moving during a long batch); otherwise (a log, a pipe) a line when
-    something changed, and every ten seconds while a batch runs.  The rate is messages
-    over wall time (:class:`~dataspace.progress.WallRate`): a batch that commits 5,000
-    messages after a minute is 83/s, not 5,000 in the second it landed."""
+    something changed -- at most one every ``gap`` seconds, none while the graph is idle
+    -- and every ten seconds while a batch runs.
+
+    The rate is messages over wall time (:class:`~dataspace.progress.WallRate`): a batch
+    that commits 5,000 messages after a minute is 83/s, not 5,000 in the second it
+    landed, and idle time does not count.  The time left to catch up the lag is an
+    :class:`~dataspace.progress.Eta`: measured from commit to commit, steady within a
+    batch, ``estimating`` until a spell of work has two commits and after a failed task."""
 
     def __init__(self, out: Any, quiet: bool = False, *, live: LiveLine | None = None,
-                 clock: Any = time.monotonic) -> None:
-        self.live = live if live is not None else LiveLine(out, quiet=quiet, ticker=False)
+                 clock: Any = time.monotonic, gap: float | None = None) -> None:
+        self.live = live if live is not None else LiveLine(out, quiet=quiet, ticker=False,
+                                                           clock=clock)
+        if gap is not None:
+            self.live.gap = gap
         self.quiet = quiet
         self.clock = clock
         self.rate = WallRate()
+        self.eta = Eta()
 
     def begin(self) -> None:
         """The run starts (nothing consumed yet): work done before the first report still
         has a rate."""
-        self.rate.add(self.clock(), 0, False)
+        t = self.clock()
+        self.rate.add(t, 0, False)
+        self.eta.update(t, 0, 0, False)
 
     def __call__(self, stats: list[ProcStats]) -> None:
+        t = self.clock()
         n = sum(s.consumed for s in stats)
-        busy = any(s.state == "running" or s.activity for s in stats)
-        self.rate.add(self.clock(), n, busy)
+        # Busy: a processor has input it can take, or a batch (a query's start) is under
+        # way; a query that waits for input is idle, and so is a join missing an input.
+        busy = any(s.activity or (s.state == "running" and any(s.lag.values()))
+                   for s in stats)
+        lag = sum(v for s in stats if s.state != "failed" for v in s.lag.values())
+        self.rate.add(t, n, busy)
+        self.eta.update(t, n, lag, busy, sum(s.retries for s in stats))
         rate = self.rate.rate()
         shown = 0.0 if rate is None else rate
-        self.live.status(lambda dt: format_progress(stats, shown, dt),
-                         key=format_progress(stats, None, None) + f" {round(shown)}",
+        eta = self.eta
+
+        def render(dt: float) -> str:
+            return format_progress(stats, shown, dt, _eta_text(eta.left(t + dt), lag, busy))
+
+        self.live.status(render, key=format_progress(stats, None, None) + f" {round(shown)}",
                          busy=any(s.activity for s in stats))
 
     def end(self) -> None:
         self.live.close()
+
+
+def _eta_text(left: float | None, lag: int, busy: bool) -> str | None:
+    """What the progress line says of the time left: nothing when there is no lag, no
+    work under way (a join waiting for its other input) or under a second to wait."""
+    if not lag or not busy:
+        return None
+    if left is None:
+        return "estimating ETA"
+    return f"ETA {hms(left)}" if left >= 1 else None
 
 
 def _open(args: argparse.Namespace, durability: str = "full", create: bool = False,
@@ -322,6 +357,8 @@ def run_run(args: argparse.Namespace) -> int:
     def on_sigint(signum: int, frame: Any) -> None:
         interrupted["n"] += 1
         if interrupted["n"] > 1:
+            if args.engine == "spark":
+                _exit_at_once(live)
             raise KeyboardInterrupt
         live.notice("dataspace pipeline: stopping ... (Ctrl-C again stops at once; the "
                     "next run recovers)")
@@ -336,12 +373,32 @@ def run_run(args: argparse.Namespace) -> int:
         return _run(args, stop, stores, on_sigint if main else None, live)
     except KeyboardInterrupt:
         live.close()
-        print("dataspace pipeline: stopped at once (the next run recovers)", file=sys.stderr)
+        print(STOPPED_AT_ONCE, file=sys.stderr)
         return 130
     finally:
         live.close()
         if old is not None:
             signal.signal(signal.SIGINT, old)
+
+
+STOPPED_AT_ONCE = "dataspace pipeline: stopped at once (the next run recovers)"
+
+
+def _exit_at_once(live: LiveLine) -> None:
+    """The second Ctrl-C of a Spark run: one line and exit 130, now.  A
+    KeyboardInterrupt would land wherever the main thread is -- inside a py4j call as
+    often as not, which logs "KeyboardInterrupt while sending command" with a traceback
+    and leaves the JVM's answer unread.  Nothing needs unwinding: the JVM and the fork
+    server exit when this process goes (their standard input closes), the store's
+    transaction rolls back and its locks go with the process, and the next run recovers
+    (seed 002)."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()  # a write this signal interrupted makes that fail: no matter
+    with contextlib.suppress(OSError, ValueError):
+        if live.tty and live._width:  # below the live line, which stays as it was
+            os.write(live.out.fileno(), b"\n")
+        os.write(2, (STOPPED_AT_ONCE + "\n").encode())
+    os._exit(130)
 
 
 def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
@@ -387,7 +444,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
         except OSError as e:
             store.close()
             return _fail(str(e))
-    progress = _Progress(sys.stdout, args.quiet, live=live)
+    progress = _Progress(sys.stdout, args.quiet, live=live, gap=LOG_GAP * args.interval)
     engine = None
     stats: list[ProcStats] = []
     t0 = time.monotonic()

@@ -136,7 +136,8 @@ def holder_engine(holder: str | None) -> str | None:
 @dataclass
 class ProcStats:
     """Progress of one processor (messages in = input messages consumed; out = output
-    messages written; errors = error records written; lag = unread entries per input)."""
+    messages written; errors = error records written: each counted once committed; lag =
+    unread entries per input, from the committed positions)."""
 
     name: str
     kind: str
@@ -151,6 +152,7 @@ class ProcStats:
     activity: str = ""  # what it is doing now, if that takes long ("batch 3: 5,000 messages")
     activity_s: float = 0.0  # for how many seconds
     detail: str | None = None  # the failure's traceback (the user's code), with error
+    retries: int = 0  # disruptions since the run started: tasks failed and run again (Spark)
 
 
 class Engine(ABC):

@@ -60,6 +60,9 @@ __all__ = ["SparkEngine"]
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 100_000
+FINISH_TIMEOUT = 3600.0
+"""Longest wait for the batches in flight when a run is stopped (then they are dropped:
+the next run does them again)."""
 
 
 class _Query:
@@ -82,6 +85,8 @@ class _Query:
         self.activity = ""  # what the query does now ("batch 3: 5,000 messages")
         self.activity_t0 = 0.0  # since when (time.monotonic())
         self.batch: int | None = None  # the batch in flight, if any
+        self.failed_tasks = 0  # task attempts of the batch in flight that failed
+        self.retries = 0  # failed task attempts since the run started (Spark runs them again)
         self.base = {"in": 0, "out": 0, "errors": 0, "batches": 0}
         self.last_progress: dict[str, Any] | None = None
 
@@ -168,6 +173,7 @@ class SparkEngine(Engine):
         self._lock: StoreLock | None = None
         self.created_session = False
         self._progress_t = 0.0
+        self._finishing = False  # stopping: the batches in flight finish first
         self.staged = staged
         """Pure processors (map, join, alts, fork) run in the read tasks, which stage
         their outputs in the store for the commit to take (nothing goes through Spark);
@@ -441,25 +447,33 @@ class SparkEngine(Engine):
             return
         if q.batch != n:
             q.batch = n
+            q.failed_tasks = 0
             q.activity_t0 = time.monotonic()
             with contextlib.suppress(OSError):  # since Spark wrote the batch's offsets
                 age = time.time() - os.stat(q.checkpoint / "offsets" / str(n)).st_mtime
                 q.activity_t0 -= max(0.0, min(age, 3600.0))
         msgs = sum(b - a for a, b in ranges.values()) if ranges else 0
-        what = f"batch {n}" + (f": {msgs:,} messages" if msgs else "")
+        what = ("finishing " if self._finishing else "") + f"batch {n}" + (
+            f": {msgs:,} messages" if msgs else "")
         tasks = self._tasks(q)
         if tasks is not None:
             what += f", tasks {tasks[0]}/{tasks[1]}"
+            if tasks[2] > q.failed_tasks:  # an executor lost, a worker killed: retried
+                q.retries += tasks[2] - q.failed_tasks
+                q.failed_tasks = tasks[2]
+        if q.failed_tasks:
+            what += f", {q.failed_tasks} failed and retried"
         q.activity = what
 
-    def _tasks(self, q: _Query) -> tuple[int, int] | None:
-        """(tasks done, tasks) of the query's running jobs, None if Spark does not say."""
+    def _tasks(self, q: _Query) -> tuple[int, int, int] | None:
+        """(tasks done, tasks, task attempts failed) of the query's running jobs, None
+        if Spark does not say."""
         if q.run_id is None:
             return None
         try:
             tr = self.spark.sparkContext.statusTracker()
             active = set(tr.getActiveJobsIds())
-            done = total = 0
+            done = total = failed = 0
             for j in tr.getJobIdsForGroup(q.run_id):
                 if j not in active:
                     continue
@@ -469,9 +483,10 @@ class SparkEngine(Engine):
                     if st is not None:
                         done += st.numCompletedTasks
                         total += st.numTasks
+                        failed += st.numFailedTasks
         except Exception:
             return None
-        return (done, total) if total else None
+        return (done, total, failed) if total else None
 
     def _starting(self, q: _Query, on_progress: Any, interval: float) -> None:
         """Say that ``q``'s query starts (a second or more: planning and a Python process
@@ -512,6 +527,7 @@ class SparkEngine(Engine):
                     self._remember(q)
                     self._tick(on_progress, interval)
                     if stop.is_set() or self._stop.is_set():
+                        self._finish_batches(on_progress, interval)
                         q.query.stop()
                 self._remember(q)
                 self._check(q)
@@ -534,6 +550,46 @@ class SparkEngine(Engine):
             self._tick(on_progress, interval)
             if all(q.failed for q in self.queries):
                 break
+        self._finish_batches(on_progress, interval)
+
+    def _finish_batches(self, on_progress: Any, interval: float,
+                        limit: float = FINISH_TIMEOUT) -> None:
+        """Stopping (Ctrl-C, :meth:`stop`): let every batch in flight now commit before
+        the queries are stopped -- a stopped query drops its batch, which the next run
+        would do again.  The progress says ``finishing batch N`` meanwhile.  A batch
+        that Spark starts after this one is stopped with its query; a query that ends
+        (it failed) is not waited for; after ``limit`` seconds the queries are stopped
+        anyway (the next run recovers, as from any stop)."""
+        waiting: dict[_Query, int] = {}
+        for q in self.queries:
+            if q.query is None or not _active(q.query):
+                continue
+            n, c, _ranges = checkpoint_state(q.checkpoint)
+            if n is not None and (c is None or c < n):
+                waiting[q] = n
+        if not waiting:
+            return
+        self._finishing = True
+        log.info("stopping after the batches in flight: %s",
+                 ", ".join(f"{q.id} batch {n}" for q, n in waiting.items()))
+        deadline = time.monotonic() + limit
+        pause = threading.Event()  # never set: a bounded wait between two looks
+        try:
+            while waiting and time.monotonic() < deadline:
+                for q, n in list(waiting.items()):
+                    _n, c, _r = checkpoint_state(q.checkpoint)
+                    if (c is not None and c >= n) or not _active(q.query):
+                        del waiting[q]
+                        self._remember(q)
+                with contextlib.suppress(Exception):
+                    self._tick(on_progress, interval)
+                if waiting:
+                    pause.wait(min(interval, 0.2))
+            if waiting:
+                log.warning("stopping without waiting longer for %s",
+                            ", ".join(f"{q.id} batch {n}" for q, n in waiting.items()))
+        finally:
+            self._finishing = False
 
     def _remember(self, q: _Query) -> None:
         if q.query is not None:
@@ -594,13 +650,13 @@ class SparkEngine(Engine):
                 state = "running"
             elif any(lag.values()):
                 state = "waiting"
-            else:
-                state = "running" if active else "idle"
+            else:  # a query waiting for input is idle; one starting or in a batch is not
+                state = "running" if active and q.activity else "idle"
             out.append(ProcStats(
                 q.p.name, q.p.kind, t["in"] - q.base["in"], t["out"] - q.base["out"],
                 t["errors"] - q.base["errors"], t["batches"] - q.base["batches"], lag, state,
                 q.failed, q.recovery, q.activity if not q.failed else "",
-                max(0.0, now - q.activity_t0), q.detail))
+                max(0.0, now - q.activity_t0), q.detail, q.retries))
         return out
 
     @property
