@@ -59,6 +59,40 @@ def test_check_and_run_until_idle(env, capsys):
     assert "error stream shout.errors: 1 record\n" in out
 
 
+def test_status_and_check_as_json(env, capsys):
+    """`pipeline status --json` and `check --json`: one object each, what the text says."""
+    import json
+
+    assert main(["stream", "append", "chat", '<Says "alice" "hi">', "42", "7"]) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "status", str(env / "graph.py"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["graph"] == "shout" and doc["running"] is False and doc["holder"] is None
+    [p] = doc["processors"]
+    assert (p["name"], p["kind"], p["last_step"], p["recovery"]) == ("upper", "map", "never ran", "1a")
+    assert p["inputs"] == [{"stream": "chat", "position": None, "next": 3, "lag": None}]
+    assert main(["pipeline", "run", str(env / "graph.py"), "--until-idle", "--engine", "local",
+                 "-q", "--batch", "2"]) == 0
+    assert main(["stream", "append", "chat", '<Says "bob" "yo">']) == 0
+    capsys.readouterr()
+    assert main(["pipeline", "status", str(env / "graph.py"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    [p] = doc["processors"]
+    assert (p["last_step"], p["recovery"], p["spark"]) == ("delivered", "1e+3a", None)
+    assert p["inputs"] == [{"stream": "chat", "position": 3, "next": 4, "lag": 1}]
+    assert doc["error_stream"] == {"name": "shout.errors", "records": 2}
+    assert main(["pipeline", "check", str(env / "graph.py"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["graph"] == "shout" and doc["valid"] is True
+    assert doc["processors"] == [{"name": "upper", "kind": "map", "inputs": ["chat"],
+                                  "outputs": ["loud"]}]
+    # The text says the same.
+    assert main(["pipeline", "status", str(env / "graph.py")]) == 0
+    out = capsys.readouterr().out
+    assert "last step delivered (1e+3a)" in out and "position 3        lag 1" in out
+    assert "error stream shout.errors: 2 records" in out
+
+
 @pytest.mark.parametrize("text, message", [
     ("graph = 1 +", "syntax error"),
     ("raise RuntimeError('no config')", "loading the graph raised RuntimeError: no config"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -39,6 +40,7 @@ examples:
   dataspace pipeline run graph.py --store postgresql://app@db.example/app   a PostgreSQL store
   dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
   dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
+  dataspace pipeline status graph.py --json       the same as one JSON object (for jq)
   dataspace pipeline check graph.py               validate the graph without running it
   dataspace pipeline reset graph.py --delete-outputs   reprocess from the start next run
   dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
@@ -116,7 +118,14 @@ def register(sub: Any) -> None:
     st = ss.add_parser("status", parents=[common], help="positions, lag and last step per processor",
                        description="For each processor: its input positions and lag, and what "
                        "the recovery component would find (the last step delivered, or a "
-                       "step to retry).  Reads the store only.")
+                       "step to retry).  Reads the store only.",
+                       epilog="examples:\n"
+                       "  dataspace pipeline status orders.py           positions, lag, last step\n"
+                       "  dataspace pipeline status orders.py --json | jq '.processors[].inputs'",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    st.add_argument("--json", action="store_true",
+                    help="one JSON object (graph, running, processors with their inputs' "
+                    "positions and lag, Spark's figures, error stream)")
     st.set_defaults(func=run_status)
 
     rt = ss.add_parser(
@@ -153,6 +162,8 @@ def register(sub: Any) -> None:
                        "exist in the store, as `pipeline run` does before it starts.")
     ck.add_argument("--no-store", action="store_true",
                     help="validate the file only, without looking at a store")
+    ck.add_argument("--json", action="store_true",
+                    help="one JSON object: the graph, its processors, inputs and outputs")
     ck.set_defaults(func=run_check)
 
     rs = ss.add_parser(
@@ -315,6 +326,14 @@ def run_check(args: argparse.Namespace) -> int:
                 check_sources(g, store)
         except (EngineError, StoreError, OSError, ValueError) as e:
             return _fail(str(e))
+    if args.json:
+        print(json.dumps({
+            "file": args.graph, "graph": g.name, "valid": True, "streams": sorted(g.streams()),
+            "sources": list(g.sources), "error_stream": g.error_stream,
+            "processors": [{"name": p.name, "kind": p.kind, "inputs": list(p.inputs),
+                            "outputs": list(p.outputs)} for p in g.order()],
+        }, indent=2, ensure_ascii=False))
+        return 0
     print(f"{args.graph}: graph {g.name!r} is valid: {_count(len(g.processors), 'processor')}, "
           f"{len(g.streams())} streams")
     for p in g.order():
@@ -531,42 +550,76 @@ def run_status(args: argparse.Namespace) -> int:
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     try:
-        running = graph_holder(store, g.name)
-        engine = holder_engine(running)
-        nexts = store.next_indices()
-        print(f"graph {g.name!r} on {store.display}: "
-              f"{'running (' + running + ')' if running else 'not running'}")
-        for p in g.order():
-            pid = g.proc_id(p)
-            try:
-                rec = recover(store, pid)
-                last = {"1a": "never ran"}.get(rec.branch, "")
-                if not last:
-                    last = ("step to retry" if rec.retry else "last step delivered") + f" ({rec.branch})"
-            except BackingCorrupt as e:
-                last = f"backing stream damaged: {e}"
-            print(f"  {p.kind:<9} {p.name:<20} {last}")
-            for s in p.inputs:
-                pos = store.position(s, pid)
-                nxt = nexts.get(s, 0)
-                if pos is None:
-                    print(f"      {s:<22} position -        (stream at {_n(nxt)})")
-                else:
-                    print(f"      {s:<22} position {_n(pos):<8} lag {_n(max(0, nxt - pos))}")
-            # Spark's figures are the engine's that runs the graph now, or the last run's
-            # (labelled so); while another engine runs it they would be stale: left out.
-            line = None if running and engine != "spark" else \
-                _spark_status(store, args.data_dir, g.name, p.name, live=bool(running))
-            if line:
-                print(f"      {line}")
-        if g.error_stream:
-            print(f"  error stream {g.error_stream}: "
-                  f"{_count(nexts.get(g.error_stream, 0), 'record')}")
+        doc = graph_status(store, g, args.data_dir)
     except StoreError as e:
         return _fail(str(e))
     finally:
         store.close()
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        return 0
+    print(f"graph {g.name!r} on {doc['store']}: "
+          f"{'running (' + doc['holder'] + ')' if doc['running'] else 'not running'}")
+    for p in doc["processors"]:
+        print(f"  {p['kind']:<9} {p['name']:<20} {_last_step(p)}")
+        for i in p["inputs"]:
+            if i["position"] is None:
+                print(f"      {i['stream']:<22} position -        (stream at {_n(i['next'])})")
+            else:
+                print(f"      {i['stream']:<22} position {_n(i['position']):<8} lag {_n(i['lag'])}")
+        if p["spark"] is not None:
+            print(f"      {_spark_line(p['spark'])}")
+    es = doc["error_stream"]
+    if es is not None:
+        print(f"  error stream {es['name']}: {_count(es['records'], 'record')}")
     return 0
+
+
+def graph_status(store: Any, g: Any, data_dir: str | None) -> dict[str, Any]:
+    """What ``pipeline status`` says of graph ``g`` on ``store``, as data (its --json)."""
+    running = graph_holder(store, g.name)
+    engine = holder_engine(running)
+    nexts = store.next_indices()
+    procs = []
+    for p in g.order():
+        pid = g.proc_id(p)
+        row: dict[str, Any] = {"name": p.name, "kind": p.kind, "id": pid}
+        try:
+            rec = recover(store, pid)
+            row["recovery"] = rec.branch
+            row["last_step"] = ("never ran" if rec.branch == "1a" else
+                                "to retry" if rec.retry else "delivered")
+        except BackingCorrupt as e:
+            row["recovery"] = None
+            row["last_step"] = "damaged"
+            row["damage"] = str(e)
+        inputs = []
+        for s in p.inputs:
+            pos = store.position(s, pid)
+            nxt = nexts.get(s, 0)
+            inputs.append({"stream": s, "position": pos, "next": nxt,
+                           "lag": None if pos is None else max(0, nxt - pos)})
+        row["inputs"] = inputs
+        # Spark's figures are the engine's that runs the graph now, or the last run's
+        # (labelled so); while another engine runs it they would be stale: left out.
+        row["spark"] = (None if running and engine != "spark" else
+                        _spark_status(store, data_dir, g.name, p.name, live=bool(running)))
+        procs.append(row)
+    return {
+        "graph": g.name, "store": store.display, "running": bool(running), "holder": running,
+        "engine": engine, "processors": procs,
+        "error_stream": ({"name": g.error_stream, "records": nexts.get(g.error_stream, 0)}
+                         if g.error_stream else None),
+    }
+
+
+def _last_step(p: dict[str, Any]) -> str:
+    last = p["last_step"]
+    if last == "damaged":
+        return f"backing stream damaged: {p['damage']}"
+    if last == "never ran":
+        return last
+    return ("step to retry" if last == "to retry" else "last step delivered") + f" ({p['recovery']})"
 
 
 def run_reset(args: argparse.Namespace) -> int:
@@ -610,9 +663,9 @@ def run_reset(args: argparse.Namespace) -> int:
 
 
 def _spark_status(store: Any, data_dir: str | None, graph: str, proc: str,
-                  live: bool = False) -> str | None:
-    """One line about a processor's Spark query (None if it never ran on Spark): the
-    running query's (``live``), or the last Spark run's, with when it ended."""
+                  live: bool = False) -> dict[str, Any] | None:
+    """A processor's Spark query (None if it never ran on Spark): the running query's
+    (``live``), or the last Spark run's, with when it ended."""
     from ..pipeline.spark.status import query_status, store_graph_dir
 
     try:
@@ -622,24 +675,42 @@ def _spark_status(store: Any, data_dir: str | None, graph: str, proc: str,
     st = query_status(store_graph_dir(store.url, d, graph) / proc)
     if st is None:
         return None
-    parts = []
-    if st["committed"] is not None:
-        parts.append(f"batch {st['committed']} committed")
-    elif st["offsets"] is None:
-        parts.append("no batch yet")
-    if st["offsets"] is not None and st["offsets"] != st["committed"]:
-        ranges = st.get("ranges") or {}
-        msgs = sum(b - a for a, b in ranges.values())
-        parts.append(f"batch {st['offsets']} in flight" + (f" ({_n(msgs)} messages)" if msgs else "")
-                     if live else f"batch {st['offsets']} unfinished (the next run retries it)")
-    t = st["totals"]
-    if t:
-        parts.append(f"{_n(t.get('batches', 0))} batches, {_n(t.get('in', 0))} in, "
-                     f"{_n(t.get('out', 0))} out" + (f", {_n(t['errors'])} errors" if t.get("errors") else ""))
+    in_flight = st["offsets"] if st["offsets"] is not None and st["offsets"] != st["committed"] else None
+    ranges = st.get("ranges") or {}
+    t = st["totals"] or {}
     pr = st["progress"] or {}
-    stamps = [x for x in ((t or {}).get("time_ms"), pr.get("saved_ms")) if isinstance(x, int)]
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(max(stamps) / 1000)) if stamps else None
-    if live:
+    stamps = [x for x in (t.get("time_ms"), pr.get("saved_ms")) if isinstance(x, int)]
+    return {
+        "live": live,
+        "committed": st["committed"],
+        "started": st["offsets"],
+        "in_flight": in_flight,
+        "in_flight_messages": sum(b - a for a, b in ranges.values()) if in_flight is not None else 0,
+        "totals": ({k: t.get(k, 0) for k in ("batches", "in", "out", "errors")} if t else None),
+        "time": (time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(max(stamps) / 1000))
+                 if stamps else None),
+    }
+
+
+def _spark_line(sp: dict[str, Any]) -> str:
+    """The line of ``pipeline status`` about a processor's Spark query."""
+    parts = []
+    if sp["committed"] is not None:
+        parts.append(f"batch {sp['committed']} committed")
+    elif sp["started"] is None:
+        parts.append("no batch yet")
+    if sp["in_flight"] is not None:
+        msgs = sp["in_flight_messages"]
+        parts.append(f"batch {sp['in_flight']} in flight" + (f" ({_n(msgs)} messages)" if msgs else "")
+                     if sp["live"] else f"batch {sp['in_flight']} unfinished (the next run retries it)")
+    t = sp["totals"]
+    if t:
+        parts.append(f"{_n(t['batches'])} batches, {_n(t['in'])} in, {_n(t['out'])} out"
+                     + (f", {_n(t['errors'])} errors" if t["errors"] else ""))
+    when = None
+    if sp["time"] is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.strptime(sp["time"][:19], "%Y-%m-%dT%H:%M:%S"))
+    if sp["live"]:
         return "spark: " + "; ".join(parts + ([f"progress at {when}"] if when else []))
     return "last Spark run" + (f" (until {when})" if when else "") + ": " + "; ".join(parts)
 
