@@ -125,21 +125,26 @@ def test_every_read_of_a_damaged_sqlite_store_is_refused(data, kind):
         assert report.problems and all(one_line(p) for p in report.problems)
 
 
-def test_the_issue_case_a_short_read_names_the_first_missing_entry(data):
-    """Pages cut a third of the way: SQLite answers a third of the rows, no error.
-    The read says which entry is missing and how many were not returned."""
+def test_the_issue_case_a_short_read_names_what_is_missing(data):
+    """Pages cut a third of the way: SQLite answers a third of the rows, no error.  Every
+    read of the stream sees its last entry missing (the stream's row is cross-checked
+    against its highest stored index); a read whose range ends before the cut is refused
+    for it too, and says which entry a read of the rest misses first."""
     damaged(data, "cut")
     raw = sqlite3.connect(data / "streams.sqlite3")
     got = raw.execute("SELECT count(*) FROM (SELECT idx FROM entries WHERE stream = 1 "
                       "AND idx >= 0 AND idx < ? ORDER BY idx)", (N,)).fetchone()[0]
     raw.close()
     assert 0 < got < N  # what an unchecked read returned
-    with open_store(data) as s, pytest.raises(StoreCorrupt) as e:
-        s.read_rows("ab", 0, N, N)
-    assert one_line(e.value) == (
-        f"stream 'ab' in {data / 'streams.sqlite3'} is damaged: entry {got} missing from a "
-        f"read of indices 0..{N - 1} ({N - got} of indices 0..{N - 1} not returned) (run "
-        "`dataspace stream info ab --check`; restore the store from a backup)")
+    with open_store(data) as s:
+        for read in (lambda: s.read_rows("ab", 0, N, N), lambda: s.read_rows("ab", 0, 10, 10),
+                     lambda: s.next_index("ab"), lambda: s.stream_info("ab")):
+            with pytest.raises(StoreCorrupt) as e:
+                read()
+            assert one_line(e.value) == (
+                f"stream 'ab' in {data / 'streams.sqlite3'} is damaged: entry {N - 1} (the last, "
+                f"before its next index {N}) is missing (run `dataspace stream info ab --check`; "
+                "restore the store from a backup)")
 
 
 def test_a_flipped_bit_is_refused_where_the_entry_is_read_and_nowhere_else(data):
@@ -183,8 +188,13 @@ def check_outputs(data: Path) -> int:
     with open_store(data) as s:
         out = [e.value.fields[0] for e in s.iter_entries("ab2")] if s.has_stream("ab2") else []
         assert out == list(range(len(out)))
-        assert (s.position("ab", "copy/m") or 0) == len(out)
-        return len(out)
+    # The position straight from the table: a read of it checks ab's row against its
+    # entries, which the damage may have reached.
+    raw = sqlite3.connect(data / "streams.sqlite3")
+    pos = raw.execute("SELECT position FROM tailers WHERE name = 'copy/m'").fetchall()
+    raw.close()
+    assert (pos[0][0] if pos else 0) == len(out)
+    return len(out)
 
 
 @pytest.mark.parametrize("kind", ["cut", "misdirected", "flipped"])
@@ -290,9 +300,9 @@ def test_info_check_reports_the_damage(data, kind, capsys):
     out = capsys.readouterr().out
     assert "integrity   PROBLEMS" in out
     if kind == "cut":
-        assert "stream 'ab': " in out and "entries missing (the first: " in out
+        assert "stream 'ab': " in out and "entries are missing (the first: " in out
     if kind == "flipped":
-        assert "stream 'ab': 1 entries do not match their checksums (the first: 12345)" in out
+        assert "stream 'ab': 1 entry does not match its checksum (the first: 12345)" in out
 
 
 def test_info_check_of_a_sound_store_counts_what_it_verified(template, capsys):
@@ -384,6 +394,9 @@ def test_rows_changed_behind_the_stores_back_are_refused(filled, kind, tmp_path)
     url, raw = filled
     DAMAGE[kind](raw)
     at = {"first deleted": 0, "last deleted": 999}.get(kind, 500)
+    # Damage at the stream's ends (or beyond them) is seen by every read: each checks the
+    # stream's row against its lowest and highest stored index.
+    ends = kind in ("first deleted", "last deleted", "moved")
     with open_store(url) as s:
         for read in (lambda: s.read_rows("ab", 0, 1000, 1000),
                      lambda: s.read_rows("ab", at, 2000, 1),
@@ -396,11 +409,17 @@ def test_rows_changed_behind_the_stores_back_are_refused(filled, kind, tmp_path)
                 read()
             assert_damaged(e.value)
         if kind == "first deleted":
-            with pytest.raises(StoreCorrupt, match="entry 0 missing"):
+            with pytest.raises(StoreCorrupt, match=r"entry 0 \(its first index\) is missing"):
                 s.first_index("ab")
-        # Reads that do not reach the damage are answered.
-        assert [r[0] for r in s.read_rows("ab", 100, 110, 10)] == list(range(100, 110))
-        assert s.get("ab", 100).value == value(100)
+        if ends:
+            for read in (lambda: s.read_rows("ab", 100, 110, 10), lambda: s.get("ab", 100),
+                         lambda: s.next_index("ab"), lambda: s.stream_info("ab")):
+                with pytest.raises(StoreCorrupt) as e:
+                    read()
+                assert_damaged(e.value)
+        else:  # reads that do not reach the damage are answered
+            assert [r[0] for r in s.read_rows("ab", 100, 110, 10)] == list(range(100, 110))
+            assert s.get("ab", 100).value == value(100)
         problems = s.check()
         assert any("stream 'ab'" in p for p in problems), problems
 
@@ -553,7 +572,7 @@ def test_a_store_of_the_previous_format_migrates_and_reads_its_old_entries(tmp_p
         assert s.read("old", 20)[0].value == 20
         report = s.check_report()
         assert report.problems == [] and report.unsealed == 15 and report.entries == 16
-        assert sqlite3.connect(d / "streams.sqlite3").execute("PRAGMA user_version").fetchone() == (2,)
+        assert sqlite3.connect(d / "streams.sqlite3").execute("PRAGMA user_version").fetchone() == (3,)
         # Old entries carry no checksum, but their indices are still checked.
         raw = Raw(str(d))
         raw("DELETE FROM T.entries WHERE stream = 1 AND idx = 9")
@@ -570,6 +589,8 @@ def test_a_postgresql_store_of_the_previous_format_migrates(pg_url, pg_server):
     raw = Raw(pg_url)
     raw("ALTER TABLE T.entries DROP COLUMN checksum")
     raw("ALTER TABLE T.streams DROP COLUMN first_index")
+    raw("ALTER TABLE T.streams DROP COLUMN checksum")
+    raw("ALTER TABLE T.tailers DROP COLUMN checksum")
     raw("DELETE FROM T.entries WHERE idx < 3")
     raw("UPDATE T.store_meta SET value = '1' WHERE key = 'version'")
     raw.close()
@@ -580,7 +601,7 @@ def test_a_postgresql_store_of_the_previous_format_migrates(pg_url, pg_server):
         report = s.check_report()
         assert report.problems == [] and report.unsealed == 7 and report.entries == 8
     raw = Raw(pg_url)
-    assert raw("SELECT value FROM T.store_meta WHERE key = 'version'") == [("2",)]
+    assert raw("SELECT value FROM T.store_meta WHERE key = 'version'") == [("3",)]
     raw.close()
 
 
@@ -639,10 +660,12 @@ def check_reads(s, reads: list, touched: set[int] | None) -> int:
     """Every read is exact or refused -- and, when ``touched`` is known, refused only if
     it reaches a damaged index.  Returns how many were refused."""
     refused = 0
+    # Damage at the stream's ends, or an entry moved beyond them, is seen by every read.
+    ends = touched is not None and any(t in (0, M - 1) or t >= M for t in touched)
     for a, b, lim in reads:
         want = [o for o in ORIGINAL if max(a, 0) <= o[0] < b][:lim]
-        clean = touched is not None and not any(max(a, 0) <= t < b for t in touched)
-        clean_last = touched is not None and not any(t < b for t in touched)
+        clean = touched is not None and not ends and not any(max(a, 0) <= t < b for t in touched)
+        clean_last = touched is not None and not ends and not any(t < b for t in touched)
         for name, expect in (("read_rows", want), ("read", want),
                              ("last", [o for o in ORIGINAL if o[0] < b][::-1][:lim])):
             try:
@@ -662,7 +685,7 @@ def check_reads(s, reads: list, touched: set[int] | None) -> int:
         try:
             e = s.get("ab", k)
         except StoreCorrupt:
-            assert touched is None or k in touched
+            assert touched is None or ends or k in touched
             refused += 1
         else:
             assert e is not None and (e.index, e.data, e.meta_data) == ORIGINAL[k]

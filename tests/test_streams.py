@@ -448,6 +448,10 @@ class StoreMachine(RuleBasedStateMachine):
         class Abort(Exception):
             pass
 
+        # A tailer's position is at most its stream's next index (with this transaction's
+        # appends): more is refused, and the transaction rolled back.
+        ends = {s: self.next.get(s, 0) + sum(1 for w, _v in writes if w == s) for s in STREAMS}
+        beyond = any(p > ends[s] for s, _t, p in pos)
         try:
             with self.store.transaction() as tx:
                 got = [tx.append(s, v) for s, v in writes]
@@ -457,6 +461,10 @@ class StoreMachine(RuleBasedStateMachine):
                     raise Abort
         except Abort:
             return
+        except ValueError as e:
+            assert beyond and "is beyond the end of stream" in str(e), e
+            return
+        assert not beyond
         expect = [self._ref_append(s, encode(v)) for s, v in writes]
         assert got == expect
         for s, t, p in pos:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB
 from ..progress import Progress
-from ..streams import StoreError, check_user_name, is_reserved
+from ..streams import StoreCorrupt, StoreError, check_user_name, is_reserved
 from ..streams.base import Entry, StreamInfo, parse_duration
 from ..streams.copy import CopyRefused, copy_streams
 from ..streams.transfer import ImportStopped, Input, export_stream, import_stream, text_values
@@ -284,11 +284,24 @@ def run_ls(args: argparse.Namespace) -> int:
 def run_info(args: argparse.Namespace) -> int:
     try:
         with _store(args) as store:
-            s = store.stream_info(args.name)
+            try:
+                s = store.stream_info(args.name)
+            except StoreCorrupt as e:
+                if not args.check:
+                    raise
+                # The check says what else is damaged (and this, in its words).
+                _fail(str(e))
+                s = None
             report = store.check_report() if args.check else None
             path = store.display
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
+    if s is None:
+        assert report is not None
+        print(f"integrity   PROBLEMS ({report.summary()}):")
+        for pr in report.problems:
+            print(f"  {pr}")
+        return 1
     print(f"stream      {s.name}")
     print(f"store       {path}")
     print(f"entries     {s.count}")
@@ -304,9 +317,7 @@ def run_info(args: argparse.Namespace) -> int:
     else:
         print("tailers     none")
     if report is not None:
-        what = (f"{report.entries:,} entries in {report.streams:,} streams read and verified"
-                + (f" ({report.unsealed:,} written before checksums: indices only)"
-                   if report.unsealed else ""))
+        what = report.summary()
         if report.problems:
             print(f"integrity   PROBLEMS ({what}):")
             for pr in report.problems:

@@ -54,12 +54,47 @@ Entries written before checksums existed (a store made by an older dataspace, mi
 on open) have none (``checksum`` NULL): they are read unverified, with a note in the log
 once per stream, and ``dataspace stream info --check`` counts them.
 
+**The bookkeeping rows.**  What a stream holds is said by its row in ``streams``
+(``first_index``, ``next_index``) and where a named reader is by its row in ``tailers``
+(``position``): a flipped bit there would make every read above agree with a stream cut
+short or shifted (``next_index`` 20000 -> 19968 and a read of ``0 <= i < next`` returns
+19,968 entries, each sound).  So these rows are verified as the entries are:
+
+* Each carries a ``checksum``: the CRC-32 (zlib's) of its columns, 64-bit big-endian,
+  then the name (UTF-8)::
+
+      stream row: crc32(q(id) q(first_index) q(next_index) q(created_ns)
+                        q(max_count or 0) q(max_age_ms or 0) b(nulls) name)
+      tailer row: crc32(q(stream id) q(position) q(updated_ns) name)
+
+  where ``q`` is an 8-byte signed big-endian integer and ``nulls`` a byte whose bit 0 says
+  ``max_count`` is NULL and bit 1 ``max_age_ms``.  CRC-32 catches every flipped bit in
+  the row (and every burst of changed bits up to 32 long, in the 64-bit fields too -- an
+  additive checksum modulo 2**32 would miss a flip above bit 31), and a change of the
+  checksum itself.  Every writer of these columns computes it in Python (the stores write
+  ``next_index``, ``first_index`` and ``position`` only from values this process holds,
+  in the transaction that read and verified the row), so both stores share one formula.
+* Every read of a stream checks its row's checksum, and cross-checks the row against the
+  entries in the same snapshot by two index-only probes (the lowest and the highest
+  stored index of the stream, one b-tree descent each): the entry at ``first_index``
+  exists and none below it, the entry at ``next_index - 1`` exists and none after it --
+  or no entry at all when ``first_index == next_index`` (retention keeps this: it deletes
+  below a cut and raises ``first_index`` to it in one transaction).  So an old copy of a
+  stream's row written back (a lost write: its checksum is right for its old values) is
+  caught too.
+* A tailer's position is at most its stream's next index (:meth:`~.base.Transaction.
+  set_position` refuses more); a read of a position checks its row's checksum and that.
+
+Stores made before these checksums (schema version 2 and older) are migrated on open:
+their rows get checksums of the values they hold then (see the stores' modules).
+
 What it costs: see docs/streams.md (the exactly-once benchmark before and after).
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import zlib
 from collections.abc import Sequence
@@ -73,6 +108,8 @@ from .errors import MAX_INDEX, StoreCorrupt, StoreError
 __all__ = [
     "CHECKSUM_MASK",
     "CheckReport",
+    "StreamDigest",
+    "StreamRow",
     "StreamScan",
     "check_advance",
     "check_copy_in",
@@ -80,10 +117,18 @@ __all__ = [
     "damaged",
     "expected_range",
     "staged_checksums",
+    "plural",
+    "stream_checksum",
     "stream_seed",
+    "ends_problem",
+    "stream_row_problem",
+    "tailer_checksum",
+    "tailer_problem",
     "verify_checksums",
+    "verify_tailer",
     "verify_get",
     "verify_indices",
+    "verify_stream_row",
 ]
 
 log = logging.getLogger(__name__)
@@ -185,6 +230,185 @@ def damaged(where: str, stream: str, what: str) -> StoreCorrupt:
 
 def _span(a: int, b: int) -> str:
     return f"index {a}" if b == a + 1 else f"indices {a}..{b - 1}"
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1,000 streams``."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+# -- the bookkeeping rows (see the module docstring) -------------------------------------------
+
+_STREAM_ROW = struct.Struct(">qqqqqqB")
+_TAILER_ROW = struct.Struct(">qqq")
+_UNREADABLE = (TypeError, ValueError, AttributeError, OverflowError, struct.error)
+
+
+def stream_checksum(sid: int, name: str, first: int, nxt: int, created_ns: int,
+                    max_count: int | None, max_age_ms: int | None) -> int:
+    """The checksum of a stream's row (the module docstring has the formula)."""
+    nulls = (max_count is None) | ((max_age_ms is None) << 1)
+    head = _STREAM_ROW.pack(sid, first, nxt, created_ns, max_count or 0, max_age_ms or 0, nulls)
+    return zlib.crc32(name.encode("utf-8", "surrogatepass"), zlib.crc32(head))
+
+
+def tailer_checksum(sid: int, name: str, position: int, updated_ns: int) -> int:
+    """The checksum of a tailer's row (the module docstring has the formula)."""
+    return zlib.crc32(name.encode("utf-8", "surrogatepass"),
+                      zlib.crc32(_TAILER_ROW.pack(sid, position, updated_ns)))
+
+
+class StreamRow:
+    """A stream's row as a store reads and writes it: ``next`` and ``first`` are its
+    ``next_index`` and ``first_index``; :meth:`seal` sets ``checksum`` for its values."""
+
+    __slots__ = ("checksum", "created_ns", "first", "id", "max_age_ms", "max_count", "name",
+                 "next")
+
+    def __init__(self, sid: int, name: str, nxt: int, created_ns: int, max_count: int | None,
+                 max_age_ms: int | None, first: int, checksum: int | None = None) -> None:
+        self.id = sid
+        self.name = name
+        self.next = nxt
+        self.created_ns = created_ns
+        self.max_count = max_count
+        self.max_age_ms = max_age_ms
+        self.first = first
+        self.checksum = checksum
+
+    def seal(self) -> int:
+        """Compute (and keep) the checksum of the row's values."""
+        self.checksum = stream_checksum(self.id, self.name, self.first, self.next,
+                                        self.created_ns, self.max_count, self.max_age_ms)
+        return self.checksum
+
+    def copy(self) -> StreamRow:
+        return StreamRow(self.id, self.name, self.next, self.created_ns, self.max_count,
+                         self.max_age_ms, self.first, self.checksum)
+
+    def __repr__(self) -> str:
+        return (f"StreamRow({self.id}, {self.name!r}, first={self.first}, next={self.next}, "
+                f"checksum={self.checksum})")
+
+
+def stream_row_problem(row: StreamRow) -> str | None:
+    """What is wrong with a stream's row on its own (its checksum, its indices), or None."""
+    try:
+        want = stream_checksum(row.id, row.name, row.first, row.next, row.created_ns,
+                               row.max_count, row.max_age_ms)
+    except _UNREADABLE:
+        return "its row in the table of streams holds a value of the wrong type"
+    if want != row.checksum:
+        return (f"its bookkeeping row (first index {row.first}, next index {row.next}) does "
+                "not match its checksum (changed behind the store's back)")
+    if not 0 <= row.first <= row.next <= MAX_INDEX:
+        return (f"its bookkeeping row says first index {row.first} and next index {row.next} "
+                "(the first is never above the next)")
+    return None
+
+
+def ends_problem(first: int, nxt: int, lo: Any, hi: Any) -> str | None:
+    """What is wrong with a stream whose row says ``first``, ``nxt`` and whose lowest and
+    highest stored indices are ``lo`` and ``hi`` (None: it stores none), or None."""
+    if first < nxt:
+        if lo == first and hi == nxt - 1:
+            return None
+    elif lo is None and hi is None:
+        return None
+    for i in (lo, hi):
+        if i is not None and type(i) is not int:
+            return f"an entry's index is not an integer ({str(i)[:40]!r})"
+    if lo is None or hi is None:
+        return f"none of its entries ({_span(first, nxt)}) is stored"
+    if hi >= nxt:
+        return f"entry {hi} is stored at or beyond its next index {nxt}"
+    if lo < first:
+        return f"entry {lo} is stored below its first index {first}"
+    if lo > first:
+        return f"entry {first} (its first index) is missing"
+    return f"entry {nxt - 1} (the last, before its next index {nxt}) is missing"
+
+
+def tailer_problem(sid: int, name: str, position: Any, updated_ns: Any, stored: Any,
+                   nxt: int | None) -> str | None:
+    """What is wrong with a tailer's row (its stream's next index ``nxt``; None: unknown),
+    or None."""
+    try:
+        want = tailer_checksum(sid, name, position, updated_ns)
+    except _UNREADABLE:
+        return f"the row of its tailer {name!r} holds a value of the wrong type"
+    if want != stored:
+        return (f"the row of its tailer {name!r} (position {position}) does not match its "
+                "checksum (changed behind the store's back)")
+    if position < 0 or (nxt is not None and position > nxt):
+        return f"its tailer {name!r} is at position {position}, beyond its next index {nxt}"
+    return None
+
+
+def verify_stream_row(where: str, stream: str, row: StreamRow, lo: Any = None, hi: Any = None,
+                      view: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Raise :func:`damaged` unless ``row`` matches its checksum and -- ``lo`` and ``hi``
+    being the lowest and highest indices stored, read in the same snapshot -- holds
+    exactly the entries it says (``view``: the (first, next) a transaction sees instead,
+    with its own appends).  Returns (first, next) as the reader sees them."""
+    what = stream_row_problem(row)
+    if what is None:
+        first, nxt = (row.first, row.next) if view is None else view
+        what = ends_problem(first, nxt, lo, hi)
+        if what is None:
+            return first, nxt
+    raise damaged(where, stream, what)
+
+
+def verify_tailer(where: str, stream: str, sid: int, name: str, position: Any, updated_ns: Any,
+                  stored: Any, nxt: int | None) -> int:
+    """Raise :func:`damaged` unless a tailer's row matches its checksum and its position
+    is not beyond its stream's next index ``nxt``; returns the position."""
+    what = tailer_problem(sid, name, position, updated_ns, stored, nxt)
+    if what is not None:
+        raise damaged(where, stream, what)
+    return int(position)
+
+
+# -- what a copy, an export or an import wrote, against what it read ---------------------------
+
+
+@dataclass
+class StreamDigest:
+    """A summary of entries of one stream: how many, the first and last index, and the
+    sum of their checksums (with the index, modulo 2**64).  ``stream copy``, ``stream
+    export`` and ``stream import`` keep one of what they read and compare it with one of
+    what they wrote before they say they are done."""
+
+    count: int = 0
+    first: int | None = None
+    last: int | None = None
+    total: int = 0
+
+    def add(self, stream: str, idxs: Sequence[int], values: Sequence[bytes],
+            metas: Sequence[bytes | None] | None = None) -> None:
+        """Entries at ``idxs`` (in index order) with these values and metadata."""
+        if not idxs:
+            return
+        sums = checksums(stream, values, metas)
+        self.total = (self.total + sum(sums) + sum(idxs)) & 0xFFFFFFFFFFFFFFFF
+        if self.first is None:
+            self.first = idxs[0]
+        self.last = idxs[-1]
+        self.count += len(idxs)
+
+    def __str__(self) -> str:
+        if not self.count:
+            return "no entries"
+        return f"{plural(self.count, 'entry', 'entries')} ({_span(self.first or 0, (self.last or 0) + 1)})"
+
+    def differs(self, other: StreamDigest) -> str | None:
+        """How ``other`` (what was written) differs from this (what was read), or None."""
+        if (self.count, self.first, self.last) != (other.count, other.first, other.last):
+            return f"{other} where {self} were read"
+        if self.total != other.total:
+            return f"entries whose checksums differ from those read ({other})"
+        return None
 
 
 def expected_range(first: int, nxt: int, start: int, end: int, limit: int,
@@ -361,14 +585,19 @@ class StreamScan:
         out = []
         s = repr(self.stream)
         if self.missing:
-            out.append(f"stream {s}: {self.missing} of its {self.next - self.first} entries "
-                       f"missing (the first: {self.first_missing})")
+            total = self.next - self.first
+            out.append(f"stream {s}: {self.missing:,} of its {plural(total, 'entry', 'entries')} "
+                       f"{'is' if self.missing == 1 else 'are'} missing (the first: "
+                       f"{self.first_missing})")
         if self.extra:
-            out.append(f"stream {s}: {self.extra} entries out of place: twice, or outside its "
-                       f"indices {_span(self.first, self.next) if self.next > self.first else '(none)'} "
-                       f"(the first: {self.first_extra})")
+            where = (f"outside its {_span(self.first, self.next)}" if self.next > self.first
+                     else "though it holds none")
+            out.append(f"stream {s}: {plural(self.extra, 'entry', 'entries')} out of place: "
+                       f"twice, or {where} (the first: {self.first_extra})")
         if self.bad:
-            out.append(f"stream {s}: {self.bad} entries do not match their checksums "
+            out.append(f"stream {s}: {plural(self.bad, 'entry', 'entries')} "
+                       f"{'does' if self.bad == 1 else 'do'} not match "
+                       f"{'its checksum' if self.bad == 1 else 'their checksums'} "
                        f"(the first: {self.first_bad})")
         return out
 
@@ -383,9 +612,35 @@ class CheckReport:
     streams: int = 0
     entries: int = 0
     unsealed: int = 0
+    tailers: int = 0
 
     def add(self, scan: StreamScan) -> None:
         self.streams += 1
         self.entries += scan.entries
         self.unsealed += scan.unsealed
         self.problems += scan.done()
+
+    def add_row(self, row: StreamRow) -> None:
+        """A stream's row: its checksum and indices (the entries are :meth:`add` ed)."""
+        what = stream_row_problem(row)
+        if what is not None:
+            self.problems.append(f"stream {row.name!r}: {what}")
+
+    def add_tailer(self, stream: str, sid: int, name: str, position: Any, updated_ns: Any,
+                   stored: Any, nxt: int | None) -> None:
+        """A tailer's row of ``stream`` (its next index ``nxt``)."""
+        self.tailers += 1
+        what = tailer_problem(sid, name, position, updated_ns, stored, nxt)
+        if what is not None:
+            self.problems.append(f"stream {stream!r}: {what}")
+
+    def summary(self) -> str:
+        """``20,010 entries in 2 streams and 1 tailer read and verified``."""
+        what = (f"{plural(self.entries, 'entry', 'entries')} in "
+                f"{plural(self.streams, 'stream')}")
+        if self.tailers:
+            what += f" and {plural(self.tailers, 'tailer')}"
+        what += " read and verified"
+        if self.unsealed:
+            what += f" ({self.unsealed:,} written before checksums: indices only)"
+        return what

@@ -3,15 +3,16 @@
 ``open_store("postgresql://USER:PASSWORD@HOST:PORT/DATABASE")`` opens (creating if asked)
 the store in that database.  It keeps the SQLite store's semantics -- the same tables,
 monotonic indices, named tailers, retention, multi-stream transactions, commit order --
-with these PostgreSQL mechanisms (schema version 2, all in the schema ``dataspace``, so a
+with these PostgreSQL mechanisms (schema version 3, all in the schema ``dataspace``, so a
 database shared with other applications is fine)::
 
     dataspace.store_meta   (key text PRIMARY KEY, value text)    -- format, version, id
     dataspace.streams      (id bigint identity, name UNIQUE, next_index, created_ns,
-                            max_count, max_age_ms, first_index)
+                            max_count, max_age_ms, first_index, checksum)
     dataspace.entries      (stream, idx, seq, time_ns, value bytea, meta bytea, checksum,
                             PRIMARY KEY (stream, idx))
-    dataspace.tailers      (stream, name, position, updated_ns, PRIMARY KEY (stream, name))
+    dataspace.tailers      (stream, name, position, updated_ns, checksum,
+                            PRIMARY KEY (stream, name))
     dataspace.commit_order (id = 1, seq)                          -- the store-wide counter
     dataspace.locks        (name PRIMARY KEY, holder, since_ns)   -- who holds a lock
 
@@ -37,9 +38,12 @@ database shared with other applications is fine)::
   go through that transaction (they see its writes), as with SQLite.
 * **Verified reads** (:mod:`.integrity`): as in SQLite, a stream's entries are exactly
   ``first_index <= idx < next_index`` and each has a checksum (``checksum``), computed in this
-  process; a read joins the stream's row to its entries in one statement (one snapshot)
-  and checks both.  A version 1 schema is migrated when opened (``checksum`` NULL for the
-  entries already there: read unverified, with a note in the log).
+  process; a read joins the stream's row -- with its lowest and highest stored index --
+  to its entries in one statement (one snapshot) and checks both, and the rows of
+  ``streams`` and ``tailers`` carry checksums of their own.  A version 1 schema is
+  migrated when opened (``checksum`` NULL for the entries already there: read
+  unverified, with a note in the log); a version 1 or 2 schema's stream and tailer rows
+  get the checksums of the values they hold then.
 * **Durability**: ``durability="full"`` commits with ``synchronous_commit`` on (the
   server's default: flushed before COMMIT returns); ``"normal"`` turns it off for the
   store's sessions (safe from client crashes, not from a server crash).
@@ -83,20 +87,26 @@ from .base import (
     check_stream_name,
     check_tailer_name,
     encode_value,
-    is_reserved,
     staged_count_error,
     staged_total,
 )
 from .integrity import (
     CheckReport,
+    StreamRow,
     StreamScan,
     check_advance,
     check_copy_in,
     checksums,
+    damaged,
+    ends_problem,
+    plural,
     staged_checksums,
+    tailer_checksum,
     verify_checksums,
     verify_get,
     verify_indices,
+    verify_stream_row,
+    verify_tailer,
 )
 from .wakeup import Generation
 
@@ -106,7 +116,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "dataspace"
 FORMAT = "dataspace-streams"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CHANNEL = "dataspace_streams"
 _TABLES = {"store_meta", "streams", "entries", "tailers", "commit_order", "locks"}
 _INIT_LOCK = 0x44537472  # "DStr": serialises two processes creating the schema at once
@@ -121,7 +131,8 @@ CREATE TABLE {SCHEMA}.streams (
     created_ns bigint NOT NULL,
     max_count bigint,
     max_age_ms bigint,
-    first_index bigint NOT NULL DEFAULT 0
+    first_index bigint NOT NULL DEFAULT 0,
+    checksum bigint
 );
 CREATE TABLE {SCHEMA}.entries (
     stream bigint NOT NULL,
@@ -138,6 +149,7 @@ CREATE TABLE {SCHEMA}.tailers (
     name text NOT NULL,
     position bigint NOT NULL,
     updated_ns bigint NOT NULL,
+    checksum bigint,
     PRIMARY KEY (stream, name)
 );
 CREATE TABLE {SCHEMA}.commit_order (id int PRIMARY KEY CHECK (id = 1), seq bigint NOT NULL);
@@ -157,6 +169,21 @@ ALTER TABLE {_E} ADD COLUMN checksum bigint;
 UPDATE {SCHEMA}.store_meta SET value = '2' WHERE key = 'version'
 """
 
+_MIGRATE_2_TO_3 = f"""
+ALTER TABLE {_S} ADD COLUMN checksum bigint;
+ALTER TABLE {_T} ADD COLUMN checksum bigint
+"""
+
+# A stream's row (:class:`.integrity.StreamRow`'s order) with its lowest and highest stored
+# index: two index-only probes in the same statement.
+_ROW = (f"SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age_ms, "
+        f"s.first_index, s.checksum, "
+        f"(SELECT idx FROM {_E} WHERE stream = s.id ORDER BY idx LIMIT 1) AS lo, "
+        f"(SELECT idx FROM {_E} WHERE stream = s.id ORDER BY idx DESC LIMIT 1) AS hi "
+        f"FROM {_S} s")
+
+# The same without the table's alias.
+_SUM_BARE = "(checksum - idx) & 4294967295"
 # A read's checksums, less the index (see .integrity): NULL for entries without one;
 # and what a write stores, from the checksum c and the index i.
 _SUM = "(e.checksum - e.idx) & 4294967295"
@@ -567,16 +594,28 @@ class PostgresStore(Store):
         return "ok"
 
     def _migrate(self, conn: Any) -> None:
-        """Bring a version 1 schema (before checksums) to this version, once (under the
-        lock that keeps two processes setting up the schema apart)."""
+        """Bring a version 1 schema (before checksums) or 2 (before the rows of streams
+        and tailers had theirs) to this version, once (under the lock that keeps two
+        processes setting up the schema apart)."""
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_INIT_LOCK,))
             v = conn.execute(f"SELECT value FROM {SCHEMA}.store_meta WHERE key = 'version'").fetchone()
-            if v is not None and v[0] == "1":
+            version = None if v is None else v[0]
+            if version == "1":
                 for stmt in _MIGRATE_1_TO_2.strip().split(";"):
                     conn.execute(stmt)
-                log.info("%s: migrated to store format %d (entries are checksummed from now on; "
-                         "those already there are read unverified)", self._display, SCHEMA_VERSION)
+                log.info("%s: migrated to store format 2 (entries are checksummed from now on; "
+                         "those already there are read unverified)", self._display)
+                version = "2"
+            if version == "2":
+                for stmt in _MIGRATE_2_TO_3.strip().split(";"):
+                    conn.execute(stmt)
+                _seal_rows(conn)
+                conn.execute(f"UPDATE {SCHEMA}.store_meta SET value = %s WHERE key = 'version'",
+                             (str(SCHEMA_VERSION),))
+                log.info("%s: migrated to store format %d (the rows of streams and tailers carry "
+                         "checksums from now on, of the values they hold now)", self._display,
+                         SCHEMA_VERSION)
 
     # -- identity -------------------------------------------------------------------------
 
@@ -620,9 +659,10 @@ class PostgresStore(Store):
 
         self._check_open()
         tx = getattr(self._local, "tx", None)
-        if tx is not None:
+        held = tx._conn if tx is not None else getattr(self._local, "snap", None)
+        if held is not None:  # this thread's transaction (or read snapshot)
             try:
-                yield tx._conn
+                yield held
             except psycopg.Error as e:
                 raise self._fail(e) from None
             return
@@ -736,73 +776,105 @@ class PostgresStore(Store):
         self._check_open()
         return self._sid(name) is not None
 
-    _INFO = (f"SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age_ms, "
-             "CASE WHEN s.first_index < s.next_index THEN s.first_index END, "
-             f"(SELECT time_ns FROM {_E} e WHERE e.stream = s.id ORDER BY idx DESC LIMIT 1) "
-             f"FROM {_S} s")
+    def _check_row(self, r: Sequence[Any]) -> StreamRow:
+        """A stream's row read by ``_ROW`` (its columns first, then the two probes),
+        verified: its checksum, and that it holds exactly the entries it says.  Inside this
+        thread's write transaction, the transaction's row if it has one (with its writes;
+        verified when the transaction read it)."""
+        row = StreamRow(*r[:8])
+        tx = getattr(self._local, "tx", None)
+        mine = None if tx is None else tx._rows.get(row.id)
+        if mine is None:
+            verify_stream_row(self._display, row.name, row, r[8], r[9])
+            return row
+        what = ends_problem(mine.first, mine.next, r[8], r[9])
+        if what is not None:
+            raise damaged(self._display, row.name, what)
+        return mine
 
     def _infos(self, rows: list[tuple[Any, ...]]) -> list[StreamInfo]:
-        ids = [r[0] for r in rows]
+        """Infos of streams from ``_ROW`` rows with the last entry's time, verified, with
+        their tailers (each verified): call with the rows' connection, in one snapshot."""
+        checked = [(self._check_row(r), r[10]) for r in rows]
+        ids = [row.id for row, _t in checked]
         tailers: dict[int, list[TailerInfo]] = {}
-        names = {r[0]: r[1] for r in rows}
+        nexts = {row.id: (row.name, row.next) for row, _t in checked}
         if ids:
-            for sid, t, p, u in self._rows(
-                f"SELECT stream, name, position, updated_ns FROM {_T} WHERE stream = ANY(%s) "
-                "ORDER BY stream, name", (ids,)):
-                tailers.setdefault(sid, []).append(TailerInfo(names[sid], t, p, u))
+            for sid, t, p, u, c in self._rows(
+                f"SELECT stream, name, position, updated_ns, checksum FROM {_T} WHERE stream = "
+                "ANY(%s) ORDER BY stream, name", (ids,)):
+                name, nxt = nexts[sid]
+                p = verify_tailer(self._display, name, sid, t, p, u, c, nxt)
+                tailers.setdefault(sid, []).append(TailerInfo(name, t, p, u))
         out = []
-        for sid, name, nxt, created, max_count, max_age_ms, first, last_t in rows:
+        for row, last_t in checked:
+            first = row.first if row.first < row.next else None
             out.append(StreamInfo(
-                name=name, first=first, next=nxt, count=0 if first is None else nxt - first,
-                created_ns=created, max_count=max_count,
-                max_age=None if max_age_ms is None else max_age_ms / 1000.0,
-                last_time_ns=last_t, tailers=tuple(tailers.get(sid, ())),
+                name=row.name, first=first, next=row.next,
+                count=0 if first is None else row.next - row.first,
+                created_ns=row.created_ns, max_count=row.max_count,
+                max_age=None if row.max_age_ms is None else row.max_age_ms / 1000.0,
+                last_time_ns=last_t, tailers=tuple(tailers.get(row.id, ())),
             ))
         return out
 
+    _INFO = (f"SELECT * FROM (SELECT r.*, (SELECT time_ns FROM {_E} e WHERE e.stream = r.id "
+             f"AND e.idx = r.hi) FROM ({_ROW}) r) q")
+
+    def _snapshot_rows(self, sql: str, params: Any = ()) -> list[StreamInfo]:
+        """:meth:`_infos` of the rows of ``sql``, with the tailers read in the same snapshot
+        (a read-only REPEATABLE READ transaction, unless inside this thread's own)."""
+        if getattr(self._local, "tx", None) is not None:
+            return self._infos(self._rows(sql, params))
+        with self._conn() as c:
+            with c.transaction():
+                c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                self._local.snap = c
+                try:
+                    return self._infos(self._rows(sql, params))
+                finally:
+                    self._local.snap = None
+
     def stream_info(self, name: str) -> StreamInfo:
-        rows = self._rows(self._INFO + " WHERE s.name = %s", (name,))
-        if not rows:
+        got = self._snapshot_rows(self._INFO + " WHERE q.name = %s", (name,))
+        if not got:
             raise StreamNotFound(f"no stream named {name!r} in {self._display}")
-        return self._infos(rows)[0]
+        return got[0]
 
     def streams(self, include_internal: bool = False) -> list[StreamInfo]:
-        rows = self._rows(self._INFO + " ORDER BY s.name COLLATE \"C\"")
-        return self._infos([r for r in rows if include_internal or not is_reserved(r[1])])
+        # Filtered before the rows are verified: a listing without --all does not read the
+        # store's own streams.
+        where = "" if include_internal else " WHERE q.name NOT LIKE '\\_\\_%%'"
+        return self._snapshot_rows(self._INFO + where + " ORDER BY q.name COLLATE \"C\"")
 
     def delete_stream(self, name: str) -> None:
+        # By its id alone: a stream whose row is damaged can be removed.
         with self.transaction() as tx:
-            sid = tx._sid_of(name)
             c = tx._conn
+            row = c.execute(f"SELECT id FROM {_S} WHERE name = %s", (name,)).fetchone()
+            if row is None:
+                raise StreamNotFound(f"no stream named {name!r} in {self._display}")
+            sid = row[0]
             c.execute(f"DELETE FROM {_E} WHERE stream = %s", (sid,))
             c.execute(f"DELETE FROM {_T} WHERE stream = %s", (sid,))
             c.execute(f"DELETE FROM {_S} WHERE id = %s", (sid,))
-            tx._next.pop(sid, None)
+            tx._forget(sid)
             tx._dirty = True
 
     def next_indices(self) -> dict[str, int]:
-        return {n: int(x) for n, x in self._rows(f"SELECT name, next_index FROM {_S}")}
+        self._check_open()
+        return {(row := self._check_row(r)).name: row.next for r in self._rows(_ROW)}
 
     def next_index(self, name: str) -> int:
         self._check_open()
-        sid = self._sid(name)
-        if sid is None:
-            return 0
-        row = self._one(f"SELECT next_index FROM {_S} WHERE id = %s", (sid,))
-        return 0 if row is None else int(row[0])
+        r = self._one(_ROW + " WHERE s.name = %s", (name,))
+        return 0 if r is None else self._check_row(r).next
 
     # -- reading --------------------------------------------------------------------------
 
-    # Verified reads (.integrity): the stream's row joined to its entries, one statement
-    # (one snapshot), so that retention or appends by others never look like damage.
-
-    def _bounds(self, sid: int, first: int, nxt: int) -> tuple[int, int]:
-        """(first, next index) of stream ``sid`` as this reader sees it: inside this
-        thread's transaction, with its appends."""
-        tx = getattr(self._local, "tx", None)
-        if tx is not None:
-            nxt = tx._next.get(sid, nxt)
-        return first, nxt
+    # Verified reads (.integrity): the stream's row -- with its lowest and highest stored
+    # index -- joined to its entries, one statement (one snapshot), so that retention or
+    # appends by others never look like damage.  The row is computed once (MATERIALIZED).
 
     def _range(self, name: str, cols: str, start: int, end: int, limit: int,
                values: bool = True, desc: bool = False) -> list[Any] | None:
@@ -813,21 +885,20 @@ class PostgresStore(Store):
         another process deleted and made again has a new one)."""
         self._check_open()
         rows = self._rows(
-            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.id, "
-            f"s.first_index, s.next_index FROM {_S} s LEFT JOIN LATERAL (SELECT * FROM {_E} "
-            f"WHERE stream = s.id AND idx >= %s AND idx < %s ORDER BY idx "
-            f"{'DESC' if desc else ''} LIMIT %s) e ON true WHERE s.name = %s",
-            (max(start, 0), end, limit, name))
+            f"WITH s AS MATERIALIZED ({_ROW} WHERE s.name = %s) "
+            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.* FROM s "
+            f"LEFT JOIN LATERAL (SELECT * FROM {_E} WHERE stream = s.id AND idx >= %s AND "
+            f"idx < %s ORDER BY idx {'DESC' if desc else ''} LIMIT %s) e ON true",
+            (name, max(start, 0), end, limit))
         if not rows:
             return None
-        t = [list(c) for c in zip(*rows)]
-        bounds = self._bounds(t[-3][0], t[-2][0], t[-1][0])
-        del t[-3]
+        row = self._check_row(rows[0][-10:])
+        t = [list(c) for c in zip(*rows)][:-10]
         if t[0][0] is None:  # no entries: the one row of the stream alone
             t = [[] for _c in t]
-        verify_indices(self._display, name, *bounds, start, end, limit, t[0], desc)
+        verify_indices(self._display, name, row.first, row.next, start, end, limit, t[0], desc)
         if values:
-            verify_checksums(self._display, name, t[0], t[-5], t[-4], t[-3])
+            verify_checksums(self._display, name, t[0], t[-3], t[-2], t[-1])
         return t
 
     def read(self, name: str, start: int = 0, limit: int | None = None,
@@ -841,14 +912,15 @@ class PostgresStore(Store):
 
     def get(self, name: str, index: int) -> Entry | None:
         self._check_open()
-        row = self._one(f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM}, s.id, "
-                        f"s.first_index, s.next_index FROM {_S} s LEFT JOIN {_E} e ON "
-                        "e.stream = s.id AND e.idx = %s WHERE s.name = %s", (index, name))
-        if row is None:
+        r = self._one(f"WITH s AS MATERIALIZED ({_ROW} WHERE s.name = %s) "
+                      f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM}, s.* FROM s "
+                      f"LEFT JOIN {_E} e ON e.stream = s.id AND e.idx = %s", (name, index))
+        if r is None:
             return None
-        i, q, t, v, m, c, sid, first, nxt = row
-        found = None if i is None else row
-        verify_get(self._display, name, *self._bounds(sid, first, nxt), index, found)
+        row = self._check_row(r[-10:])
+        i, q, t, v, m, c = r[:6]
+        found = None if i is None else r
+        verify_get(self._display, name, row.first, row.next, index, found)
         if found is None:
             return None
         verify_checksums(self._display, name, (i,), (v,), (m,), (c,))
@@ -882,25 +954,25 @@ class PostgresStore(Store):
 
     def first_index(self, name: str) -> int | None:
         self._check_open()
-        row = self._one(f"SELECT s.id, s.first_index, s.next_index, (SELECT idx FROM {_E} WHERE "
-                        f"stream = s.id ORDER BY idx LIMIT 1) FROM {_S} s WHERE s.name = %s",
-                        (name,))
-        if row is None:
+        r = self._one(_ROW + " WHERE s.name = %s", (name,))
+        if r is None:
             return None
-        sid, first, nxt, got = row
-        verify_indices(self._display, name, *self._bounds(sid, first, nxt), 0, MAX_INDEX, 1,
-                       () if got is None else (got,))
-        return None if got is None else int(got)
+        row = self._check_row(r)
+        return row.first if row.first < row.next else None
 
     # -- tailers --------------------------------------------------------------------------
 
     def position(self, stream: str, tailer: str) -> int | None:
         self._check_open()
-        sid = self._sid(stream)
-        if sid is None:
+        r = self._one(f"WITH s AS MATERIALIZED ({_ROW} WHERE s.name = %s) SELECT s.*, "
+                      f"t.position, t.updated_ns, t.checksum, t.name FROM s LEFT JOIN {_T} t "
+                      "ON t.stream = s.id AND t.name = %s", (stream, tailer))
+        if r is None:
             return None
-        row = self._one(f"SELECT position FROM {_T} WHERE stream = %s AND name = %s", (sid, tailer))
-        return None if row is None else int(row[0])
+        row = self._check_row(r)
+        if r[13] is None:
+            return None
+        return verify_tailer(self._display, stream, row.id, tailer, r[10], r[11], r[12], row.next)
 
     def set_position(self, stream: str, tailer: str, position: int) -> None:
         with self.transaction() as tx:
@@ -911,8 +983,10 @@ class PostgresStore(Store):
 
     def delete_tailer(self, stream: str, tailer: str) -> None:
         with self.transaction() as tx:
-            sid = tx._sid_of(stream)
-            tx._conn.execute(f"DELETE FROM {_T} WHERE stream = %s AND name = %s", (sid, tailer))
+            row = tx._conn.execute(f"SELECT id FROM {_S} WHERE name = %s", (stream,)).fetchone()
+            if row is None:
+                raise StreamNotFound(f"no stream named {stream!r} in {self._display}")
+            tx._conn.execute(f"DELETE FROM {_T} WHERE stream = %s AND name = %s", (row[0], tailer))
             tx._dirty = True
 
     # -- locks ----------------------------------------------------------------------------
@@ -1027,12 +1101,14 @@ class PostgresStore(Store):
     def apply_retention(self, now_ns: int | None = None) -> int:
         now = time.time_ns() if now_ns is None else now_ns
         with self.transaction() as tx:
-            rows = tx._conn.execute(
-                f"SELECT id, next_index, max_count, max_age_ms FROM {_S} "
+            names = tx._conn.execute(
+                f"SELECT name FROM {_S} "
                 "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL").fetchall()
             deleted = 0
-            for sid, nxt, max_count, max_age_ms in rows:
-                deleted += _retain(tx._conn, sid, nxt, max_count, max_age_ms, now)
+            for (name,) in names:
+                row = tx._load(name)  # verified
+                if row is not None:
+                    deleted += _retain(tx._conn, row, now)
             tx._dirty = tx._dirty or deleted > 0
         return deleted
 
@@ -1050,10 +1126,20 @@ class PostgresStore(Store):
             with self._conn() as c, c.transaction():
                 c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 cur = c.cursor(binary=True)
-                streams = cur.execute(f"SELECT id, name, first_index, next_index FROM {_S} "
+                streams = cur.execute(f"SELECT id, name, next_index, created_ns, max_count, "
+                                      f"max_age_ms, first_index, checksum FROM {_S} "
                                       "ORDER BY name COLLATE \"C\"").fetchall()
-                for sid, name, first, nxt in streams:
-                    scan = StreamScan(name, first, nxt)
+                tailers: dict[int, list[tuple[Any, ...]]] = {}
+                for t in cur.execute(f"SELECT stream, name, position, updated_ns, checksum "
+                                     f"FROM {_T} ORDER BY stream, name").fetchall():
+                    tailers.setdefault(t[0], []).append(t[1:])
+                for r in streams:
+                    row = StreamRow(*r)
+                    sid, name = row.id, row.name
+                    report.add_row(row)
+                    for t, p, u, k in tailers.get(sid, ()):
+                        report.add_tailer(name, sid, t, p, u, k, row.next)
+                    scan = StreamScan(name, row.first, row.next)
                     pos = -(1 << 63)
                     while True:
                         rows = cur.execute(f"SELECT e.idx, e.value, e.meta, {_SUM} FROM {_E} e "
@@ -1082,11 +1168,11 @@ class PostgresStore(Store):
                 orphans = c.execute(f"SELECT count(*) FROM {_E} WHERE stream NOT IN "
                                     f"(SELECT id FROM {_S})").fetchone()[0]
                 if orphans:
-                    problems.append(f"{orphans} entries of no stream")
+                    problems.append(f"{plural(orphans, 'entry', 'entries')} of no stream")
                 lost = c.execute(f"SELECT count(*) FROM {_T} WHERE stream NOT IN "
                                  f"(SELECT id FROM {_S})").fetchone()[0]
                 if lost:
-                    problems.append(f"{lost} tailers of no stream")
+                    problems.append(f"{plural(lost, 'tailer')} of no stream")
                 counter = c.execute(f"SELECT seq FROM {SCHEMA}.commit_order WHERE id = 1").fetchone()
                 top = c.execute(f"SELECT max(seq) FROM {_E}").fetchone()[0]
                 if counter is None:
@@ -1097,7 +1183,7 @@ class PostgresStore(Store):
                 dup = c.execute(f"SELECT count(*) FROM (SELECT seq FROM {_E} GROUP BY seq "
                                 "HAVING count(*) > 1) d").fetchone()[0]
                 if dup:
-                    problems.append(f"{dup} commit numbers used twice")
+                    problems.append(f"{plural(dup, 'commit number')} used twice")
         except StoreError as e:
             problems.append(str(e))
         return problems
@@ -1132,9 +1218,9 @@ _INSERT_META = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, chec
                 "SELECT %(s)s, %(i)s + o - 1, %(q)s + o - 1, %(t)s, v, m, "
                 f"{_SEAL.format(c='c', i='%(i)s + o - 1')} "
                 "FROM unnest(%(v)b::bytea[], %(m)b::bytea[], %(c)b::bigint[]) WITH ORDINALITY AS u(v, m, c, o)")
-_UPSERT_TAILER = (f"INSERT INTO {_T} (stream, name, position, updated_ns) VALUES (%s, %s, %s, %s) "
-                  "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
-                  "updated_ns = excluded.updated_ns")
+_UPSERT_TAILER = (f"INSERT INTO {_T} (stream, name, position, updated_ns, checksum) VALUES "
+                  "(%s, %s, %s, %s, %s) ON CONFLICT (stream, name) DO UPDATE SET position = "
+                  "excluded.position, updated_ns = excluded.updated_ns, checksum = excluded.checksum")
 
 
 _STAGED = f"{SCHEMA}.staged"
@@ -1150,27 +1236,51 @@ def _ensure_staged(conn: Any) -> None:
                      "stream text NOT NULL, count bigint NOT NULL, UNIQUE (token, stream))")
 
 
-def _retain(conn: Any, sid: int, nxt: int, max_count: int | None, max_age_ms: int | None,
-            now_ns: int) -> int:
+def _retain(conn: Any, row: StreamRow, now_ns: int) -> int:
+    """Apply ``row``'s retention (deleting below a cut, raising its first index to it:
+    the row is written when the transaction ends); how many entries went."""
     cut = 0
-    if max_count is not None:
-        cut = max(cut, nxt - max_count)
-    if max_age_ms is not None:
-        row = conn.execute(f"SELECT idx FROM {_E} WHERE stream = %s AND time_ns >= %s "
-                           "ORDER BY idx LIMIT 1", (sid, now_ns - max_age_ms * 1_000_000)).fetchone()
-        cut = max(cut, nxt if row is None else row[0])
-    if cut <= 0:
+    if row.max_count is not None:
+        cut = max(cut, row.next - row.max_count)
+    if row.max_age_ms is not None:
+        r = conn.execute(f"SELECT idx FROM {_E} WHERE stream = %s AND time_ns >= %s "
+                         "ORDER BY idx LIMIT 1", (row.id, now_ns - row.max_age_ms * 1_000_000)
+                         ).fetchone()
+        cut = max(cut, row.next if r is None else r[0])
+    cut = min(cut, row.next)
+    if cut <= row.first:
         return 0
-    n = max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (sid, cut)).rowcount, 0)
-    conn.execute(f"UPDATE {_S} SET first_index = greatest(first_index, %s) WHERE id = %s", (cut, sid))
+    n = max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (row.id, cut)).rowcount, 0)
+    row.first = cut
     return n
 
 
-class PostgresTransaction(Transaction):
-    """A write transaction of :class:`PostgresStore` (see :meth:`PostgresStore.begin`)."""
+def _seal_rows(conn: Any) -> None:
+    """Give every stream and tailer row the checksum of the values it holds (migration to
+    version 3)."""
+    rows = conn.execute(f"SELECT id, name, next_index, created_ns, max_count, max_age_ms, "
+                        f"first_index FROM {_S}").fetchall()
+    conn.cursor().executemany(f"UPDATE {_S} SET checksum = %s WHERE id = %s",
+                              [(StreamRow(*r).seal(), r[0]) for r in rows])
+    tailers = conn.execute(f"SELECT stream, name, position, updated_ns FROM {_T}").fetchall()
+    conn.cursor().executemany(f"UPDATE {_T} SET checksum = %s WHERE stream = %s AND name = %s",
+                              [(tailer_checksum(*t), t[0], t[1]) for t in tailers])
 
-    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_ids", "_new_ids", "_next",
-                 "_no_retention", "_seq", "_seq0", "_start_next", "_store", "_time")
+
+def _beyond(stream: str, tailer: str, position: int, nxt: int) -> str:
+    return (f"tailer {tailer!r}: position {position} is beyond the end of stream {stream!r} "
+            f"(its next index is {nxt}); a tailer's position is at most that")
+
+
+class PostgresTransaction(Transaction):
+    """A write transaction of :class:`PostgresStore` (see :meth:`PostgresStore.begin`).
+
+    The rows of the streams it touches are read (and verified) once, kept here with its
+    changes -- next and first index, retention -- and written back, each with its new
+    checksum, when it commits."""
+
+    __slots__ = ("_conn", "_copy_base", "_dirty", "_done", "_names", "_no_retention", "_orig",
+                 "_rows", "_seq", "_seq0", "_store", "_time")
 
     def __init__(self, store: PostgresStore, conn: Any, seq: int) -> None:
         self._store = store
@@ -1178,12 +1288,12 @@ class PostgresTransaction(Transaction):
         self._done = False
         self._dirty = False
         self._seq = self._seq0 = seq
-        self._next: dict[int, int] = {}
-        self._start_next: dict[int, int] = {}
-        self._new_ids: dict[str, int] = {}
-        # Ids looked up in this transaction: a writer holds the write lock, so no other
-        # process deletes a stream meanwhile (ids are never cached across transactions).
-        self._ids: dict[str, int] = {}
+        # Stream id -> its row as of this transaction; the values it was read with (None:
+        # created here); name -> id.  A writer holds the commit-order lock, so no other
+        # process changes these rows meanwhile (nothing is cached across transactions).
+        self._rows: dict[int, StreamRow] = {}
+        self._orig: dict[int, tuple[Any, ...] | None] = {}
+        self._names: dict[str, int] = {}
         self._no_retention: set[int] = set()
         self._copy_base: int | None = None
         self._time: int | None = None
@@ -1202,63 +1312,68 @@ class PostgresTransaction(Transaction):
                 raise StoreError(f"{self._store.display}: {str(e).strip().splitlines()[0]}") from None
             raise self._store._fail(e) from None
 
-    def _sid_of(self, name: str, create: bool = False) -> int:
-        sid = self._new_ids.get(name)
+    def _load(self, name: str, create: bool = False) -> StreamRow | None:
+        """The row of stream ``name`` (read and verified once), created if asked; None if
+        there is none."""
+        sid = self._names.get(name)
         if sid is not None:
-            return sid
-        store = self._store
-        sid = self._ids.get(name)
-        if sid is not None:
-            return sid
-        row = self._q(f"SELECT id FROM {_S} WHERE name = %s", (name,)).fetchone()
+            return self._rows[sid]
+        r = self._q(_ROW + " WHERE s.name = %s", (name,)).fetchone()
+        if r is not None:
+            row = StreamRow(*r[:8])
+            verify_stream_row(self._store.display, name, row, r[8], r[9])
+            self._orig[row.id] = (row.next, row.first, row.max_count, row.max_age_ms)
+        elif create:
+            check_stream_name(name)
+            now = time.time_ns()
+            sid = int(self._q(f"INSERT INTO {_S} (name, next_index, created_ns) VALUES (%s, 0, %s) "
+                              "RETURNING id", (name, now)).fetchone()[0])
+            row = StreamRow(sid, name, 0, now, None, None, 0)
+            self._orig[sid] = None
+            self._dirty = True
+        else:
+            return None
+        self._names[name] = row.id
+        self._rows[row.id] = row
+        return row
+
+    def _need(self, name: str) -> StreamRow:
+        row = self._load(name)
+        if row is None:
+            raise StreamNotFound(f"no stream named {name!r} in {self._store.display}")
+        return row
+
+    def _writable(self, name: str) -> StreamRow:
+        row = self._load(name, create=True)
+        assert row is not None
+        return row
+
+    def _forget(self, sid: int) -> None:
+        """Stream ``sid`` was deleted in this transaction."""
+        row = self._rows.pop(sid, None)
+        self._orig.pop(sid, None)
         if row is not None:
-            self._ids[name] = row[0]
-            return int(row[0])
-        if not create:
-            raise StreamNotFound(f"no stream named {name!r} in {store.display}")
-        check_stream_name(name)
-        sid = int(self._q(f"INSERT INTO {_S} (name, next_index, created_ns) VALUES (%s, 0, %s) "
-                          "RETURNING id", (name, time.time_ns())).fetchone()[0])
-        self._new_ids[name] = sid
-        self._next[sid] = self._start_next[sid] = 0
-        self._dirty = True
-        return sid
-
-    def _next_of(self, sid: int, name: str | None = None) -> int:
-        n = self._next.get(sid)
-        if n is None:
-            row = self._q(f"SELECT next_index FROM {_S} WHERE id = %s", (sid,)).fetchone()
-            if row is None:
-                raise StreamNotFound(f"stream {name or sid!r} was deleted")
-            n = self._next[sid] = self._start_next[sid] = int(row[0])
-        return n
-
-    def _writable(self, name: str) -> tuple[int, int]:
-        """(id, next index) of ``name`` for a write, creating it if needed; a cached id of
-        a stream deleted by another process is looked up again."""
-        sid = self._sid_of(name, create=True)
-        try:
-            return sid, self._next_of(sid, name)
-        except StreamNotFound:
-            self._ids.pop(name, None)
-            sid = self._sid_of(name, create=True)
-            return sid, self._next_of(sid, name)
+            self._names.pop(row.name, None)
 
     def _finish(self) -> bool:
-        """Before COMMIT: next indices, the commit counter, retention, the NOTIFY.
-        Whether anything changed."""
-        changed = [(n, sid) for sid, n in self._next.items() if n != self._start_next[sid]]
+        """Before COMMIT: the streams' rows (next and first index, retention, checksum),
+        the commit counter, the NOTIFY.  Whether anything changed."""
         c = self._conn
-        if changed:
-            c.cursor().executemany(f"UPDATE {_S} SET next_index = %s WHERE id = %s", changed)
-            ids = [sid for _n, sid in changed if sid not in self._no_retention]
-            if ids:
-                rows = self._q(
-                    f"SELECT id, next_index, max_count, max_age_ms FROM {_S} WHERE id = ANY(%s) "
-                    "AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)", (ids,)).fetchall()
-                now = self._time or time.time_ns()
-                for sid, nxt, max_count, max_age_ms in rows:
-                    _retain(c, sid, nxt, max_count, max_age_ms, now)
+        writes = []
+        for sid, row in self._rows.items():
+            orig = self._orig[sid]
+            if orig is None or row.next != orig[0]:
+                # Retention of the streams written, in the same transaction.
+                if sid not in self._no_retention and (row.max_count is not None
+                                                      or row.max_age_ms is not None):
+                    _retain(c, row, self._time or time.time_ns())
+            if orig is None or (row.next, row.first, row.max_count, row.max_age_ms) != orig:
+                writes.append((row.next, row.first, row.max_count, row.max_age_ms, row.seal(),
+                               sid))
+        if writes:
+            c.cursor().executemany(f"UPDATE {_S} SET next_index = %s, first_index = %s, "
+                                   "max_count = %s, max_age_ms = %s, checksum = %s WHERE id = %s",
+                                   writes)
             self._dirty = True
         if self._seq != self._seq0:
             self._q(f"UPDATE {SCHEMA}.commit_order SET seq = %s WHERE id = 1", (self._seq,))
@@ -1277,27 +1392,23 @@ class PostgresTransaction(Transaction):
     def create_stream(
         self, stream: str, max_count: int | None = None, max_age: float | None = None
     ) -> None:
-        sid = self._sid_of(stream, create=True)
+        row = self._writable(stream)
         if max_count is not None or max_age is not None:
             if max_count is not None and (type(max_count) is not int or max_count < 1):
                 raise ValueError("max_count must be a positive integer")
             if max_age is not None and not (max_age > 0):
                 raise ValueError("max_age must be a positive number of seconds")
-            self.set_retention(stream, max_count, max_age, sid)
+            row.max_count = max_count
+            row.max_age_ms = None if max_age is None else round(max_age * 1000)
 
-    def set_retention(self, stream: str, max_count: int | None, max_age: float | None,
-                      _sid: int | None = None) -> None:
-        sid = self._sid_of(stream) if _sid is None else _sid
-        self._q(f"UPDATE {_S} SET max_count = %s, max_age_ms = %s WHERE id = %s",
-                (max_count, None if max_age is None else round(max_age * 1000), sid))
-        self._dirty = True
+    def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
+        row = self._need(stream)
+        row.max_count = max_count
+        row.max_age_ms = None if max_age is None else round(max_age * 1000)
 
     def next_index(self, stream: str) -> int:
-        try:
-            sid = self._sid_of(stream)
-        except StreamNotFound:
-            return 0
-        return self._next_of(sid, stream)
+        row = self._load(stream)
+        return 0 if row is None else row.next
 
     def append(self, stream: str, value: Value, meta: Value | None = None) -> int:
         data = encode_value(value)
@@ -1307,7 +1418,8 @@ class PostgresTransaction(Transaction):
     def append_encoded(
         self, stream: str, datas: list[bytes], metas: list[bytes | None] | None = None
     ) -> int:
-        sid, first = self._writable(stream)
+        row = self._writable(stream)
+        sid, first = row.id, row.next
         n = len(datas)
         if n == 0:
             return first
@@ -1323,12 +1435,13 @@ class PostgresTransaction(Transaction):
             self._q(_INSERT_META, {"s": sid, "i": first, "q": self._seq, "t": t, "v": list(datas),
                                    "m": list(metas), "c": checksums(stream, datas, metas)})
         self._seq += n
-        self._next[sid] = first + n
+        row.next = first + n
         return first
 
     def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
                       meta_cut: int = 0, meta_suffix: bytes = b"") -> int:
-        sid, first = self._writable(stream)
+        row = self._writable(stream)
+        sid, first = row.id, row.next
         total = staged_total(stream, first, staged)
         if total == 0:
             return first
@@ -1337,16 +1450,17 @@ class PostgresTransaction(Transaction):
         t = self._time = time.time_ns()
         at = first
         for token, n in staged:
-            row = self._q(f"SELECT id, count FROM {_STAGED} WHERE token = %s AND stream = %s",
-                          (token, stream)).fetchone()
-            if row is None or row[1] != n:
-                raise staged_count_error(stream, token, None if row is None else row[1], n)
-            table = f"{SCHEMA}.staged_{int(row[0])}"
+            r = self._q(f"SELECT id, count FROM {_STAGED} WHERE token = %s AND stream = %s",
+                        (token, stream)).fetchone()
+            if r is None or r[1] != n:
+                raise staged_count_error(stream, token, None if r is None else r[1], n)
+            table = f"{SCHEMA}.staged_{int(r[0])}"
             params: tuple[Any, ...] = (sid, at, self._seq + (at - first), t, at)
             if not meta_cut:  # the staged rows carry their checksums less the index
                 sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
                        f"SELECT %s, %s + k, %s + k, %s, value, meta, {_SEAL.format(c='checksum', i='%s + k')} "
                        f"FROM {table}")
+                want = self._q(f"SELECT coalesce(sum(checksum), 0) FROM {table}").fetchone()[0]
             else:
                 # The metadata is rewritten: its checksum goes on from the value's over the
                 # new metadata, computed here (the metadata is small; values stay put).
@@ -1361,12 +1475,22 @@ class PostgresTransaction(Transaction):
                        f"{_SEAL.format(c='c.c', i='%s + k')} FROM {table} "
                        "JOIN unnest(%b::bigint[]) WITH ORDINALITY AS c(c, o) ON c.o = k + 1")
                 params = (*params[:4], meta_cut, meta_suffix, at, sums)
+                want = sum(sums)
             cur = self._q(sql, params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
+            # What was appended is what was staged: count, first and last index, checksums.
+            got = self._q(f"SELECT count(*), min(idx), max(idx), coalesce(sum({_SUM_BARE}), 0) "
+                          f"FROM {_E} WHERE stream = %s AND idx >= %s AND idx < %s",
+                          (sid, at, at + n)).fetchone()
+            if (got[0], got[1], got[2]) != (n, at, at + n - 1) or int(got[3]) != int(want):
+                raise damaged(self._store.display, stream,
+                              f"the {n} staged rows appended at index {at} are not what was "
+                              f"staged (it holds {got[0]} entries there, indices {got[1]}..{got[2]}"
+                              f"{'' if int(got[3]) == int(want) else ', with other checksums'})")
             at += n
         self._seq += total
-        self._next[sid] = at
+        row.next = at
         return first
 
     def drop_staged(self, owner: str) -> int:
@@ -1381,12 +1505,12 @@ class PostgresTransaction(Transaction):
     def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
         if not rows:
             return
-        sid, nxt = self._writable(stream)
+        row = self._writable(stream)
+        sid, nxt = row.id, row.next
         idx, times, values, metas, order = (list(c) for c in zip(*rows))
-        low = self._first_of(sid)
-        check_copy_in(stream, nxt, low < nxt, idx)
-        if low >= nxt and idx[0] != low:  # empty: it starts there
-            self._q(f"UPDATE {_S} SET first_index = %s WHERE id = %s", (idx[0], sid))
+        check_copy_in(stream, nxt, row.first < nxt, idx)
+        if row.first >= nxt:  # empty: it starts there
+            row.first = idx[0]
         if self._copy_base is None:
             self._copy_base = self._seq
         self._q(f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
@@ -1396,20 +1520,16 @@ class PostgresTransaction(Transaction):
                 (sid, self._copy_base, idx, times, values, metas, order,
                  checksums(stream, values, metas)))
         self._seq = max(self._seq, self._copy_base + max(order) + 1)
-        self._next[sid] = rows[-1][0] + 1
+        row.next = rows[-1][0] + 1
         self._no_retention.add(sid)
 
     def advance(self, stream: str, next_index: int) -> None:
         if type(next_index) is not int or not 0 <= next_index <= MAX_INDEX:
             raise ValueError(f"a next index is 0 to 2**63-1, not {next_index!r}")
-        sid, nxt = self._writable(stream)
-        if next_index > nxt:
-            check_advance(stream, nxt, self._first_of(sid) < nxt, next_index)
-            self._q(f"UPDATE {_S} SET first_index = %s WHERE id = %s", (next_index, sid))
-            self._next[sid] = next_index
-
-    def _first_of(self, sid: int) -> int:
-        return int(self._q(f"SELECT first_index FROM {_S} WHERE id = %s", (sid,)).fetchone()[0])
+        row = self._writable(stream)
+        if next_index > row.next:
+            check_advance(stream, row.next, row.first < row.next, next_index)
+            row.first = row.next = next_index
 
     def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
         return self._store.read(stream, start, limit, end)
@@ -1429,25 +1549,34 @@ class PostgresTransaction(Transaction):
     def position(self, stream: str, tailer: str) -> int | None:
         return self._store.position(stream, tailer)
 
-    def set_position(self, stream: str, tailer: str, position: int) -> None:
+    def _tailer_row(self, stream: str, tailer: str, position: Any, now: int) -> tuple[Any, ...]:
         check_tailer_name(tailer)
         if type(position) is not int or not 0 <= position <= MAX_INDEX:
             raise ValueError(f"a tailer position is an index (0 to 2**63-1), not {position!r}")
-        sid = self._sid_of(stream, create=True)
-        self._q(_UPSERT_TAILER, (sid, tailer, position, time.time_ns()))
+        row = self._writable(stream)
+        if position > row.next:
+            raise ValueError(_beyond(stream, tailer, position, row.next))
+        return row.id, tailer, position, now, tailer_checksum(row.id, tailer, position, now)
+
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        self._q(_UPSERT_TAILER, self._tailer_row(stream, tailer, position, time.time_ns()))
         self._dirty = True
 
     def set_positions(self, items: list[tuple[str, str, int]]) -> None:
-        """Several :meth:`set_position` calls in one round trip."""
+        """Several :meth:`set_position` calls in one round trip (after one to read the rows
+        of streams this transaction has not read yet)."""
         if not items:
             return
         now = time.time_ns()
-        rows = []
-        for s, t, p in items:
-            check_tailer_name(t)
-            if type(p) is not int or not 0 <= p <= MAX_INDEX:
-                raise ValueError(f"a tailer position is an index (0 to 2**63-1), not {p!r}")
-            rows.append((self._sid_of(s, create=True), t, p, now))
+        unread = [s for s in dict.fromkeys(s for s, _t, _p in items) if s not in self._names]
+        if len(unread) > 1:
+            for r in self._q(_ROW + " WHERE s.name = ANY(%s)", (unread,)).fetchall():
+                row = StreamRow(*r[:8])
+                verify_stream_row(self._store.display, row.name, row, r[8], r[9])
+                self._orig[row.id] = (row.next, row.first, row.max_count, row.max_age_ms)
+                self._names[row.name] = row.id
+                self._rows[row.id] = row
+        rows = [self._tailer_row(s, t, p, now) for s, t, p in items]
         import psycopg
 
         try:

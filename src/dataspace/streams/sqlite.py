@@ -1,12 +1,13 @@
 """The SQLite stream store: one file (``streams.sqlite3`` in the data directory), WAL mode.
 
-Layout (schema version 2; ``PRAGMA application_id`` = 0x44537472, "DStr")::
+Layout (schema version 3; ``PRAGMA application_id`` = 0x44537472, "DStr")::
 
     streams  (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, next_index,
-              created_ns, max_count, max_age_ms, first_index)
+              created_ns, max_count, max_age_ms, first_index, checksum)
     entries  (stream, idx, seq, time_ns, value BLOB, meta BLOB, checksum,
               PRIMARY KEY (stream, idx)) WITHOUT ROWID
-    tailers  (stream, name, position, updated_ns, PRIMARY KEY (stream, name)) WITHOUT ROWID
+    tailers  (stream, name, position, updated_ns, checksum,
+              PRIMARY KEY (stream, name)) WITHOUT ROWID
     store_meta (key TEXT PRIMARY KEY, value)      -- format, created_ns, seq
 
 * ``entries`` is clustered on (stream, index): appends go to the end of one b-tree range
@@ -18,9 +19,13 @@ Layout (schema version 2; ``PRAGMA application_id`` = 0x44537472, "DStr")::
 * ``next_index`` is kept per stream so indices stay monotonic when retention has removed
   every entry; ``first_index`` is the lowest index it holds (``next_index`` when empty):
   its entries are exactly ``first_index <= idx < next_index``, and ``checksum`` is each entry's
-  checksum.  Every read checks both (:mod:`.integrity`).  A version 1 file (before
-  checksums) is migrated when opened: ``first_index`` from its entries, ``checksum`` NULL
-  for the entries it holds (read unverified, with a note in the log).
+  checksum.  Every read checks both (:mod:`.integrity`).  The rows of ``streams`` and
+  ``tailers`` carry checksums of their own, checked by every read of them, and a stream's
+  row is cross-checked against its lowest and highest stored index in the same snapshot.
+  A version 1 file (before checksums) is migrated when opened: ``first_index`` from its
+  entries, ``checksum`` NULL for the entries it holds (read unverified, with a note in
+  the log); a version 1 or 2 file's stream and tailer rows get the checksums of the
+  values they hold then.
 * One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) may touch any number of
   streams and tailers: the exactly-once engine writes its outputs, its tailer positions
   and its backing-stream records together.
@@ -38,6 +43,7 @@ import itertools
 import logging
 import os
 import sqlite3
+import struct
 import threading
 import time
 import zlib
@@ -72,14 +78,21 @@ from .base import (
 )
 from .integrity import (
     CheckReport,
+    StreamRow,
     StreamScan,
     check_advance,
     check_copy_in,
     checksums,
+    damaged,
+    ends_problem,
+    plural,
     staged_checksums,
+    tailer_checksum,
     verify_checksums,
     verify_get,
     verify_indices,
+    verify_stream_row,
+    verify_tailer,
 )
 from .wakeup import Notifier, get_notifier, release_notifier
 
@@ -88,7 +101,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "STAGE_SHARDS", "SQLiteStore", "o
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x44537472  # "DStr"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _HEADER = b"SQLite format 3\x00"
 
 _SCHEMA = f"""
@@ -99,7 +112,8 @@ CREATE TABLE streams (
     created_ns INTEGER NOT NULL,
     max_count INTEGER,
     max_age_ms INTEGER,
-    first_index INTEGER NOT NULL DEFAULT 0
+    first_index INTEGER NOT NULL DEFAULT 0,
+    checksum INTEGER
 );
 CREATE TABLE entries (
     stream INTEGER NOT NULL,
@@ -116,6 +130,7 @@ CREATE TABLE tailers (
     name TEXT NOT NULL,
     position INTEGER NOT NULL,
     updated_ns INTEGER NOT NULL,
+    checksum INTEGER,
     PRIMARY KEY (stream, name)
 ) WITHOUT ROWID;
 CREATE TABLE store_meta (key TEXT PRIMARY KEY, value);
@@ -134,6 +149,19 @@ UPDATE streams SET first_index = coalesce(
 ALTER TABLE entries ADD COLUMN checksum INTEGER;
 PRAGMA user_version = 2
 """
+
+_MIGRATE_2_TO_3 = """
+ALTER TABLE streams ADD COLUMN checksum INTEGER;
+ALTER TABLE tailers ADD COLUMN checksum INTEGER
+"""
+
+# A stream's row as the stores read it (:class:`.integrity.StreamRow`'s order), with its
+# lowest and highest stored index: two index-only probes, in the same statement.
+_ROW = ("SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age_ms, "
+        "s.first_index, s.checksum, "
+        "(SELECT idx FROM entries WHERE stream = s.id ORDER BY idx LIMIT 1), "
+        "(SELECT idx FROM entries WHERE stream = s.id ORDER BY idx DESC LIMIT 1) "
+        "FROM streams s")
 
 # A read's checksums, less the index (see .integrity): NULL for entries without one;
 # and what a write stores, from the checksum c and the index i.
@@ -388,15 +416,26 @@ class SQLiteStore(Store):
         conn.create_function("dataspace_adler32", 2, _adler_of, deterministic=True)
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
-        """Bring a version 1 file (before checksums) to this version, once (another
-        process may be doing it at the same moment: the write lock decides)."""
+        """Bring a version 1 file (before checksums) or 2 (before the rows of streams and
+        tailers had theirs) to this version, once (another process may be doing it at the
+        same moment: the write lock decides)."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 1:
                 for stmt in _MIGRATE_1_TO_2.strip().split(";"):
                     conn.execute(stmt)
-                log.info("%s: migrated to store format %d (entries are checksummed from now "
-                         "on; those already there are read unverified)", self.path, SCHEMA_VERSION)
+                log.info("%s: migrated to store format 2 (entries are checksummed from now "
+                         "on; those already there are read unverified)", self.path)
+                version = 2
+            if version == 2:
+                for stmt in _MIGRATE_2_TO_3.strip().split(";"):
+                    conn.execute(stmt)
+                _seal_rows(conn)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                log.info("%s: migrated to store format %d (the rows of streams and tailers "
+                         "carry checksums from now on, of the values they hold now)", self.path,
+                         SCHEMA_VERSION)
             conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -564,72 +603,71 @@ class SQLiteStore(Store):
             self._check_open()
             return self._stream_id(name) is not None
 
-    def _info(self, row: tuple[Any, ...], with_tailers: bool) -> StreamInfo:
-        sid, name, nxt, created, max_count, max_age_ms, low = row
-        last_row = self._one(
-            "SELECT time_ns FROM entries WHERE stream = ? ORDER BY idx DESC LIMIT 1", (sid,)
-        )
-        first = low if low < nxt else None
-        tailers: tuple[TailerInfo, ...] = ()
-        if with_tailers:
-            tailers = tuple(
-                TailerInfo(name, t, p, u)
-                for t, p, u in self._exec(
-                    "SELECT name, position, updated_ns FROM tailers WHERE stream = ? ORDER BY name",
-                    (sid,),
-                )
-            )
+    def _info(self, r: tuple[Any, ...]) -> StreamInfo:
+        """A stream's info from its row and probes (``_ROW``), verified, with its tailers
+        (each verified); call inside :meth:`_snapshot`."""
+        row = self._check_row(StreamRow(*r[:8]), r[8], r[9])
+        first, nxt = row.first, row.next
+        last_row = None if first >= nxt else self._one(
+            "SELECT time_ns FROM entries WHERE stream = ? AND idx = ?", (row.id, nxt - 1))
+        where = str(self.path)
+        tailers = tuple(
+            TailerInfo(row.name, t, verify_tailer(where, row.name, row.id, t, p, u, c, nxt), u)
+            for t, p, u, c in self._all(
+                "SELECT name, position, updated_ns, checksum FROM tailers WHERE stream = ? "
+                "ORDER BY name", (row.id,)))
         return StreamInfo(
-            name=name,
-            first=first,
+            name=row.name,
+            first=first if first < nxt else None,
             next=nxt,
-            count=0 if first is None else nxt - first,
-            created_ns=created,
-            max_count=max_count,
-            max_age=None if max_age_ms is None else max_age_ms / 1000.0,
+            count=max(nxt - first, 0),
+            created_ns=row.created_ns,
+            max_count=row.max_count,
+            max_age=None if row.max_age_ms is None else row.max_age_ms / 1000.0,
             last_time_ns=None if last_row is None else last_row[0],
             tailers=tailers,
         )
 
-    _COLS = "id, name, next_index, created_ns, max_count, max_age_ms, first_index"
-
     def stream_info(self, name: str) -> StreamInfo:
         with self._lock:
             self._check_open()
-            row = self._one(f"SELECT {self._COLS} FROM streams WHERE name = ?", (name,))
-            if row is None:
-                raise StreamNotFound(f"no stream named {name!r} in {self.path}")
-            return self._info(row, True)
+            with self._snapshot():
+                r = self._one(_ROW + " WHERE s.name = ?", (name,))
+                if r is None:
+                    raise StreamNotFound(f"no stream named {name!r} in {self.path}")
+                return self._info(r)
 
     def streams(self, include_internal: bool = False) -> list[StreamInfo]:
         with self._lock:
             self._check_open()
-            rows = self._all(f"SELECT {self._COLS} FROM streams ORDER BY name")
-            return [
-                self._info(r, True) for r in rows if include_internal or not is_reserved(r[1])
-            ]
+            with self._snapshot():
+                rows = self._all(_ROW + " ORDER BY s.name")
+                return [self._info(r) for r in rows if include_internal or not is_reserved(r[1])]
 
     def delete_stream(self, name: str) -> None:
+        # By its id alone: a stream whose row is damaged can be removed.
         with self.transaction() as tx:
-            sid = tx._sid(name)
+            sid = self._stream_id(name)
+            if sid is None:
+                raise StreamNotFound(f"no stream named {name!r} in {self.path}")
             self._exec("DELETE FROM entries WHERE stream = ?", (sid,))
             self._exec("DELETE FROM tailers WHERE stream = ?", (sid,))
             self._exec("DELETE FROM streams WHERE id = ?", (sid,))
-            tx._next.pop(sid, None)
+            tx._forget(sid)
 
     def next_indices(self) -> dict[str, int]:
         with self._lock:
             self._check_open()
-            return dict(self._all("SELECT name, next_index FROM streams"))
+            with self._snapshot():
+                return {(row := self._check_row(StreamRow(*r[:8]), r[8], r[9])).name: row.next
+                        for r in self._all(_ROW)}
 
     def next_index(self, name: str) -> int:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None:
-                return 0
-            row = self._one("SELECT next_index FROM streams WHERE id = ?", (sid,))
-            return 0 if row is None else int(row[0])
+            with self._snapshot():
+                v = self._verified(name)
+            return 0 if v is None else v[2]
 
     # -- reading --------------------------------------------------------------------------
 
@@ -637,36 +675,24 @@ class SQLiteStore(Store):
              end: int | None = None) -> list[Entry]:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None:
-                return []
-            return _read(self, sid, name, start, MAX_INDEX if limit is None else limit, end)
+            return _read(self, name, start, MAX_INDEX if limit is None else limit, end)
 
     def get(self, name: str, index: int) -> Entry | None:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None:
-                return None
-            return _get(self, sid, name, index)
+            return _get(self, name, index)
 
     def last(self, name: str, before: int | None = None, limit: int = 1) -> list[Entry]:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None:
-                return []
-            return _last(self, sid, name, before, limit)
+            return _last(self, name, before, limit)
 
     def read_rows(
         self, name: str, start: int, end: int, limit: int
     ) -> list[tuple[int, int, bytes, bytes | None]]:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None:
-                return []
-            return _read_rows(self, sid, name, start, end, limit)
+            return _read_rows(self, name, start, end, limit)
 
     def read_columns(
         self, name: str, start: int, end: int, *, values: bool = True, meta: bool = False,
@@ -676,13 +702,13 @@ class SQLiteStore(Store):
         cols = "idx, seq, time_ns" + (f", value, meta, {_SUM}" if values else "")
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None or limit <= 0:
+            if limit <= 0:
                 return Columns([], [], [], [], [])
             with self._snapshot():
-                bounds = self._bounds(sid)
-                if bounds is None:
+                v = self._verified(name)
+                if v is None:
                     return Columns([], [], [], [], [])
+                sid, *bounds = v
                 rows = self._all(
                     f"SELECT {cols} FROM entries WHERE stream = ? AND idx >= ? AND idx < ? "
                     "ORDER BY idx LIMIT ?",
@@ -702,10 +728,9 @@ class SQLiteStore(Store):
     def first_index(self, name: str) -> int | None:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(name)
-            if sid is None:
-                return None
-            return _first_index(self, sid, name)
+            with self._snapshot():
+                v = self._verified(name)
+        return None if v is None or v[1] >= v[2] else v[1]
 
     # -- verified reads (see .integrity) -------------------------------------------------
 
@@ -723,30 +748,48 @@ class SQLiteStore(Store):
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("COMMIT")
 
-    def _bounds(self, sid: int) -> tuple[int, int] | None:
-        """(first index, next index) of stream ``sid`` as this connection sees it now
-        (inside a transaction: with its appends), or None if it was deleted."""
-        row = self._one("SELECT first_index, next_index FROM streams WHERE id = ?",
-                         (sid,))
+    def _check_row(self, row: StreamRow, lo: Any, hi: Any) -> StreamRow:
+        """``row`` (read with its lowest and highest stored index ``lo``, ``hi``) verified:
+        its checksum, and that it holds exactly the entries it says.  Inside a write
+        transaction that has the stream's row, that row instead (with the transaction's
+        writes; it was verified when the transaction read it)."""
+        tx = self._tx
+        mine = None if tx is None else tx._rows.get(row.id)
+        if mine is None:
+            verify_stream_row(str(self.path), row.name, row, lo, hi)
+            return row
+        what = ends_problem(mine.first, mine.next, lo, hi)
+        if what is not None:
+            raise damaged(str(self.path), row.name, what)
+        return mine
+
+    def _verified(self, name: str) -> tuple[int, int, int] | None:
+        """(id, first index, next index) of stream ``name`` as this connection sees it
+        now (inside a transaction: with its writes), verified (:meth:`_check_row`); None
+        if there is no such stream.  Call inside :meth:`_snapshot`."""
+        r = self._one(_ROW + " WHERE s.name = ?", (name,))
+        if r is None:
+            return None
+        row = self._check_row(StreamRow(*r[:8]), r[8], r[9])
+        return row.id, row.first, row.next
+
+    def _position(self, stream: str, tailer: str) -> int | None:
+        with self._snapshot():
+            v = self._verified(stream)
+            if v is None:
+                return None
+            row = self._one("SELECT position, updated_ns, checksum FROM tailers WHERE stream = ? "
+                            "AND name = ?", (v[0], tailer))
         if row is None:
             return None
-        tx = self._tx
-        if tx is not None:
-            return row[0], tx._next.get(sid, row[1])
-        return row[0], row[1]
+        return verify_tailer(str(self.path), stream, v[0], tailer, row[0], row[1], row[2], v[2])
 
     # -- tailers --------------------------------------------------------------------------
 
     def position(self, stream: str, tailer: str) -> int | None:
         with self._lock:
             self._check_open()
-            sid = self._stream_id(stream)
-            if sid is None:
-                return None
-            row = self._one(
-                "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
-            )
-            return None if row is None else int(row[0])
+            return self._position(stream, tailer)
 
     def set_position(self, stream: str, tailer: str, position: int) -> None:
         with self.transaction() as tx:
@@ -756,8 +799,10 @@ class SQLiteStore(Store):
         return list(self.stream_info(stream).tailers)
 
     def delete_tailer(self, stream: str, tailer: str) -> None:
-        with self.transaction() as tx:
-            sid = tx._sid(stream)
+        with self.transaction():
+            sid = self._stream_id(stream)
+            if sid is None:
+                raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
             self._exec("DELETE FROM tailers WHERE stream = ? AND name = ?", (sid, tailer))
 
     # -- waiting --------------------------------------------------------------------------
@@ -932,13 +977,13 @@ class SQLiteStore(Store):
     def apply_retention(self, now_ns: int | None = None) -> int:
         now = time.time_ns() if now_ns is None else now_ns
         with self.transaction() as tx:
-            rows = self._all(
-                "SELECT id, next_index, max_count, max_age_ms FROM streams "
-                "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL"
-            )
+            names = self._all("SELECT name FROM streams "
+                              "WHERE max_count IS NOT NULL OR max_age_ms IS NOT NULL")
             deleted = 0
-            for sid, nxt, max_count, max_age_ms in rows:
-                deleted += _retain(self, sid, nxt, max_count, max_age_ms, now)
+            for (name,) in names:
+                row = tx._load(name)  # verified
+                if row is not None:
+                    deleted += _retain(self, row, now)
             tx._retained = deleted
         return deleted
 
@@ -968,23 +1013,30 @@ class SQLiteStore(Store):
                     "SELECT count(*) FROM entries WHERE stream NOT IN (SELECT id FROM streams)"
                 ).fetchone()[0]
                 if orphans:
-                    report.problems.append(f"{orphans} entries of no stream")
+                    report.problems.append(f"{plural(orphans, 'entry', 'entries')} of no stream")
+                lost = self._conn.execute(
+                    "SELECT count(*) FROM tailers WHERE stream NOT IN (SELECT id FROM streams)"
+                ).fetchone()[0]
+                if lost:
+                    report.problems.append(f"{plural(lost, 'tailer')} of no stream")
                 streams = self._conn.execute("SELECT id, name FROM streams ORDER BY name").fetchall()
             except sqlite3.DatabaseError as e:
                 report.problems.append(str(e))
                 return report
         for sid, name in streams:
-            # Each stream in one snapshot (appends and retention by others go on).
+            # Each stream in one snapshot (appends and retention by others go on): its
+            # row (its checksum), every entry, its tailers.
             with self._lock:
                 self._check_open()
                 scan = None
                 try:
                     with self._snapshot():
-                        row = self._conn.execute("SELECT first_index, next_index FROM streams "
-                                                 "WHERE id = ?", (sid,)).fetchone()
-                        if row is None:  # deleted meanwhile
+                        r = self._conn.execute(_ROW + " WHERE s.id = ?", (sid,)).fetchone()
+                        if r is None:  # deleted meanwhile
                             continue
-                        scan = StreamScan(name, row[0], row[1])
+                        row = StreamRow(*r[:8])
+                        report.add_row(row)
+                        scan = StreamScan(name, row.first, row.next)
                         pos = -(1 << 63)
                         while True:
                             rows = self._conn.execute(
@@ -997,6 +1049,10 @@ class SQLiteStore(Store):
                             if type(i[-1]) is not int:  # a damaged key: no way on from it
                                 break
                             pos = i[-1]
+                        for t, p, u, c in self._conn.execute(
+                                "SELECT name, position, updated_ns, checksum FROM tailers "
+                                "WHERE stream = ? ORDER BY name", (sid,)).fetchall():
+                            report.add_tailer(name, sid, t, p, u, c, row.next)
                 except (sqlite3.DatabaseError, StoreCorrupt) as e:
                     report.problems.append(f"stream {name!r}: {e}")
                 if scan is not None:
@@ -1064,15 +1120,16 @@ def _adler_of(data: bytes | None, start: int) -> int:
     return start if data is None else zlib.adler32(data, start)
 
 
-def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: int,
+def _range(store: SQLiteStore, name: str, cols: str, start: int, end: int,
            limit: int, desc: bool = False) -> list[tuple[Any, ...]] | None:
     """Rows of ``cols`` (``idx`` first, ``value, meta, checksum`` last) of ``start <= idx <
-    end`` (newest first with ``desc``), checked against the stream's row read in the
-    same snapshot (None: no such stream)."""
+    end`` (newest first with ``desc``), checked against the stream's row read and
+    verified in the same snapshot (None: no such stream)."""
     with store._snapshot():
-        bounds = store._bounds(sid)
-        if bounds is None:
+        v = store._verified(name)
+        if v is None:
             return None
+        sid, *bounds = v
         rows = store._all(
             f"SELECT {cols}, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx >= ? "
             f"AND idx < ? ORDER BY idx {'DESC' if desc else ''} LIMIT ?",
@@ -1088,22 +1145,23 @@ def _range(store: SQLiteStore, sid: int, name: str, cols: str, start: int, end: 
     return rows
 
 
-def _read(store: SQLiteStore, sid: int, name: str, start: int, limit: int, end: int | None) -> list[Entry]:
+def _read(store: SQLiteStore, name: str, start: int, limit: int, end: int | None) -> list[Entry]:
     if limit <= 0:
         return []
-    rows = _range(store, sid, name, "idx, seq, time_ns", start,
-                  MAX_INDEX if end is None else end, limit)
+    rows = _range(store, name, "idx, seq, time_ns", start, MAX_INDEX if end is None else end,
+                  limit)
     return [Entry(name, i, v, m, t, s) for i, s, t, v, m, _c in rows or ()]
 
 
-def _read_rows(store: SQLiteStore, sid: int, name: str, start: int, end: int,
+def _read_rows(store: SQLiteStore, name: str, start: int, end: int,
                limit: int) -> list[tuple[int, int, bytes, bytes | None]]:
     if limit <= 0:
         return []
     with store._snapshot():
-        bounds = store._bounds(sid)
-        if bounds is None:
+        v = store._verified(name)
+        if v is None:
             return []
+        sid, *bounds = v
         rows = store._all(
             f"SELECT idx, seq, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx >= ? "
             "AND idx < ? ORDER BY idx LIMIT ?",
@@ -1119,11 +1177,12 @@ def _read_rows(store: SQLiteStore, sid: int, name: str, start: int, end: int,
     return list(zip(i, s, v, m))
 
 
-def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
+def _get(store: SQLiteStore, name: str, index: int) -> Entry | None:
     with store._snapshot():
-        bounds = store._bounds(sid)
-        if bounds is None:
+        v = store._verified(name)
+        if v is None:
             return None
+        sid, *bounds = v
         row = store._one(
             f"SELECT idx, seq, time_ns, value, meta, {_SUM} FROM entries WHERE stream = ? AND idx = ?",
             (sid, index),
@@ -1137,63 +1196,56 @@ def _get(store: SQLiteStore, sid: int, name: str, index: int) -> Entry | None:
     return Entry(name, i, v, m, t, s)
 
 
-def _last(store: SQLiteStore, sid: int, name: str, before: int | None, limit: int) -> list[Entry]:
+def _last(store: SQLiteStore, name: str, before: int | None, limit: int) -> list[Entry]:
     if limit <= 0:
         return []
-    rows = _range(store, sid, name, "idx, seq, time_ns", 0,
+    rows = _range(store, name, "idx, seq, time_ns", 0,
                   MAX_INDEX if before is None else before, limit, desc=True)
     return [Entry(name, i, v, m, t, s) for i, s, t, v, m, _c in rows or ()]
 
 
-def _first_index(store: SQLiteStore, sid: int, name: str) -> int | None:
-    with store._snapshot():
-        bounds = store._bounds(sid)
-        if bounds is None:
-            return None
-        row = store._one(
-            "SELECT idx FROM entries WHERE stream = ? ORDER BY idx LIMIT 1", (sid,)
-        )
-    verify_indices(str(store.path), name, *bounds, 0, MAX_INDEX, 1, () if row is None else row)
-    return None if row is None else row[0]
-
-
-def _retain(
-    store: SQLiteStore, sid: int, nxt: int, max_count: int | None, max_age_ms: int | None, now_ns: int
-) -> int:
+def _retain(store: SQLiteStore, row: StreamRow, now_ns: int) -> int:
+    """Apply ``row``'s retention (deleting below a cut, raising its first index to it:
+    the row is written when the transaction ends); how many entries went."""
     cut = 0
-    if max_count is not None:
-        cut = max(cut, nxt - max_count)
-    if max_age_ms is not None:
-        limit_ns = now_ns - max_age_ms * 1_000_000
-        row = store._one(
+    if row.max_count is not None:
+        cut = max(cut, row.next - row.max_count)
+    if row.max_age_ms is not None:
+        limit_ns = now_ns - row.max_age_ms * 1_000_000
+        r = store._one(
             "SELECT idx FROM entries WHERE stream = ? AND time_ns >= ? ORDER BY idx LIMIT 1",
-            (sid, limit_ns),
+            (row.id, limit_ns),
         )
-        cut = max(cut, nxt if row is None else row[0])
-    if cut <= 0:
+        cut = max(cut, row.next if r is None else r[0])
+    cut = min(cut, row.next)
+    if cut <= row.first:
         return 0
-    cur = store._exec("DELETE FROM entries WHERE stream = ? AND idx < ?", (sid, cut))
-    store._exec("UPDATE streams SET first_index = max(first_index, ?) WHERE id = ?", (cut, sid))
+    cur = store._exec("DELETE FROM entries WHERE stream = ? AND idx < ?", (row.id, cut))
+    row.first = cut
     return max(cur.rowcount, 0)
 
 
 class SQLiteTransaction(Transaction):
-    """A write transaction of :class:`SQLiteStore` (see :meth:`SQLiteStore.transaction`)."""
+    """A write transaction of :class:`SQLiteStore` (see :meth:`SQLiteStore.transaction`).
 
-    __slots__ = ("_changes0", "_copy_base", "_done", "_ids", "_new_ids", "_next",
-                 "_no_retention", "_retained", "_seq", "_start_next", "_store", "_time")
+    The rows of the streams it touches are read (and verified) once, kept here with its
+    changes -- next and first index, retention -- and written back, each with its new
+    checksum, when it commits."""
+
+    __slots__ = ("_changes0", "_copy_base", "_done", "_names", "_no_retention", "_orig",
+                 "_retained", "_rows", "_seq", "_store", "_time")
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
         self._done = False
         self._changes0 = store._conn.total_changes
-        self._next: dict[int, int] = {}  # stream id -> next index (as of this transaction)
-        self._start_next: dict[int, int] = {}
+        # Stream id -> its row as of this transaction; the values it was read with (None:
+        # created here); name -> id.  A writer holds the write lock, so no other process
+        # changes these rows meanwhile (nothing is cached across transactions).
+        self._rows: dict[int, StreamRow] = {}
+        self._orig: dict[int, tuple[Any, ...] | None] = {}
+        self._names: dict[str, int] = {}
         self._seq: int | None = None
-        self._new_ids: dict[str, int] = {}
-        # Ids looked up in this transaction: a writer holds the write lock, so no other
-        # process deletes a stream meanwhile (ids are never cached across transactions).
-        self._ids: dict[str, int] = {}
         self._retained = 0
         self._time: int | None = None
         self._no_retention: set[int] = set()
@@ -1201,57 +1253,66 @@ class SQLiteTransaction(Transaction):
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _sid(self, name: str, create: bool = False) -> int:
-        sid = self._new_ids.get(name)
+    def _load(self, name: str, create: bool = False) -> StreamRow | None:
+        """The row of stream ``name`` (read and verified once), created if asked; None if
+        there is none."""
+        sid = self._names.get(name)
         if sid is not None:
-            return sid
+            return self._rows[sid]
         store = self._store
-        sid = self._ids.get(name)
-        if sid is None:
-            row = store._one("SELECT id FROM streams WHERE name = ?", (name,))
-            if row is not None:
-                sid = self._ids[name] = row[0]
-            elif create:
-                check_stream_name(name)
-                sid = store._exec(
-                    "INSERT INTO streams (name, next_index, created_ns) VALUES (?, 0, ?)",
-                    (name, time.time_ns()),
-                ).lastrowid
-                assert sid is not None
-                self._new_ids[name] = sid
-                self._next[sid] = self._start_next[sid] = 0
-            else:
-                raise StreamNotFound(f"no stream named {name!r} in {store.path}")
-        return sid
+        r = store._one(_ROW + " WHERE s.name = ?", (name,))
+        if r is not None:
+            row = StreamRow(*r[:8])
+            verify_stream_row(str(store.path), name, row, r[8], r[9])
+            self._orig[row.id] = (row.next, row.first, row.max_count, row.max_age_ms)
+        elif create:
+            check_stream_name(name)
+            now = time.time_ns()
+            sid = store._exec("INSERT INTO streams (name, next_index, created_ns) VALUES (?, 0, ?)",
+                              (name, now)).lastrowid
+            assert sid is not None
+            row = StreamRow(sid, name, 0, now, None, None, 0)
+            self._orig[sid] = None
+        else:
+            return None
+        self._names[name] = row.id
+        self._rows[row.id] = row
+        return row
 
-    def _next_of(self, sid: int) -> int:
-        n = self._next.get(sid)
-        if n is None:
-            row = self._store._one("SELECT next_index FROM streams WHERE id = ?", (sid,))
-            if row is None:
-                raise StreamNotFound(f"stream id {sid} was deleted")
-            n = self._next[sid] = self._start_next[sid] = row[0]
-        return n
+    def _need(self, name: str) -> StreamRow:
+        row = self._load(name)
+        if row is None:
+            raise StreamNotFound(f"no stream named {name!r} in {self._store.path}")
+        return row
+
+    def _forget(self, sid: int) -> None:
+        """Stream ``sid`` was deleted in this transaction."""
+        row = self._rows.pop(sid, None)
+        self._orig.pop(sid, None)
+        if row is not None:
+            self._names.pop(row.name, None)
 
     def _finish(self) -> None:
         store = self._store
-        changed = [(n, sid) for sid, n in self._next.items() if n != self._start_next[sid]]
-        if changed:
-            store._conn.executemany("UPDATE streams SET next_index = ? WHERE id = ?", changed)
-            if self._seq is not None:
-                store._exec("UPDATE store_meta SET value = ? WHERE key = 'seq'", (self._seq,))
-            # Retention of the streams written, in the same transaction.
-            ids = [sid for _n, sid in changed if sid not in self._no_retention]
-            if not ids:
-                return
-            rows = store._all(
-                f"SELECT id, next_index, max_count, max_age_ms FROM streams WHERE id IN "
-                f"({','.join('?' * len(ids))}) AND (max_count IS NOT NULL OR max_age_ms IS NOT NULL)",
-                ids,
-            )
-            now = self._time or time.time_ns()
-            for sid, nxt, max_count, max_age_ms in rows:
-                self._retained += _retain(store, sid, nxt, max_count, max_age_ms, now)
+        grew = False
+        writes = []
+        for sid, row in self._rows.items():
+            orig = self._orig[sid]
+            if orig is None or row.next != orig[0]:
+                grew = grew or orig is None or row.next != orig[0]
+                # Retention of the streams written, in the same transaction.
+                if sid not in self._no_retention and (row.max_count is not None
+                                                      or row.max_age_ms is not None):
+                    self._retained += _retain(store, row, self._time or time.time_ns())
+            if orig is None or (row.next, row.first, row.max_count, row.max_age_ms) != orig:
+                writes.append((row.next, row.first, row.max_count, row.max_age_ms, row.seal(),
+                               sid))
+        if writes:
+            store._conn.executemany(
+                "UPDATE streams SET next_index = ?, first_index = ?, max_count = ?, "
+                "max_age_ms = ?, checksum = ? WHERE id = ?", writes)
+        if grew and self._seq is not None:
+            store._exec("UPDATE store_meta SET value = ? WHERE key = 'seq'", (self._seq,))
 
     def commit(self) -> None:
         self._store._end(self, True)
@@ -1264,34 +1325,25 @@ class SQLiteTransaction(Transaction):
     def create_stream(
         self, stream: str, max_count: int | None = None, max_age: float | None = None
     ) -> None:
-        sid = self._sid(stream, create=True)
+        row = self._load(stream, create=True)
+        assert row is not None
         if max_count is not None or max_age is not None:
             if max_count is not None and (type(max_count) is not int or max_count < 1):
                 raise ValueError("max_count must be a positive integer")
             if max_age is not None and not (max_age > 0):
                 raise ValueError("max_age must be a positive number of seconds")
-            self._store._exec(
-                "UPDATE streams SET max_count = ?, max_age_ms = ? WHERE id = ?",
-                (max_count, None if max_age is None else round(max_age * 1000), sid),
-            )
+            row.max_count = max_count
+            row.max_age_ms = None if max_age is None else round(max_age * 1000)
 
     def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
         """Set (or with None, clear) both retention limits of ``stream``."""
-        sid = self._sid(stream)
-        self._store._exec(
-            "UPDATE streams SET max_count = ?, max_age_ms = ? WHERE id = ?",
-            (max_count, None if max_age is None else round(max_age * 1000), sid),
-        )
+        row = self._need(stream)
+        row.max_count = max_count
+        row.max_age_ms = None if max_age is None else round(max_age * 1000)
 
     def next_index(self, stream: str) -> int:
-        store = self._store
-        sid = self._new_ids.get(stream) or self._ids.get(stream)
-        if sid is None:
-            row = store._one("SELECT id FROM streams WHERE name = ?", (stream,))
-            if row is None:
-                return 0
-            sid = self._ids[stream] = row[0]
-        return self._next_of(sid)
+        row = self._load(stream)
+        return 0 if row is None else row.next
 
     def append(self, stream: str, value: Value, meta: Value | None = None) -> int:
         data = encode_value(value)
@@ -1301,8 +1353,10 @@ class SQLiteTransaction(Transaction):
     def append_encoded(
         self, stream: str, datas: list[bytes], metas: list[bytes | None] | None = None
     ) -> int:
-        sid = self._sid(stream, create=True)
-        first = self._next_of(sid)
+        row = self._load(stream, create=True)
+        assert row is not None
+        sid = row.id
+        first = row.next
         n = len(datas)
         if n == 0:
             return first
@@ -1332,78 +1386,47 @@ class SQLiteTransaction(Transaction):
                     metas, checksums(stream, datas, metas)),
             )
         self._seq = seq + n
-        self._next[sid] = first + n
+        row.next = first + n
         return first
 
     def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
-        try:
-            sid = self._sid(stream)
-        except StreamNotFound:
-            return []
-        return _read(self._store, sid, stream, start, limit, end)
+        return _read(self._store, stream, start, limit, end)
 
     def read_rows(self, stream: str, start: int, end: int, limit: int) -> list[tuple[int, int, bytes, bytes | None]]:
         """The engine's fast path: ``(index, seq, value, meta)`` tuples."""
-        try:
-            sid = self._sid(stream)
-        except StreamNotFound:
-            return []
-        return _read_rows(self._store, sid, stream, start, end, limit)
+        return _read_rows(self._store, stream, start, end, limit)
 
     def get(self, stream: str, index: int) -> Entry | None:
-        try:
-            sid = self._sid(stream)
-        except StreamNotFound:
-            return None
-        return _get(self._store, sid, stream, index)
+        return _get(self._store, stream, index)
 
     def last(self, stream: str, before: int | None = None, limit: int = 1) -> list[Entry]:
-        try:
-            sid = self._sid(stream)
-        except StreamNotFound:
-            return []
-        return _last(self._store, sid, stream, before, limit)
+        return _last(self._store, stream, before, limit)
 
     def first_index(self, stream: str) -> int | None:
         """The lowest stored index of ``stream`` (None when empty or absent)."""
-        try:
-            sid = self._sid(stream)
-        except StreamNotFound:
-            return None
-        return _first_index(self._store, sid, stream)
+        return self._store.first_index(stream)
 
     def position(self, stream: str, tailer: str) -> int | None:
-        try:
-            sid = self._sid(stream)
-        except StreamNotFound:
-            return None
-        row = self._store._one(
-            "SELECT position FROM tailers WHERE stream = ? AND name = ?", (sid, tailer)
-        )
-        return None if row is None else int(row[0])
+        return self._store._position(stream, tailer)
 
-    def set_position(self, stream: str, tailer: str, position: int) -> None:
+    def _tailer_row(self, stream: str, tailer: str, position: Any, now: int) -> tuple[Any, ...]:
         check_tailer_name(tailer)
         if type(position) is not int or not 0 <= position <= MAX_INDEX:
             raise ValueError(f"a tailer position is an index (0 to 2**63-1), not {position!r}")
-        sid = self._sid(stream, create=True)
-        self._store._exec(
-            "INSERT INTO tailers (stream, name, position, updated_ns) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
-            "updated_ns = excluded.updated_ns",
-            (sid, tailer, position, time.time_ns()),
-        )
+        row = self._load(stream, create=True)
+        assert row is not None
+        if position > row.next:
+            raise ValueError(_beyond(stream, tailer, position, row.next))
+        return row.id, tailer, position, now, tailer_checksum(row.id, tailer, position, now)
+
+    def set_position(self, stream: str, tailer: str, position: int) -> None:
+        self._store._exec(_UPSERT_TAILER, self._tailer_row(stream, tailer, position, time.time_ns()))
 
     def set_positions(self, items: list[tuple[str, str, int]]) -> None:
         """Several :meth:`set_position` calls in one statement."""
         now = time.time_ns()
-        rows = [(self._sid(s, create=True), t, p, now) for s, t, p in items]
-        self._store._conn.executemany(
-            "INSERT INTO tailers (stream, name, position, updated_ns) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
-            "updated_ns = excluded.updated_ns",
-            rows,
-        )
+        rows = [self._tailer_row(s, t, p, now) for s, t, p in items]
+        self._store._conn.executemany(_UPSERT_TAILER, rows)
 
     def _find_staged(self, token: str, stream: str) -> tuple[int, int, int] | None:
         """(shard, table id, count) of ``token``'s rows of ``stream``, or None."""
@@ -1417,8 +1440,10 @@ class SQLiteTransaction(Transaction):
 
     def append_staged(self, stream: str, staged: Sequence[tuple[str, int]], *,
                       meta_cut: int = 0, meta_suffix: bytes = b"") -> int:
-        sid = self._sid(stream, create=True)
-        first = self._next_of(sid)
+        row = self._load(stream, create=True)
+        assert row is not None
+        sid = row.id
+        first = row.next
         store = self._store
         total = staged_total(stream, first, staged)
         if total == 0:
@@ -1450,9 +1475,10 @@ class SQLiteTransaction(Transaction):
                 f"SELECT ?, ? + k, ? + k, ?, value, meta, {seal} FROM {src}", params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
+            _verify_taken(store, stream, sid, at, n, f"stage{k}.t{tid}", not meta_cut)
             at += n
         self._seq = seq + total
-        self._next[sid] = at
+        row.next = at
         return first
 
     def drop_staged(self, owner: str) -> int:
@@ -1468,19 +1494,17 @@ class SQLiteTransaction(Transaction):
                 dropped += n
         return dropped
 
-    def _first_of(self, sid: int) -> int:
-        return int(self._store._one("SELECT first_index FROM streams WHERE id = ?",
-                                     (sid,))[0])
-
     def copy_in(self, stream: str, rows: list[tuple[int, int, bytes, bytes | None, int]]) -> None:
         if not rows:
             return
-        sid = self._sid(stream, create=True)
-        nxt = self._next_of(sid)
-        check_copy_in(stream, nxt, self._first_of(sid) < nxt, [r[0] for r in rows])
+        row = self._load(stream, create=True)
+        assert row is not None
+        sid = row.id
+        nxt = row.next
+        check_copy_in(stream, nxt, row.first < nxt, [r[0] for r in rows])
         store = self._store
-        if self._first_of(sid) >= nxt and rows[0][0] != nxt:  # empty: it starts there
-            store._exec("UPDATE streams SET first_index = ? WHERE id = ?", (rows[0][0], sid))
+        if row.first >= nxt:  # empty: it starts there
+            row.first = rows[0][0]
         if self._copy_base is None:
             seq = self._seq
             if seq is None:
@@ -1494,15 +1518,59 @@ class SQLiteTransaction(Transaction):
             [(sid, i, base + o, t, v, m, c) for (i, t, v, m, o), c in zip(rows, sums)],
         )
         self._seq = max(self._seq or 0, base + max(r[4] for r in rows) + 1)
-        self._next[sid] = rows[-1][0] + 1
+        row.next = rows[-1][0] + 1
         self._no_retention.add(sid)
 
     def advance(self, stream: str, next_index: int) -> None:
         if type(next_index) is not int or not 0 <= next_index <= MAX_INDEX:
             raise ValueError(f"a next index is 0 to 2**63-1, not {next_index!r}")
-        sid = self._sid(stream, create=True)
-        nxt = self._next_of(sid)
-        if next_index > nxt:
-            check_advance(stream, nxt, self._first_of(sid) < nxt, next_index)
-            self._store._exec("UPDATE streams SET first_index = ? WHERE id = ?", (next_index, sid))
-            self._next[sid] = next_index
+        row = self._load(stream, create=True)
+        assert row is not None
+        if next_index > row.next:
+            check_advance(stream, row.next, row.first < row.next, next_index)
+            row.first = row.next = next_index
+
+
+_UPSERT_TAILER = (
+    "INSERT INTO tailers (stream, name, position, updated_ns, checksum) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
+    "updated_ns = excluded.updated_ns, checksum = excluded.checksum")
+
+def _beyond(stream: str, tailer: str, position: int, nxt: int) -> str:
+    return (f"tailer {tailer!r}: position {position} is beyond the end of stream {stream!r} "
+            f"(its next index is {nxt}); a tailer's position is at most that")
+
+
+def _verify_taken(store: SQLiteStore, stream: str, sid: int, at: int, n: int, table: str,
+                  sums: bool) -> None:
+    """The ``n`` rows just appended at ``at`` from the staged ``table`` are those rows:
+    their count, first and last index and -- with ``sums``, unless the append rewrote their
+    metadata -- the sum of their checksums less the index, against the staged rows'
+    (one aggregate over each)."""
+    got = store._one(f"SELECT count(*), min(idx), max(idx), coalesce(sum({_SUM}), 0) FROM "
+                     "entries WHERE stream = ? AND idx >= ? AND idx < ?", (sid, at, at + n))
+    want = store._one(f"SELECT coalesce(sum(checksum), 0) FROM {table}")[0] if sums else got[3]
+    if (got[0], got[1], got[2]) != (n, at, at + n - 1) or got[3] != want:
+        raise damaged(str(store.path), stream,
+                      f"the {n} staged rows appended at index {at} are not what was staged "
+                      f"(it holds {got[0]} entries there, indices {got[1]}..{got[2]}"
+                      f"{'' if got[3] == want else ', with other checksums'})")
+
+
+def _seal_rows(conn: sqlite3.Connection) -> None:
+    """Give every stream and tailer row the checksum of the values it holds (migration to
+    version 3); a row whose values are not integers (damaged) keeps none: reads of it fail."""
+    streams = []
+    for r in conn.execute("SELECT id, name, next_index, created_ns, max_count, max_age_ms, "
+                          "first_index FROM streams").fetchall():
+        with contextlib.suppress(TypeError, ValueError, AttributeError, OverflowError,
+                                 struct.error):
+            streams.append((StreamRow(*r).seal(), r[0]))
+    conn.executemany("UPDATE streams SET checksum = ? WHERE id = ?", streams)
+    tailers = []
+    for sid, name, position, updated in conn.execute(
+            "SELECT stream, name, position, updated_ns FROM tailers").fetchall():
+        with contextlib.suppress(TypeError, ValueError, AttributeError, OverflowError,
+                                 struct.error):
+            tailers.append((tailer_checksum(sid, name, position, updated), sid, name))
+    conn.executemany("UPDATE tailers SET checksum = ? WHERE stream = ? AND name = ?", tailers)
