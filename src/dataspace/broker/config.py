@@ -68,6 +68,7 @@ Every key is optional.  Command-line options override the file.  A binding witho
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import ssl
@@ -626,6 +627,35 @@ def _short(v: Value) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
+def _unknown_key(k: Value, x: Value, known: list[str], what: str, listed: str,
+                 where: str = "") -> ConfigError:
+    """The error for the key ``k`` (its value ``x``) that is none of ``known``: ``what``
+    names it (``setting``, ``key``), ``where`` where it is (`` in cluster``), ``listed``
+    says what there is.  A
+    misspelt name gets the likely one (as command-line options do), and a key written as a
+    string (JSON's ``"tcp": [...]``) is shown as the symbol it must be."""
+    name = k if type(k) is str else k.name if type(k) is Symbol else None
+    if type(k) is str and name in known:
+        return ConfigError(f"the {what} {_short(k)}{where} is a string: keys are symbols, written "
+                           f"without quotes: {name}: {_short(x)} (the file is Preserves text, "
+                           "not JSON)")
+    guess = difflib.get_close_matches(name, known, n=1, cutoff=0.6) if name else []
+    hint = f"did you mean {guess[0]}?" if guess else ""
+    if type(k) is str:
+        hint += (" " if hint else "") + ("keys are symbols, written without quotes: "
+                                         f"{guess[0] if guess else name}: ...")
+    return ConfigError(f"unknown {what} {_short(k)}{where}{f' ({hint})' if hint else ''}; "
+                       f"{listed}")
+
+
+def _boolean(name: str, x: Value) -> str:
+    """The error text for a setting ``name`` that must be a boolean."""
+    if type(x) is Symbol and x.name in ("true", "false"):  # JSON's
+        return f"{name} must be #t or #f, not {x.name} (Preserves writes {x.name} as " \
+            f"#{x.name[0]})"
+    return f"{name} must be #t or #f, not {_short(x)}"
+
+
 def load_config(path: str | Path) -> ServerConfig:
     """Read a configuration file; raises :class:`ConfigError` naming the file."""
     p = Path(path)
@@ -669,9 +699,7 @@ def parse_config(text: str) -> ServerConfig:
     for k, x in v.items():
         name = k.name if type(k) is Symbol else None
         if name is None or name not in _KNOWN:
-            raise ConfigError(
-                f"unknown setting {_short(k)}; the settings are: {', '.join(_KNOWN)}"
-            )
+            raise _unknown_key(k, x, _KNOWN, "setting", f"the settings are: {', '.join(_KNOWN)}")
         if name in _INT_KEYS:
             if type(x) is not int or x < 0:
                 raise ConfigError(f"{name} must be a non-negative integer, not {_short(x)}")
@@ -720,7 +748,7 @@ def parse_config(text: str) -> ServerConfig:
             changes[name.replace("-", "_")] = x
         elif name == "http-open":
             if type(x) is not bool:
-                raise ConfigError(f"http-open must be #t or #f, not {_short(x)}")
+                raise ConfigError(_boolean("http-open", x))
             changes["http_open"] = x
         elif name == "publish":
             if type(x) is not Sequence or not all(type(a) is str for a in x):
@@ -758,8 +786,8 @@ def _cluster(x: Value) -> dict[str, Any]:
     for k, v in x.items():
         name = k.name if type(k) is Symbol else None
         if name not in _CLUSTER_KEYS:
-            raise ConfigError(f"unknown key {_short(k)} in cluster; it has: "
-                              f"{', '.join(_CLUSTER_KEYS)}")
+            raise _unknown_key(k, v, list(_CLUSTER_KEYS), "key",
+                               f"it has: {', '.join(_CLUSTER_KEYS)}", " in cluster")
         if name == "routes":
             if type(v) is not Sequence or not all(type(a) is str for a in v):
                 raise ConfigError('cluster routes must be a list of "HOST:PORT" strings')
@@ -780,6 +808,11 @@ def _cluster(x: Value) -> dict[str, Any]:
 def _link(item: Value) -> tuple[str, str] | tuple[str, str, dict[str, str]]:
     if type(item) is not Dictionary:
         raise ConfigError('a link is {address: "HOST:PORT" cap: "<ref {...}>" or "@FILE"}')
+    keys = ["address", "cap", *LINK_TLS_KEYS]
+    for k, v in item.items():
+        if type(k) is not Symbol or k.name not in keys:
+            raise _unknown_key(k, v, keys, "key", f"a link has address and cap, and may "
+                               f"have {', '.join(LINK_TLS_KEYS)}", " in a link")
     addr = item.get(Symbol("address"))
     cap = item.get(Symbol("cap"))
     if type(addr) is not str or not addr:
@@ -796,10 +829,6 @@ def _link(item: Value) -> tuple[str, str] | tuple[str, str, dict[str, str]]:
         if type(v) is not str or not v:
             raise ConfigError(f"{k} of the link {_short(item)} must be a string")
         tls[k] = v
-    extra = set(item) - {Symbol("address"), Symbol("cap"), *map(Symbol, LINK_TLS_KEYS)}
-    if extra:
-        raise ConfigError(f"unknown keys in the link {_short(item)}; a link has address and "
-                          f"cap, and may have {', '.join(LINK_TLS_KEYS)}")
     return (addr, cap, tls) if tls else (addr, cap)
 
 
