@@ -396,7 +396,7 @@ async def test_server_connections_subscriptions_assertions(tmp_path):
         subs = await a.json("/api/subscriptions")
         top = subs["patterns"][0]
         assert top == {"pattern": "<Says $ $>", "observers": 2, "remote": 2, "local": 0,
-                       "delivered": 2, "matches": 0}
+                       "delivered": 2, "matches": 0, "own": None}
 
         rows = await a.json("/api/assertions?pattern=" + quote("<Present $who>") + "&limit=2")
         assert rows["count"] == 4 and rows["truncated"] and len(rows["assertions"]) == 2

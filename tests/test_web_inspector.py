@@ -15,6 +15,7 @@ Chromium missing fails these tests (it is installed by `make test` and .ci/run a
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import shutil
@@ -433,6 +434,33 @@ def test_every_page_shows_the_server(serve: Any, clients: list[Proc], page: Page
     pg = page.goto(srv.url + "inspector/links")
     expect(pg.locator("main")).to_contain_text("No links.")
     page.screenshot("-links")
+
+
+def test_the_servers_own_observers_are_marked_and_listed_after_the_clients(
+        serve: Any, clients: list[Proc], page: Page) -> None:
+    """Issue 28: the page's own watch and the recorders showed in "Observed patterns" as
+    if a client observed `<$ <Present $>>`.  They are real subscriptions (links upstream
+    them), listed after the clients', each marked as the server's."""
+    srv = serve("--http-open", "--record", "chat:<Says $who $text>")
+    clients.append(srv.client("observe", "<Present $who>"))
+    pg = page.goto(srv.url + "inspector/dataspace?pattern=" + "%3CPresent%20%24who%3E")
+    expect(pg.locator("#status")).to_have_text("live")
+    rows = pg.locator("table.grid tbody tr.client, table.grid tbody tr.own")
+    expect(rows).to_have_count(3, timeout=TIMEOUT * 1000)  # the list is read every 3 s
+    expect(rows.nth(0)).to_have_class(re.compile(r"\bclient\b"))
+    expect(rows.nth(0).locator('td[data-col="pattern"]')).to_have_text("<Present $>")
+    expect(rows.nth(0).locator(".own")).to_have_count(0)
+    own = {rows.nth(i).locator('td[data-col="pattern"]').inner_text() for i in (1, 2)}
+    assert own == {"<$ <Present $>> server: watch", "<$ <Says $who $text>> server: recorder chat"}, own
+    for i in (1, 2):
+        expect(rows.nth(i)).to_have_class(re.compile(r"\bown\b"))
+    page.screenshot()
+    # The endpoint says the same: what is the server's own, and whose it is.
+    r = urllib.request.urlopen(srv.url + "api/subscriptions", timeout=TIMEOUT)
+    pats = [(p["pattern"], p["own"]) for p in json.loads(r.read())["patterns"]]
+    assert pats[0] == ("<Present $>", None)
+    assert sorted(pats[1:], key=str) == sorted([("<$ <Present $>>", "watch"),
+                                                ("<$ <Says $who $text>>", "recorder chat")], key=str)
 
 
 def test_pages_are_utf8_from_this_server_only() -> None:

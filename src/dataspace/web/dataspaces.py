@@ -3,7 +3,9 @@
 Routes (JSON or Server-Sent Events; a token is needed, see :mod:`dataspace.web.auth`):
 
 ``GET /api/subscriptions?dataspace=NAME``
-    The patterns observed in the dataspace with their observer counts.
+    The patterns observed in the dataspace with their observer counts; the server's own
+    observers (its recorders, the watches of ``/api/watch``) on rows of their own, marked
+    ``own`` (``"recorder chat"``, ``"watch"``), after the clients'.
 ``GET /api/assertions?dataspace=NAME&pattern=P&limit=N``
     The assertions matching the concise pattern ``P`` now (at most ``N``, with a
     ``truncated`` flag).
@@ -55,8 +57,8 @@ from ..values import key as strict_key
 from .auth import Access, ApiError
 from .context import WebContext, guarded, json_response
 
-__all__ = ["MAX_PATTERN", "View", "WATCHES", "Watches", "parse_user_pattern", "setup",
-           "value_text"]
+__all__ = ["MAX_PATTERN", "View", "WATCHES", "Watches", "own_observer", "parse_user_pattern",
+           "setup", "value_text"]
 
 log = logging.getLogger(__name__)
 
@@ -355,22 +357,45 @@ def _limit(request: web.Request) -> int:
 _OBSERVE_ANY = Record(Symbol("Observe"), [Symbol("_"), Symbol("_")])
 
 
+def own_observer(observer: Any, recorders: dict[int, str]) -> str | None:
+    """What of the server's own machinery observes through ``observer`` -- a recorder
+    (``"recorder chat"``; ``recorders``: the stream of each recorder's subscription, by
+    its id()), a watch of ``/api/watch`` (the inspector's pages: ``"watch"``) -- or None
+    (a client, or other code in the server's process)."""
+    while type(observer) is AttenuatedRef or type(observer) is AttenuatedEntity:
+        observer = observer.target
+    if type(observer) is _Watcher:
+        return "watch"
+    if type(observer) is Subscription:
+        stream = recorders.get(id(observer))
+        if stream is not None:
+            return f"recorder {stream}"
+    return None
+
+
 def subscriptions(ctx: WebContext, name: str, ds: Any, access: Access) -> dict[str, Any]:
-    """``GET /api/subscriptions``: the observed patterns, most observed first."""
+    """``GET /api/subscriptions``: the observed patterns, most observed first; the
+    server's own observers (:func:`own_observer`) on rows of their own, marked ``own``,
+    after the clients' (they are real subscriptions -- links upstream them, producers
+    see them -- but nobody outside asked for them)."""
     if not access.admin:
         View(access, from_value_syntax(_OBSERVE_ANY))  # 403 unless it may observe <Observe _ _>
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[tuple[str, str | None], dict[str, Any]] = {}
+    recorders = {id(r.subscription): r.stream for r in ctx.recorders
+                 if getattr(r, "subscription", None) is not None}
     for _value, pat, observer, delivered, held in ds.observers():
         text = str(pat)
-        g = groups.get(text)
+        own = own_observer(observer, recorders)
+        g = groups.get((text, own))
         if g is None:
-            g = groups[text] = {"pattern": text, "observers": 0, "remote": 0, "local": 0,
-                                "delivered": 0, "matches": 0}
+            g = groups[(text, own)] = {"pattern": text, "observers": 0, "remote": 0,
+                                       "local": 0, "delivered": 0, "matches": 0, "own": own}
         g["observers"] += 1
         g["local" if type(observer) is Subscription else "remote"] += 1
         g["delivered"] += delivered
         g["matches"] += held
-    rows = sorted(groups.values(), key=lambda g: (-g["observers"], -g["delivered"], g["pattern"]))
+    rows = sorted(groups.values(), key=lambda g: (g["own"] is not None, -g["observers"],
+                                                  -g["delivered"], g["pattern"], g["own"] or ""))
     return {"dataspace": name, "scope": access.scope, "observers": ds.observer_count(),
             "patterns": rows}
 

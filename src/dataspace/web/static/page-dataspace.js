@@ -92,14 +92,16 @@ export async function pageDataspace() {
   every(3000, async () => {
     try {
       const s = await api("/api/subscriptions?dataspace=" + encodeURIComponent($("#dataspace").value));
+      // The server's own observers (a recorder, the watch of this very page) come last,
+      // marked as the server's: real subscriptions, but nobody outside asked for them.
       subs.replaceChildren(table([
-        { key: "pattern", label: "pattern", render: (r) => h("a", {
+        { key: "pattern", label: "pattern", render: (r) => [h("a", {
           href: "#", class: "pick",
           onclick: (ev) => { ev.preventDefault(); $("#pattern").value = r.pattern; $("#go").click(); },
-        }, pv(r.pattern)) },
+        }, pv(r.pattern)), r.own ? [" ", h("span", { class: "badge idle own", title: "the server's own observer, not a client's" }, "server: " + r.own)] : null] },
         { key: "observers", label: "observers", num: true },
         { key: "matches", label: "matches", num: true },
-      ], s.patterns, { empty: "Nobody observes anything." }));
+      ], s.patterns, { empty: "Nobody observes anything.", rowAttrs: (r) => ({ class: r.own ? "own" : "client" }) }));
     } catch (e) {
       subs.replaceChildren(errorBox(e));
     }
