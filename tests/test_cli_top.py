@@ -11,6 +11,7 @@ import os
 import pty
 import re
 import select
+import signal
 import subprocess
 import time
 
@@ -75,7 +76,21 @@ async def test_info_and_top_snapshot(tmp_path):
         assert "connections: 1, sorted by connection id" in out
         assert re.search(r"^\s*\d+\s+127\.0\.0\.1:\d+\s+root\s", out, re.M), out
         assert "busiest patterns in root" in out and "<Says $ $>" in out
+        # The recorder's subscription is the server's own: marked so.
+        assert "(recorder chat) <$ <Says $who $text>>" in out, out
         assert "sort:" not in out  # no key help without a terminal
+
+        # --once --json: what the screen shows, as one object.
+        code, out, err = await _cli("top", "--once", "--json", "--url", url, "--data-dir", data)
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["server"]["connections"] == 1 and doc["server"]["messages_in"] == 3
+        assert doc["rates"]["messages_in"] is None  # one reading: no rate yet
+        assert doc["sort"] == "id" and doc["connections"]["count"] == 1
+        [row] = doc["connections"]["shown"]
+        assert row["observers"] == 1 and row["assertions_in"] == 2 and "msgs_in_rate" in row
+        busiest = {(p["pattern"], p["own"]) for p in doc["patterns"]["busiest"]}
+        assert {("<Says $ $>", None), ("<$ <Says $who $text>>", "recorder chat")} <= busiest
         await ds.close()
     finally:
         assert await srv.stop() == 0
@@ -234,12 +249,13 @@ def test_top_fits_80_columns_with_every_heading_whole():
     assert all(len(s) <= 80 for s in lines), "\n".join(lines)
     head = _headings(lines)
     assert _whole_headings(head) == ["ID", "CLIENT", "SUBS", "ASSERT", "MATCH", "MSG IN/s",
-                                     "MSG OUT/s", "PEND"], head
+                                     "MSG OUT/s", "PEND", "HELD"], head
     rows = lines[lines.index(head) + 1:lines.index(head) + 4]
     assert [r.split()[0] for r in rows] == ["10000", "10001", "10002"]  # the ID, always
     # The client's name when it gave one (cut to fit), else its address; human numbers.
     assert rows[0].split()[1].startswith("billing-worker") and "…" in rows[0]
-    assert "[2001:db8:1234:5678::1]:54321" in rows[1]
+    assert rows[1].split()[1].startswith("[2001:db8:1234:5678::1]:54")  # cut: HELD's room
+    assert "[2001:db8:1234:5678::2]:54321" in "\n".join(_screen(_fake(3), 90))  # whole
     assert rows[0].split()[2:8] == ["0", "123k", "7.7M", "2.5k", "0", "2.0M"], rows[0]
     assert "messages in 12G (1.0k/s)" in "\n".join(lines)
     assert "bytes in 5.0T" in "\n".join(lines)
@@ -269,9 +285,9 @@ def test_top_at_120_columns_adds_the_totals_and_the_sort_column_always_shows():
     # Wider: the byte counters, and the peer's address beside the name a client gave.
     heads = _whole_headings(_headings(_screen(_fake(3), 160)))
     assert {"PEER", "BYTES IN", "BYTES OUT"} <= set(heads), heads
-    # Sorting by bytes out per second shows that column even at 80.
+    # Sorting by bytes out per second shows that column even at 80 (PEND and HELD make room).
     heads = _whole_headings(_headings(_screen(_fake(3), 80, sort="B")))
-    assert heads[-1] == "B OUT/s", heads
+    assert heads[-2:] == ["B OUT/s", "PEND"], heads
 
 
 def test_top_live_fits_an_80x24_terminal():
@@ -280,3 +296,124 @@ def test_top_live_fits_an_80x24_terminal():
     assert any("first" in s and "sorted by connection id" in s for s in lines)
     assert any(s.startswith("busiest patterns in root") for s in lines)
     assert lines[-2].startswith("sort: c ID  a ASSERT") and lines[-1].endswith("q quit")
+
+
+def test_the_columns_depend_on_the_width_alone_as_the_docs_say():
+    """Issue 28: at 80 columns top showed columns docs/operations.md did not list (which
+    ones depended on the rows: short names let more in).  The docs' table says from which
+    width each column shows; the code computes the same, whatever the rows."""
+    from dataspace.cli.top import columns_for
+
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "operations.md")).read()
+    table = doc.split("<!-- top-columns:", 1)[1].split("\n\n", 1)[0]
+    want: dict[str, int] = {}
+    for line in table.splitlines()[3:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        for head in cells[0].split(", "):
+            want[head] = 0 if cells[2] == "always" else int(cells[2])
+    assert sorted(want) == sorted(c.head for c in COLUMNS)
+    for width in range(30, 221):
+        shown = {c.head for c in columns_for(width)}
+        assert shown == {h for h, w in want.items() if w <= width}, width
+    # And on the screen: short names and small numbers do not let more columns in; one
+    # held connection shows HELD in the room kept for it.
+    few = _fake(2)
+    for c in few.conns["connections"]:
+        c.update(name="a", messages_in=1, bytes_out=1, held=[])
+    for width, heads in ((80, ["ID", "CLIENT", "SUBS", "ASSERT", "MATCH", "MSG IN/s",
+                               "MSG OUT/s", "PEND"]),
+                         (120, ["ID", "CLIENT", "DS", "AGE", "SUBS", "ASSERT", "MATCH",
+                                "MSGS IN", "MSGS OUT", "MSG IN/s", "MSG OUT/s", "PEND",
+                                "IDLE"])):
+        lines = _screen(few, width)
+        assert _whole_headings(_headings(lines)) == heads, lines
+        assert all(len(s) <= width for s in lines)
+    lines = _screen(_fake(3), 80)
+    assert _whole_headings(_headings(lines))[-1] == "HELD"
+
+
+def _http_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@async_test
+async def test_top_waits_for_a_restarted_server_and_carries_on(tmp_path):
+    """Issue 28: `top` exited ("cannot reach ...") when the server restarted.  It says
+    the server is gone, tries again with backoff, and carries on with the new server (a
+    real server, restarted on the same ports); Ctrl-C quits at once.  --json streams an
+    object per reading, which a test can read without a terminal."""
+    port = _http_port()
+    srv = ServerProcess(tmp_path / "data", extra=("--http", f"127.0.0.1:{port}"))
+    await srv.start()
+    url = f"http://127.0.0.1:{port}"
+    p = await asyncio.create_subprocess_exec(
+        PY, "-m", "dataspace.cli", "top", "--json", "--interval", "0.2", "--url", url,
+        "--data-dir", str(tmp_path / "data"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert p.stdout is not None and p.stderr is not None
+    try:
+        first = json.loads(await asyncio.wait_for(p.stdout.readline(), TIMEOUT))
+        assert await srv.stop() == 0
+        line = (await asyncio.wait_for(p.stderr.readline(), TIMEOUT)).decode()
+        assert line.startswith("dataspace top: server gone ("), line
+        assert "reconnecting" in line and p.returncode is None
+        await srv.start()  # the same ports
+        line = (await asyncio.wait_for(p.stderr.readline(), TIMEOUT)).decode()
+        assert line.startswith("dataspace top: reconnected (server "), line
+
+        async def a_reading_of_the_new_run() -> dict:
+            while True:
+                doc = json.loads(await p.stdout.readline())
+                if doc["server"]["started"] != first["server"]["started"]:
+                    return doc
+
+        doc = await asyncio.wait_for(a_reading_of_the_new_run(), TIMEOUT)
+        assert doc["server"]["server_id"] == first["server"]["server_id"]  # the same server
+        assert doc["rates"]["messages_in"] is None  # its counters start again: no rate yet
+        p.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(p.wait(), TIMEOUT) == 0
+        assert (await p.stderr.read()) == b""
+    finally:
+        if p.returncode is None:
+            p.kill()
+            await p.wait()
+        await srv.stop()
+
+
+@async_test
+async def test_top_on_a_terminal_says_the_server_is_gone_and_comes_back(tmp_path):
+    """The same on a terminal: the screen says "server gone, reconnecting", q quits."""
+    port = _http_port()
+    srv = ServerProcess(tmp_path / "data", extra=("--http", f"127.0.0.1:{port}"))
+    await srv.start()
+    master, slave = pty.openpty()
+    proc: subprocess.Popen[bytes] | None = None
+    loop = asyncio.get_running_loop()
+    try:
+        proc = subprocess.Popen(
+            [PY, "-m", "dataspace.cli", "top", "--url", f"http://127.0.0.1:{port}",
+             "--data-dir", str(tmp_path / "data"), "--interval", "0.2"],
+            stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+            env={**os.environ, "COLUMNS": "100", "LINES": "30", "TERM": "xterm"})
+        os.close(slave)
+        seen: list[str] = []
+        await loop.run_in_executor(None, _read_until, master, r"connections: 0, sorted", seen)
+        assert await srv.stop() == 0
+        await loop.run_in_executor(None, _read_until, master,
+                                   r"server gone \(connection refused.*reconnecting", seen)
+        seen.clear()
+        await srv.start()
+        await loop.run_in_executor(None, _read_until, master, r"connections: 0, sorted", seen)
+        os.write(master, b"q")
+        code = await loop.run_in_executor(None, proc.wait, TIMEOUT)
+        assert code == 0, "".join(seen)[-2000:]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+        os.close(master)
+        await srv.stop()

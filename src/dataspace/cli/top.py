@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
+import json
 import os
 import select
 import sys
+import threading
 import time
+import urllib.error
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +42,11 @@ examples:
   dataspace top --sort o                       busiest receivers first
   dataspace top --url http://10.0.0.2:7480 --token @admin.sturdyref
   dataspace top | cat                          not a terminal: one snapshot, then exit
+  dataspace top --once --json | jq .server     the screen's figures as one JSON object
+  dataspace top --json --interval 5            a JSON object every 5 s, one per line
+
+A server that goes away (a restart) is waited for: top says "server gone,
+reconnecting" and carries on when it is back; q or Ctrl-C quits at once.
 
 keys (on a terminal): """ + ", ".join(f"{k} {what}" for k, (_f, what) in SORTS.items()) + """,
   r reverse the order, q (or Ctrl-C) quit
@@ -64,6 +73,9 @@ def register(sub: Any) -> None:
                    help="the dataspace whose patterns are shown (default root)")
     p.add_argument("--once", action="store_true",
                    help="print one snapshot and exit, even on a terminal")
+    p.add_argument("--json", action="store_true",
+                   help="what the screen shows as JSON, one object per line every --interval "
+                   "until Ctrl-C (with --once: one object); for jq")
     add_http_args(p)
     p.set_defaults(func=run)
 
@@ -91,6 +103,8 @@ class Sample:
     def _set(self, server: dict[str, Any], conns: dict[str, Any],
              subs: dict[str, Any] | None, prev: Sample | None, t: float) -> None:
         self.t, self.server, self.conns, self.subs = t, server, conns, subs
+        if prev is not None and _instance(prev.server) != _instance(server):
+            prev = None  # the server restarted (or another one answers): counters start again
         dt = self.t - prev.t if prev is not None else 0.0
         before = {c["id"]: c for c in prev.conns["connections"]} if prev else {}
         for c in self.conns["connections"]:
@@ -103,12 +117,17 @@ class Sample:
         for key in ("messages_in", "messages_out", "bytes_in", "bytes_out", "turns"):
             self.rates[key] = ((self.server[key] - prev.server[key]) / dt
                                if prev is not None and dt > 0 else None)
-        old = ({p["pattern"]: p for p in prev.subs["patterns"]}
+        old = ({(p["pattern"], p.get("own")): p for p in prev.subs["patterns"]}
                if prev is not None and prev.subs else {})
         if self.subs is not None:
             for p in self.subs["patterns"]:
-                o = old.get(p["pattern"])
+                o = old.get((p["pattern"], p.get("own")))
                 p["rate"] = (p["delivered"] - o["delivered"]) / dt if o and dt > 0 else None
+
+
+def _instance(server: dict[str, Any]) -> tuple[Any, Any]:
+    """Which run of which server a reading is of (a restart keeps the server's id)."""
+    return server.get("server_id"), server.get("started")
 
 
 # ------------------------------------------------------------------------------------
@@ -161,13 +180,16 @@ def client(c: dict[str, Any]) -> str:
 
 
 class Col:
-    """A column of the connections table: its heading, how a row shows in it, and its
-    rank (lower ranks stay on a narrower screen; columns of one rank, such as IN and
-    OUT, come and go together)."""
+    """A column of the connections table: its heading, how a row shows in it, its rank
+    (lower ranks stay on a narrower screen; columns of one rank, such as IN and OUT,
+    come and go together) and its width when the columns are chosen (the widest its
+    cells are: numbers are short; longer text is cut with …), so that which columns
+    show depends on the screen's width alone."""
 
     def __init__(self, head: str, rank: float, cell: Callable[[dict[str, Any]], str],
-                 left: bool = False, sort: str | None = None) -> None:
+                 width: int, left: bool = False, sort: str | None = None) -> None:
         self.head, self.rank, self.cell, self.left, self.sort = head, rank, cell, left, sort
+        self.width = max(width, len(head))
 
 
 def _ds(c: dict[str, Any]) -> str:
@@ -175,63 +197,71 @@ def _ds(c: dict[str, Any]) -> str:
 
 
 COLUMNS: list[Col] = [  # in the order shown
-    Col("ID", 0, lambda c: str(c["id"]), sort="id"),
-    Col("CLIENT", 0, client, left=True),
-    Col("PEER", 14, lambda c: c["peer"], left=True),
-    Col("DS", 13, _ds, left=True),
-    Col("AGE", 8, lambda c: duration(c["age"]), sort="age"),
-    Col("SUBS", 2, lambda c: num(c["observers"]), sort="observers"),
-    Col("ASSERT", 1, lambda c: num(c["assertions_in"]), sort="assertions_in"),
-    Col("MATCH", 3, lambda c: num(c["assertions_out"]), sort="assertions_out"),
-    Col("MSGS IN", 9, lambda c: num(c["messages_in"])),
-    Col("MSGS OUT", 9, lambda c: num(c["messages_out"])),
-    Col("MSG IN/s", 4, lambda c: rate(c.get("msgs_in_rate")), sort="msgs_in_rate"),
-    Col("MSG OUT/s", 4, lambda c: rate(c.get("msgs_out_rate")), sort="msgs_out_rate"),
-    Col("BYTES IN", 11, lambda c: nbytes(c["bytes_in"])),
-    Col("BYTES OUT", 11, lambda c: nbytes(c["bytes_out"])),
-    Col("B IN/s", 16, lambda c: nbytes(c.get("bytes_in_rate")), sort="bytes_in_rate"),
-    Col("B OUT/s", 16, lambda c: nbytes(c.get("bytes_out_rate")), sort="bytes_out_rate"),
-    Col("PEND", 5, lambda c: nbytes(c["pending_output"]), sort="pending_output"),
-    Col("IDLE", 15, lambda c: duration(c.get("idle"))),
-    Col("HELD", 6, lambda c: ",".join(c["held"]), left=True),
+    Col("ID", 0, lambda c: str(c["id"]), 6, sort="id"),
+    Col("CLIENT", 0, client, 21, left=True),  # an IPv4 address and port, whole
+    Col("PEER", 14, lambda c: c["peer"], 21, left=True),
+    Col("DS", 10, _ds, 8, left=True),
+    Col("AGE", 8, lambda c: duration(c["age"]), 6, sort="age"),
+    Col("SUBS", 2, lambda c: num(c["observers"]), 4, sort="observers"),
+    Col("ASSERT", 1, lambda c: num(c["assertions_in"]), 4, sort="assertions_in"),
+    Col("MATCH", 3, lambda c: num(c["assertions_out"]), 4, sort="assertions_out"),
+    Col("MSGS IN", 9, lambda c: num(c["messages_in"]), 4),
+    Col("MSGS OUT", 9, lambda c: num(c["messages_out"]), 4),
+    Col("MSG IN/s", 4, lambda c: rate(c.get("msgs_in_rate")), 4, sort="msgs_in_rate"),
+    Col("MSG OUT/s", 4, lambda c: rate(c.get("msgs_out_rate")), 4, sort="msgs_out_rate"),
+    Col("BYTES IN", 12, lambda c: nbytes(c["bytes_in"]), 5),
+    Col("BYTES OUT", 12, lambda c: nbytes(c["bytes_out"]), 5),
+    Col("B IN/s", 16, lambda c: nbytes(c.get("bytes_in_rate")), 5, sort="bytes_in_rate"),
+    Col("B OUT/s", 16, lambda c: nbytes(c.get("bytes_out_rate")), 5, sort="bytes_out_rate"),
+    Col("PEND", 5, lambda c: nbytes(c["pending_output"]), 5, sort="pending_output"),
+    Col("IDLE", 11, lambda c: duration(c.get("idle")), 6),
+    Col("HELD", 6, lambda c: ",".join(c["held"]), 5, left=True),
 ]
-CLIENT_MIN, CLIENT_MAX = 10, 28
-"""The CLIENT column's width: at least this, and at most that when choosing the other
-columns (it then takes what they leave; longer names are cut with …)."""
+CLIENT_MIN = 10
+"""The CLIENT column is never narrower (it takes what the other columns leave, up to its
+longest name; longer names are cut with …)."""
 KEY_HEADS = {"c": "ID", "a": "ASSERT", "s": "SUBS", "m": "MATCH", "i": "MSG IN/s",
              "o": "MSG OUT/s", "b": "B IN/s", "B": "B OUT/s", "p": "PEND", "t": "AGE"}
 """The sort keys, by the heading of the column each sorts on."""
 
 
-def choose_columns(rows: list[dict[str, Any]], width: int,
-                   sort_field: str) -> tuple[list[Col], int]:
-    """The columns that fit ``width`` characters for ``rows``, most useful first, in
-    their order: ID and CLIENT always, the sort column always; PEER only when some
-    client gave a name, HELD only when a connection is held now.  With the width the
-    CLIENT column gets (what the others leave, up to its longest name)."""
-    def natural(col: Col) -> int:
-        return max([len(col.head)] + [len(col.cell(r)) for r in rows])
-
+def columns_for(width: int, sort_field: str = "id") -> list[Col]:
+    """The columns of a ``width``-character screen sorted on ``sort_field``, in their
+    order: ID, CLIENT and the sort column always, then by rank until one does not fit
+    (each at its :attr:`Col.width`, one space between): a wider screen only adds
+    columns.  PEER and HELD keep their room when they have nothing to show (see
+    :func:`choose_columns`), so that the set never depends on the rows."""
     groups: dict[float, list[tuple[int, Col]]] = {}
     for pos, col in enumerate(COLUMNS):
-        if col.head == "PEER" and not any(r.get("name") and r["name"] != r["peer"] for r in rows):
-            continue
-        if col.head == "HELD" and not any(r["held"] for r in rows):
-            continue
         groups.setdefault(-1 if col.sort == sort_field else col.rank, []).append((pos, col))
     chosen: list[tuple[int, Col]] = []
     used = -1  # one space between columns
     for _rank, group in sorted(groups.items()):
-        w = 0
-        for _pos, col in group:
-            n = natural(col)
-            w += 1 + (max(CLIENT_MIN, min(n, CLIENT_MAX)) if col.head == "CLIENT" else n)
-        if chosen and used + w > width:
-            continue  # a smaller group further down may still fit
+        w = sum(1 + col.width for _pos, col in group)
+        if used + w > width and _rank > 0:
+            break
         chosen += group
         used += w
-    client_w = max(CLIENT_MIN, min(natural(COLUMNS[1]), CLIENT_MAX + max(0, width - used)))
-    return [col for _pos, col in sorted(chosen, key=lambda x: x[0])], client_w
+    return [col for _pos, col in sorted(chosen, key=lambda x: x[0])]
+
+
+def choose_columns(rows: list[dict[str, Any]], width: int,
+                   sort_field: str) -> tuple[list[Col], int]:
+    """The columns shown for ``rows`` (:func:`columns_for` the width, less PEER when no
+    client gave a name and HELD when no connection is held: CLIENT takes their room),
+    with the width the CLIENT column gets (what the others leave, up to its longest
+    name, at least :data:`CLIENT_MIN`)."""
+    cols = [c for c in columns_for(width, sort_field)
+            if not (c.head == "PEER" and not any(r.get("name") and r["name"] != r["peer"]
+                                                 for r in rows))
+            and not (c.head == "HELD" and not any(r["held"] for r in rows))]
+
+    def natural(col: Col) -> int:
+        return max([len(col.head)] + [len(col.cell(r)) for r in rows])
+
+    others = sum(1 + min(natural(c), c.width) for c in cols if c.head != "CLIENT")
+    client_w = max(CLIENT_MIN, min(natural(COLUMNS[1]), width - others))
+    return cols, client_w
 
 
 def _table(**kw: Any) -> Table:
@@ -251,9 +281,10 @@ def _pack(parts: list[str], width: int) -> str:
 
 
 def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
-           width: int = 200, height: int | None = None) -> Group:
+           width: int = 200, height: int | None = None, notice: str | None = None) -> Group:
     """The screen for ``width`` columns (and ``height`` rows on a terminal): the totals,
-    the connections table with the columns that fit, and the busiest patterns."""
+    the connections table with the columns that fit, and the busiest patterns; a
+    ``notice`` (the server is gone) above them all, the rest as last seen."""
     sv = s.server
     r = s.rates
     head = Text(_pack([
@@ -270,6 +301,8 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
     if errs:
         parts = [f"{k} {num(v)}" for k, v in errs.items()]
         head.append("\n" + _pack(["errors: " + parts[0], *parts[1:]], width), style="red")
+    if notice:
+        head = Text(notice[:width], style="bold yellow") + Text("\n") + head
 
     heads = [f"{k} {h}" for k, h in KEY_HEADS.items()]
     keys = Text(_pack(["sort: " + heads[0], *heads[1:], "r reverse", "q quit"], width),
@@ -304,7 +337,7 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
                          max_width=client_w)
         else:
             t.add_column(col.head, justify="left" if col.left else "right", no_wrap=True,
-                         min_width=len(col.head))
+                         overflow="ellipsis", min_width=len(col.head), max_width=col.width)
     for c in shown:
         t.add_row(*(col.cell(c) for col in cols))
     parts: list[Any] = [head, t]
@@ -318,7 +351,9 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
         for col in ("OBSERVERS", "MATCHES", "EVENTS", "EVENTS/s"):
             pt.add_column(col, justify="right", no_wrap=True, min_width=len(col))
         for p in pats[:pat_rows]:
-            pt.add_row(p["pattern"], num(p["observers"]), num(p["matches"]),
+            own = p.get("own")
+            pattern = (Text(f"({own}) ", style="dim") + Text(p["pattern"])) if own else p["pattern"]
+            pt.add_row(pattern, num(p["observers"]), num(p["matches"]),
                        num(p["delivered"]), rate(p.get("rate")))
         parts.append(pt)
     if keys is not None:
@@ -355,6 +390,82 @@ def _key(fd: int, timeout: float) -> str | None:
     return data.decode(errors="replace") if data else "q"
 
 
+# ------------------------------------------------------------------------------------
+# A server that goes away (a restart): wait and reconnect
+
+
+BACKOFF = (0.5, 1.0, 2.0, 4.0, 5.0)
+"""Seconds before each attempt to reach a server that went away (then every 5 s)."""
+
+
+def gone(e: HttpFail) -> str | None:
+    """Why ``e`` means the server is not there now -- refused, reset, timed out,
+    shutting down (503) -- as a few words; None for an answer that will not change by
+    waiting (a token refused, not a dataspace server)."""
+    cause: BaseException | None = e.__context__
+    while cause is not None:
+        if isinstance(cause, urllib.error.HTTPError):
+            return f"{cause.code} {cause.reason}".lower() if cause.code in (502, 503, 504) else None
+        if isinstance(cause, urllib.error.URLError) and isinstance(cause.reason, BaseException):
+            cause = cause.reason
+            continue
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, ConnectionResetError | http.client.RemoteDisconnected | BrokenPipeError):
+            return "connection closed"
+        if isinstance(cause, TimeoutError):
+            return "no answer"
+        if isinstance(cause, OSError):
+            return cause.strerror.lower() if cause.strerror else type(cause).__name__
+        cause = cause.__context__
+    return None
+
+
+class Reconnect:
+    """The attempts to reach a server that went away: when the next is due and what the
+    screen (or the log) says meanwhile."""
+
+    def __init__(self, why: str, now: float) -> None:
+        self.why = why
+        self.attempts = 0
+        self.next_at = now + BACKOFF[0]
+
+    def failed(self, why: str, now: float) -> None:
+        self.why = why
+        self.attempts += 1
+        self.next_at = now + BACKOFF[min(self.attempts, len(BACKOFF) - 1)]
+
+    def notice(self, now: float) -> str:
+        tried = f", {self.attempts} attempts" if self.attempts else ""
+        return (f"server gone ({self.why}{tried}), reconnecting in "
+                f"{max(0.0, self.next_at - now):.0f}s; q quits")
+
+
+def snapshot(s: Sample, sort: str, reverse: bool, lines: int) -> dict[str, Any]:
+    """What the screen shows, as one JSON object: the server's figures and their rates
+    per second (null before a second reading), the connections in the screen's order
+    (at most ``lines``; every field of /api/connections, with the rates), and the ten
+    busiest patterns (``own``: the server's own observer, e.g. a recorder)."""
+    field = SORTS[sort][0]
+    rows = sorted(s.conns["connections"], key=lambda c: c.get(field) or 0, reverse=field != "id")
+    if reverse:
+        rows.reverse()
+    pats = None
+    if s.subs is not None:
+        pats = sorted(s.subs["patterns"], key=lambda p: (p.get("rate") or 0, p["delivered"],
+                                                          p["observers"]), reverse=True)[:10]
+    return {
+        "time": round(time.time(), 3),
+        "server": s.server,
+        "rates": s.rates,
+        "sort": field,
+        "reverse": reverse,
+        "connections": {"count": s.conns["count"], "shown": rows[:lines]},
+        "patterns": (None if s.subs is None else
+                     {"dataspace": s.subs["dataspace"], "busiest": pats}),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.lines < 1:
         print("dataspace top: --interval must be > 0 and --lines >= 1", file=sys.stderr)
@@ -368,6 +479,11 @@ def run(args: argparse.Namespace) -> int:
     if first.conns.get("scope") != "admin":
         print("dataspace top: this token sees no connection details: give the server's root "
               "sturdyref (--token @root.sturdyref or --data-dir)", file=sys.stderr)
+    if args.json:
+        try:
+            return _run_json(api, args, first)
+        except KeyboardInterrupt:
+            return 0
     interactive = sys.stdout.isatty() and sys.stdin.isatty() and not args.once
     if not interactive:
         width = int(os.environ.get("COLUMNS", "0") or 0) or 200  # a file or pipe: no wrapping
@@ -376,31 +492,81 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sort, reverse, sample = args.sort, False, first
     console = Console(highlight=False)
+    away: Reconnect | None = None
 
     def screen() -> Group:
         w, h = console.size
-        return render(sample, sort, reverse, args.lines, True, w, h)
+        notice = away.notice(time.monotonic()) if away is not None else None
+        return render(sample, sort, reverse, args.lines, True, w, h, notice)
 
     try:
         with _keys() as fd, Live(screen(), console=console, screen=True,
                                  auto_refresh=False) as live:
             next_at = time.monotonic() + args.interval
             while True:
-                key = _key(fd, next_at - time.monotonic())
+                # While the server is away, the screen's countdown moves every second.
+                due = next_at if away is None else min(away.next_at, time.monotonic() + 1.0)
+                key = _key(fd, due - time.monotonic())
                 if key in ("q", "Q", "\x03", "\x1b"):
                     return 0
                 if key == "r":
                     reverse = not reverse
                 elif key is not None and key in SORTS:
                     sort, reverse = key, False
-                if key is None:
+                now = time.monotonic()
+                if key is None and (away is None or now >= away.next_at):
                     try:
-                        sample = Sample(api, args.dataspace, sample)
+                        sample = Sample(api, args.dataspace, sample if away is None else None)
+                        away = None
                     except HttpFail as e:
-                        live.stop()
-                        print(f"dataspace top: {e}", file=sys.stderr)
-                        return 1
+                        why = gone(e)
+                        if why is None:
+                            live.stop()
+                            print(f"dataspace top: {e}", file=sys.stderr)
+                            return 1
+                        if away is None:
+                            away = Reconnect(why, time.monotonic())
+                        else:
+                            away.failed(why, time.monotonic())
                     next_at = time.monotonic() + args.interval
                 live.update(screen(), refresh=True)
     except KeyboardInterrupt:
         return 0
+
+
+def _run_json(api: Api, args: argparse.Namespace, sample: Sample) -> int:
+    """``--json``: a :func:`snapshot` per line, every --interval until Ctrl-C (once with
+    --once); while the server is away, one line on standard error, and reconnecting."""
+    out = sys.stdout
+    out.write(json.dumps(snapshot(sample, args.sort, False, args.lines), ensure_ascii=False)
+              + "\n")
+    out.flush()
+    if args.once:
+        return 0
+    away: Reconnect | None = None
+    pause = threading.Event()  # never set: the wait between two readings
+    next_at = time.monotonic() + args.interval
+    while True:
+        pause.wait(max(0.0, (next_at if away is None else away.next_at) - time.monotonic()))
+        try:
+            sample = Sample(api, args.dataspace, sample if away is None else None)
+        except HttpFail as e:
+            why = gone(e)
+            if why is None:
+                print(f"dataspace top: {e}", file=sys.stderr)
+                return 1
+            if away is None:
+                away = Reconnect(why, time.monotonic())
+                print(f"dataspace top: server gone ({why}), reconnecting ...", file=sys.stderr,
+                      flush=True)
+            else:
+                away.failed(why, time.monotonic())
+            continue
+        if away is not None:
+            away = None
+            print(f"dataspace top: reconnected (server {sample.server.get('server_id')})",
+                  file=sys.stderr, flush=True)
+        out.write(json.dumps(snapshot(sample, args.sort, False, args.lines),
+                             ensure_ascii=False) + "\n")
+        out.flush()
+        next_at = time.monotonic() + args.interval
