@@ -473,26 +473,37 @@ class Pool:
         # Each move lowers the sum over members of jobs**2 / weight (a move from a to b
         # is made only when (2*la - 1)/wa > (2*lb + 1)/wb, which is that sum falling), so
         # the loop ends; the bound is a second guard.
+        for _ in range(len(self._jobs) * max(1, len(self._order)) + 1):
+            move = self._best_move()
+            if move is None:
+                return
+            a, b, job = move
+            del a.jobs[job]
+            effects.append((UNASSIGN, a.member, job))
+            self._give(b, job, self._jobs[job], effects)
+
+    def _best_move(self) -> tuple[_Slot, _Slot, Hashable] | None:
+        """A move that evens the spread: from the most loaded member that has a job
+        another may take, to the least loaded that may take it (its most recent job)."""
         order = self._order
-        for _ in range(len(self._jobs) * max(1, len(order)) + 1):
-            if len(order) < 2:
-                return
-            a = max(order, key=lambda s: Fraction(2 * len(s.jobs) - 1, s.weight))
-            b = min((s for s in order if s is not a),
-                    key=lambda s: Fraction(2 * len(s.jobs) + 1, s.weight))
-            if not a.jobs or (2 * len(a.jobs) - 1) * b.weight <= (2 * len(b.jobs) + 1) * a.weight:
-                return
-            moved = None
-            for job in reversed(a.jobs):
-                ex = self._jobs[job].exclude
-                if not ex or b.member not in ex:
-                    moved = job
-                    break
-            if moved is None:
-                return
-            del a.jobs[moved]
-            effects.append((UNASSIGN, a.member, moved))
-            self._give(b, moved, self._jobs[moved], effects)
+        if len(order) < 2:
+            return None
+        tops = sorted(order, key=lambda s: Fraction(2 * len(s.jobs) - 1, s.weight), reverse=True)
+        bottoms = sorted(order, key=lambda s: Fraction(2 * len(s.jobs) + 1, s.weight))
+        for a in tops:
+            la = len(a.jobs)
+            if not la:
+                return None  # (the rest hold nothing either)
+            for b in bottoms:
+                if b is a:
+                    continue
+                if (2 * la - 1) * b.weight <= (2 * len(b.jobs) + 1) * a.weight:
+                    break  # (the rest of the bottoms are no less loaded)
+                for job in reversed(a.jobs):
+                    ex = self._jobs[job].exclude
+                    if not ex or b.member not in ex:
+                        return a, b, job
+        return None
 
     def check(self) -> None:
         """Assert the machine's invariants (for tests): every job is held by exactly one
