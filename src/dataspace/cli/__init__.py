@@ -25,8 +25,8 @@ from .._build import BUILD
 from .._interrupt import interrupted_early as _interrupted_early
 from ._parser import Parser
 
-ORDER = ["serve", "observe", "assert_", "send", "query", "request", "cap", "info", "top", "link",
-         "cluster", "stream", "scry", "pipeline", "demo"]  # module names
+ORDER = ["serve", "observe", "assert_", "send", "query", "request", "reply", "cap", "info",
+         "clients", "top", "link", "cluster", "stream", "scry", "pipeline", "demo"]  # module names
 
 
 def _discover() -> list[str]:
@@ -42,10 +42,14 @@ examples:
   dataspace observe '<Present $who>'      watch assertions appear and go
   dataspace assert '<Present "alice">'    hold an assertion until Ctrl-C
   dataspace send '<Says "alice" "hi">'    send a message
+  dataspace send --count 10 '<Tick $n>'   send <Tick 1> ... <Tick 10>
   dataspace query '<Present $who>'        list what matches now, and exit
   dataspace request '<Ask 1>' --reply '<Answer 1 $x>'
                                           send a request, print the first reply
+  dataspace reply '<Ask $id>' --with '<Answer $id "yes">'
+                                          answer requests until Ctrl-C
   dataspace cap mint                      print the server's root capability
+  dataspace clients                       the server's connections (serve --http)
   dataspace top                           live connections and rates (serve --http)
   dataspace demo                          simulated users chatting, in process
   dataspace COMMAND --help                help on one command

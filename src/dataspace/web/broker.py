@@ -164,15 +164,22 @@ def _cluster_summary(server: Any) -> dict[str, Any] | None:
             "routes_up": sum(1 for r in st["routes"] if r.get("connected"))}
 
 
-def _transport(conn: Any) -> str:
-    kind = type(conn).__name__
-    if kind.startswith("WebSocket"):
-        t = getattr(getattr(conn, "ws", None), "transport", None)
-        return "wss" if t is not None and t.get_extra_info("ssl_object") else "ws"
-    if conn.name.startswith("unix"):
-        return "unix"
-    t = getattr(conn, "transport", None)
-    return "tls" if t is not None and t.get_extra_info("ssl_object") else "tcp"
+def _transport(conn: Any) -> tuple[str, str | None]:
+    """How ``conn`` is carried (``tcp``, ``tls``, ``unix``, ``ws``, ``wss``) and its TLS
+    version (None without TLS)."""
+    ws = type(conn).__name__.startswith("WebSocket")
+    if not ws and conn.name.startswith("unix"):
+        return "unix", None
+    t = getattr(getattr(conn, "ws", None), "transport", None) if ws else \
+        getattr(conn, "transport", None)
+    tls = t.get_extra_info("ssl_object") if t is not None else None
+    if tls is None:
+        return ("ws" if ws else "tcp"), None
+    try:
+        version = tls.version()
+    except (AttributeError, ValueError):  # pragma: no cover - a closing socket
+        version = None
+    return ("wss" if ws else "tls"), version
 
 
 def connection_row(server: Any, conn: Any, now: float | None = None) -> dict[str, Any]:
@@ -181,17 +188,23 @@ def connection_row(server: Any, conn: Any, now: float | None = None) -> dict[str
     relay = conn.relay
     st = relay.stats() if relay is not None else {}
     resolves, answers = server.resolve_requests(conn)  # the protocol's, not the user's
+    transport, tls_version = _transport(conn)
+    assertions_in = max(0, st.get("assertions_in", 0) - resolves)
+    observers = relay.observers if relay is not None else 0
     return {
         "id": conn.id,
         "peer": conn.name,
         "name": conn.client_name,
         "address": conn.peer_host,
-        "transport": _transport(conn),
+        "transport": transport,
+        "tls": transport in ("tls", "wss"),
+        "tls_version": tls_version,
         "since": conn.since,
         "age": now - conn.since,
         "dataspaces": [{"name": n, "attenuated": a} for n, a in server.resolved.get(conn, ())],
-        "assertions_in": max(0, st.get("assertions_in", 0) - resolves),
-        "observers": relay.observers if relay is not None else 0,
+        "assertions_in": assertions_in,
+        "assertions": max(0, assertions_in - observers),
+        "observers": observers,
         "assertions_out": max(0, st.get("assertions_out", 0) - answers),
         "resolves": resolves,
         "references": st.get("imports", 0),
