@@ -183,3 +183,37 @@ def test_only_accepts_the_concise_pattern_syntax(tmp_path):
     assert bad.returncode == 2 and "not a pattern of the attenuation language" in bad.stderr
     bad = cap("attenuate", minted.stdout.strip(), "--only", "<$x 1 2>", data_dir=tmp_path)
     assert bad.returncode == 2 and "concise syntax" in bad.stderr
+
+
+def test_show_and_check_json(data_dir):
+    """`cap show --json` / `cap check --json`: one object a script reads with jq (issue 28)."""
+    import json
+
+    key = bytes(range(32))
+    root = mint("root", key)
+    att = cap("attenuate", str(root), "--only", '<Says "alice" _>', "--reject", "<Secret _>",
+              data_dir=data_dir).stdout.strip()
+    r = cap("show", att, "--json", data_dir=data_dir)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(r.stdout.splitlines()) == 1
+    assert doc == {
+        "oid": "root", "oid_text": '"root"', "sig": SturdyRef.parse(att).sig.hex(),
+        "caveats": [
+            {"text": '<rewrite <bind <rec Says [<lit "alice"> <_>]>> <ref 0>>',
+             "kind": "rewrite", "problem": None},
+            {"text": "<reject <rec Secret [<_>]>>", "kind": "reject", "problem": None}]}
+    r = cap("check", att, "--json", data_dir=data_dir)
+    assert r.returncode == 0
+    assert json.loads(r.stdout) == {**doc, "valid": True, "signature_valid": True,
+                                    "problems": []}
+    # A symbol oid, an unknown caveat, a wrong key: said in the fields, status 1.
+    odd = SturdyRef(parse("chat"), signature(key, parse("chat"), [parse("<future>")]),
+                    (parse("<future>"),))
+    r = cap("check", str(odd), "--json", "--key-hex", "00", data_dir=data_dir)
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert (doc["oid"], doc["oid_text"]) == ({"@symbol": "chat"}, "chat")
+    assert (doc["valid"], doc["signature_valid"]) == (False, False)
+    assert doc["caveats"][0]["kind"] == "unknown"
+    assert doc["caveats"][0]["problem"].startswith("unknown kind: it rejects everything")

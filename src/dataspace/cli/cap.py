@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from ..protocol.sturdy import (
 )
 from ..values import PreservesError, Record, Sequence, Symbol, Value, parse, stringify
 from ._client import ArgumentError, read_capability_arg
+from ._json import to_json
 
 FALLBACK_OID = "root"
 """The root oid of a server with the default configuration (``ServerConfig.root_oid``)."""
@@ -85,6 +87,7 @@ CHECK_EPILOG = f"""\
 examples:
   dataspace cap check @ref.pr                 with DATA_DIR/{ROOT_KEY}
   dataspace cap check @ref.pr --key-file other.key
+  dataspace cap check @ref.pr --json          as `show --json`, with "valid" and "problems"
 
 Exit status: 0 when the signature matches the key and every caveat is valid, 1 when it
 does not, 2 when the ref or the key cannot be read.
@@ -94,6 +97,12 @@ SHOW_EPILOG = """\
 examples:
   dataspace cap show @ref.pr
   dataspace cap show '<ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>'
+  dataspace cap show @ref.pr --json | jq -r '.caveats[].text'
+
+--json prints one object: {"oid": the oid in JSON (docs/broker.md's mapping), "oid_text":
+the oid in Preserves text, "sig": the signature in hexadecimal, "caveats": [{"text",
+"kind" (rewrite, or, reject, unknown; null when invalid), "problem" (null, or why the
+caveat rejects everything or is invalid)}, ...] oldest first}.
 """
 
 
@@ -167,6 +176,9 @@ def register(sub: Any) -> None:
         epilog=CHECK_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     c.add_argument("ref", metavar="REF", help="the ref: Preserves text, @FILE or -")
+    c.add_argument("--json", action="store_true",
+                   help="print one JSON object (as show --json, with \"valid\" and "
+                   "\"problems\")")
     _add_key_options(c)
     c.set_defaults(func=run, cap_func=_check)
 
@@ -177,6 +189,9 @@ def register(sub: Any) -> None:
         epilog=SHOW_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     s.add_argument("ref", metavar="REF", help="the ref: Preserves text, @FILE or -")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON object: {\"oid\", \"oid_text\", \"sig\", "
+                   "\"caveats\"}")
     s.add_argument("--data-dir", metavar="DIR", help=REF_DATA_DIR_HELP)
     s.set_defaults(func=run, cap_func=_show)
 
@@ -381,11 +396,32 @@ def _describe_caveats(ref: SturdyRef) -> tuple[list[str], list[str]]:
     return lines, problems
 
 
+def _as_json(ref: SturdyRef) -> dict[str, Any]:
+    """``show --json``: the ref's oid, signature and caveats (see SHOW_EPILOG)."""
+    caveats = []
+    for c in ref.caveats:
+        try:
+            kind, why = caveat_kind(c)
+            problem = f"unknown kind: it rejects everything ({why})" if kind == "unknown" else None
+        except SturdyError as e:
+            kind, problem = None, f"invalid: {e}"
+        caveats.append({"text": stringify(c), "kind": kind, "problem": problem})
+    return {"oid": to_json(ref.oid), "oid_text": stringify(ref.oid), "sig": ref.sig.hex(),
+            "caveats": caveats}
+
+
 def _check(args: argparse.Namespace) -> int:
     ref = _read_ref(args.ref, args)
     key = _load_key(args)
     ok = validate(ref, key)
     lines, problems = _describe_caveats(ref)
+    if args.json:
+        doc = _as_json(ref)
+        doc["valid"] = ok and not problems
+        doc["signature_valid"] = ok
+        doc["problems"] = problems
+        print(json.dumps(doc, ensure_ascii=False))
+        return 0 if ok and not problems else 1
     if ok and not problems:
         print("valid: the signature matches the key")
     elif ok:
@@ -402,6 +438,9 @@ def _check(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     ref = _read_ref(args.ref, args)
+    if args.json:
+        print(json.dumps(_as_json(ref), ensure_ascii=False))
+        return 0
     print(f"oid: {stringify(ref.oid)}")
     print(f"sig: {ref.sig.hex()}")
     lines, _problems = _describe_caveats(ref)

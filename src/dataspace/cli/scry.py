@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from typing import Any
 
 from .. import scry
 from ..values import stringify
+from ._json import to_json
 
 EXAMPLES = """\
 examples:
@@ -17,8 +19,11 @@ examples:
   dataspace scry follow udp://127.0.0.1:7413/chat --from 34 --count 10
   dataspace scry follow udp://10.0.0.2:7413/chat --poll fixed:1 a naive poller, for comparison
   dataspace scry get udp://127.0.0.1:7413/chat/34               one entry, waiting for it
+  dataspace scry follow udp://127.0.0.1:7413/chat --json | jq .value
 
-Each entry is printed once, in order, as `INDEX VALUE-TEXT` on its own line (stdout).
+Each entry is printed once, in order, as `INDEX VALUE-TEXT` on its own line (stdout);
+with --json as one object per line: {"index", "text" (Preserves text), "value" (in JSON,
+as `dataspace observe --json` maps values: docs/broker.md)}.
 On stderr: `following URL from entry N` once the publisher answers, and a line when
 nothing answers for 3 s (it keeps trying; --timeout gives up).  The server publishes
 streams with `dataspace serve --scry-udp HOST:PORT --publish STREAM`.  Ctrl-C stops.
@@ -47,21 +52,30 @@ def register(sub: Any) -> None:
     f.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="give up (exit 1) when nothing has answered for this long; default: "
                    "keep trying (saying so after 3 s)")
+    f.add_argument("--json", action="store_true",
+                   help="one JSON object per entry: {\"index\", \"text\", \"value\"}")
     f.set_defaults(func=run_follow)
     g = ssub.add_parser("get", help="print one entry, waiting for it to exist",
                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("url", metavar="udp://HOST:PORT/STREAM/INDEX")
     g.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="give up after this long (exit 1); default: wait")
+    g.add_argument("--json", action="store_true",
+                   help="print the entry as a JSON object: {\"index\", \"text\", \"value\"}")
     g.set_defaults(func=run_get)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
-def _line(index: int, entry: scry.ScryEntry) -> str:
+def _line(index: int, entry: scry.ScryEntry, as_json: bool = False) -> str:
     try:
         text = stringify(entry.value)
     except Exception as e:  # pragma: no cover - the entry's hash was checked
         text = f"#!undecodable entry: {e}"
+        if as_json:
+            return json.dumps({"index": index, "text": text, "value": None})
+    if as_json:
+        return json.dumps({"index": index, "text": text, "value": to_json(entry.value)},
+                          ensure_ascii=False)
     return f"{index} {text}"
 
 
@@ -81,7 +95,7 @@ async def _follow(args: argparse.Namespace, start: int | str) -> int:
     n = 0
     async for e in scry.follow(args.url, start, poll=args.poll, timeout=args.timeout,
                                notify=_notify):
-        sys.stdout.write(_line(e.index, e) + "\n")
+        sys.stdout.write(_line(e.index, e, args.json) + "\n")
         sys.stdout.flush()
         n += 1
         if args.count is not None and n >= args.count:
@@ -129,5 +143,5 @@ def run_get(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
-    print(_line(e.index, e), flush=True)
+    print(_line(e.index, e, args.json), flush=True)
     return 0
