@@ -732,34 +732,90 @@ def test_link_status_of_a_server_that_is_not_running_does_not_count_up(tmp_path)
     assert lines[4] == "     refused: this link would close a cycle: f3ee already reaches 8748"
 
 
+@pytest.mark.parametrize("verbose", [0, 1], ids=["serve", "serve -v"])
 @async_test
-async def test_a_link_that_keeps_failing_warns_once_not_at_every_attempt(tmp_path, caplog):
-    """A link whose peer stays down (or whose CA stays wrong) logged a WARNING at every
-    attempt, every 10 s for good; the same failure is now a warning once a minute, the
-    attempts between at info level."""
+async def test_a_link_that_keeps_failing_warns_when_the_reason_changes_and_once_a_minute(
+        tmp_path, caplog, verbose):
+    """Without -v, `dataspace serve` wrote every retry of a link that keeps failing (at
+    INFO: 7 lines in 15 s); now what it writes is one warning, then one a minute with the
+    count of attempts since (a clock injected: 20 s per attempt), as docs/links.md says;
+    with -v every attempt too."""
     import logging
     import socket
 
     from dataspace.broker.link import LinkDialer, LinkSpec
+    from dataspace.cli import serve
 
     with socket.socket() as s:  # a port where nothing listens
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    caplog.set_level(logging.INFO, logger="dataspace.broker.link")
+    names = ("dataspace.broker.link", "dataspace.broker.link.retries", "dataspace.broker.cluster")
+    levels = {n: logging.getLogger(n).level for n in ("", *names)}
+    serve._link_events(verbose)  # the levels `dataspace serve` sets
+    if verbose:
+        logging.getLogger().setLevel(logging.INFO)
+    calls = 0
+    attempts = 10
+
     async with running_server(tmp_path / "d") as d:
+        dialer: LinkDialer
+
+        def clock() -> float:  # read once per failed attempt: the tenth is the last
+            nonlocal calls
+            calls += 1
+            if calls == attempts:
+                dialer.stop()
+            return 20.0 * calls
+
         dialer = LinkDialer(d.links["root"], LinkSpec(f"127.0.0.1:{port}", d.sturdyref), d.hub,
-                            None, backoff=(0.005, 0.01))
-        dialer.start()
-        deadline = time.monotonic() + TIMEOUT
-        while dialer.attempts < 6 and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        dialer.stop()
-        await dialer.wait_stopped()
-    said = [r for r in caplog.records if r.name == "dataspace.broker.link"
-            and f"link 127.0.0.1:{port}: no server at 127.0.0.1:{port} (connection refused): "
-            "is the server there running?" in r.getMessage()]
-    assert dialer.attempts >= 6 and len(said) >= 5, said
-    assert [r.levelname for r in said] == ["WARNING"] + ["INFO"] * (len(said) - 1)
+                            None, backoff=(0.001, 0.002), clock=clock)
+        try:
+            dialer.start()
+            await dialer.wait_stopped()
+        finally:
+            for n, level in levels.items():
+                logging.getLogger(n or None).setLevel(level)
+    why = (f"link 127.0.0.1:{port}: no server at 127.0.0.1:{port} (connection refused): is "
+           "the server there running?; retrying in ")
+    said = [(r.levelname, r.getMessage().removeprefix(why)) for r in caplog.records
+            if r.name.startswith("dataspace.broker.link") and r.getMessage().startswith(why)]
+    assert calls == attempts and dialer.attempts == attempts
+    warnings = [m for level, m in said if level == "WARNING"]
+    # Attempts 1, 4, 7, 10 (at 20, 80, 140, 200 s): the first, then one a minute.
+    assert len(warnings) == 4, said
+    assert re.fullmatch(r"\d+\.\d s", warnings[0]), warnings
+    assert all(re.fullmatch(r"\d+\.\d s \(still failing: 3 attempts in 60 s\)", w)
+               for w in warnings[1:]), warnings
+    infos = [m for level, m in said if level == "INFO"]
+    assert len(infos) == (attempts - 4 if verbose else 0), said
+
+
+def test_failure_warnings_say_a_new_reason_at_once_and_the_same_one_once_a_minute():
+    from dataspace.broker.link import FailureWarnings
+
+    w = FailureWarnings(every=60.0)
+    assert w.failed("refused", 0.0) == ""
+    assert [w.failed("refused", t) for t in (10.0, 30.0, 59.9)] == [None, None, None]
+    assert w.failed("refused", 61.0) == " (still failing: 4 attempts in 61 s)"
+    assert w.failed("refused", 70.0) is None
+    assert w.failed("TLS: untrusted", 71.0) == ""  # a new reason: at once
+    assert w.failed("refused", 72.0) == ""  # and back
+    assert w.failed("refused", 132.0) == " (still failing: 1 attempt in 60 s)"
+    w.reset()  # the link came up: its next failure is news
+    assert w.failed("refused", 133.0) == ""
+
+
+def test_a_links_wait_never_exceeds_the_backoffs_cap():
+    """The wait was 50-150% of a delay doubling to 10 s: up to 15 s (12.7 s seen); it is
+    now 50-100% of it, the cap the longest wait, as docs/links.md says."""
+    import random
+
+    from dataspace.broker.link import LinkDialer
+
+    dialer = LinkDialer.__new__(LinkDialer)
+    dialer._rng = random.Random(28)
+    waits = [dialer._jitter(10.0) for _ in range(2000)]
+    assert 5.0 <= min(waits) < 5.1 and 9.9 < max(waits) <= 10.0
 
 
 def test_link_status_of_a_server_just_stopped_says_it_is_not_running(tmp_path):

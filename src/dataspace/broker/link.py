@@ -81,6 +81,9 @@ from ..values.model import _PLAIN
 __all__ = ["LinkHub", "LinkSpec", "load_server_id"]
 
 log = logging.getLogger(__name__)
+retry_log = logging.getLogger(__name__ + ".retries")
+"""Each failed attempt of a link that keeps failing, at INFO (``dataspace serve -v``); the
+warnings :class:`FailureWarnings` chooses go to :data:`log`."""
 
 VERSION = 2
 """Version 2: links are checked for cycles by locking both trees (the ``<tree-...>``
@@ -1179,6 +1182,39 @@ REPEAT_WARNING = 60.0
 """Seconds before a link's same connection failure is warned of again."""
 
 
+class FailureWarnings:
+    """Which of a link's failed attempts are warned of: the first, each whose reason
+    differs from the one before, and then at most one every ``every`` seconds while the
+    reason stays the same, saying how many attempts failed since the last warning.  The
+    others are details (:data:`retry_log`).  Time comes in as an argument."""
+
+    def __init__(self, every: float = REPEAT_WARNING) -> None:
+        self.every = every
+        self.reason: str | None = None
+        self.warned_at = 0.0
+        self.since = 0  # failed attempts since the last warning
+
+    def failed(self, reason: str, now: float) -> str | None:
+        """An attempt failed for ``reason`` at ``now`` (seconds): None if it is not
+        warned of, else what the warning adds ("" the first time, else e.g. " (still
+        failing: 7 attempts in 61 s)")."""
+        if reason != self.reason:
+            self.reason, self.warned_at, self.since = reason, now, 0
+            return ""
+        self.since += 1
+        if now - self.warned_at < self.every:
+            return None
+        said = f" (still failing: {self.since} attempt{'s' if self.since != 1 else ''} in " \
+            f"{now - self.warned_at:.0f} s)"
+        self.warned_at, self.since = now, 0
+        return said
+
+    def reset(self) -> None:
+        """The link is up: its next failure is warned of at once."""
+        self.reason = None
+        self.since = 0
+
+
 def _dial_failure(e: BaseException, address: str) -> str:
     """Why a link could not connect, in words (not ``[Errno 111] Connect call failed``)."""
     if isinstance(e, ConnectionRefusedError):
@@ -1197,7 +1233,8 @@ class LinkDialer:
 
     def __init__(self, hub: LinkHub, spec: LinkSpec, net_hub: Hub,
                  turn: Callable[[], Any] | None, backoff: tuple[float, float] = (0.1, 10.0),
-                 refused_retry: tuple[float, float] = REFUSED_RETRY) -> None:
+                 refused_retry: tuple[float, float] = REFUSED_RETRY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.hub = hub
         self.spec = spec
         self.net_hub = net_hub
@@ -1219,6 +1256,7 @@ class LinkDialer:
         self.early: list[Value] = []
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
+        self._clock = clock  # (for the warnings' once a minute)
         self.quota: Quota | None = None
         """Charged for what the peer asserts here (the server's memory budget), if set."""
 
@@ -1245,12 +1283,17 @@ class LinkDialer:
         if fut is not None and not fut.done():
             fut.set_result(v)
 
+    def _jitter(self, delay: float) -> float:
+        """The wait before the next attempt: a random 50-100% of ``delay`` (which doubles
+        up to the backoff's cap: the cap is the longest wait)."""
+        return delay * (0.5 + 0.5 * self._rng.random())
+
     async def _run(self) -> None:
         lo, hi = self.backoff
         delay = lo
         n = len(self.spec.addresses)
         failed = 0  # addresses that failed in a row (a round: each was tried once)
-        said: tuple[str, float] | None = None  # the last failure warned of, and when
+        warnings = FailureWarnings()
         while not self._stop.is_set():
             self.attempts += 1
             self.next_attempt = None
@@ -1259,7 +1302,7 @@ class LinkDialer:
                 await self._connect_once()
                 delay = lo
                 failed = 0
-                said = None
+                warnings.reset()
                 assert self.conn is not None
                 await self.conn.wait_closed()
                 reason = self.conn.close_reason
@@ -1287,22 +1330,21 @@ class LinkDialer:
                 self.hub.last_error[self.spec.address] = msg
                 if n > 1 and failed % n:
                     wait = 0.0  # the next address of this round at once
-                    log.info("link %s: %s; trying %s", self.spec.address, msg, self.current)
+                    retry_log.info("link %s: %s; trying %s", self.spec.address, msg,
+                                   self.current)
                 else:
-                    wait = delay * (0.5 + self._rng.random())
+                    wait = self._jitter(delay)
                     delay = min(hi, delay * 2)
                     # The same failure again (a peer that stays down, a CA that stays
                     # wrong) is a warning once a minute, not at every attempt; the
-                    # attempts between are said at info level (-v).
-                    now = time.monotonic()
-                    if said is None or said[0] != msg or now - said[1] >= REPEAT_WARNING:
-                        again = f" (attempt {self.attempts})" if said is not None else ""
+                    # attempts between are details (-v).
+                    said = warnings.failed(msg, self._clock())
+                    if said is not None:
                         log.warning("link %s: %s; retrying in %.1f s%s", self.spec.address,
-                                    msg, wait, again)
-                        said = (msg, now)
+                                    msg, wait, said)
                     else:
-                        log.info("link %s: %s; retrying in %.1f s", self.spec.address, msg,
-                                 wait)
+                        retry_log.info("link %s: %s; retrying in %.1f s", self.spec.address,
+                                       msg, wait)
             finally:
                 s = self.session
                 self.session = None
@@ -1319,7 +1361,7 @@ class LinkDialer:
             if self._stop.is_set():
                 return
             if wait is None:
-                wait = delay * (0.5 + self._rng.random())
+                wait = self._jitter(delay)
                 delay = min(hi, delay * 2)
             self.next_attempt = time.time() + wait
             self.hub.write_status()

@@ -267,12 +267,16 @@ def _recorder_specs(cfg: ServerConfig) -> list[RecorderSpec]:
     return specs
 
 
-def _link_events() -> None:
-    """Links and routes going up and down, and why, are printed even without -v."""
+def _link_events(verbose: int = 0) -> None:
+    """Links and routes going up and down, and why, are printed even without -v; each
+    failed attempt of a link that keeps failing only with it (without, a warning when
+    the reason changes and once a minute: dataspace.broker.link.FailureWarnings)."""
     for name in ("dataspace.broker.link", "dataspace.broker.cluster"):
         lg = logging.getLogger(name)
         if lg.getEffectiveLevel() > logging.INFO:
             lg.setLevel(logging.INFO)
+    if not verbose:
+        logging.getLogger("dataspace.broker.link.retries").setLevel(logging.WARNING)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -284,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
     verbose = max(getattr(args, "verbose", 0) or 0, cfg.verbose)
     if verbose:
         logging.getLogger().setLevel(logging.INFO if verbose == 1 else logging.DEBUG)
-    _link_events()  # (a server that only accepts links says so too)
+    _link_events(verbose)  # (a server that only accepts links says so too)
     _tune_gc()
     return asyncio.run(_serve(cfg))
 
