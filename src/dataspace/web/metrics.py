@@ -9,15 +9,22 @@ integer increment and no more.
 Naming follows Prometheus: a ``dataspace_`` prefix, base units (seconds, bytes), counters
 ending in ``_total``; labels only where their values are bounded by the configuration
 (``dataspace``, a link's address, a recorder's stream, an error's kind from a fixed
-set).  The whole list, with what each means, is in docs/operations.md.
+set) or by a cap of this module: the store's streams, their named tailers and the
+pipelines' graphs and processors (:data:`MAX_STREAMS`, :data:`MAX_TAILERS`,
+:data:`MAX_GRAPHS`, :data:`MAX_PROCESSORS`), read at each scrape from the stream rows and
+tailer rows alone (no entry is read), on the port's store threads, within
+:data:`STORE_TIMEOUT`.  The whole list, with what each means, is in docs/operations.md.
 
 Access: the root capability (or ``--http-open``); see :mod:`dataspace.web.auth`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -37,13 +44,33 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..broker.server import ERROR_KINDS
+from ..streams.base import Store, StreamInfo
 from ..streams.recorder import COMMIT_BUCKETS
 from .auth import Access
 from .context import WebContext, guarded
 from .dataspaces import WATCHES
 from .scry import SCRY
 
-__all__ = ["METRICS", "ServerCollector", "make_registry", "setup"]
+__all__ = ["MAX_GRAPHS", "MAX_PROCESSORS", "MAX_STREAMS", "MAX_TAILERS", "METRICS",
+           "ServerCollector", "StoreCollector", "StoreSnapshot", "make_registry", "setup",
+           "store_snapshot"]
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 100
+"""Streams with series of their own (``stream`` label), the first by name; the store's
+own ``__...`` streams never have (their graphs do)."""
+MAX_TAILERS = 500
+"""Named tailers with series of their own (``stream``, ``tailer``), of the listed streams."""
+MAX_GRAPHS = 50
+"""Pipeline graphs with series of their own (``graph``), the first by name."""
+MAX_PROCESSORS = 500
+"""Processors with series of their own (``graph``, ``processor``), of the listed graphs."""
+STORE_TIMEOUT = 5.0
+"""Seconds a scrape waits for the store; past it the store's series are left out and
+``dataspace_store_up`` is 0."""
+BACKING = "__backing/"
+"""The prefix of a processor's backing stream: ``__backing/GRAPH/PROCESSOR``."""
 
 
 def _counter(name: str, doc: str, value: float | None = None,
@@ -246,6 +273,166 @@ class ServerCollector(Collector):
                            "Entries the scry gateway sent.", st.get("entries_sent", 0))
 
 
+# ------------------------------------------------------------------------------------
+# The stream store: streams, tailers, graphs
+
+
+@dataclass
+class StoreSnapshot:
+    """What one scrape read of the store (on a store thread): every stream's row with its
+    tailers, and who runs each graph (None: no engine holds its lock)."""
+
+    streams: list[StreamInfo] = field(default_factory=list)
+    holders: dict[str, str | None] = field(default_factory=dict)
+    error: str | None = None
+    """Why the store could not be read (then nothing else is set)."""
+    seconds: float = 0.0
+
+
+def _graphs(infos: list[StreamInfo]) -> dict[str, list[tuple[str, StreamInfo]]]:
+    """The graphs found in the store, by name: each with its processors' names and
+    backing streams."""
+    graphs: dict[str, list[tuple[str, StreamInfo]]] = {}
+    for i in infos:
+        if i.name.startswith(BACKING):
+            graph, sep, proc = i.name[len(BACKING):].partition("/")
+            if sep and graph and proc:
+                graphs.setdefault(graph, []).append((proc, i))
+    return graphs
+
+
+def store_snapshot(store: Store) -> StoreSnapshot:
+    """Read what the store's metrics need (store threads): the stream and tailer rows and
+    the graphs' locks; never an entry."""
+    t0 = time.perf_counter()
+    infos = store.streams(include_internal=True)
+    holder = getattr(store, "lock_holder", None)
+    holders: dict[str, str | None] = {}
+    for graph in sorted(_graphs(infos))[:MAX_GRAPHS]:
+        holders[graph] = holder(f"graph:{graph}") if callable(holder) else None
+    return StoreSnapshot(infos, holders, seconds=time.perf_counter() - t0)
+
+
+class StoreCollector(Collector):
+    """The metrics of one :class:`StoreSnapshot` (a collector made per scrape)."""
+
+    def __init__(self, snap: StoreSnapshot | None) -> None:
+        self.snap = snap
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snap
+        if snap is None:  # the server has no store
+            return
+        yield _gauge("dataspace_store_up", "1 when this scrape could read the stream store "
+                     "(its streams' series are then present).", 0 if snap.error else 1)
+        if snap.error is not None:
+            return
+        yield _gauge("dataspace_store_read_seconds",
+                     "Time this scrape took to read the store's stream and tailer rows.",
+                     snap.seconds)
+        yield from self._streams(snap)
+        yield from self._graphs(snap)
+
+    def _streams(self, snap: StoreSnapshot) -> Iterator[Metric]:
+        user = [i for i in snap.streams if not i.internal]
+        count = _gauge("dataspace_streams", "Streams in the store: the users' and the store's "
+                       "own (__..., e.g. processors' backing streams).", labels=["kind"])
+        count.add_metric(["user"], len(user))
+        count.add_metric(["internal"], len(snap.streams) - len(user))
+        yield count
+        listed = user[:MAX_STREAMS]
+        yield _gauge("dataspace_streams_unlisted",
+                     f"Users' streams without series of their own (beyond the first "
+                     f"{MAX_STREAMS} by name).", len(user) - len(listed))
+        s = ["stream"]
+        entries = _gauge("dataspace_stream_entries", "Entries a stream holds now (its length).",
+                         labels=s)
+        last = _gauge("dataspace_stream_last_index",
+                      "Index of the last entry appended to a stream (absent before the first).",
+                      labels=s)
+        first = _gauge("dataspace_stream_first_index",
+                       "Index of the oldest entry a stream still holds (absent when empty).",
+                       labels=s)
+        when = _gauge("dataspace_stream_last_append_time_seconds",
+                      "When the last entry held was appended (seconds since the epoch).",
+                      labels=s)
+        t = ["stream", "tailer"]
+        position = _gauge("dataspace_tailer_position",
+                          "The next index a named tailer reads from its stream.", labels=t)
+        lag = _gauge("dataspace_tailer_lag_entries",
+                     "Entries appended to a stream that a named tailer has not read yet.",
+                     labels=t)
+        tailers = 0
+        unlisted = 0
+        for i in listed:
+            entries.add_metric([i.name], i.count)
+            if i.next > 0:
+                last.add_metric([i.name], i.next - 1)
+            if i.first is not None:
+                first.add_metric([i.name], i.first)
+            if i.last_time_ns is not None:
+                when.add_metric([i.name], i.last_time_ns / 1e9)
+            for tl in i.tailers:
+                if tailers >= MAX_TAILERS:
+                    unlisted += 1
+                    continue
+                tailers += 1
+                position.add_metric([i.name, tl.name], tl.position)
+                lag.add_metric([i.name, tl.name], max(0, i.next - tl.position))
+        yield from (entries, last, first, when, position, lag)
+        yield _gauge("dataspace_tailers_unlisted",
+                     f"Named tailers without series of their own (beyond {MAX_TAILERS}, or "
+                     "on unlisted streams).",
+                     unlisted + sum(len(i.tailers) for i in user[MAX_STREAMS:]))
+
+    def _graphs(self, snap: StoreSnapshot) -> Iterator[Metric]:
+        graphs = _graphs(snap.streams)
+        # A processor reads its inputs with tailers named after it (GRAPH/PROCESSOR).
+        reads: dict[str, list[tuple[StreamInfo, int]]] = {}
+        for i in snap.streams:
+            for tl in i.tailers:
+                reads.setdefault(tl.name, []).append((i, tl.position))
+        g = ["graph"]
+        running = _gauge("dataspace_graph_running",
+                         "1 while an engine runs the graph (holds its lock), else 0.", labels=g)
+        glag = _gauge("dataspace_graph_lag_entries",
+                      "Entries of its input streams the graph's processors have not read yet.",
+                      labels=g)
+        progress = _gauge("dataspace_graph_last_progress_seconds",
+                          "When a processor of the graph last recorded a step (seconds since "
+                          "the epoch).", labels=g)
+        procs = _gauge("dataspace_graph_processors", "Processors of the graph.", labels=g)
+        p = ["graph", "processor"]
+        plag = _gauge("dataspace_processor_lag_entries",
+                      "Entries of its input streams a processor has not read yet.", labels=p)
+        steps = _gauge("dataspace_processor_steps",
+                       "Records in a processor's backing stream (snapshots and attempts).",
+                       labels=p)
+        names = sorted(graphs)
+        shown = 0
+        for graph in names[:MAX_GRAPHS]:
+            total = 0
+            newest: int | None = None
+            members = sorted(graphs[graph], key=lambda x: x[0])
+            for proc, backing in members:
+                proc_lag = sum(max(0, si.next - pos) for si, pos in reads.get(f"{graph}/{proc}", ()))
+                total += proc_lag
+                if backing.last_time_ns is not None:
+                    newest = max(newest or 0, backing.last_time_ns)
+                if shown < MAX_PROCESSORS:
+                    shown += 1
+                    plag.add_metric([graph, proc], proc_lag)
+                    steps.add_metric([graph, proc], backing.count)
+            running.add_metric([graph], 1 if snap.holders.get(graph) else 0)
+            glag.add_metric([graph], total)
+            procs.add_metric([graph], len(members))
+            if newest is not None:
+                progress.add_metric([graph], newest / 1e9)
+        yield from (running, glag, progress, procs, plag, steps)
+        yield _gauge("dataspace_graphs", "Pipeline graphs found in the store (by their "
+                     "processors' backing streams).", len(names))
+
+
 def make_registry(ctx: WebContext, app: web.Application | None = None) -> CollectorRegistry:
     """A registry of its own with the server's collector and the process's (memory,
     CPU, file descriptors as ``dataspace_process_...``)."""
@@ -263,10 +450,32 @@ def setup(app: web.Application, ctx: WebContext) -> None:
     reg = make_registry(ctx, app)
     app[METRICS] = reg
 
+    reading: list[asyncio.Future[StoreSnapshot]] = []  # a store read still under way
+
+    async def read_store() -> StoreSnapshot | None:
+        store = ctx.store
+        if store is None:
+            return None
+        if reading and not reading[0].done():
+            # The last scrape's read has not come back (a stuck store): no second one.
+            return StoreSnapshot(error="the last scrape's read of the store has not finished")
+        fut = asyncio.ensure_future(ctx.run_store(store_snapshot, store))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+        reading[:] = [fut]
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), STORE_TIMEOUT)
+        except TimeoutError:
+            log.warning("/metrics: the stream store did not answer within %g s", STORE_TIMEOUT)
+            return StoreSnapshot(error="timeout")
+        except Exception as e:
+            log.warning("/metrics: cannot read the stream store: %s", e)
+            return StoreSnapshot(error=str(e))
+
     async def metrics(request: web.Request, access: Access) -> web.StreamResponse:
         access.require_admin("/metrics")
         t0 = time.perf_counter()
-        body = generate_latest(reg)
+        snap = await read_store()
+        body = generate_latest(reg) + generate_latest(StoreCollector(snap))  # type: ignore[arg-type]
         body += (b"# HELP dataspace_scrape_duration_seconds Time this scrape took.\n"
                  b"# TYPE dataspace_scrape_duration_seconds gauge\n"
                  b"dataspace_scrape_duration_seconds %.6f\n" % (time.perf_counter() - t0))
