@@ -60,8 +60,9 @@ def register(sub: Any) -> None:
         description="Show a running server's connections (subscriptions, assertions, "
         "messages and bytes in and out with their rates, pending output), its totals and "
         "its busiest patterns, refreshed every --interval seconds, sortable with keys (like "
-        "nats-top).  Without a terminal it prints one snapshot and exits.  Needs the "
-        "server's root capability (connection details are the administrator's).",
+        "nats-top).  Without a terminal it prints one snapshot and exits; --json prints "
+        "what the screen shows as JSON.  Needs the server's root capability (connection "
+        "details are the administrator's).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--interval", "-d", type=float, default=1.0, metavar="SECONDS",
                    help="refresh interval (default 1)")
