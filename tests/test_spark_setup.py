@@ -180,6 +180,15 @@ def test_files_named_like_imported_modules_are_named(tmp_path, monkeypatch, capl
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "__init__.py").write_text("")
     (tmp_path / "helpers.py").write_text("")  # the user's own: no module of that name
+    (tmp_path / "mygraphlib.py").write_text("")  # the user's own, imported from there
+    (tmp_path / "sys.py").write_text("")  # built in: nothing can replace it
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mygraphlib", tmp_path / "mygraphlib.py")
+    assert spec is not None and spec.loader is not None
+    mine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mine)
+    monkeypatch.setitem(sys.modules, "mygraphlib", mine)
     (tmp_path / "notes").mkdir()  # not a package
     (tmp_path / "copy.txt").write_text("")
     assert session.shadowing_files(tmp_path) == ["copy.py", "json"]

@@ -242,7 +242,6 @@ def shadowing_files(directory: str | os.PathLike[str] | None = None) -> list[str
     package's: those Spark's Python processes import too -- e.g. ``copy.py``; where the
     directory is first on their ``sys.path`` (``python -m``), each replaces that module."""
     d = Path(directory if directory is not None else os.getcwd())
-    loaded = {name.partition(".")[0] for name in list(sys.modules)}
     found = []
     try:
         names = sorted(os.listdir(d))
@@ -255,7 +254,14 @@ def shadowing_files(directory: str | os.PathLike[str] | None = None) -> list[str
             mod = name
         else:
             continue
-        if mod in loaded and mod != "__main__":
+        where = getattr(sys.modules.get(mod), "__file__", None)
+        if where is None or mod == "__main__":  # not loaded, or built in: not replaceable
+            continue
+        try:
+            own = Path(where).resolve().is_relative_to(d.resolve())
+        except OSError:
+            own = False
+        if not own:  # (a module of the user's there, the graph's helpers, is no shadow)
             found.append(name)
     return found
 
