@@ -435,10 +435,14 @@ from dataspace.pipeline import Graph
 graph = Graph("shout", error_stream="shout.errors")
 graph.source("chat")
 GATE = {gate!r}
+CRASH = {crash!r}
 
 
 def upper(v):
     if v == "slow":  # a long step: it goes on once the test makes the gate (at most 60 s)
+        if CRASH and not os.path.exists(GATE + ".crashed"):
+            open(GATE + ".crashed", "w").close()
+            os._exit(1)  # the first attempt's worker dies, as with an executor lost
         deadline = time.monotonic() + 60
         while not os.path.exists(GATE) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -453,12 +457,12 @@ class Run:
     """A real `dataspace pipeline run` (its own JVM) of the gated graph, in a session of
     its own so that Ctrl-C goes to its process group, as a terminal sends it."""
 
-    def __init__(self, env, *extra: str) -> None:
+    def __init__(self, env, *extra: str, crash: bool = False) -> None:
         self.gate = env / "gate"
-        (env / "gated.py").write_text(GATED.format(gate=str(self.gate)))
+        (env / "gated.py").write_text(GATED.format(gate=str(self.gate), crash=crash))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "gated.py"),
-             "--master", "local[1]", *extra],
+             "--master", "local[1,2]" if crash else "local[1]", *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.lines: list[str] = []
@@ -494,15 +498,18 @@ def test_cli_process_is_quiet_and_ctrl_c_mid_batch_finishes_the_batch(env):
     """A real `dataspace pipeline run` process (its own JVM): no Spark log noise on the
     terminal, a live progress line, and Ctrl-C in the middle of a batch lets the batch
     finish and commit -- as the docs say -- then stops cleanly (exit 0).  It once stopped
-    the queries at once, dropping the batch for the next run to do again."""
+    the queries at once, dropping the batch for the next run to do again.  The batch's
+    first attempt loses its worker (local[1,2]: Spark tries a task twice): the progress
+    says so, and estimates the ETA anew."""
     main(["stream", "append", "chat", '"x"'])
-    run = Run(env, "--interval", "0.2")
+    run = Run(env, "--interval", "0.2", crash=True)
     try:
         with open_store(env / "data") as s:
             assert s.wait_until(lambda: s.next_index("loud") == 1, timeout=LONG)
             run.wait_line(lambda x: "upper in 1 out 1" in x)
             s.append("chat", "slow")
         at = run.wait_line(lambda x: "[batch 1: 1 messages" in x)  # the batch runs (and waits)
+        at = run.wait_line(lambda x: "1 failed and retried" in x and "estimating ETA" in x, at)
         run.ctrl_c()
         at = run.wait_line(lambda x: x == STOPPING, at)
         run.wait_line(lambda x: "[finishing batch 1: 1 messages" in x, at)
