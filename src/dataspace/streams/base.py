@@ -41,7 +41,7 @@ from .errors import (
     StoreNotFound,
     StreamNotFound,
 )
-from .integrity import CheckReport
+from .integrity import CheckReport, Salvaged, StreamDigest
 from .tailer import Tailer
 
 __all__ = [
@@ -468,6 +468,33 @@ class Store(ABC):
                 if meta:
                     out.metas.append(e.meta_data)
             pos = batch[-1].index + 1
+        return out
+
+    @abstractmethod
+    def salvage(self, name: str, start: int = 0, end: int = MAX_INDEX, limit: int = 1000,
+                descending: bool = False) -> list[Salvaged]:
+        """For recovering a damaged stream: up to ``limit`` entries of ``name`` with ``start
+        <= index < end`` *as stored* (lowest first, or highest first with ``descending``),
+        each with what is wrong with it (:class:`~.integrity.Salvaged`) -- not checked
+        against the stream's bookkeeping, nor for gaps: the caller says what is missing.
+        :class:`StreamNotFound` if there is no such stream; :class:`StoreCorrupt` where
+        the database refuses to read on.  Never the way to read a sound stream."""
+
+    def digest(self, name: str, start: int = 0, end: int = MAX_INDEX, *,
+               values: bool = False) -> StreamDigest:
+        """A summary of the stored entries of ``name`` with ``start <= index < end`` (how
+        many, the first and last index, the sum of their checksums), read as a read of
+        that range is -- verified: what a copy, an export or an import compares with what
+        it read.  With ``values`` every value is read and its checksum computed again;
+        without, a backend may sum the checksums it stores (this default reads values)."""
+        out = StreamDigest()
+        pos = start
+        while pos < end:
+            c = self.read_columns(name, pos, end, values=True, meta=True, limit=10_000)
+            if not c.indices:
+                break
+            out.add(name, c.indices, c.values, c.metas)
+            pos = c.indices[-1] + 1
         return out
 
     # -- tailers --------------------------------------------------------------------------

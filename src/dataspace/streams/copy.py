@@ -12,6 +12,13 @@ What is copied is what the source held when the copy started: stop the writers f
 (servers recording into it, pipeline runs).  :class:`CopyResult` says how many entries
 were appended to the source meanwhile (not copied).  A destination stream that already
 holds entries or tailers is refused unless ``replace`` (it is then deleted first).
+
+Reads of the source are verified as every read is (a damaged source stops the copy);
+then what was written is verified against what was read before the copy says it is done:
+each destination stream is read back (every entry verified) and must hold the same count,
+first and last index and entry checksums as was read from the source -- which must be
+what the source's bookkeeping said when the copy started -- with the same next index,
+retention and tailer positions (:class:`CopyMismatch` otherwise).
 """
 
 from __future__ import annotations
@@ -21,12 +28,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .base import MAX_INDEX, Store, StoreError, StreamInfo, StreamNotFound
+from .integrity import StreamDigest
 
-__all__ = ["CopyRefused", "CopyResult", "copy_streams", "plan_copy"]
+__all__ = ["CopyMismatch", "CopyRefused", "CopyResult", "copy_streams", "plan_copy"]
 
 
 class CopyRefused(StoreError):
     """The destination holds data the copy would overwrite (the message lists it)."""
+
+
+class CopyMismatch(StoreError):
+    """What the copy read is not what the source's bookkeeping said, or what it wrote is
+    not what it read (the message says which stream and how)."""
 
 
 @dataclass
@@ -56,14 +69,16 @@ def plan_copy(src: Store, names: list[str] | None = None) -> list[StreamInfo]:
     return [infos[n] for n in dict.fromkeys(names)]
 
 
-def _rows(src: Store, s: StreamInfo, chunk: int) -> Iterator[tuple[int, str, int, int, bytes, bytes | None]]:
+def _rows(src: Store, s: StreamInfo, chunk: int,
+          read: StreamDigest) -> Iterator[tuple[int, str, int, int, bytes, bytes | None]]:
     """``(seq, stream, index, time_ns, value, meta)`` of one stream, up to its next index
-    when the copy started, read in chunks."""
+    when the copy started, read in chunks (and added to ``read``)."""
     pos = 0 if s.first is None else s.first
     while pos < s.next:
         c = src.read_columns(s.name, pos, s.next, values=True, meta=True, limit=chunk)
         if not c.indices:
             return
+        read.add(s.name, c.indices, c.values, c.metas)
         yield from zip(c.seqs, [s.name] * len(c.indices), c.indices, c.times, c.values, c.metas)
         pos = c.indices[-1] + 1
 
@@ -104,7 +119,8 @@ def copy_streams(
     done = 0
     if progress is not None:
         progress(0, total)
-    merged = heapq.merge(*(_rows(src, s, min(batch_rows, 1000)) for s in plan))
+    read = {s.name: StreamDigest() for s in plan}
+    merged = heapq.merge(*(_rows(src, s, min(batch_rows, 1000), read[s.name]) for s in plan))
     pending: dict[str, list[tuple[int, int, bytes, bytes | None, int]]] = {}
     size = count = 0
 
@@ -141,4 +157,32 @@ def copy_streams(
                 result.tailers += len(s.tailers)
     now = src.next_indices()
     result.appended_meanwhile = sum(max(0, now.get(s.name, 0) - s.next) for s in plan)
+    for s in plan:
+        _verify(src, dst, s, read[s.name])
     return result
+
+
+def _verify(src: Store, dst: Store, s: StreamInfo, read: StreamDigest) -> None:
+    """What was read of ``s`` is what its bookkeeping said, and the destination holds
+    what was read (every entry read back and verified), with the same next index,
+    retention and tailers: else :class:`CopyMismatch`."""
+    said = StreamDigest(s.count, s.first, None if s.first is None else s.next - 1)
+    if (read.count, read.first, read.last) != (said.count, said.first, said.last):
+        raise CopyMismatch(
+            f"stream {s.name!r} of {src.display} held {said} when the copy started, but "
+            f"{read} were read (written to or retention applied during the copy?); stop its "
+            "writers and copy again with --replace")
+    got = dst.digest(s.name, values=True)
+    what = read.differs(got)
+    d = dst.stream_info(s.name)
+    if what is None and d.next != s.next:
+        what = f"next index {d.next}, not {s.next}"
+    if what is None and (d.max_count, d.max_age) != (s.max_count, s.max_age):
+        what = "other retention settings"
+    if what is None and [(t.name, t.position) for t in d.tailers] != [
+            (t.name, t.position) for t in s.tailers]:
+        what = "other tailers or tailer positions"
+    if what is not None:
+        raise CopyMismatch(
+            f"{dst.display} does not hold what was read from {src.display}: stream "
+            f"{s.name!r} there has {what}; copy again with --replace")

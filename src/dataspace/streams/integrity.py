@@ -101,13 +101,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise, repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import MAX_INDEX, StoreCorrupt, StoreError
 
 __all__ = [
     "CHECKSUM_MASK",
     "CheckReport",
+    "Salvaged",
     "StreamDigest",
     "StreamRow",
     "StreamScan",
@@ -115,9 +116,11 @@ __all__ = [
     "check_copy_in",
     "checksums",
     "damaged",
+    "digest_of",
     "expected_range",
     "staged_checksums",
     "plural",
+    "salvage_rows",
     "stream_checksum",
     "stream_seed",
     "ends_problem",
@@ -402,6 +405,18 @@ class StreamDigest:
             return "no entries"
         return f"{plural(self.count, 'entry', 'entries')} ({_span(self.first or 0, (self.last or 0) + 1)})"
 
+    def add_sums(self, first: int, count: int, total: int) -> None:
+        """``count`` entries from index ``first`` on whose checksums (less the index) sum
+        to ``total``."""
+        if not count:
+            return
+        last = first + count - 1
+        self.total = (self.total + total + (first + last) * count // 2) & 0xFFFFFFFFFFFFFFFF
+        if self.first is None:
+            self.first = first
+        self.last = last
+        self.count += count
+
     def differs(self, other: StreamDigest) -> str | None:
         """How ``other`` (what was written) differs from this (what was read), or None."""
         if (self.count, self.first, self.last) != (other.count, other.first, other.last):
@@ -525,6 +540,65 @@ def verify_get(where: str, stream: str, first: int, nxt: int, index: int,
     elif row[0] != index or not first <= index < nxt:
         raise damaged(where, stream, f"entry {row[0]} answered a look-up of entry {index} "
                       f"(the stream holds {_span(first, nxt) if nxt > first else 'none'})")
+
+
+def digest_of(where: str, stream: str, first: int, nxt: int, start: int, end: int,
+              got: Sequence[Any]) -> StreamDigest | None:
+    """The digest of ``start <= index < end`` from one aggregate over the stored rows --
+    ``got`` = (count, lowest index, highest index, how many have a checksum, the sum of
+    their checksums less the index) -- raising :func:`damaged` unless they are the indices
+    a read must return; None if some entries carry no checksum (written before
+    checksums: the caller reads their values instead)."""
+    want = expected_range(first, nxt, start, end, MAX_INDEX)
+    n, lo, hi, sealed, total = got
+    if n != len(want) or (n and (lo != want[0] or hi != want[-1])):
+        asked = _span(max(start, 0), min(end, nxt)) if min(end, nxt) > max(start, 0) else "none"
+        raise damaged(where, stream, f"a read of {asked} found {n} entries"
+                      + (f" ({_span(lo, hi + 1)})" if n else "")
+                      + f" where the stream holds {_span(want[0], want[-1] + 1) if want else 'none'}")
+    if sealed != n:
+        return None
+    out = StreamDigest()
+    if n:
+        out.add_sums(want[0], n, int(total))
+    return out
+
+
+# -- salvage: what is still good in a damaged stream ------------------------------------------
+
+
+class Salvaged(NamedTuple):
+    """An entry as stored (:meth:`~.base.Store.salvage`), with what is wrong with it:
+    ``problem`` is None for an entry whose checksum matches its stream, index, value and
+    metadata (or that was written before checksums), else why it is damaged."""
+
+    index: Any
+    seq: Any
+    time_ns: Any
+    data: Any
+    meta: Any
+    problem: str | None
+
+
+def salvage_rows(stream: str, rows: Sequence[Sequence[Any]]) -> list[Salvaged]:
+    """``rows`` -- ``(idx, seq, time_ns, value, meta, stored checksum less the index)`` as
+    stored, in index order -- each with its verdict."""
+    if not rows:
+        return []
+    idxs, seqs, times, values, metas, stored = zip(*rows)
+    got = _checksums_each(stream, values, metas)
+    out = []
+    for k, (i, c, st) in enumerate(zip(idxs, got, stored)):
+        if type(i) is not int:
+            what: str | None = f"its index is not an integer ({str(i)[:40]!r})"
+        elif c is None:
+            what = "it holds a value or metadata that is not bytes"
+        elif st is not None and c != st:
+            what = "it does not match its checksum (its value, metadata or index changed)"
+        else:
+            what = None
+        out.append(Salvaged(i, seqs[k], times[k], values[k], metas[k], what))
+    return out
 
 
 # -- the whole-store check (``dataspace stream info --check``) ---------------------------------

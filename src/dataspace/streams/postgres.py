@@ -92,14 +92,18 @@ from .base import (
 )
 from .integrity import (
     CheckReport,
+    Salvaged,
+    StreamDigest,
     StreamRow,
     StreamScan,
     check_advance,
     check_copy_in,
     checksums,
     damaged,
+    digest_of,
     ends_problem,
     plural,
+    salvage_rows,
     staged_checksums,
     tailer_checksum,
     verify_checksums,
@@ -960,6 +964,38 @@ class PostgresStore(Store):
         row = self._check_row(r)
         return row.first if row.first < row.next else None
 
+    def salvage(self, name: str, start: int = 0, end: int = MAX_INDEX, limit: int = 1000,
+                descending: bool = False) -> list[Salvaged]:
+        self._check_open()
+        rows = self._rows(
+            f"SELECT s.id, e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM} FROM {_S} s LEFT JOIN "
+            f"LATERAL (SELECT * FROM {_E} WHERE stream = s.id AND idx >= %s AND idx < %s ORDER "
+            f"BY idx {'DESC' if descending else ''} LIMIT %s) e ON true WHERE s.name = %s",
+            (max(start, 0), end, max(limit, 0), name))
+        if not rows:
+            raise StreamNotFound(f"no stream named {name!r} in {self._display}")
+        return salvage_rows(name, [r[1:] for r in rows if r[1] is not None])
+
+    def digest(self, name: str, start: int = 0, end: int = MAX_INDEX, *,
+               values: bool = False) -> StreamDigest:
+        """Without ``values``: one aggregate over the range's stored checksums, its count
+        and ends checked against the stream's verified row (one statement)."""
+        if not values:
+            self._check_open()
+            r = self._one(
+                f"WITH s AS MATERIALIZED ({_ROW} WHERE s.name = %s) SELECT s.*, a.* FROM s "
+                f"CROSS JOIN LATERAL (SELECT count(*), min(idx), max(idx), count(checksum), "
+                f"sum({_SUM_BARE}) FROM {_E} WHERE stream = s.id AND idx >= %s AND idx < %s) a",
+                (name, max(start, 0), end))
+            if r is None:
+                return StreamDigest()
+            row = self._check_row(r)
+            got = tuple(None if x is None else int(x) for x in r[10:15])
+            out = digest_of(self._display, name, row.first, row.next, start, end, got)
+            if out is not None:
+                return out
+        return super().digest(name, start, end, values=True)
+
     # -- tailers --------------------------------------------------------------------------
 
     def position(self, stream: str, tailer: str) -> int | None:
@@ -1300,7 +1336,9 @@ class PostgresTransaction(Transaction):
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _q(self, sql: str, params: Any = ()) -> Any:
+    def _q(self, sql: str, params: Any = (), inserting: tuple[str, int] | None = None) -> Any:
+        """Run ``sql``; with ``inserting`` (stream, index), entries are inserted there and
+        after, where the stream's row says none is stored: one there already is damage."""
         import psycopg
 
         try:
@@ -1308,6 +1346,10 @@ class PostgresTransaction(Transaction):
             cur.execute(sql, params)
             return cur
         except psycopg.Error as e:
+            if inserting is not None and isinstance(e, psycopg.errors.UniqueViolation):
+                raise damaged(self._store.display, inserting[0], "an entry is stored already at "
+                              f"index {inserting[1]} or after, where it appends "
+                              f"({str(e).strip().splitlines()[0]})") from None
             if isinstance(e, (psycopg.errors.UniqueViolation, psycopg.errors.CheckViolation)):
                 raise StoreError(f"{self._store.display}: {str(e).strip().splitlines()[0]}") from None
             raise self._store._fail(e) from None
@@ -1428,12 +1470,13 @@ class PostgresTransaction(Transaction):
         t = self._time = time.time_ns()
         if metas is None:
             self._q(_INSERT, {"s": sid, "i": first, "q": self._seq, "t": t, "v": list(datas),
-                              "c": checksums(stream, datas)})
+                              "c": checksums(stream, datas)}, (stream, first))
         else:
             if len(metas) != n:
                 raise ValueError("append_encoded: datas and metas differ in length")
             self._q(_INSERT_META, {"s": sid, "i": first, "q": self._seq, "t": t, "v": list(datas),
-                                   "m": list(metas), "c": checksums(stream, datas, metas)})
+                                   "m": list(metas), "c": checksums(stream, datas, metas)},
+                    (stream, first))
         self._seq += n
         row.next = first + n
         return first
@@ -1476,7 +1519,7 @@ class PostgresTransaction(Transaction):
                        "JOIN unnest(%b::bigint[]) WITH ORDINALITY AS c(c, o) ON c.o = k + 1")
                 params = (*params[:4], meta_cut, meta_suffix, at, sums)
                 want = sum(sums)
-            cur = self._q(sql, params)
+            cur = self._q(sql, params, (stream, at))
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
             # What was appended is what was staged: count, first and last index, checksums.
@@ -1518,7 +1561,7 @@ class PostgresTransaction(Transaction):
                 "%b::bigint[], %b::bigint[], %b::bytea[], %b::bytea[], %b::bigint[], %b::bigint[]) "
                 "AS u(i, t, v, m, o, c)",
                 (sid, self._copy_base, idx, times, values, metas, order,
-                 checksums(stream, values, metas)))
+                 checksums(stream, values, metas)), (stream, idx[0]))
         self._seq = max(self._seq, self._copy_base + max(order) + 1)
         row.next = rows[-1][0] + 1
         self._no_retention.add(sid)

@@ -78,14 +78,18 @@ from .base import (
 )
 from .integrity import (
     CheckReport,
+    Salvaged,
+    StreamDigest,
     StreamRow,
     StreamScan,
     check_advance,
     check_copy_in,
     checksums,
     damaged,
+    digest_of,
     ends_problem,
     plural,
+    salvage_rows,
     staged_checksums,
     tailer_checksum,
     verify_checksums,
@@ -732,6 +736,40 @@ class SQLiteStore(Store):
                 v = self._verified(name)
         return None if v is None or v[1] >= v[2] else v[1]
 
+    def salvage(self, name: str, start: int = 0, end: int = MAX_INDEX, limit: int = 1000,
+                descending: bool = False) -> list[Salvaged]:
+        with self._lock:
+            self._check_open()
+            sid = self._stream_id(name)
+            if sid is None:
+                raise StreamNotFound(f"no stream named {name!r} in {self.path}")
+            rows = self._all(
+                f"SELECT idx, seq, time_ns, value, meta, {_SUM} FROM entries WHERE stream = ? "
+                f"AND idx >= ? AND idx < ? ORDER BY idx {'DESC' if descending else ''} LIMIT ?",
+                (sid, max(start, 0), end, max(limit, 0)))
+        return salvage_rows(name, rows)
+
+    def digest(self, name: str, start: int = 0, end: int = MAX_INDEX, *,
+               values: bool = False) -> StreamDigest:
+        """Without ``values``: one aggregate over the range's stored checksums (in C),
+        its count and ends checked against the stream's verified row."""
+        if not values:
+            with self._lock:
+                self._check_open()
+                with self._snapshot():
+                    v = self._verified(name)
+                    if v is None:
+                        return StreamDigest()
+                    sid, *bounds = v
+                    got = self._one(
+                        f"SELECT count(*), min(idx), max(idx), count(checksum), sum({_SUM}) "
+                        "FROM entries WHERE stream = ? AND idx >= ? AND idx < ?",
+                        (sid, max(start, 0), end))
+            out = digest_of(str(self.path), name, *bounds, start, end, got)
+            if out is not None:
+                return out
+        return super().digest(name, start, end, values=True)
+
     # -- verified reads (see .integrity) -------------------------------------------------
 
     @contextlib.contextmanager
@@ -1369,6 +1407,15 @@ class SQLiteTransaction(Transaction):
         t = self._time = time.time_ns()
         # Rows are zipped in C (no per-row Python tuple building in a loop); the checksums
         # are computed in C too, and their index part is added in SQL.
+        with _inserting(store, stream, first):
+            self._insert(sid, first, n, seq, t, stream, datas, metas)
+        self._seq = seq + n
+        row.next = first + n
+        return first
+
+    def _insert(self, sid: int, first: int, n: int, seq: int, t: int, stream: str,
+                datas: list[bytes], metas: list[bytes | None] | None) -> None:
+        store = self._store
         if metas is None:
             store._conn.executemany(
                 "INSERT INTO entries (stream, idx, seq, time_ns, value, checksum) "
@@ -1385,9 +1432,6 @@ class SQLiteTransaction(Transaction):
                 zip(repeat(sid), range(first, first + n), range(seq, seq + n), repeat(t), datas,
                     metas, checksums(stream, datas, metas)),
             )
-        self._seq = seq + n
-        row.next = first + n
-        return first
 
     def read(self, stream: str, start: int, limit: int, end: int | None = None) -> list[Entry]:
         return _read(self._store, stream, start, limit, end)
@@ -1470,9 +1514,10 @@ class SQLiteTransaction(Transaction):
                 src = ("(SELECT k, value, vsum, CASE WHEN meta IS NULL THEN NULL ELSE "
                        "CAST(substr(meta, 1, length(meta) - ?) || ? AS BLOB) END AS meta "
                        f"FROM {src})")
-            cur = store._exec(
-                f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
-                f"SELECT ?, ? + k, ? + k, ?, value, meta, {seal} FROM {src}", params)
+            with _inserting(store, stream, at):
+                cur = store._exec(
+                    f"INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
+                    f"SELECT ?, ? + k, ? + k, ?, value, meta, {seal} FROM {src}", params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
             _verify_taken(store, stream, sid, at, n, f"stage{k}.t{tid}", not meta_cut)
@@ -1512,11 +1557,12 @@ class SQLiteTransaction(Transaction):
             self._copy_base = self._seq = seq
         base = self._copy_base
         sums = checksums(stream, [r[2] for r in rows], [r[3] for r in rows])
-        store._conn.executemany(
-            "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
-            f"VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_SEAL.format(c='?7', i='?2')})",
-            [(sid, i, base + o, t, v, m, c) for (i, t, v, m, o), c in zip(rows, sums)],
-        )
+        with _inserting(store, stream, rows[0][0]):
+            store._conn.executemany(
+                "INSERT INTO entries (stream, idx, seq, time_ns, value, meta, checksum) "
+                f"VALUES (?1, ?2, ?3, ?4, ?5, ?6, {_SEAL.format(c='?7', i='?2')})",
+                [(sid, i, base + o, t, v, m, c) for (i, t, v, m, o), c in zip(rows, sums)],
+            )
         self._seq = max(self._seq or 0, base + max(r[4] for r in rows) + 1)
         row.next = rows[-1][0] + 1
         self._no_retention.add(sid)
@@ -1535,6 +1581,17 @@ _UPSERT_TAILER = (
     "INSERT INTO tailers (stream, name, position, updated_ns, checksum) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (stream, name) DO UPDATE SET position = excluded.position, "
     "updated_ns = excluded.updated_ns, checksum = excluded.checksum")
+
+@contextlib.contextmanager
+def _inserting(store: SQLiteStore, stream: str, at: int) -> Iterator[None]:
+    """Entries inserted at ``at`` and after, where the stream's row says none is stored:
+    one there already (a primary key taken) is damage, said as the other reads say it."""
+    try:
+        yield
+    except sqlite3.IntegrityError as e:
+        raise damaged(str(store.path), stream, f"an entry is stored already at index {at} or "
+                      f"after, where it appends ({e})") from None
+
 
 def _beyond(stream: str, tailer: str, position: int, nxt: int) -> str:
     return (f"tailer {tailer!r}: position {position} is beyond the end of stream {stream!r} "

@@ -50,7 +50,16 @@ from ..values import (
     stringify,
 )
 from ..values.text import parse_many, parse_prefix
-from .base import MAX_INDEX, MAX_VALUE_SIZE, Store, StoreError, encode_value
+from .base import (
+    MAX_INDEX,
+    MAX_VALUE_SIZE,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StreamNotFound,
+    encode_value,
+)
+from .integrity import StreamDigest
 
 __all__ = [
     "ENTRY",
@@ -60,6 +69,7 @@ __all__ = [
     "BadInput",
     "ExportResult",
     "ImportResult",
+    "WriteMismatch",
     "ImportStopped",
     "Input",
     "Item",
@@ -79,6 +89,10 @@ MAX_TEXT_VALUE = 64 * 1024 * 1024
 
 _RETRY_ALWAYS = 1024  # below this many characters, a value spanning lines is parsed again at each line
 _WS = re.compile(r"[ \t\r\n]*")
+
+
+class WriteMismatch(StoreError):
+    """What an export or import wrote is not what it read (the message says how)."""
 
 
 class BadInput(ValueError):
@@ -174,9 +188,13 @@ class Item(NamedTuple):
     where: str
 
 
-def header(stream: str) -> Record:
-    """The header of an export of ``stream``."""
-    return Record(HEADER, [FORMAT_VERSION, Dictionary({Symbol("stream"): stream})])
+def header(stream: str, salvaged: bool = False) -> Record:
+    """The header of an export of ``stream`` (``salvaged``: of the intact entries of a
+    damaged stream, ``stream export --skip-damaged``: ``{stream: ..., salvaged: #t}``)."""
+    info: dict[Value, Value] = {Symbol("stream"): stream}
+    if salvaged:
+        info[Symbol("salvaged")] = True
+    return Record(HEADER, [FORMAT_VERSION, Dictionary(info)])
 
 
 class Input:
@@ -390,6 +408,14 @@ def import_stream(
                 tx.create_stream(name)
                 first = tx.append_encoded(name, datas, metas)
         last = indices[-1] if keep_indices else first + len(datas) - 1
+        # What was written, read back (every entry verified), against what was read.
+        read = StreamDigest()
+        read.add(name, range(first, last + 1), datas, metas)
+        got = store.digest(name, first, last + 1, values=True)
+        what = read.differs(got)
+        if what is not None:
+            raise WriteMismatch(f"{name!r} in {store.display} holds {what} (indices "
+                                f"{first}..{last} of the batch from {batch_at})")
         result.first = first if result.first is None else result.first
         result.last = last
         result.entries += len(datas)
@@ -444,6 +470,9 @@ class ExportResult:
     entries: int = 0
     first: int | None = None
     last: int | None = None
+    damaged: int = 0
+    """With ``on_damage``: how many lines of damage were told (entries left out, runs of
+    missing ones, refused reads)."""
 
 
 def export_stream(
@@ -455,7 +484,8 @@ def export_stream(
     start: int = 0,
     stop: int | None = None,
     chunk: int = 1000,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+    on_damage: Callable[[str], None] | None = None,
 ) -> ExportResult:
     """Write the header and the entries of ``name`` with ``start <= index < stop`` to
     ``out`` (a binary file) in ``fmt`` (``"text"`` or ``"binary"``, see the module
@@ -464,41 +494,134 @@ def export_stream(
     after each chunk (``total`` counts the stored entries in the range).
 
     Raises :class:`~dataspace.streams.StreamNotFound`; in text, a stored value that does
-    not decode is a ``ValueError`` naming its index (binary copies it as it is).
+    not decode is a ``ValueError`` naming its index (binary copies it as it is).  Every
+    read is verified (a damaged entry or bookkeeping raises
+    :class:`~dataspace.streams.StoreCorrupt`); at the end, what was written is checked
+    against the stream's bookkeeping when the export started (count, first and last
+    index) and against the checksums the store holds for that range
+    (:class:`WriteMismatch` otherwise, naming entries retention removed meanwhile).
+
+    With ``on_damage`` (``stream export --skip-damaged``, recovering a damaged stream),
+    damage does not stop the export: every intact entry is written (read as
+    :func:`.salvage.entries` reads), each damaged one -- a read refused, an entry that
+    fails its checksum, a run of missing indices, in text a value that does not decode --
+    is told to ``on_damage`` (one line) instead, and the header says ``salvaged: #t``.
     """
     if fmt not in ("text", "binary"):
         raise ValueError(f"unknown format {fmt!r}: text or binary")
-    info = store.stream_info(name)
-    end = info.next if stop is None else min(stop, info.next)
-    pos = max(start, info.first if info.first is not None else info.next)
-    total = max(0, end - pos)
     result = ExportResult(name)
+    if on_damage is not None:
+        told = on_damage
+
+        def on_damage(line: str) -> None:
+            result.damaged += 1
+            told(line)
+
+    if not store.has_stream(name):
+        raise StreamNotFound(f"no stream named {name!r} in {store.display}")
+    info: tuple[int, int | None] | None
+    try:  # the stream's bookkeeping (its tailers play no part)
+        info = store.next_index(name), store.first_index(name)
+    except StoreCorrupt as e:
+        if on_damage is None:
+            raise
+        on_damage(str(e))  # its bookkeeping is damaged: what is stored, as it is
+        info = None
+    if info is not None:
+        nxt, first = info
+        end = nxt if stop is None else min(stop, nxt)
+        pos = max(start, first if first is not None else nxt)
+    else:
+        end, pos = MAX_INDEX if stop is None else stop, start
+    total: int | None = max(0, end - pos) if info is not None else None
     text = fmt == "text"
-    head = header(name)
+    head = header(name, salvaged=on_damage is not None)
     out.write((stringify(head) + "\n").encode() if text else encode(head))
     if progress is not None:
         progress(0, total)
     entry_tag = encode(ENTRY)
+    wrote = StreamDigest()
+    start_at = pos
+    for idxs, values, metas in (_chunks(store, name, pos, end, chunk) if on_damage is None
+                                else _salvaged(store, name, pos, end, chunk, on_damage,
+                                               verified=info is not None)):
+        parts: list[bytes] = []
+        written = []
+        for idx, data, meta in zip(idxs, values, metas):
+            if text:
+                try:
+                    parts.append(_text_line(name, idx, data, meta))
+                except ValueError as e:
+                    if on_damage is None:
+                        raise
+                    on_damage(f"stream {name!r}: {e}; left out")
+                    continue
+            else:
+                parts += (b"\xb4", entry_tag, encode(idx), data, meta or b"", b"\x84")
+            written.append((idx, data, meta))
+        out.write(b"".join(parts))
+        if written:
+            i, v, m = (list(c) for c in zip(*written))
+            wrote.add(name, i, v, m)
+            result.first = i[0] if result.first is None else result.first
+            result.last = i[-1]
+            result.entries += len(i)
+        if progress is not None:
+            progress(result.entries, None if total is None else max(total, result.entries))
+    if progress is not None and result.entries != total:
+        progress(result.entries, result.entries)  # gaps in the range: it is all done
+    if not result.damaged:
+        _verify_export(store, name, start_at, end, wrote)
+    return result
+
+
+def _chunks(store: Store, name: str, pos: int, end: int,
+            chunk: int) -> Iterator[tuple[list[int], list[bytes], list[bytes | None]]]:
+    """Verified reads of ``pos <= index < end``, as columns."""
     while pos < end:
         c = store.read_columns(name, pos, end, values=True, meta=True, limit=chunk)
         if not c.indices:
-            break
-        parts: list[bytes] = []
-        for idx, data, meta in zip(c.indices, c.values, c.metas):
-            if text:
-                parts.append(_text_line(name, idx, data, meta))
-            else:
-                parts += (b"\xb4", entry_tag, encode(idx), data, meta or b"", b"\x84")
-        out.write(b"".join(parts))
-        result.first = c.indices[0] if result.first is None else result.first
-        result.last = c.indices[-1]
-        result.entries += len(c.indices)
+            return
+        yield c.indices, c.values, c.metas
         pos = c.indices[-1] + 1
-        if progress is not None:
-            progress(result.entries, max(total, result.entries))
-    if progress is not None and result.entries != total:
-        progress(result.entries, result.entries)  # gaps in the range: it is all done
-    return result
+
+
+def _salvaged(store: Store, name: str, pos: int, end: int, chunk: int,
+              on_damage: Callable[[str], None], verified: bool,
+              ) -> Iterator[tuple[list[int], list[bytes], list[bytes | None]]]:
+    """The intact entries of ``pos <= index < end`` (:func:`.salvage.entries`; without
+    ``verified`` reads first, as stored: the stream's bookkeeping is damaged), as columns."""
+    from .salvage import as_stored, entries
+
+    batch: list[tuple[int, bytes, bytes | None]] = []
+    read = entries if verified else as_stored
+    for e in read(store, name, pos, end, chunk=chunk, on_damage=on_damage):
+        batch.append((e.index, e.data, e.meta_data))
+        if len(batch) >= chunk:
+            yield tuple(list(c) for c in zip(*batch))  # type: ignore[misc]
+            batch = []
+    if batch:
+        yield tuple(list(c) for c in zip(*batch))  # type: ignore[misc]
+
+
+def _verify_export(store: Store, name: str, pos: int, end: int, wrote: StreamDigest) -> None:
+    """The export of ``pos <= index < end`` (what the stream's bookkeeping said when it
+    started) wrote ``wrote``: all of it -- but what retention removed meanwhile, from the
+    front -- and the same checksums as the store holds."""
+    if end <= pos:
+        return
+    said = StreamDigest(end - pos, pos, end - 1)
+    if wrote.count and wrote.last == end - 1 and wrote.first is not None and wrote.first > pos:
+        raise WriteMismatch(
+            f"entries {pos}..{wrote.first - 1} of {name!r} were removed by retention during "
+            f"the export and are not in it ({wrote} were exported); export from index "
+            f"{wrote.first} on (--from), or stop the stream's writers first")
+    if (wrote.count, wrote.first, wrote.last) != (said.count, said.first, said.last):
+        raise WriteMismatch(f"{wrote} of {name!r} were exported where its bookkeeping said "
+                            f"{said} when the export started")
+    what = wrote.differs(store.digest(name, pos, end))
+    if what is not None:
+        raise WriteMismatch(f"{name!r} in {store.display} holds {what.replace(' were read', ' were exported')}")
 
 
 def _text_line(name: str, index: int, data: bytes, meta: bytes | None) -> bytes:

@@ -707,10 +707,16 @@ class StreamWriter(DataSourceStreamArrowWriter):
             store.defer_checkpoints()  # SQLite: the log is folded in the background instead
         tx = store.begin()
         try:
+            counts = {s: len(v) for s, v in ordered.items()}
+            if self.error_stream is not None and len(errors):
+                counts[self.error_stream] = counts.get(self.error_stream, 0) + len(errors)
+            before = {s: tx.next_index(s) for s in counts}
             wrote = commit_step(tx, pid, starts, ends, ordered, errors=errors,
                                 error_stream=self.error_stream,
                                 order=order if spec is not None and spec.processor.reads_alts else None,
                                 hashed=hashed)
+            if wrote:
+                verify_appended(store, pid, before, counts)
             if staging:
                 tx.drop_staged(pid)
             faults.point("commit-inside")
@@ -764,6 +770,21 @@ class StreamWriter(DataSourceStreamArrowWriter):
             except Exception as e:  # the next commit removes them
                 log.warning("%s: could not remove the staged rows of batch %s: %s",
                             self.pid, batchId, e)
+
+
+def verify_appended(store: Any, who: str, before: Mapping[str, int],
+                    counts: Mapping[str, int]) -> None:
+    """Inside a commit's transaction, before it commits: each stream of ``counts`` holds,
+    from where it ended before (``before``), exactly the batch's rows -- their count, first
+    and last index, read back as a verified read of that range is (the store itself checks
+    staged rows it takes against the staged tables: count, indices, checksums).  A
+    :class:`CommitError` otherwise, and the transaction is rolled back."""
+    for s, n in counts.items():
+        at = before[s]
+        got = store.digest(s, at)
+        if (got.count, got.first, got.last) != (n, at if n else None, at + n - 1 if n else None):
+            raise CommitError(f"{who}: the commit wrote {got} to {s!r} where the batch has "
+                              f"{n} rows to append at index {at}; nothing was committed")
 
 
 def _unhasher(h: bytes) -> Any:
@@ -838,13 +859,17 @@ class BatchWriter(DataSourceArrowWriter):
             store.attach_staged()
         with store.transaction() as tx:
             tx.create_stream(self.stream)
+            before = {self.stream: tx.next_index(self.stream)}
             if self.stage:
-                tx.append_staged(self.stream, [(t, n) for p in parts
-                                               for t, n, _h in (p.staged or {}).get(self.stream, [])])
+                taken = [(t, n) for p in parts for t, n, _h in (p.staged or {}).get(self.stream, [])]
+                tx.append_staged(self.stream, taken)
                 tx.drop_staged(self.owner)
+                count = sum(n for _t, n in taken)
             else:
-                tx.append_encoded(self.stream, [d for p in parts
-                                                for d in p.outputs.get(self.stream, ([], []))[0]])
+                datas = [d for p in parts for d in p.outputs.get(self.stream, ([], []))[0]]
+                tx.append_encoded(self.stream, datas)
+                count = len(datas)
+            verify_appended(store, "df.write", before, {self.stream: count})
         if self.stage:
             collect_later(store)
 
