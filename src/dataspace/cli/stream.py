@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import json
 import os
 import select
 import signal
@@ -30,6 +31,8 @@ examples:
   printf '<n 1>\\n<n 2>\\n' | dataspace stream append nums -      values from stdin
   dataspace stream tail chat                        the last 10 entries
   dataspace stream tail chat -f                     ... and follow new ones (Ctrl-C stops)
+  dataspace stream read chat --from 100 --count 20  entries 100..119
+  dataspace stream ls --json | jq '.[].name'        machine-readable (info --json too)
   dataspace stream tail chat -f --tailer me         resume as the named tailer "me"
   dataspace stream info chat                        details, tailers and their lag
   dataspace stream create logs --max-count 100000 --max-age 7d   set retention
@@ -64,20 +67,42 @@ def register(sub: Any) -> None:
     add_store_argument(common)
     ss = p.add_subparsers(dest="stream_command", metavar="SUBCOMMAND")
 
-    ls = ss.add_parser("ls", parents=[common], help="list streams",
-                       description="List streams: entries, index range, last append, retention.")
+    ls = ss.add_parser(
+        "ls", parents=[common], help="list streams",
+        description="List streams: entries, index range, last append, retention.  With "
+        "--json, one JSON array of objects, one per stream, with the fields of 'stream info "
+        "--json' (without store): name, length, first, last, next (indices; first and last "
+        "null when empty), created and last_time (seconds since the epoch), max_count, "
+        "max_age (seconds), internal, tailers (a list of {name, position, lag, updated}).",
+        epilog="examples:\n"
+        "  dataspace stream ls\n"
+        "  dataspace stream ls --all                    with the store's own streams (__...)\n"
+        "  dataspace stream ls --json | jq -r '.[] | \"\\(.name) \\(.length)\"'",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ls.add_argument("--all", "-a", action="store_true",
                     help="include internal streams (processor backing streams, __...)")
+    ls.add_argument("--json", action="store_true",
+                    help="print one JSON array (of objects, one per stream) instead of a table")
     ls.set_defaults(func=run_ls)
 
-    info = ss.add_parser("info", parents=[common], help="details of one stream",
-                         description="Details of a stream: index range, retention and every "
-                         "named tailer with its position and lag.")
+    info = ss.add_parser(
+        "info", parents=[common], help="details of one stream",
+        description="Details of a stream: index range, retention and every named tailer "
+        "with its position and lag.  With --json, one JSON object: store, name, length, "
+        "first, last, next, created, last_time, max_count, max_age, internal, tailers "
+        "(as 'stream ls --json'), and with --check an integrity object: ok, streams, "
+        "entries, tailers, unsealed, problems (a list of lines).",
+        epilog="examples:\n"
+        "  dataspace stream info chat\n"
+        "  dataspace stream info chat --check          also verify the whole store\n"
+        "  dataspace stream info chat --json | jq .tailers",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     info.add_argument("name")
     info.add_argument("--check", action="store_true",
-                      help="also check the whole store: the database's own check, and every "
-                      "entry of every stream read and verified (its checksum, no index "
-                      "missing or twice)")
+                      help="also check the whole store: the database's own check, every "
+                      "stream's and tailer's bookkeeping row, and every entry of every stream "
+                      "read and verified (its checksum, no index missing or twice)")
+    info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(func=run_info)
 
     ap = ss.add_parser("append", parents=[common], help="append values (Preserves text)",
@@ -88,10 +113,15 @@ def register(sub: Any) -> None:
     ap.add_argument("values", nargs="*", metavar="VALUE")
     ap.set_defaults(func=run_append)
 
-    tl = ss.add_parser("tail", parents=[common], help="print the last entries; -f follows",
-                       description="Print entries as 'INDEX VALUE' lines.  With -f, keep "
-                       "printing entries as they are appended (by any process; readers are "
-                       "woken, not polling) until Ctrl-C.")
+    tl = ss.add_parser(
+        "tail", parents=[common], help="print the last entries; -f follows",
+        description="Print entries as 'INDEX VALUE' lines.  With -f, keep printing entries "
+        "as they are appended (by any process; readers are woken, not polling) until "
+        "Ctrl-C.  A damaged stream: every intact entry is printed, each damaged entry (and "
+        "run of missing ones) is named on standard error instead, and the exit status is "
+        "1 (-f stops there).",
+        epilog=_READ_EPILOG.replace("CMD", "tail"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     tl.add_argument("name")
     tl.add_argument("-n", "--lines", type=int, default=10, metavar="N",
                     help="how many of the last entries to print first (default 10; 0: none)")
@@ -100,10 +130,29 @@ def register(sub: Any) -> None:
                     help="print from this index on (instead of the last N)")
     tl.add_argument("--tailer", metavar="NAME",
                     help="read as a named tailer: resume from its saved position, save it as we go")
-    tl.add_argument("--meta", action="store_true", help="also print each entry's metadata")
-    tl.add_argument("--time", action="store_true", help="also print each entry's append time")
-    tl.add_argument("--no-index", action="store_true", help="print values only")
+    _print_arguments(tl)
     tl.set_defaults(func=run_tail)
+
+    rd = ss.add_parser(
+        "read", parents=[common], help="print entries from an index on",
+        description="Print COUNT entries of a stream from index --from on (default: its "
+        "first stored entry), as 'stream tail' prints them.  An index below the stream's "
+        "first (retention removed it) or beyond its end is an error that says where the "
+        "stream starts and ends.  A damaged stream: every intact entry is printed, each "
+        "damaged entry (and run of missing ones) is named on standard error instead, and "
+        "the exit status is 1.",
+        epilog=_READ_EPILOG.replace("CMD", "read").replace(
+            "examples:\n", "examples:\n  dataspace stream read chat --from 100 --count 20   "
+            "entries 100..119\n  dataspace stream read chat                        its first "
+            "10 entries\n"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    rd.add_argument("name")
+    rd.add_argument("--from", dest="start", type=_index, metavar="INDEX",
+                    help="the first index to print (default: the first stored)")
+    rd.add_argument("-n", "--count", type=_count, default=10, metavar="N",
+                    help="how many entries to print at most (default 10)")
+    _print_arguments(rd)
+    rd.set_defaults(func=run_read)
 
     cr = ss.add_parser("create", parents=[common], help="create a stream / set its retention",
                        description="Create a stream if absent; with --max-count/--max-age set "
@@ -166,6 +215,11 @@ def register(sub: Any) -> None:
                     "export starts)")
     ex.add_argument("--format", choices=("text", "binary"), default="text",
                     help="Preserves text, one entry per line (default), or binary")
+    ex.add_argument("--skip-damaged", action="store_true",
+                    help="recovering a damaged stream: export every intact entry, name each "
+                    "damaged one (and each run of missing ones) on standard error instead, "
+                    "keep the file and exit 1 (without it, damage stops the export and no "
+                    "file is left)")
     _progress_arguments(ex)
     ex.set_defaults(func=run_export)
 
@@ -224,6 +278,46 @@ def register(sub: Any) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
+_READ_EPILOG = """\
+examples:
+  dataspace stream CMD chat --meta --time     with metadata and append times
+  dataspace stream CMD chat --json | jq -r .value
+                                            one JSON object per entry: index, time
+                                            (seconds since the epoch), value and meta
+                                            (Preserves text; meta null when none)
+
+exit status: 0 printed; 1 no such stream, a bad index, a store error or damage (named on
+standard error); 2 bad arguments"""
+
+
+def _index(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an index: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"an index is 0 or more, not {n}")
+    return n
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a count is 1 or more, not {n}")
+    return n
+
+
+def _print_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--meta", action="store_true", help="also print each entry's metadata")
+    p.add_argument("--time", action="store_true", help="also print each entry's append time")
+    p.add_argument("--no-index", action="store_true", help="print values only")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object per line: index, time, value, meta (always all four)")
+
+
 def _progress_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between progress lines when not on a terminal (default 2)")
@@ -262,12 +356,34 @@ def _duration(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+def _stream_json(s: StreamInfo) -> dict[str, Any]:
+    """A stream as ``stream ls --json`` and ``stream info --json`` give it (the field names
+    of the web API's ``/api/streams``, and ``last``)."""
+    return {
+        "name": s.name,
+        "length": s.count,
+        "first": s.first,
+        "last": None if s.first is None else s.next - 1,
+        "next": s.next,
+        "created": s.created_ns / 1e9,
+        "last_time": None if s.last_time_ns is None else s.last_time_ns / 1e9,
+        "max_count": s.max_count,
+        "max_age": s.max_age,
+        "internal": s.internal,
+        "tailers": [{"name": t.name, "position": t.position, "lag": max(0, s.next - t.position),
+                     "updated": t.updated_ns / 1e9} for t in s.tailers],
+    }
+
+
 def run_ls(args: argparse.Namespace) -> int:
     try:
         with _store(args) as store:
             streams = store.streams(include_internal=args.all)
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
+    if args.json:
+        print(json.dumps([_stream_json(s) for s in streams], ensure_ascii=False))
+        return 0
     if not streams:
         print("no streams yet (dataspace stream append NAME VALUE creates one)")
         return 0
@@ -282,6 +398,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_info(args: argparse.Namespace) -> int:
+    s: StreamInfo | None
     try:
         with _store(args) as store:
             try:
@@ -296,26 +413,31 @@ def run_info(args: argparse.Namespace) -> int:
             path = store.display
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
-    if s is None:
-        assert report is not None
-        print(f"integrity   PROBLEMS ({report.summary()}):")
-        for pr in report.problems:
-            print(f"  {pr}")
-        return 1
-    print(f"stream      {s.name}")
-    print(f"store       {path}")
-    print(f"entries     {s.count}")
-    print(f"indices     {'-' if s.first is None else f'{s.first}..{s.next - 1}'} (next append: {s.next})")
-    print(f"created     {_ago(s.created_ns)}")
-    print(f"last append {_ago(s.last_time_ns)}")
-    print(f"retention   {_retention(s)}")
-    if s.tailers:
-        print("tailers")
-        for t in s.tailers:
-            print(f"  {t.name:<24} position {t.position:<12} lag {max(0, s.next - t.position):<10} "
-                  f"saved {_ago(t.updated_ns)}")
-    else:
-        print("tailers     none")
+    if args.json:
+        out: dict[str, Any] = {"store": path}
+        if s is not None:
+            out.update(_stream_json(s))
+        if report is not None:
+            out["integrity"] = {"ok": not report.problems, "streams": report.streams,
+                                "entries": report.entries, "tailers": report.tailers,
+                                "unsealed": report.unsealed, "problems": report.problems}
+        print(json.dumps(out, ensure_ascii=False))
+        return 1 if s is None or (report is not None and report.problems) else 0
+    if s is not None:
+        print(f"stream      {s.name}")
+        print(f"store       {path}")
+        print(f"entries     {s.count}")
+        print(f"indices     {'-' if s.first is None else f'{s.first}..{s.next - 1}'} (next append: {s.next})")
+        print(f"created     {_ago(s.created_ns)}")
+        print(f"last append {_ago(s.last_time_ns)}")
+        print(f"retention   {_retention(s)}")
+        if s.tailers:
+            print("tailers")
+            for t in s.tailers:
+                print(f"  {t.name:<24} position {t.position:<12} lag {max(0, s.next - t.position):<10} "
+                      f"saved {_ago(t.updated_ns)}")
+        else:
+            print("tailers     none")
     if report is not None:
         what = report.summary()
         if report.problems:
@@ -324,7 +446,7 @@ def run_info(args: argparse.Namespace) -> int:
                 print(f"  {pr}")
             return 1
         print(f"integrity   ok ({what})")
-    return 0
+    return 0 if s is not None else 1
 
 
 def _read_stdin_batches(stream: Any) -> Any:
@@ -389,23 +511,61 @@ def _one(text: str) -> list[Any]:
 def _print(e: Entry, args: argparse.Namespace) -> None:
     try:
         text = stringify(e.value)
-    except Exception as err:  # a damaged value: show it, keep going
+    except Exception as err:  # intact, but not a value (appended as raw bytes): say so
         text = f"#!undecodable ({err}): {e.data[:32].hex()}"
+    meta = None
+    if e.meta_data is not None:
+        try:
+            meta = stringify(e.meta)
+        except Exception:
+            meta = "#!undecodable"
+    if args.json:
+        sys.stdout.write(json.dumps({"index": e.index, "time": e.time_ns / 1e9, "value": text,
+                                     "meta": meta}, ensure_ascii=False) + "\n")
+        return
     parts = []
     if not args.no_index:
         parts.append(str(e.index))
     if args.time:
         parts.append(datetime.datetime.fromtimestamp(e.time).isoformat(timespec="milliseconds"))
     parts.append(text)
-    if args.meta and e.meta_data is not None:
-        try:
-            parts.append("meta " + stringify(e.meta))
-        except Exception:
-            parts.append("meta #!undecodable")
+    if args.meta and meta is not None:
+        parts.append("meta " + meta)
     sys.stdout.write("  ".join(parts) + "\n")
 
 
+class _Shown:
+    """What ``tail`` and ``read`` printed, and the damage they met: each damaged entry (or
+    run of missing ones, or the read that was refused) named on standard error, in order
+    with the entries; exit status 1 at the end if any."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.entries = 0
+        self.damage = 0
+
+    def entry(self, e: Entry) -> None:
+        _print(e, self.args)
+        self.entries += 1
+
+    def damaged(self, line: str) -> None:
+        sys.stdout.flush()
+        print(f"dataspace stream: {line}", file=sys.stderr, flush=True)
+        self.damage += 1
+
+    def finish(self) -> int:
+        sys.stdout.flush()
+        if not self.damage:
+            return 0
+        print(f"dataspace stream: {self.args.name!r} is damaged: "
+              f"{_plural(self.entries, 'intact entry', 'intact entries')} printed, the damage "
+              "named above left out", file=sys.stderr)
+        return 1
+
+
 def run_tail(args: argparse.Namespace) -> int:
+    from ..streams.salvage import as_stored, last_entries
+
     if args.lines < 0:
         print("dataspace stream tail: -n must be >= 0", file=sys.stderr)
         return 2
@@ -413,6 +573,7 @@ def run_tail(args: argparse.Namespace) -> int:
         store = _store(args)
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
+    shown = _Shown(args)
     try:
         if not store.has_stream(args.name):
             if not args.follow:
@@ -422,31 +583,106 @@ def run_tail(args: argparse.Namespace) -> int:
             print(f"dataspace stream: no stream named {args.name!r} yet; waiting for its "
                   "first entry (dataspace stream ls lists the streams; Ctrl-C stops)",
                   file=sys.stderr, flush=True)
-        if args.tailer:
-            # Resume as a named tailer: everything from its saved position (or --from).
-            t = store.tailer(args.name, args.tailer, start="earliest")
-            if args.start is not None:
-                t.seek(args.start)
-        elif args.start is not None:
-            t = store.tailer(args.name, start=args.start)
-        else:
-            # The last N of what is stored: not below the first stored index (retention,
-            # or an import with --keep-indices), which the tailer would warn of as lost.
-            first = store.first_index(args.name) or 0
-            t = store.tailer(args.name, start=max(first, store.next_index(args.name) - args.lines))
-        while batch := t.read(1000):
-            for e in batch:
-                _print(e, args)
-        sys.stdout.flush()
-        if args.follow:
-            with _stop_on_signals():
-                while True:
-                    for e in t.poll(None):
-                        _print(e, args)
-                    sys.stdout.flush()
-        return 0
+        try:
+            if args.tailer:
+                # Resume as a named tailer: everything from its saved position (or --from).
+                t = store.tailer(args.name, args.tailer, start="earliest")
+                if args.start is not None:
+                    t.seek(args.start)
+            elif args.start is not None:
+                t = store.tailer(args.name, start=args.start)
+            else:
+                # The last N of what is stored: not below the first stored index (retention,
+                # or an import with --keep-indices), which the tailer would warn of as lost.
+                first = store.first_index(args.name) or 0
+                t = store.tailer(args.name, start=max(first, store.next_index(args.name) - args.lines))
+        except StoreCorrupt as e:
+            # The stream's bookkeeping (or the tailer's) is damaged: its end is not known
+            # but from what is stored -- the last N intact entries of that, if asked for.
+            shown.damaged(str(e))
+            if not args.tailer:
+                got = (list(as_stored(store, args.name, args.start, on_damage=shown.damaged))
+                       if args.start is not None else
+                       last_entries(store, args.name, args.lines, on_damage=shown.damaged))
+                for x in got:
+                    shown.entry(x)
+            return shown.finish()
+        # What is stored now, then (-f) what is appended, until Ctrl-C.
+        caught_up = False
+        with _stop_on_signals() if args.follow else contextlib.nullcontext():
+            while True:
+                try:
+                    batch = t.poll(None) if caught_up else t.read(1000)
+                except StoreCorrupt as e:
+                    # Verified reads stop at damage (a named tailer is not moved past it):
+                    # the rest as stored, intact entries printed, and no following.
+                    shown.damaged(str(e))
+                    for x in as_stored(store, args.name, t.position, on_damage=shown.damaged):
+                        shown.entry(x)
+                    return shown.finish()
+                if not batch:
+                    if not args.follow:
+                        break
+                    caught_up = True
+                    continue
+                for e in batch:
+                    shown.entry(e)
+                sys.stdout.flush()
+        return shown.finish()
     except KeyboardInterrupt:
-        return 0
+        return shown.finish()
+    except (StoreError, ValueError) as e:
+        return _fail(str(e))
+    finally:
+        store.close()
+
+
+def run_read(args: argparse.Namespace) -> int:
+    from ..streams.salvage import as_stored, entries
+
+    try:
+        store = _store(args)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    shown = _Shown(args)
+    name = args.name
+    try:
+        if not store.has_stream(name):
+            return _fail(f"no stream named {name!r} (dataspace stream ls lists them)")
+        try:
+            first = store.first_index(name)
+            nxt = store.next_index(name)
+        except StoreCorrupt as e:
+            # Its bookkeeping is damaged: the intact entries stored in the range asked for.
+            shown.damaged(str(e))
+            start = args.start or 0
+            for x in as_stored(store, name, start, start + args.count, on_damage=shown.damaged):
+                shown.entry(x)
+            return shown.finish()
+        start = args.start
+        if start is None:
+            start = nxt if first is None else first
+        if first is None and nxt == 0:
+            return _fail(f"stream {name!r} holds no entries yet (`dataspace stream tail {name} -f` "
+                         "waits for them)")
+        if start < nxt and (first is None or start < first):
+            if first is None:
+                return _fail(f"entries 0..{nxt - 1} of {name!r} were removed by retention: it "
+                             f"holds none now (its next append gets index {nxt})")
+            return _fail(f"entries below index {first} of {name!r} are no longer stored "
+                         f"(retention removed them): the stream starts at index {first} now "
+                         f"(dataspace stream read {name} --from {first})")
+        if start >= nxt:
+            held = (f"its entries are {first}..{nxt - 1}" if first is not None
+                    else "it holds none now")
+            return _fail(f"index {start} is beyond the end of {name!r}: {held} and its next "
+                         f"append gets index {nxt} (`dataspace stream tail {name} -f` waits "
+                         "for new ones)")
+        for x in entries(store, name, start, start + args.count, on_damage=shown.damaged):
+            shown.entry(x)
+        return shown.finish()
+    except KeyboardInterrupt:
+        return 130
     except (StoreError, ValueError) as e:
         return _fail(str(e))
     finally:
@@ -620,6 +856,11 @@ def run_export(args: argparse.Namespace) -> int:
     quiet = args.quiet or (to_stdout and sys.stdout.isatty())
     progress = Progress(sys.stderr, what="entries", verb="exported", interval=args.interval,
                         quiet=quiet)
+
+    def damaged(line: str) -> None:
+        sys.stdout.flush()
+        progress.echo(f"dataspace stream: {line}", file=sys.stderr)
+
     try:
         with _store(args) as store:
             if not store.has_stream(args.name):
@@ -627,7 +868,8 @@ def run_export(args: argparse.Namespace) -> int:
             stop = None if args.to is None else args.to + 1
             with _output(args.file) as out:
                 r = export_stream(store, args.name, out, fmt=args.format, start=args.start or 0,
-                                  stop=stop, progress=progress)
+                                  stop=stop, progress=progress,
+                                  on_damage=damaged if args.skip_damaged else None)
             progress.finish()
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error; keep Python quiet at exit.
@@ -642,6 +884,11 @@ def run_export(args: argparse.Namespace) -> int:
         return _fail(f"export: {e}")
     where = "standard output" if to_stdout else args.file
     rng = "" if r.first is None else f" (indices {r.first}..{r.last})"
+    if r.damaged:
+        print(f"dataspace stream: exported the {_plural(r.entries, 'intact entry', 'intact entries')} "
+              f"of {args.name}{rng} to {where}; the damage named above was left out (the "
+              "export's header says salvaged: #t)", file=sys.stderr)
+        return 1
     print(f"dataspace stream: exported {_plural(r.entries, 'entry', 'entries')} of "
           f"{args.name}{rng} to {where}", file=sys.stderr)
     return 0
