@@ -142,7 +142,7 @@ async def test_a_failing_or_slow_command_sends_no_reply_and_says_why(tmp_path):
         script = (f'case "$DATASPACE_1" in fail) exit 3;; slow) echo $$ > {pidfile}; '
                   'exec sleep 60;; noise) echo "not a value <";; *) echo "<Done>";; esac')
         responder = await spawn_cli("reply", "<Job $what>", "--command", script,
-                                    "--command-timeout", "1", *conn)
+                                    "--command-timeout", "1", "--json", *conn)
         seen: list[str] = []
         try:
             await read_line_matching(responder, "answering", seen)
@@ -156,6 +156,10 @@ async def test_a_failing_or_slow_command_sends_no_reply_and_says_why(tmp_path):
             await watcher.sync()
             await read_line_matching(responder, r'<Job "fail">: the command exited with '
                                      r"status 3; no reply sent", seen)
+            failed = json.loads(await read_line_matching(responder, r'^\{.*"error"', seen))
+            assert {k: v for k, v in failed.items() if k != "time"} == {
+                "request": '<Job "fail">', "values": ["fail"], "replies": [],
+                "error": "the command exited with status 3"}
             await read_line_matching(responder, r'<Job "noise">: line 1 of the command\'s '
                                      r"output is not a value", seen)
             await read_line_matching(responder, r'<Job "slow">: the command ran longer than '
@@ -167,7 +171,8 @@ async def test_a_failing_or_slow_command_sends_no_reply_and_says_why(tmp_path):
                 raise AssertionError(f"the slow command {pid} still runs")
             except ProcessLookupError:
                 pass
-            await read_line_matching(responder, r'<Job "ok"> -> <Done>', seen)
+            await read_line_matching(responder, r'"request": "<Job \\"ok\\">", "values": '
+                                     r'\["ok"\], "replies": \["<Done>"\]\}$', seen)
             await asyncio.wait_for(got.wait(), TIMEOUT)
             assert done == [1]  # only the one that succeeded was answered
             await watcher.close()

@@ -15,9 +15,9 @@ from broker_support import PY, TIMEOUT, Changes, async_test, kill, running_serve
 from dataspace.client import connect
 
 
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "dataspace.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=60, input=stdin)
 
 
 async def spawn_send(*args: str) -> asyncio.subprocess.Process:
@@ -48,6 +48,12 @@ async def test_send_count_numbers_the_messages_in_order(tmp_path):
         assert [(row["n"], row["text"], row["sent"]) for row in rows] == [
             (i // 2 + 1, t, True) for i, t in enumerate(want)]
         assert rows[0]["value"] == {"@record": "Tick", "@fields": [1]}
+        # The lines of standard input are numbered too.
+        r = await asyncio.to_thread(run_cli, "send", "-", "--count", "2", *conn,
+                                    stdin="<Line $n>\n")
+        assert r.returncode == 0, r.stderr
+        await seen.until(lambda s: len(s.messages()) >= 8)
+        assert [stringify(m[0]) for m in seen.messages()[6:]] == ["<Line 1>", "<Line 2>"]
         await watcher.close()
 
 

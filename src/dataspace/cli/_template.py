@@ -13,7 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ..values import Dictionary, ParseError, Record, Sequence, Set, Symbol, Value, parse, strip
+from ..values import (
+    Dictionary,
+    ParseError,
+    Record,
+    Sequence,
+    Set,
+    Symbol,
+    Value,
+    parse,
+    stringify,
+    strip,
+)
 
 __all__ = ["Template", "TemplateError"]
 
@@ -29,13 +40,17 @@ class Template:
     """``text`` with its ``$NAME`` holes bound to slots: :meth:`fill` with a tuple of
     values makes the value (``slots`` maps each hole's name to its index in the tuple)."""
 
-    def __init__(self, text: str, slots: Mapping[str, int], *, what: str = "") -> None:
-        """``what`` names the template in errors (an option: ``--with``)."""
-        try:
-            value = parse(text)
-        except ParseError as e:
-            raise TemplateError(f"{what + ': ' if what else ''}cannot read {text!r} as a "
-                                f"value: {e}") from None
+    def __init__(self, text: str | Value, slots: Mapping[str, int], *, what: str = "") -> None:
+        """``text``: Preserves text, or a value already read; ``what`` names the template
+        in errors (an option: ``--with``)."""
+        if isinstance(text, str):
+            try:
+                value = parse(text)
+            except ParseError as e:
+                raise TemplateError(f"{what + ': ' if what else ''}cannot read {text!r} as "
+                                    f"a value: {e}") from None
+        else:
+            value, text = text, stringify(text)
         self.text = text
         self.slots = dict(slots)
         self.used: set[str] = set()
@@ -123,8 +138,6 @@ def capture_slots(names: list[str | None]) -> dict[str, int]:
 def as_text_arg(v: Value) -> str:
     """A value as a command's environment gets it: a string's own characters, any other
     value as Preserves text."""
-    from ..values import stringify
-
     if type(v) is str and "\0" not in v:
         return v
     return stringify(v)

@@ -65,7 +65,8 @@ sends no reply; the command says so on stderr.
 output: a line per request, `REQUEST -> REPLY` (REQUEST is PATTERN filled with
 the captures: a _ of PATTERN stays _); --quiet: nothing; --json: an object per
 line, {"time", "request", "values", "replies"} (request: its text; values: the
-captures in JSON, as `observe --json` gives them; replies: the replies' texts).
+captures in JSON, as `observe --json` gives them; replies: the replies' texts;
+and "error", why there is none, when the command failed).
 
 """ + CONNECTION_HELP
 
@@ -259,15 +260,19 @@ class Responder:
         if self.args.count is not None and self.handled >= self.args.count:
             self.stop.set()
 
-    def _print(self, caps: tuple[Value, ...], sent: list[Value]) -> None:
+    def _print(self, caps: tuple[Value, ...], sent: list[Value],
+               error: str | None = None) -> None:
         if self.args.quiet:
             return
         request = self._request_text(caps)
         texts = [stringify(r, embedded=_embedded_text) for r in sent]
         if self.args.json:
-            line = json.dumps({"time": round(time.time(), 6), "request": request,
-                               "values": [to_json(c, _embedded_text) for c in caps],
-                               "replies": texts}, ensure_ascii=False)
+            obj: dict[str, Any] = {"time": round(time.time(), 6), "request": request,
+                                   "values": [to_json(c, _embedded_text) for c in caps],
+                                   "replies": texts}
+            if error is not None:
+                obj["error"] = error
+            line = json.dumps(obj, ensure_ascii=False)
         else:
             line = f"{request} -> {', '.join(texts) if texts else '(no reply)'}"
         try:
@@ -298,13 +303,13 @@ class Responder:
                 stdout=asyncio.subprocess.PIPE, env=self._env(caps, request),
                 start_new_session=True)  # Ctrl-C is ours: we end the command
         except OSError as e:
-            return self._fail(request, f"cannot run the command: {e}")
+            return self._fail(caps, request, f"cannot run the command: {e}")
         try:
             out = await asyncio.wait_for(_communicate(proc, (request + "\n").encode()), timeout)
         except TimeoutError:
             _kill(proc)
             await proc.wait()
-            return self._fail(request, f"the command ran longer than {timeout:g} s "
+            return self._fail(caps, request, f"the command ran longer than {timeout:g} s "
                               "(--command-timeout) and was stopped")
         except BaseException:
             _kill(proc)
@@ -314,15 +319,16 @@ class Responder:
         if out is None:
             _kill(proc)
             await proc.wait()
-            return self._fail(request, f"the command printed more than {MAX_OUTPUT:,} bytes")
+            return self._fail(caps, request,
+                              f"the command printed more than {MAX_OUTPUT:,} bytes")
         if proc.returncode != 0:
             status = (f"was killed by signal {-proc.returncode}" if proc.returncode < 0
                       else f"exited with status {proc.returncode}")
-            return self._fail(request, f"the command {status}")
+            return self._fail(caps, request, f"the command {status}")
         try:
             text = out.decode("utf-8")
         except UnicodeDecodeError:
-            return self._fail(request, "the command's output is not UTF-8 text")
+            return self._fail(caps, request, "the command's output is not UTF-8 text")
         if self.template is not None:
             return [self.template.fill((*caps, text.rstrip("\n")))]
         replies = []
@@ -332,16 +338,21 @@ class Responder:
             try:
                 replies.append(parse(line))
             except ParseError as e:
-                return self._fail(request, f"line {n} of the command's output is not a value "
-                                  f"({e}); print Preserves text such as <Answer 7 \"x\">, or "
-                                  "use --with '<Answer $1 $stdout>' to send it as a string")
+                return self._fail(caps, request,
+                                  f"line {n} of the command's output is not a value ({e}); "
+                                  "print Preserves text such as <Answer 7 \"x\">, or use "
+                                  "--with '<Answer $1 $stdout>' to send it as a string")
         if not replies:
-            return self._fail(request, "the command printed nothing")
+            return self._fail(caps, request, "the command printed nothing")
         return replies
 
-    def _fail(self, request: str, why: str) -> None:
+    def _fail(self, caps: tuple[Value, ...], request: str, why: str) -> None:
+        """Say why ``request`` gets no reply (stderr; with --json an object on stdout
+        too, with ``error``)."""
         self.failed += 1
         _say(f"{_cut(request)}: {why}; no reply sent")
+        if self.args.json:
+            self._print(caps, [], error=why)
         return None
 
 

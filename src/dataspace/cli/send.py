@@ -48,9 +48,9 @@ each on stderr; --json prints {"text", "value", "sent"} on stdout for each, with
 "n" under --count).  With a capability whose caveats drop a VALUE, the server
 ignores it: the command says so and exits with status 1 (the rest is sent).
 
---count N sends the VALUEs N times, numbered from 1: the symbol $n anywhere in a
-VALUE (a field, an element, a dictionary's value) is the number ($$n is the
-symbol $n itself); without --count, $n is just a symbol.  --interval pauses
+--count N sends the VALUEs (and the lines of -) N times, numbered from 1: the
+symbol $n anywhere in a value (a field, an element, a dictionary's value) is the
+number ($$n is the symbol $n itself); without --count, $n is just a symbol.  --interval pauses
 between messages.  Ctrl-C stops: the command says how many of them went.
 
 - reads standard input: all of it by default, then sends it in order (a line that
@@ -117,6 +117,11 @@ def run(args: argparse.Namespace) -> int:
             from_stdin = _read_stdin_values(sys.stdin.read())
             if from_stdin is None:
                 return 2
+            if args.count is not None:  # numbered too
+                try:
+                    from_stdin = [Template(v, {"n": 0}) for v in from_stdin]
+                except TemplateError as e:
+                    return _usage(f"standard input: {e}")
             vals += from_stdin
         elif args.count is not None:
             try:
