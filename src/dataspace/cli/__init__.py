@@ -49,7 +49,7 @@ examples:
   dataspace reply '<Ask $id>' --with '<Answer $id "yes">'
                                           answer requests until Ctrl-C
   dataspace cap mint                      print the server's root capability
-  dataspace clients                       the server's connections (serve --http)
+  dataspace clients                       list the server's connections
   dataspace top                           live connections and rates (serve --http)
   dataspace demo                          simulated users chatting, in process
   dataspace COMMAND --help                help on one command
