@@ -52,29 +52,35 @@ def job(i: int) -> Record:
 
 class PoolModel(RuleBasedStateMachine):
     """Members joining (with weights, some asking for a rebalance), leaving (told or
-    dead), jobs with several holders arriving and going (some excluding members),
+    dead), jobs with several holders arriving and going (some copies excluding members),
     messages, rebalances: every effect is checked against what the model knows, and
-    after every step every job is held by exactly one member it may go to, or waits
-    because there is none."""
+    after every step every job is held by exactly one member that none of its copies
+    excludes, or waits because there is none."""
 
     def __init__(self) -> None:
         super().__init__()
         self.pool = Pool()
         self.members: dict[int, int] = {}  # member -> weight
         self.next_member = 0
-        self.counts: dict[int, int] = {}  # job -> holders
-        self.exclude: dict[int, frozenset[int]] = {}
+        self.copies: dict[int, list[frozenset[int]]] = {}  # job -> its copies' exclusions
         self.holder: dict[int, int] = {}  # job -> member, as the effects said
         self.moves_allowed: set[int] = set()  # jobs that may change holder this step
         self.before: dict[int, int] = {}
 
-    def apply(self, effects: list[Any], *, leaving: int | None = None) -> None:
+    def exclude(self, j: int) -> frozenset[int]:
+        return frozenset().union(*self.copies.get(j, ()))
+
+    def eligible(self, j: int) -> list[int]:
+        ex = self.exclude(j)
+        return [m for m in self.members if m not in ex]
+
+    def apply(self, effects: list[Any]) -> None:
         for what, m, j in effects:
             if what == ASSIGN:
                 assert m in self.members, f"{j} assigned to {m}, not a member"
-                assert self.counts.get(j, 0) > 0, f"{j} assigned but not held"
+                assert self.copies.get(j), f"{j} assigned but not held"
                 assert j not in self.holder, f"{j} assigned to {m} while {self.holder[j]} has it"
-                assert m not in self.exclude.get(j, ()), f"{j} assigned to excluded {m}"
+                assert m not in self.exclude(j), f"{j} assigned to excluded {m}"
                 self.holder[j] = m
             else:
                 assert what == UNASSIGN
@@ -93,7 +99,8 @@ class PoolModel(RuleBasedStateMachine):
         if rebalance:
             self.moves_allowed |= set(self.holder)
         self.apply(self.pool.join(m, weight, rebalance))
-        if rebalance and all(w == 1 for w in self.members.values()) and not self.exclude:
+        if rebalance and all(w == 1 for w in self.members.values()) and not any(
+                self.exclude(j) for j in self.copies):
             loads = [self.load(x) for x in self.members]
             assert max(loads) - min(loads) <= 1
 
@@ -118,38 +125,41 @@ class PoolModel(RuleBasedStateMachine):
 
     @rule(j=st.integers(0, 12), exclude_some=st.booleans(), data=st.data())
     def add(self, j: int, exclude_some: bool, data: st.DataObject) -> None:
-        ex: frozenset[int] | None = None
+        ex: frozenset[int] = frozenset()
         if exclude_some and self.members:
             ex = frozenset(data.draw(st.sets(st.sampled_from(sorted(self.members)), max_size=2)))
-        first = self.counts.get(j, 0) == 0
+        first = not self.copies.get(j)
         loads = {m: self.load(m) for m in self.members}
+        old = self.holder.get(j)
         effects = self.pool.add(j, ex)
-        self.counts[j] = self.counts.get(j, 0) + 1
+        self.copies.setdefault(j, []).append(ex)
+        self.apply(effects)
         if first:
-            self.exclude[j] = ex or frozenset()
-            self.apply(effects)
             if j in self.holder:  # least loaded (jobs per weight) among those it may go to
-                eligible = [m for m in self.members if m not in self.exclude[j]]
-                assert loads[self.holder[j]] == min(loads[m] for m in eligible)
+                assert loads[self.holder[j]] == min(loads[m] for m in self.eligible(j))
+        elif old is not None and old in ex:
+            self.moves_allowed.add(j)  # a copy that excludes its member: it moves
         else:
             assert effects == []  # one more holder of a job: one job
 
-    @precondition(lambda self: self.counts)
+    @precondition(lambda self: self.copies)
     @rule(data=st.data())
     def remove(self, data: st.DataObject) -> None:
-        j = data.draw(st.sampled_from(sorted(self.counts)))
-        effects = self.pool.remove(j)
-        self.counts[j] -= 1
-        if self.counts[j]:
-            assert effects == []
+        j = data.draw(st.sampled_from(sorted(self.copies)))
+        copies = self.copies[j]
+        ex = copies.pop(data.draw(st.integers(0, len(copies) - 1)))
+        effects = self.pool.remove(j, ex)
+        if copies:
+            assert all(what == ASSIGN for what, _m, _j in effects)
+            assert j not in self.holder or effects == []  # sticky
+            self.apply(effects)
             return
-        del self.counts[j]
+        del self.copies[j]
         if j in self.holder:
             assert effects == [(UNASSIGN, self.holder[j], j)]
         else:
             assert effects == []
         self.apply(effects)
-        self.exclude.pop(j, None)
 
     @rule()
     def rebalance(self) -> None:
@@ -164,7 +174,7 @@ class PoolModel(RuleBasedStateMachine):
                 la = sum(1 for h in self.holder.values() if h == a)
                 lb = sum(1 for h in self.holder.values() if h == b)
                 movable = [j for j, h in self.holder.items()
-                           if h == a and b not in self.exclude.get(j, ())]
+                           if h == a and b not in self.exclude(j)]
                 if movable:
                     assert (2 * la - 1) * self.members[b] <= (2 * lb + 1) * self.members[a]
 
@@ -183,15 +193,16 @@ class PoolModel(RuleBasedStateMachine):
     @invariant()
     def settled(self) -> None:
         self.pool.check()
-        for j in self.counts:
+        for j, copies in self.copies.items():
             h = self.pool.holder(j)
             assert h == self.holder.get(j)
-            eligible = [m for m in self.members if m not in self.exclude.get(j, ())]
+            assert self.pool.holders(j) == len(copies)
+            eligible = self.eligible(j)
             if eligible:
                 assert h in eligible, f"job {j} waits while {eligible} could take it"
             else:
                 assert h is None
-        assert set(self.pool.jobs()) == set(self.counts)
+        assert set(self.pool.jobs()) == set(self.copies)
         # Sticky: a job changes member only when its member left or a rebalance ran.
         for j, h in self.holder.items():
             if j in self.before and j not in self.moves_allowed:

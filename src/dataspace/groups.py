@@ -206,13 +206,24 @@ class _Slot:
 
 
 class _Job:
-    __slots__ = ("count", "exclude", "had", "holder")
+    __slots__ = ("count", "exclude", "excludes", "had", "holder")
 
-    def __init__(self, exclude: frozenset[Any] | None) -> None:
-        self.count = 1
-        self.exclude = exclude
+    def __init__(self) -> None:
+        self.count = 0
+        # Holders' exclusions (a copy that excludes nothing counts under None) and how
+        # many copies came with each; ``exclude`` is their union: a job is never given
+        # to a member that any of its copies excludes.
+        self.excludes: dict[frozenset[Any] | None, int] = {}
+        self.exclude: frozenset[Any] | None = None
         self.holder: _Slot | None = None
         self.had = False  # was assigned before (a later assignment is a move)
+
+    def changed(self) -> None:
+        ex: frozenset[Any] = frozenset()
+        for e in self.excludes:
+            if e:
+                ex |= e
+        self.exclude = ex or None
 
 
 class Pool:
@@ -224,9 +235,10 @@ class Pool:
     :data:`Effect` list saying whom to tell which job was assigned or unassigned, in
     order.  The rules are in the module docstring.
 
-    ``exclude`` (of :meth:`pick` and :meth:`add`): members that must not get this message
-    or job (a server never sends one back to the neighbour it came from); an excluded job
-    waits if no other member is live.
+    ``exclude`` (of :meth:`pick`, :meth:`add` and :meth:`remove`): members that must not
+    get this message or job (a server never sends one back to the neighbour it came
+    from).  A job is given to no member that any of its holders' copies excludes (copies
+    that came from two directions exclude both); it waits if no other member is live.
     """
 
     def __init__(self) -> None:
@@ -290,11 +302,7 @@ class Pool:
         for job in held:
             j = self._jobs[job]
             j.holder = None
-            t = self._choose(j.exclude)
-            if t is None:
-                self._pending[job] = None
-            else:
-                self._give(t, job, j, effects)
+            self._place(job, j, effects)
         return effects
 
     def set_weight(self, member: Hashable, weight: int) -> None:
@@ -357,30 +365,56 @@ class Pool:
 
     def add(self, job: Hashable, exclude: Iterable[Any] | None = None) -> list[Effect]:
         """One more holder of ``job``: the first assigns it (to the least-loaded live
-        member not in ``exclude``; it waits if there is none); later ones only count."""
-        j = self._jobs.get(job)
-        if j is not None:
-            j.count += 1
-            return []
+        member not in ``exclude``; it waits if there is none); later ones only count --
+        unless their ``exclude`` names its member: then it moves."""
         ex = frozenset(exclude) if exclude else None
-        j = self._jobs[job] = _Job(ex)
-        s = self._choose(ex)
-        if s is None:
-            self._pending[job] = None
-            return []
+        j = self._jobs.get(job)
+        fresh = j is None
+        if j is None:
+            j = self._jobs[job] = _Job()
+        j.count += 1
+        j.excludes[ex] = j.excludes.get(ex, 0) + 1
         effects: list[Effect] = []
-        self._give(s, job, j, effects)
+        if fresh:
+            j.exclude = ex
+            s = self._choose(ex)
+            if s is None:
+                self._pending[job] = None
+            else:
+                self._give(s, job, j, effects)
+        elif ex and j.excludes[ex] == 1:
+            j.changed()
+            h = j.holder
+            if h is not None and h.member in ex:
+                del h.jobs[job]
+                j.holder = None
+                effects.append((UNASSIGN, h.member, job))
+                self._place(job, j, effects)
         return effects
 
-    def remove(self, job: Hashable) -> list[Effect]:
-        """One holder of ``job`` fewer: when the last goes, its member is told (unknown
-        jobs are ignored)."""
+    def remove(self, job: Hashable, exclude: Iterable[Any] | None = None) -> list[Effect]:
+        """One holder of ``job`` fewer (the one that came with ``exclude``): when the
+        last goes, its member is told (unknown jobs are ignored)."""
         j = self._jobs.get(job)
         if j is None:
             return []
+        ex = frozenset(exclude) if exclude else None
+        n = j.excludes.get(ex, 0)
+        if n == 0:
+            return []
+        if n > 1:
+            j.excludes[ex] = n - 1
+        else:
+            del j.excludes[ex]
         j.count -= 1
         if j.count > 0:
-            return []
+            effects: list[Effect] = []
+            if ex and n == 1:
+                j.changed()
+                if j.holder is None:  # (what it excluded may take it now)
+                    del self._pending[job]
+                    self._place(job, j, effects)
+            return effects
         del self._jobs[job]
         s = j.holder
         if s is None:
@@ -453,6 +487,14 @@ class Pool:
             self._jrr = at + 1
         return best
 
+    def _place(self, job: Hashable, j: _Job, effects: list[Effect]) -> None:
+        """Give an unassigned job to the least-loaded member it may go to, or let it wait."""
+        t = self._choose(j.exclude)
+        if t is None:
+            self._pending[job] = None
+        else:
+            self._give(t, job, j, effects)
+
     def _give(self, s: _Slot, job: Hashable, j: _Job, effects: list[Effect]) -> None:
         j.holder = s
         s.jobs[job] = None
@@ -516,7 +558,9 @@ class Pool:
                 held[job] = s
         assert len(self._slots) == len(self._order)
         for job, j in self._jobs.items():
-            assert j.count > 0
+            assert j.count > 0 and j.count == sum(j.excludes.values())
+            if j.holder is not None and j.exclude:
+                assert j.holder.member not in j.exclude, f"{job!r} held by an excluded member"
             if j.holder is None:
                 assert job in self._pending, f"{job!r} neither held nor waiting"
             else:
