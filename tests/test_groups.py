@@ -837,3 +837,10 @@ def test_fair_spread_of_messages() -> None:
     for i in range(300):
         ds.send(job(i))
     assert counts == [100, 100, 100]
+
+
+def test_docs_sharing_work(tmp_path, monkeypatch) -> None:
+    """docs/broker.md's "Sharing work" runs as written (its coming parts are skipped)."""
+    from test_docs_examples import _run
+
+    _run("docs/broker.md", tmp_path, monkeypatch, section="Sharing work")
