@@ -108,16 +108,16 @@ them yet).  "Once per group across the whole system", not once per server:
 * *Jobs: one coordinator decides.*  An assertion may be held on several servers at once
   (bag semantics across the system), so the server that holds it cannot decide alone.
   Every server that knows of the group observes its pattern and so sees every job; the
-  *coordinator* alone assigns them: the cluster member (a leaf only if there is no
-  cluster) that started first, then the smallest server id, among the servers that know
-  of the group -- learned, like the weights, from what each neighbour announces.  Its
-  directed assignments are assertions, so a route or link closing retracts them, and
-  they move.  Settled, no job is assigned twice.  During a failover two servers can each
-  believe they coordinate (a silent coordinator's routes are not yet judged dead by all
-  members: up to the routes' keepalive bound, ``dead`` seconds); then a job can be
-  assigned to one member under each of them, never to more than one member per
-  coordinator.  When the coordinator dies, the jobs it had assigned elsewhere move
-  (stickiness holds within one coordinator's reign).
+  *coordinator* alone assigns them: of the connected servers, a cluster member before a
+  leaf, then the one that started first, then the smallest server id -- learned, like
+  the weights, from what each neighbour announces.  It depends on no client, so members
+  coming and going never change it.  Its directed assignments are assertions, so a route
+  or link closing retracts them, and they move.  Settled, no job is assigned twice.
+  During a failover two servers can each believe they coordinate (a silent coordinator's
+  routes are not yet judged dead by all members: up to the routes' keepalive bound,
+  ``dead`` seconds); then a job can be assigned to one member under each of them, never
+  to more than one member per coordinator.  When the coordinator dies, the jobs it had
+  assigned move (stickiness holds within one coordinator's reign).
 
 What is not built yet: the ``group=`` keyword of :meth:`Dataspace.observe`, the server
 side (a :class:`Groups` on each of a server's dataspaces, so remote clients join with the
@@ -126,7 +126,9 @@ record), ``dataspace observe --group`` and the cross-server rules in the broker.
 This module is the dataspace layer: :class:`Pool` is the sharing rule as a pure state
 machine (no dataspace, no clock, no randomness: members and jobs are opaque keys, and
 each call returns what to tell whom), and :class:`Groups` runs pools on a
-:class:`~dataspace.dataspace.Dataspace` through its public API.
+:class:`~dataspace.dataspace.Dataspace` through its public API (and two of its
+internals: the facet current at a join, and ``_run_callback``, which runs a callback as
+its own turn, isolated as the dataspace runs an observer's).
 """
 
 from __future__ import annotations
