@@ -750,6 +750,11 @@ def test_groups_of_one_dataspace() -> None:
     assert Groups.of(ds) is not g
 
 
+def test_groups_need_an_in_process_dataspace() -> None:
+    with pytest.raises(TypeError, match="in-process Dataspace, not a str"):
+        Groups.of("localhost:7411")  # type: ignore[arg-type]
+
+
 def test_two_patterns_of_one_group_are_two_pools() -> None:
     ds = Dataspace()
     groups = Groups.of(ds)

@@ -768,6 +768,11 @@ class Groups:
     """
 
     def __init__(self, dataspace: Dataspace) -> None:
+        if not isinstance(dataspace, Dataspace):
+            raise TypeError(
+                f"groups run on an in-process Dataspace, not a {type(dataspace).__name__}; "
+                "a remote client joins a group by asserting <ObserveGroup GROUP PATTERN "
+                "#:observer> (served by the broker in a later version)")
         old = _attached.get(id(dataspace))
         if old is not None and old.dataspace is dataspace and old._watch is not None:
             raise RuntimeError(f"{dataspace.name}: it has its groups already; use "
