@@ -389,6 +389,18 @@ class LinkSession:
     # -- data from the peer -------------------------------------------------------------
 
     def on_data_message(self, v: Value) -> None:
+        if self.route:  # (who delivered it is known while its callbacks run)
+            hub = self.hub
+            prev, hub.route_peer = hub.route_peer, self
+            try:
+                self._data_message(v)
+            finally:
+                if not hub.route_turns:
+                    hub.route_peer = prev
+        else:
+            self._data_message(v)
+
+    def _data_message(self, v: Value) -> None:
         if self.closed or not self.ready:
             return
         if type(v) is Encoded:
@@ -408,12 +420,24 @@ class LinkSession:
 
     def on_data_messages(self, vs: list[Value]) -> None:
         """The messages of one packet from the peer (see :meth:`on_data_message`)."""
+        if self.route:
+            hub = self.hub
+            prev, hub.route_peer = hub.route_peer, self
+            try:
+                self._data_messages(vs)
+            finally:
+                if not hub.route_turns:
+                    hub.route_peer = prev
+        else:
+            self._data_messages(vs)
+
+    def _data_messages(self, vs: list[Value]) -> None:
         if self.closed or not self.ready:
             return
         hub = self.hub
         if not self.settled:  # each message is looked at: decoded
             for v in _values_of(vs):
-                self.on_data_message(v)
+                self._data_message(v)
             return
         self.counters["messages_received"] += _count_of(vs)
         tapping = hub.tapping
@@ -611,6 +635,12 @@ class LinkHub:
         """Copies of each assertion held here for the peers of routes (all routes)."""
         self.route_echo: deque[Value] = deque()
         """Messages that arrived over routes, to recognise in the tap (one hop)."""
+        self.route_peer: LinkSession | None = None
+        """The route whose messages are being delivered here (while their callbacks run:
+        a recorder in a cluster records only what originates with this member), or
+        None: what is delivered now entered the cluster here."""
+        self.route_turns = 0
+        """Turns of route connections under way (see :meth:`route_turn`)."""
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
         self.on_change: list[Callable[[], Any]] = []
@@ -622,6 +652,27 @@ class LinkHub:
         obs = ds.observe_hidden("<Observe $pattern $observer>", on_assert=self._observe_added,
                                 on_retract=self._observe_removed)
         self._subs = [req, obs]
+
+    def route_turn(self, turn: Callable[[], Any] | None) -> Callable[[], Any] | None:
+        """The turn context for the relays of route connections: ``turn`` (the
+        server's), keeping :attr:`route_peer` set until the turn's callbacks have run
+        (a turn's deliveries are dispatched when it ends, after the route's entity has
+        returned)."""
+        if turn is None:
+            return None
+
+        @contextlib.contextmanager
+        def route_turn() -> Any:
+            prev = self.route_peer
+            self.route_turns += 1
+            try:
+                with turn():
+                    yield
+            finally:
+                self.route_turns -= 1
+                self.route_peer = prev
+
+        return route_turn
 
     def close(self) -> None:
         for d in self.dialers:

@@ -303,6 +303,12 @@ class Server:
         self.server_id = ""
         self.cluster: Cluster | None = None
         """This member's routes, when the server is in a cluster (``--cluster``)."""
+        self.cluster_status_extra: list[Callable[[], dict[str, Any]]] = []
+        """What others add to :meth:`cluster_status` (the serve command: recording)."""
+        self.before_listening: list[Callable[[], None]] = []
+        """Called by :meth:`start` once the dataspaces exist, before links, routes and
+        listeners start: what must see everything clients and peers send (the serve
+        command's recorders, so that no sync is answered before they are in place)."""
         self._status_timer: asyncio.TimerHandle | None = None
         self.sync_gate: SyncGate | None = None
         """Holds sync answers until recorded messages are durable (see
@@ -362,6 +368,8 @@ class Server:
         loop = asyncio.get_running_loop()
         self.hub = Hub(loop, max_buffered=self.config.buffered_limit())
         self.sync_gate = SyncGate(loop)
+        for fn in self.before_listening:
+            fn()
         self._schedule_sweep()
         if self.memory is None:
             log.warning("max-memory is off: clients can make the server hold memory without "
@@ -450,7 +458,8 @@ class Server:
         if spec is None:
             return
         ssl_server, ssl_client = self.config.route_tls()
-        self.cluster = Cluster(self.links["root"], spec, self.hub, turn=self._turn,
+        root = self.links["root"]
+        self.cluster = Cluster(root, spec, self.hub, turn=root.route_turn(self._turn),
                                ssl_server=ssl_server, ssl_client=ssl_client)
         if self.memory is not None:  # what other members assert here is held for clients
             self.cluster.quota = Quota(sys.maxsize, self.memory)
@@ -461,8 +470,17 @@ class Server:
         self._links_changed()
 
     def cluster_status(self) -> dict[str, Any] | None:
-        """The cluster's members and routes (``dataspace cluster status``), or None."""
-        return self.cluster.status() if self.cluster is not None else None
+        """The cluster's members and routes (``dataspace cluster status``), or None;
+        with what each of :attr:`cluster_status_extra` adds (recording in a cluster)."""
+        if self.cluster is None:
+            return None
+        st = self.cluster.status()
+        for fn in self.cluster_status_extra:
+            try:
+                st.update(fn())
+            except Exception:  # a monitor's bug must not stop the status
+                log.exception("a cluster status source failed")
+        return st
 
     def _links_changed(self) -> None:
         """Write the links' status soon: within 0.2 s of a change, changes meanwhile
@@ -488,7 +506,7 @@ class Server:
             log.warning("cannot write %s: %s", self.data_dir / STATUS_FILE, e)
         if self.cluster is not None:
             try:
-                _write_json(self.data_dir / CLUSTER_STATUS_FILE, self.cluster.status())
+                _write_json(self.data_dir / CLUSTER_STATUS_FILE, self.cluster_status())
             except OSError as e:
                 log.warning("cannot write %s: %s", self.data_dir / CLUSTER_STATUS_FILE, e)
         if self.cluster is not None or any(h.dialers or h.sessions or h.gone

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..broker.config import ConfigError, ServerConfig, load_config, parse_size
+from ..broker.link import load_server_id
 from ..broker.server import Server, listen_error
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..net.address import DEFAULT_HOST, DEFAULT_PORT
 from ..net.tls import CertInfo, TLSConfigError
 from ..streams import Store, StoreError, check_stream_name, recorder_specs, start_recorders
+from ..streams.cluster import ClusterRecording
 from ..streams.recorder import RecorderSpec, stop_recorders
 from ..streams.scry import ScryServer, start_scry_udp
 from ._client import stop_event
@@ -392,34 +394,74 @@ async def _serve(cfg: ServerConfig) -> int:
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     server = Server(cfg, data_dir=data_dir)
+    recorders: list[Any] = []
+    cluster_rec: list[ClusterRecording] = []
+    if store is not None and specs:
+        server.before_listening.append(
+            lambda: _start_recording(cfg, server, store, specs, recorders, cluster_rec))
     try:
         await server.start()
-    except (OSError, ConfigError, ValueError) as e:
+    except (OSError, ConfigError, ValueError, StoreError) as e:
+        for cr in cluster_rec:
+            cr.stop()
+        stop_recorders(recorders)
+        for cr in cluster_rec:
+            cr.release()
+        await server.close()
         if store is not None:
             store.close()
         print(f"dataspace serve: {e}", file=sys.stderr)
         return 1
     with contextlib.closing(_claim(data_dir) or open(os.devnull, encoding="utf-8")):
-        return await _run(cfg, server, store, specs)
+        return await _run(cfg, server, store, recorders,
+                          cluster_rec[0] if cluster_rec else None)
+
+
+def _start_recording(cfg: ServerConfig, server: Server, store: Store,
+                     specs: list[RecorderSpec], recorders: list[Any],
+                     cluster_rec: list[ClusterRecording]) -> None:
+    """The recorders, started once the server's dataspaces exist and before anything
+    listens (so no client's sync is answered before they are in place).  In a cluster,
+    the root dataspace's record as a member (docs/cluster.md, "Recording in a cluster")."""
+    spec_c = cfg.cluster_spec(server.data_dir) if cfg.cluster else None  # type: ignore[arg-type]
+    for spec in specs:
+        ds = server.dataspaces[spec.dataspace or "root"]
+        recorders += start_recorders(ds, [spec], store)
+    # A client's sync() is answered once what it sent before is in the store.
+    assert server.sync_gate is not None
+    for r in recorders:
+        r.on_progress = server.sync_gate.progress
+        server.add_durable_source(r)
+    if spec_c is None:
+        return
+    root = server.dataspaces["root"]
+    mine = [r for r in recorders if r.dataspace is root]
+    if not mine:
+        return
+
+    def members() -> dict[str, bool]:
+        cl = server.cluster
+        m = cl.membership if cl is not None else None
+        return {p: bool(x.up) for p, x in m.members.items()} if m is not None else {}
+
+    assert server.data_dir is not None
+    cr = ClusterRecording(store, mine, member=load_server_id(server.data_dir),
+                          cluster=spec_c.name, hub=lambda: server.links.get("root"),
+                          members=members, dead=spec_c.dead)
+    cr.declare()
+    cluster_rec.append(cr)
+    server.cluster_status_extra.append(cr.status)
 
 
 async def _run(cfg: ServerConfig, server: Server, store: Store | None,
-               specs: list[RecorderSpec]) -> int:
+               recorders: list[Any], cluster_rec: ClusterRecording | None) -> int:
     stop = stop_event()
     started = False
-    recorders: list[Any] = []
     scry_server: ScryServer | None = None
     http: Any = None  # dataspace.web.HttpServer (aiohttp is imported only when used)
     try:
-        if store is not None:
-            for spec in specs:
-                ds = server.dataspaces[spec.dataspace or "root"]
-                recorders += start_recorders(ds, [spec], store)
-            # A client's sync() is answered once what it sent before is in the store.
-            assert server.sync_gate is not None
-            for r in recorders:
-                r.on_progress = server.sync_gate.progress
-                server.add_durable_source(r)
+        if cluster_rec is not None:
+            cluster_rec.start()
         udp = cfg.host_port("scry_udp")
         if udp is not None:
             assert store is not None
@@ -461,8 +503,17 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
                   f"/metrics and /api/ {access}); the web inspector: open {http.url} in a "
                   "browser", file=sys.stderr, flush=True)
         if recorders and store is not None:
-            print(f"dataspace serve: recording {len(recorders)} stream(s) into {store.display}",
-                  file=sys.stderr, flush=True)
+            if cluster_rec is not None and server.cluster is not None:
+                print(f"dataspace serve: recording {len(recorders)} stream(s) into "
+                      f"{store.display} as a member of cluster {server.cluster.name}: each "
+                      "message is recorded where it enters the cluster, once in a store the "
+                      "members share (one stream for the cluster); a store of its own holds "
+                      "every message this member sees (for one stream give every member the "
+                      "same store: PostgreSQL, or one SQLite file on one machine; `dataspace "
+                      "cluster status` says who shares it)", file=sys.stderr, flush=True)
+            else:
+                print(f"dataspace serve: recording {len(recorders)} stream(s) into "
+                      f"{store.display}", file=sys.stderr, flush=True)
         for spec in cfg.link_specs():
             print(f"dataspace serve: linking to {spec.address} (`dataspace link status` "
                   "shows the links)", file=sys.stderr, flush=True)
@@ -490,7 +541,11 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
                 server.memory_sources.remove(scry_server.held_bytes)
         # Recorders first: what they queued is committed, and the server's own shutdown
         # (every connection closing) is not recorded as if clients had left.
+        if cluster_rec is not None:
+            cluster_rec.stop()
         stop_recorders(recorders)
+        if cluster_rec is not None:
+            cluster_rec.release()
         if store is not None:
             store.close()
         await server.close()

@@ -46,17 +46,18 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import secrets
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .._threads import start_daemon
 from ..pattern import Bind, Pattern, as_pattern, parse_pattern
 from ..values import Record, Sequence, Symbol, Value, encode
-from .base import MAX_VALUE_SIZE, Store, check_user_name, parse_duration
+from .base import MAX_VALUE_SIZE, Store, Transaction, check_user_name, parse_duration
 from .tailer import Tailer
 
 __all__ = [
@@ -81,6 +82,67 @@ COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 _MESSAGE = Symbol("message")
 _ASSERT = Symbol("assert")
 _RETRACT = Symbol("retract")
+_PRESENCE = Symbol("presence")
+_ASSERT_HEAD = b"\xb4" + encode(_ASSERT)
+_RETRACT_HEAD = b"\xb4" + encode(_RETRACT)
+_END = b"\x84"
+
+PRESENCE_PREFIX = "__presence/"
+"""In a cluster, the leader of a stream with assertion events keeps its fence and the
+presence it recorded in the store's own stream ``__presence/STREAM`` (see
+:meth:`Recorder.lead`)."""
+PRESENCE_KEEP = 16
+"""Entries kept in a ``__presence/...`` stream (retention)."""
+CHECKPOINT_MIN = 256
+"""A leader writes its recorded presence again after this many assertion events, or as
+many as there are values present if more (so a new leader reads a bounded tail)."""
+CHECKPOINT_MAX_BYTES = 8 << 20
+"""A presence larger than this (encoded) is not checkpointed: a new leader replays the
+stream from the last checkpoint that fitted (or from its start)."""
+
+
+def presence_stream(stream: str) -> str:
+    """The store's own stream where the leaders of ``stream`` fence and checkpoint."""
+    return PRESENCE_PREFIX + stream
+
+
+class _Led:
+    """A value recorded only while the recorder leads its stream in a cluster (an
+    assertion event, or a message of a member that does not record the stream here)."""
+
+    __slots__ = ("data", "delta", "term", "value")
+
+    def __init__(self, data: bytes, term: _Term, delta: int = 0, value: bytes = b"") -> None:
+        self.data = data
+        self.term = term
+        self.delta = delta    # +1 an assert, -1 a retract, 0 a message
+        self.value = value    # the asserted value's encoding (for the presence kept)
+
+
+class _Term:
+    """One leadership of a stream (see :meth:`Recorder.lead`)."""
+
+    __slots__ = ("checkpointed", "fence", "lost", "member", "pending", "recorded", "since",
+                 "snapshot", "token")
+
+    def __init__(self, member: str, snapshot: Counter[bytes]) -> None:
+        self.member = member
+        self.token = secrets.token_hex(8)
+        self.snapshot = snapshot
+        """What was present when the term began (the takeover reconciles the stream
+        with it)."""
+        self.pending = True
+        """The takeover is not written yet."""
+        self.fence = -1
+        """The index of this term's last entry in ``__presence/STREAM``: a term whose
+        entry is no longer the last has lost the stream to another leader."""
+        self.recorded: Counter[bytes] = Counter()
+        """What the stream says is present (as of the last commit)."""
+        self.since = 0
+        """Assertion events since the last checkpoint."""
+        self.checkpointed = 0
+        self.lost = False
+
 
 
 
@@ -125,13 +187,39 @@ class Recorder:
         """How many commits took at most each bound of :data:`COMMIT_BUCKETS` (and the
         last, longer): not cumulative."""
         self.error: BaseException | None = None
-        self._queue: deque[bytes] = deque()
+        self._queue: deque[bytes | _Led] = deque()
         self._enqueued = 0
+        self._done = 0  # values taken from the queue: committed, dropped or discarded
         self._cond = threading.Condition()
         self._closing = False
         self.on_progress: Any = None
         """Called (from the writer thread) after each batch is committed or fails, e.g.
         a server's ``SyncGate.progress``."""
+        # -- in a cluster (see dataspace.streams.cluster): set before the first event --
+        self.origin: Callable[[], Any] | None = None
+        """Where what is being delivered now came from: None when it entered the
+        cluster here (a client of this server, a link, this process), else the route
+        it came over (that member records it, see :attr:`peer_records`)."""
+        self.peer_records: Callable[[Any], bool | None] | None = None
+        """For a route (as :attr:`origin` gives it): True when the member at its other
+        end records this stream into this store itself, False when it does not (the
+        stream's leader records its messages), None while that is not known (nobody
+        here records them)."""
+        self.leader_only = False
+        """In a cluster: assertion events (and the messages of members that do not
+        record this stream here) are recorded only while this recorder leads the
+        stream in its store (:meth:`lead`): once for the cluster."""
+        self.on_lost: Callable[[str], None] | None = None
+        """Called (from the writer thread) when another member took the lead of the
+        stream from this one (its fence moved), with why."""
+        self._present: Counter[bytes] = Counter()
+        self._term: _Term | None = None
+        self.skipped = 0
+        """Messages not recorded here: their origin member records them."""
+        self.discarded = 0
+        """Values not recorded because another member leads the stream now."""
+        self.takeovers = 0
+        """Times this recorder took the lead of its stream (in a cluster)."""
         if not store.has_stream(stream):
             store.create_stream(stream)
         self._thread = start_daemon(self._writer, f"recorder:{stream}")
@@ -149,14 +237,93 @@ class Recorder:
         return tuple.__new__(Sequence, caps[1:]) if self.capture else caps[0]
 
     def _on_message(self, *caps: Value) -> None:
+        origin = self.origin
+        if origin is not None:
+            route = origin()
+            if route is not None:  # it entered the cluster at another member
+                pr = self.peer_records
+                if pr is None or pr(route) is not False or self._term is None:
+                    self.skipped += 1
+                    return
+                # That member does not record this stream here: its leader does.
+                v = self._value(caps)
+                self._enqueue_led(Record._make(_MESSAGE, (v,)) if self.wrap else v)
+                return
         v = self._value(caps)
         self._enqueue(Record._make(_MESSAGE, (v,)) if self.wrap else v)
 
     def _on_assert(self, *caps: Value) -> None:
-        self._enqueue(Record._make(_ASSERT, (self._value(caps),)))
+        if self.leader_only:
+            self._presence(self._value(caps), 1)
+        else:
+            self._enqueue(Record._make(_ASSERT, (self._value(caps),)))
 
     def _on_retract(self, *caps: Value) -> None:
-        self._enqueue(Record._make(_RETRACT, (self._value(caps),)))
+        if self.leader_only:
+            self._presence(self._value(caps), -1)
+        else:
+            self._enqueue(Record._make(_RETRACT, (self._value(caps),)))
+
+    def _presence(self, v: Value, delta: int) -> None:
+        """An assertion event in a cluster: kept, and recorded while leading."""
+        try:
+            data = encode(v)
+        except (TypeError, ValueError) as e:
+            self.dropped += 1
+            log.error("recorder %s: cannot encode a matching value (%s); dropped", self.stream, e)
+            return
+        with self._cond:
+            present = self._present
+            if delta > 0:
+                present[data] += 1
+            else:
+                n = present[data] - 1
+                if n > 0:
+                    present[data] = n
+                else:
+                    del present[data]
+            term = self._term
+            kind = "assert" if delta > 0 else "retract"
+            if term is None or kind not in self.events:
+                return
+            wrapped = (_ASSERT_HEAD if delta > 0 else _RETRACT_HEAD) + data + _END
+            if len(wrapped) > MAX_VALUE_SIZE:
+                self.dropped += 1
+                log.error("recorder %s: a %d-byte value exceeds the entry limit; dropped",
+                          self.stream, len(wrapped))
+                return
+            self._put(_Led(wrapped, term, delta, data))
+
+    def _enqueue_led(self, value: Value) -> None:
+        try:
+            data = encode(value)
+        except (TypeError, ValueError) as e:
+            self.dropped += 1
+            log.error("recorder %s: cannot encode a matching value (%s); dropped", self.stream, e)
+            return
+        with self._cond:
+            term = self._term
+            if term is None:
+                self.skipped += 1
+                return
+            self._put(_Led(data, term))
+
+    def _put(self, item: bytes | _Led) -> None:
+        """Queue ``item`` (holding ``_cond``), waiting for room (see :meth:`_enqueue`)."""
+        if len(self._queue) >= self.max_queue and self.error is None and not self._closing:
+            self._cond.wait_for(
+                lambda: len(self._queue) < self.max_queue or self.error is not None
+                or self._closing,
+                self.block_timeout,
+            )
+        if self.error is not None or len(self._queue) >= self.max_queue:
+            self.dropped += 1
+            log.error("recorder %s: %s; message dropped", self.stream,
+                      f"store failed ({self.error})" if self.error else "queue full")
+            return
+        self._queue.append(item)
+        self._enqueued += 1
+        self._cond.notify_all()
 
     def _enqueue(self, value: Value) -> None:
         try:
@@ -171,53 +338,212 @@ class Recorder:
                       self.stream, len(data))
             return
         with self._cond:
-            if len(self._queue) >= self.max_queue and self.error is None and not self._closing:
-                self._cond.wait_for(
-                    lambda: len(self._queue) < self.max_queue or self.error is not None
-                    or self._closing,
-                    self.block_timeout,
-                )
-            if self.error is not None or len(self._queue) >= self.max_queue:
-                self.dropped += 1
-                log.error("recorder %s: %s; message dropped", self.stream,
-                          f"store failed ({self.error})" if self.error else "queue full")
-                return
-            self._queue.append(data)
-            self._enqueued += 1
-            self._cond.notify_all()
+            self._put(data)
 
     # -- the writer thread ---------------------------------------------------------------
 
     def _writer(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing)
-                if not self._queue:
+                self._cond.wait_for(lambda: self._queue or self._closing or (
+                    self._term is not None and self._term.pending))
+                term = self._term
+                if not self._queue and not (term is not None and term.pending):
                     return
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
                 self._cond.notify_all()
             t0 = time.perf_counter()
+            led = False
+            for item in batch:
+                if type(item) is not bytes:
+                    led = True
+                    break
             try:
                 with self.store.transaction() as tx:
-                    tx.append_encoded(self.stream, batch)
+                    if term is None and not led:
+                        tx.append_encoded(self.stream, batch)  # type: ignore[arg-type]
+                        written = len(batch)
+                        discarded = 0
+                    else:
+                        written, discarded = self._write_led(tx, batch, term)
             except Exception as e:
                 log.exception("recorder %s: writing to the store failed; recording stops", self.stream)
                 with self._cond:
                     self.error = e
                     self.dropped += len(batch) + len(self._queue)
+                    self._done += len(batch) + len(self._queue)
                     self._queue.clear()
                     self._cond.notify_all()
                 self._progress()
                 return
             took = time.perf_counter() - t0
+            lost = None
             with self._cond:
-                self.recorded += len(batch)
+                self.recorded += written
+                self.discarded += discarded
+                self._done += len(batch)
                 self.commits += 1
                 self.commit_seconds += took
                 self.commit_buckets[bisect.bisect_left(COMMIT_BUCKETS, took)] += 1
+                if term is not None and term.lost and self._term is term:
+                    self._term = None
+                    lost = term
                 self._cond.notify_all()
+            if lost is not None:
+                self._lost(lost)
             self._progress()
+
+    # -- leading the stream in a cluster ---------------------------------------------------
+
+    def _write_led(self, tx: Transaction, batch: list[bytes | _Led],
+                   term: _Term | None) -> tuple[int, int]:
+        """Write ``batch`` whose leader-only values count only while ``term`` leads the
+        stream: the takeover first when it is pending, the fence checked otherwise.
+        Returns how many entries were written and how many values were discarded."""
+        fence = presence_stream(self.stream)
+        lead = term is not None and not term.lost
+        prefix: list[bytes] = []
+        recorded: Counter[bytes] | None = None
+        if lead:
+            assert term is not None
+            if term.pending:
+                prefix, recorded = self._take_over(tx, term, fence)
+            elif tx.read(fence, term.fence + 1, 1):
+                who = tx.last(fence)
+                lead = False
+                term.lost = True
+                log.info("recorder %s: another member leads the stream now (%s)", self.stream,
+                         _describe_fence(who[0].value) if who else "its entry is gone")
+            else:
+                recorded = Counter(term.recorded)
+        datas = prefix
+        discarded = 0
+        events = 0
+        for item in batch:
+            if type(item) is bytes:
+                datas.append(item)
+            elif lead and item.term is term:  # type: ignore[union-attr]
+                datas.append(item.data)  # type: ignore[union-attr]
+                if item.delta and recorded is not None:  # type: ignore[union-attr]
+                    events += 1
+                    _adjust(recorded, item.value, item.delta)  # type: ignore[union-attr]
+            else:
+                discarded += 1
+        if datas:
+            tx.append_encoded(self.stream, datas)
+        if lead and recorded is not None:
+            assert term is not None
+            since = term.since + events
+            if term.pending or since >= max(CHECKPOINT_MIN, term.checkpointed):
+                term.fence = self._checkpoint(tx, term, fence, recorded)
+                since = 0
+            # (Committed by the caller; a failed commit stops the recorder.)
+            term.recorded = recorded
+            term.since = since
+            if term.pending:
+                term.pending = False
+                term.snapshot = Counter()
+                self.takeovers += 1
+                log.info("recorder %s: this member leads the stream now (presence "
+                         "reconciled: %d entries)", self.stream, len(prefix))
+        return len(datas), discarded
+
+    def _take_over(self, tx: Transaction, term: _Term,
+                   fence: str) -> tuple[list[bytes], Counter[bytes]]:
+        """The entries that bring the stream's presence to what is present now (the
+        term's snapshot), and that presence."""
+        tx.create_stream(fence, max_count=PRESENCE_KEEP)
+        if "assert" not in self.events and "retract" not in self.events:
+            return [], Counter()  # (it leads for the messages of others only)
+        recorded = self._recorded_presence(tx, fence)
+        want = term.snapshot
+        out = []
+        for v, n in recorded.items():
+            k = n - want.get(v, 0)
+            if k > 0:
+                out += [_RETRACT_HEAD + v + _END] * k
+        for v, n in want.items():
+            k = n - recorded.get(v, 0)
+            if k > 0:
+                out += [_ASSERT_HEAD + v + _END] * k
+        return out, Counter(want)
+
+    def _recorded_presence(self, tx: Transaction, fence: str) -> Counter[bytes]:
+        """What the stream says is present: the newest checkpoint in ``fence`` and the
+        assertion events after it (or every event of the stream without one)."""
+        present: Counter[bytes] = Counter()
+        start = tx.first_index(self.stream) or 0
+        for e in tx.last(fence, limit=PRESENCE_KEEP):
+            cp = _checkpoint_of(e.value)
+            if cp is not None:
+                start, values = cp
+                for v in values:
+                    present[encode(v)] += 1
+                break
+        end = tx.next_index(self.stream)
+        while start < end:
+            entries = tx.read(self.stream, start, 1000)
+            if not entries:
+                break
+            for e in entries:
+                v = e.value
+                if type(v) is Record and len(v.fields) == 1 and (v.label == _ASSERT
+                                                                  or v.label == _RETRACT):
+                    _adjust(present, encode(v.fields[0]), 1 if v.label == _ASSERT else -1)
+            start = entries[-1].index + 1
+        return present
+
+    def _checkpoint(self, tx: Transaction, term: _Term, fence: str,
+                    recorded: Counter[bytes]) -> int:
+        """Append ``<presence MEMBER TOKEN NEXT [V ...]>`` to ``fence`` (``#f`` for the
+        values when they are too many); returns its index (the term's fence)."""
+        nxt = tx.next_index(self.stream)
+        size = sum(len(v) * n for v, n in recorded.items())
+        if size <= CHECKPOINT_MAX_BYTES:
+            body = b"\xb5" + b"".join(v * n for v, n in recorded.items()) + _END
+        else:
+            body = encode(False)
+        head = b"\xb4" + encode(_PRESENCE) + encode(term.member) + encode(term.token) + \
+            encode(nxt)
+        term.checkpointed = sum(recorded.values())
+        return tx.append_encoded(fence, [head + body + _END])
+
+    def lead(self, member: str) -> bool:
+        """Lead the stream from now on (in a cluster; the caller holds the store's lock
+        for it): the next commit reconciles the stream with what is present now (a
+        ``<retract V>`` for each value the stream says is present and is not, an
+        ``<assert V>`` for each that is and it does not say), writes this member's
+        fence in ``__presence/STREAM``, and from then on assertion events are recorded
+        here.  Every commit that carries such events checks the fence in the same
+        transaction: when another member has taken the lead meanwhile, they are
+        discarded and :attr:`on_lost` is called.  False if already leading."""
+        with self._cond:
+            if self._term is not None:
+                return False
+            self._term = _Term(member, Counter(self._present))
+            self._cond.notify_all()
+            return True
+
+    def resign(self) -> None:
+        """Stop leading (what is queued for the term is discarded)."""
+        with self._cond:
+            self._term = None
+            self._cond.notify_all()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this recorder leads its stream (its takeover may still be pending)."""
+        term = self._term
+        return term is not None and not term.lost
+
+    def _lost(self, term: _Term) -> None:
+        cb = self.on_lost
+        if cb is not None:
+            try:
+                cb("another member took the lead")
+            except Exception:  # pragma: no cover - a bad hook must not stop recording
+                log.exception("recorder %s: on_lost callback failed", self.stream)
 
     def _progress(self) -> None:
         cb = self.on_progress
@@ -234,7 +560,7 @@ class Recorder:
 
     def reached(self, mark: int) -> bool:
         """Whether everything up to ``mark`` is committed (or dropped, or failed)."""
-        return self.recorded + self.dropped >= mark or self.error is not None
+        return self._done >= mark or self.error is not None
 
     @property
     def failed(self) -> BaseException | None:
@@ -253,7 +579,9 @@ class Recorder:
         with self._cond:
             target = self._enqueued
             ok = self._cond.wait_for(
-                lambda: self.recorded + self.dropped >= target or self.error is not None, timeout
+                lambda: (self._done >= target and not (self._term is not None
+                                                       and self._term.pending))
+                or self.error is not None, timeout
             )
             return bool(ok) and self.error is None
 
@@ -385,6 +713,28 @@ class RecorderSpec:
             max_age=None if age is None else float(age),
             dataspace=d.get("dataspace"),
         )
+
+
+def _adjust(present: Counter[bytes], v: bytes, delta: int) -> None:
+    n = present.get(v, 0) + delta
+    if n > 0:
+        present[v] = n
+    else:
+        present.pop(v, None)
+
+
+def _checkpoint_of(v: Value) -> tuple[int, tuple[Value, ...]] | None:
+    """``(NEXT, VALUES)`` of a ``<presence MEMBER TOKEN NEXT [V ...]>`` entry, or None."""
+    if (type(v) is Record and v.label == _PRESENCE and len(v.fields) == 4
+            and type(v.fields[2]) is int and isinstance(v.fields[3], tuple)):
+        return v.fields[2], tuple(v.fields[3])
+    return None
+
+
+def _describe_fence(v: Value) -> str:
+    if type(v) is Record and v.label == _PRESENCE and len(v.fields) >= 1:
+        return f"member {v.fields[0]}"
+    return "another member"
 
 
 def _text(v: Any) -> str:
