@@ -123,6 +123,12 @@ soak: setup
 soak-record: setup
 	$(BIN)/python -m dataspace.streams.crashtest --kills 500
 
+## The long crash test of recording in a cluster: 200 SIGKILLs of members of a three-member
+## cluster sharing a PostgreSQL store while clients send with syncs (about 25 minutes).
+.PHONY: soak-cluster-record
+soak-cluster-record: setup postgresql
+	$(BIN)/python -m dataspace.testing.cluster_record --kills 200 --postgres
+
 ## The long crash test of the Spark engine: 200 SIGKILLs of the whole driver (about an hour).
 soak-spark: setup
 	$(BIN)/python -m dataspace.pipeline.spark.crashtest --kills 200
