@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from broker_support import async_test, tcp_address
 from dataspace.broker import Server
 from dataspace.broker.cluster import make_secret
 from dataspace.broker.config import ServerConfig
+from dataspace.cli.cluster import print_status
 from dataspace.cli.serve import _start_recording
 from dataspace.client import RemoteDataspace, connect
 from dataspace.datadir import KEY_BYTES
@@ -147,7 +149,7 @@ _SAYS = Symbol("Says")
 
 @async_test
 async def test_each_message_once_in_a_shared_store_from_every_member_and_a_leaf(
-        tmp_path, secret, store_url):
+        tmp_path, secret, store_url, capsys):
     async with members(tmp_path, secret, [store_url] * 3, ["chat:<Says $w $t>"]) as ms:
         cs = await clients(ms)
         obs = []
@@ -193,6 +195,14 @@ async def test_each_message_once_in_a_shared_store_from_every_member_and_a_leaf(
         assert rec["summary"].endswith("shared with every other member: one stream for the "
                                        "cluster, each message once")
         assert {s["stream"] for s in rec["streams"]} == {"chat"}
+        # `dataspace cluster status` says it, and who leads the stream.
+        await until(lambda: all(s["led_by"] for s in
+                                ms[1].server.cluster_status()["recording"]["streams"]))
+        print_status(ms[1].server.cluster_status())
+        text = capsys.readouterr().out
+        assert "  recording into " in text and "one stream for the cluster" in text, text
+        assert re.search(r"    stream chat \(message\): led by (this member|member [0-9a-f]{16}); "
+                         r"10 recorded here, 30 left to the member they entered through", text), text
 
 
 # ---------------------------------------------------------------------------------------

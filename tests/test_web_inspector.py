@@ -685,6 +685,30 @@ def test_the_links_page_shows_the_cluster_its_members_and_routes(
     page.screenshot()
 
 
+def test_the_links_page_says_what_the_cluster_records_into_a_shared_store(
+        serve: Any, page: Page, tmp_path: Path) -> None:
+    """Recording in a cluster (docs/cluster.md): the card says the store is shared, one
+    stream for the cluster, and which member leads each stream."""
+    from dataspace.broker.cluster import make_secret
+
+    secret = tmp_path / "cluster.secret"
+    secret.write_text(make_secret())
+    secret.chmod(0o600)
+    rec = ("--record", "chat:<Says $who $text>", "--store", str(tmp_path / "shared"))
+    a = serve("--http-open", "--cluster", "127.0.0.1:0", "--cluster-secret", str(secret), *rec)
+    route_a = a.proc.wait_line(r"routes on (127\.0\.0\.1:\d+)").group(1)
+    b = serve("--http-open", "--cluster", "127.0.0.1:0", "--cluster-secret", str(secret),
+              "--routes", route_a, *rec)
+    b.proc.wait_line(rf"route to {re.escape(route_a)}: up")
+    pg = page.goto(b.url + "inspector/links")
+    line = pg.locator("section.cluster p.recording")
+    expect(line).to_contain_text(re.compile(
+        r"^recording into .*shared/streams\.sqlite3, shared with every other member: one "
+        r"stream for the cluster, each message once; chat led by (this member|member "
+        r"[0-9a-f]{16})$"))
+    page.screenshot()
+
+
 # What sticks out of a phone's screen: every element whose box leaves the viewport and is
 # not inside a container that scrolls sideways (a table's wrapper, the menu, a graph),
 # and every such container that itself leaves it.

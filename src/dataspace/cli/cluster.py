@@ -95,12 +95,32 @@ def _route_lines(r: dict[str, Any]) -> list[str]:
     return out
 
 
+def _recording_lines(rec: dict[str, Any], me: str) -> list[str]:
+    """What this member records (docs/cluster.md, "Recording in a cluster")."""
+    out = [f"  {rec.get('summary', '')}"]
+    for s in rec.get("streams", []):
+        lead = s.get("led_by")
+        who = ("this member" if s.get("leader") else f"member {lead}" if lead else
+               "no member yet")
+        events = "+".join(s.get("events", []))
+        out.append(f"    stream {s.get('stream')} ({events}): led by {who}; "
+                   f"{s.get('recorded', 0):,} recorded here, {s.get('skipped', 0):,} left to "
+                   "the member they entered through")
+    if rec.get("error"):
+        out.append(f"    the store: {rec['error']}")
+    return out
+
+
 def print_status(doc: dict[str, Any], running: bool = True) -> None:
     members = doc.get("members", [])
     up = [m for m in members if m.get("up")]
     print(f"cluster {doc.get('cluster')}: member {doc.get('id')} at {doc.get('address')}; "
           f"{1 + len(up)} of {1 + len(members)} members up"
           + ("" if running else " (when the server last wrote its status)"))
+    rec = doc.get("recording")
+    if isinstance(rec, dict):
+        for line in _recording_lines(rec, str(doc.get("id"))):
+            print(line)
     routes = doc.get("routes", [])
     for r in routes:
         for line in _route_lines(r):

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -130,6 +131,7 @@ class ClusterRecording:
         self._lost: set[str] = set()
         self._sharing: dict[str, bool] = {}  # member id -> records into this store
         self._sharing_at = 0.0
+        self._leaders: dict[str, str | None] = {}  # stream -> the member leading it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -293,6 +295,12 @@ class ClusterRecording:
                 sharing[peer_id] = self.store.lock_holder(
                     member_lock(self.cluster, peer_id)) is not None
         self._sharing = sharing
+        leaders = {}
+        for r in self.recorders:
+            holder = self.store.lock_holder(stream_lock(self.cluster, r.stream)) or ""
+            m = re.search(r"member ([0-9a-zA-Z_.-]+)", holder)
+            leaders[r.stream] = m.group(1) if m else None
+        self._leaders = leaders
 
     def stop(self) -> None:
         """Stop contending (then stop the recorders, which commit what they queued, then
@@ -326,8 +334,10 @@ class ClusterRecording:
         shared = sorted(m for m, yes in sharing.items() if yes)
         streams = []
         for r in self.recorders:
+            lead = self.member if r.leading else self._leaders.get(r.stream)
             streams.append({
-                "stream": r.stream, "leader": r.leading, "recorded": r.recorded,
+                "stream": r.stream, "leader": r.leading, "led_by": lead,
+                "recorded": r.recorded,
                 "skipped": r.skipped, "discarded": r.discarded, "takeovers": r.takeovers,
                 "events": list(r.events),
             })

@@ -36,6 +36,9 @@ function clusterCard(c, now) {
   return h("section", { class: "card cluster", dataset: { cluster: c.cluster } },
     h("p", { class: "count" }, `cluster ${c.cluster}: member ${c.id} at ${c.address}; ` +
       `${c.size} of ${c.members.length + 1} members up, ${plural(routes.filter((r) => r.connected).length, "route", "routes")} up`),
+    c.recording ? h("p", { class: "recording" }, c.recording.summary +
+      c.recording.streams.map((s) => `; ${s.stream} led by ` +
+        (s.leader ? "this member" : s.led_by ? `member ${s.led_by}` : "no member yet")).join("")) : null,
     routes.length ? linkTable(routes, now, "routes") : null,
     down.length ? h("ul", { class: "members-down" }, down.map((x) => h("li", null,
       `member ${x.id ?? "(not reached yet)"} at ${x.address}: down` +
