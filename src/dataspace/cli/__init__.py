@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import __version__
 from .._build import BUILD
+from .._extras import MissingExtra
 from .._interrupt import interrupted_early as _interrupted_early
 from ._parser import Parser
 
@@ -129,6 +130,9 @@ def _main(argv: list[str] | None) -> int:
         return int(args.func(args) or 0)
     except BrokenPipeError:
         return 0
+    except MissingExtra as e:  # Spark or PostgreSQL asked for, and not installed
+        print(f"dataspace {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 def _use_system_allocator() -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .._extras import require
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
 from ..pipeline.engine import (
     DEFAULT_ENGINE,
@@ -434,6 +435,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
         return _fail(str(e), 2)
     spark = args.engine == "spark"
     if spark:
+        require("spark", "the Spark engine", hint="or run in this process with --engine local")
         problem = _java_ok()
         if problem:
             return _fail(f"{problem} -- or run in this process with --engine local")
@@ -731,6 +733,7 @@ def run_route(args: argparse.Namespace) -> int:
         find_values(args.values, data_dir, store=args.store)
     except (RouteError, OSError) as e:
         return _fail(str(e), 2)
+    require("spark", "pipeline route (a Spark job)")
     problem = _java_ok()
     if problem:
         return _fail(problem)

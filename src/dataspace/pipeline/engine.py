@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .._extras import require
 from ..streams.base import LockHeld, Store, StoreLock
 from .graph import Graph
 
@@ -40,6 +41,8 @@ ENGINES: dict[str, str] = {
     "spark": "dataspace.pipeline.spark:SparkEngine",
 }
 DEFAULT_ENGINE = "spark"
+ENGINE_EXTRAS: dict[str, tuple[str, str]] = {"spark": ("spark", "the Spark engine")}
+"""The extra an engine needs (pyproject.toml), and the engine's name in its message."""
 GUARANTEES = ("exactly-once", "at-most-once")
 
 
@@ -211,6 +214,8 @@ def get_engine(name: str) -> type[Engine]:
     if target is None:
         raise EngineError(f"unknown engine {name!r}; available: {', '.join(sorted(ENGINES))}")
     module, _, cls = target.partition(":")
+    if name in ENGINE_EXTRAS:
+        require(*ENGINE_EXTRAS[name])  # MissingExtra: one line saying how to install it
     try:
         mod = importlib.import_module(module)
     except ImportError as e:

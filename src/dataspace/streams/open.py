@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._extras import require
 from ..datadir import StoreLocation, store_location
 from .base import Store
 
@@ -35,6 +36,7 @@ def open_location(loc: StoreLocation, *, create: bool = True, durability: str = 
                   **options: Any) -> Store:
     """:func:`open_store` of a location already resolved."""
     if loc.kind == "postgresql":
+        require("postgres", "a PostgreSQL store")  # psycopg: the postgres extra
         from .postgres import PostgresStore
 
         return PostgresStore(loc.url, create=create, durability=durability, **options)

@@ -59,6 +59,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..._extras import require
 from ...progress import NO_PHASES, Phases
 from .placement import is_local, read_on
 
@@ -197,6 +198,7 @@ def get_session(
     phase under way, stops what it started and raises :class:`StartInterrupted`.
     """
     global _created
+    require("spark", "a Spark session")  # MissingExtra: how to install PySpark, one line
     phases = phases or NO_PHASES
     with _lock:
         from pyspark.sql import SparkSession
@@ -386,6 +388,7 @@ def _share_class_data(conf: Any) -> None:
 def launch_home() -> str:
     """The ``SPARK_HOME`` a local session launches its JVM with (see
     :func:`_workers_import_installed_pyspark`)."""
+    require("spark", "a Spark session")
     from pyspark.find_spark_home import _find_spark_home
 
     home = os.environ.get("SPARK_HOME")
@@ -552,6 +555,7 @@ def _keep_sigint_handler() -> Iterator[None]:
 def register(spark: SparkSession) -> None:
     """Register the ``dataspace`` data source on ``spark`` and make the connector's errors
     one line (:mod:`.errors`); :func:`get_session` does it for its sessions."""
+    require("spark", "the Spark connector")  # PyArrow too: its readers make Arrow batches
     from . import errors
     from .source import DataspaceDataSource
 

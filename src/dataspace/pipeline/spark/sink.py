@@ -63,12 +63,18 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
-from pyspark.sql.types import StructType
+from ..._extras import require
+
+try:
+    from pyspark.sql.datasource import (
+        DataSourceArrowWriter,
+        DataSourceStreamArrowWriter,
+        WriterCommitMessage,
+    )
+    from pyspark.sql.types import StructType
+except ImportError:
+    require("spark", "the Spark connector")  # PySpark missing: said in one line
+    raise
 
 from ...streams.base import MAX_VALUE_SIZE, check_user_name
 from ...values import Dictionary, Sequence, Symbol, decode, encode, parse

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..._extras import MissingExtra, require
 from . import classdata
 from .faults import reap_session
 
@@ -272,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     if not classdata.enabled():
         _out(f"{classdata.ENV}=0: Spark sessions do not use a class-data archive")
         return 0
+    try:
+        require("spark", "the class-data archive (a Spark session)")
+    except MissingExtra as e:
+        _err(f"{prog}: {e}")
+        return 2
     path = ensure(args.timeout, say=_out)
     if path is None:
         _out("no class-data archive (Spark starts without one)")
