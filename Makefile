@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup postgresql chromium run demo test test-pure lint bench bench-spark bench-link bench-cluster soak soak-spark soak-record soak-broker clean
+.PHONY: setup postgresql chromium run demo test test-pure lint wheel wheel-test bench bench-spark bench-link bench-cluster bench-install soak soak-spark soak-record soak-broker clean
 
 # The compiled core (setup.py): the sources of the modules listed in src/dataspace/_build.py
 # (COMPILED_MODULES).  Editing one reinstalls, which compiles it again (about a minute of CPU).
@@ -94,6 +94,26 @@ test-pure: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 
+## The wheel: dist/dataspace-VERSION-TAGS.whl carrying the compiled core (mypyc, about a
+## minute), for `pip install dist/dataspace-*.whl` (the broker) or with [spark], [postgres]
+## or [all].  Built from this working tree; setuptools' build/lib is cleared first so that
+## a file removed from src/ is not shipped from an earlier build.
+wheel:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@rm -rf dist/dataspace-*.whl build/lib build/lib.* build/bdist.*
+	@echo "building the wheel (compiling the core) ..."
+	@$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w dist .
+	@$(BIN)/python -c 'import glob, json, zipfile; w = glob.glob("dist/dataspace-*.whl")[0]; \
+	  b = json.loads(zipfile.ZipFile(w).read("dataspace/_core_build.json")); \
+	  print(w + ":", "compiled core," if b["compiled"] else "pure-Python core (" + b["reason"] + "),", \
+	        len([n for n in zipfile.ZipFile(w).namelist() if n.endswith(".so")]), "extension modules")'
+
+## The wheel as a user gets it: installed without extras into a fresh virtual environment,
+## then the broker alone (serve, observe/send, a local pipeline, the missing-extra messages;
+## tests/wheel_smoke.py, about a minute after the build).  CI runs it after `make test`.
+wheel-test: wheel
+	$(BIN)/python tests/wheel_smoke.py
+
 ## Every benchmark, printing figures (not part of the test suite).
 bench: setup $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_core.py
@@ -114,6 +134,11 @@ bench-link: setup $(BENCH_STAMP)
 ## Broker clusters beside a NATS cluster (about 3 minutes; needs nats-server too).
 bench-cluster: setup $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_cluster.py
+
+## Each install form's size and time from the wheel: fresh environments, base, [postgres],
+## [spark], [all] (benchmarks/bench_install.py; a few minutes, pip's cache warm).
+bench-install: wheel
+	$(BIN)/python benchmarks/bench_install.py
 
 ## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
 soak: setup
@@ -138,4 +163,4 @@ soak-broker: setup
 	$(BIN)/python -m dataspace.broker.soak --seconds 600
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .hypothesis test-artifacts
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis test-artifacts
