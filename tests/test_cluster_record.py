@@ -354,3 +354,69 @@ def test_a_lone_server_records_as_before(tmp_path):
         '<assert <Present "a">>', '<message <Present "m">>', '<retract <Present "a">>']
     stop_recorders([rec])
     store.close()
+
+
+# ---------------------------------------------------------------------------------------
+# Readers follow the cluster
+
+
+@async_test
+async def test_a_scry_follower_of_several_publishers_moves_on_without_gap_or_repeat(
+        tmp_path, store_url):
+    """Members sharing a store publish its streams with the same indices: a follower
+    given all their addresses reads from the first, and when it stops answering goes on
+    from the next with the entry it awaits."""
+    from dataspace import scry
+    from dataspace.streams.scry import start_scry_udp
+
+    stores = [open_store(store_url) for _ in range(3)]
+    pubs = [await start_scry_udp(s, "127.0.0.1", 0, ["chat"]) for s in stores]
+    writer = stores[0]
+    writer.create_stream("chat")
+    lines: list[str] = []
+    got: list[int] = []
+    url = "udp://" + ",".join(f"127.0.0.1:{p.address[1]}" for p in pubs) + "/chat"
+    try:
+        writer.append_many("chat", [Record(_SAYS, ["w", i]) for i in range(5)])
+
+        async def read() -> None:
+            async for e in scry.follow(url, "start", notify=lines.append):
+                got.append(e.index)
+                assert e.value == Record(_SAYS, ["w", e.index])
+                if e.index == 4:
+                    await pubs[0].close()  # the one it follows goes
+                    writer.append_many("chat", [Record(_SAYS, ["w", i]) for i in range(5, 9)])
+                if e.index == 8:
+                    await pubs[1].close()  # and the next
+                    writer.append_many("chat", [Record(_SAYS, ["w", i]) for i in range(9, 12)])
+                if e.index == 11:
+                    return
+
+        await asyncio.wait_for(read(), TIMEOUT)
+        assert got == list(range(12))
+        assert lines[0] == f"following udp://127.0.0.1:{pubs[0].address[1]}/chat from entry 0"
+        moves = [x for x in lines if "trying" in x]
+        assert moves == [
+            f"udp://127.0.0.1:{pubs[0].address[1]}/chat: no answer for 3 s; trying "
+            f"udp://127.0.0.1:{pubs[1].address[1]}/chat from entry 5",
+            f"udp://127.0.0.1:{pubs[1].address[1]}/chat: no answer for 3 s; trying "
+            f"udp://127.0.0.1:{pubs[2].address[1]}/chat from entry 9"], lines
+    finally:
+        for p in pubs:
+            with contextlib.suppress(Exception):
+                await p.close()
+        for s in stores:
+            s.close()
+
+
+def test_scry_urls_of_several_publishers_are_parsed_and_bad_ones_said():
+    from dataspace.scry import ScryError, parse_urls
+
+    assert parse_urls("udp://a:1,b:2,[::1]:3/chat") == (
+        [("a", 1), ("b", 2), ("::1", 3)], "chat", None)
+    assert parse_urls(["udp://a:1/chat/4", "udp://b:2/chat/4"], index=True) == (
+        [("a", 1), ("b", 2)], "chat", 4)
+    with pytest.raises(ScryError, match="names another stream"):
+        parse_urls(["udp://a:1/chat", "udp://b:2/news"])
+    with pytest.raises(ScryError, match="not a scry URL: 'udp://a:1,b/chat'"):
+        parse_urls("udp://a:1,b/chat")

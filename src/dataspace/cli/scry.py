@@ -18,6 +18,7 @@ examples:
   dataspace scry follow udp://127.0.0.1:7413/chat --from start  from the oldest kept
   dataspace scry follow udp://127.0.0.1:7413/chat --from 34 --count 10
   dataspace scry follow udp://10.0.0.2:7413/chat --poll fixed:1 a naive poller, for comparison
+  dataspace scry follow udp://a:7413,b:7413/chat  a cluster's members: the next when one goes
   dataspace scry get udp://127.0.0.1:7413/chat/34               one entry, waiting for it
   dataspace scry follow udp://127.0.0.1:7413/chat --json | jq .value
 
@@ -42,7 +43,7 @@ def register(sub: Any) -> None:
     ssub = p.add_subparsers(dest="scry_cmd", metavar="COMMAND")
     f = ssub.add_parser("follow", help="print each entry of a stream once, in order",
                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    f.add_argument("url", metavar="udp://HOST:PORT/STREAM")
+    f.add_argument("url", metavar="udp://HOST:PORT[,HOST:PORT...]/STREAM")
     f.add_argument("--from", dest="start", default="next", metavar="N|start|next",
                    help="first entry: an index, start (the oldest kept) or next (the next "
                    "to be appended; the default)")
