@@ -291,26 +291,25 @@ async def follow(
     nxt = first
     at = 0
     answered_at = loop.time()
-    ever = False
     refusals: dict[int, str] = {}
     unanswered_round = 0
     said_round = False
+    moved_from = ""
     while True:
         name = names[at]
         reader = Reader(stream, nxt, poll=_Capped(poll_model(poll), SWITCH_POLL),
                         quiet=SWITCH + 1.0, give_up=SWITCH)
         answered = False
 
-        def said_many(n: ReaderNotice, refused: bool, name: str = name) -> None:
-            nonlocal answered, answered_at, ever
+        def said_many(n: ReaderNotice, refused: bool, name: str = name,
+                      moved_from: str = moved_from) -> None:
+            nonlocal answered, answered_at
             if n.kind in ("ready", "back"):
                 answered = True
                 answered_at = loop.time()
                 if n.kind == "ready":
-                    tell(n, f"following {name} from entry {n.index}" if not ever else
-                         f"following {name} from entry {n.index} (moved from the last "
-                         "publisher)")
-                    ever = True
+                    tell(n, f"following {name} from entry {n.index}" + (
+                        f" (moved from {moved_from})" if moved_from else ""))
             elif n.kind == "gave-up":
                 raise _Gone(f"no answer for {n.seconds:.0f} s")
 
@@ -337,6 +336,8 @@ async def follow(
                 raise ScryError(f"no answer from {', '.join(names)} for {silent:.0f} s; "
                                 "giving up") from None
             at = (at + 1) % len(addrs)
+            if answered or not moved_from:
+                moved_from = name
             if unanswered_round < len(addrs):
                 tell(None, f"{name}: {g}; trying {names[at]}" + (
                     f" from entry {nxt}" if nxt is not None else ""))

@@ -270,10 +270,11 @@ def _recorder_specs(cfg: ServerConfig) -> list[RecorderSpec]:
 
 
 def _link_events(verbose: int = 0) -> None:
-    """Links and routes going up and down, and why, are printed even without -v; each
-    failed attempt of a link that keeps failing only with it (without, a warning when
+    """Links and routes going up and down, and why, are printed even without -v (and a
+    cluster member taking the lead of a recorded stream); each failed attempt of a link that keeps failing only with it (without, a warning when
     the reason changes and once a minute: dataspace.broker.link.FailureWarnings)."""
-    for name in ("dataspace.broker.link", "dataspace.broker.cluster"):
+    for name in ("dataspace.broker.link", "dataspace.broker.cluster",
+                 "dataspace.streams.cluster"):
         lg = logging.getLogger(name)
         if lg.getEffectiveLevel() > logging.INFO:
             lg.setLevel(logging.INFO)

@@ -355,8 +355,8 @@ def recording_summary(store: str, shared: int, others: int) -> str:
     """One line: what this member's streams hold, given how many of the ``others``
     members record into the same store."""
     if others == 0:
-        return (f"recording into {store}: no other member yet; each message is recorded "
-                "once, by the member where it enters the cluster")
+        return (f"recording into {store}: no other member is up; each message is recorded "
+                "once, by the member it enters the cluster through")
     if shared == others:
         return (f"recording into {store}, shared with every other member: one stream for "
                 "the cluster, each message once")
