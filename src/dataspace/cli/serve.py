@@ -507,11 +507,11 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
             if cluster_rec is not None and server.cluster is not None:
                 print(f"dataspace serve: recording {len(recorders)} stream(s) into "
                       f"{store.display} as a member of cluster {server.cluster.name}: each "
-                      "message is recorded where it enters the cluster, once in a store the "
-                      "members share (one stream for the cluster); a store of its own holds "
-                      "every message this member sees (for one stream give every member the "
-                      "same store: PostgreSQL, or one SQLite file on one machine; `dataspace "
-                      "cluster status` says who shares it)", file=sys.stderr, flush=True)
+                      "message once, by the member it enters through; a store every member "
+                      "records into is one stream for the cluster (the same --store: "
+                      "PostgreSQL, or one SQLite file on one machine), a store of its own "
+                      "holds all this member sees (`dataspace cluster status` says who "
+                      "shares it)", file=sys.stderr, flush=True)
             else:
                 print(f"dataspace serve: recording {len(recorders)} stream(s) into "
                       f"{store.display}", file=sys.stderr, flush=True)
