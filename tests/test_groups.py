@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 )
 
 import dataspace.groups as groups_module
-from dataspace.dataspace import Dataspace, Encoded, Entity
+from dataspace.dataspace import Dataspace, Encoded, Entity, Subscription
 from dataspace.groups import (
     ASSIGN,
     OBSERVE_GROUP,
@@ -667,7 +667,7 @@ def test_dead_member_is_skipped_and_its_jobs_move() -> None:
     assert sorted(w1.held()) == [1, 2]
     ds.retract(h2)  # the connection's retractions, later
     assert groups.stats()[0]["members"] == [
-        {"observer": "w1", "weight": 1, "messages": 4, "jobs": 2}]
+        {"observer": "w1", "weight": 1, "messages": 4, "jobs": 2, "alive": True}]
     w3 = Worker("w3")
     ds.assert_(member_record("g", JOB, w3))
     w3.alive = False
@@ -693,6 +693,48 @@ def test_member_in_a_facet_leaves_with_it() -> None:
     ds.send(job(2))
     assert got == [("ann", 1)]
     assert groups.stats() == []
+
+
+def test_observe_with_group_joins_and_cancel_leaves() -> None:
+    """Dataspace.observe(..., group=NAME): a Subscription whose observer is a member
+    (its <ObserveGroup> record), beside plain observers; cancel() and the end of its
+    facet leave, its jobs moving to the others."""
+    ds = Dataspace()
+    got: dict[str, list[Any]] = {"a": [], "b": [], "plain": []}
+
+    def kw(who: str) -> dict[str, Any]:
+        return {"on_assert": lambda i: got[who].append(("+", i)),
+                "on_retract": lambda i: got[who].append(("-", i)),
+                "on_message": lambda i: got[who].append(("!", i))}
+
+    a = ds.observe(JOB, **kw("a"), group="resize")
+    ds.observe(JOB, **kw("plain"))
+    assert isinstance(a, Subscription)
+    assert ds.count(member_record("resize", JOB, a)) == 1
+    facet_sub: list[Subscription] = []
+    ds.during("<Worker $who>",
+              lambda who: facet_sub.append(ds.observe(JOB, **kw("b"), group="resize")))
+    hw = ds.assert_(parse('<Worker "b">'))
+    for i in range(4):
+        ds.send(job(i))
+    hs = [ds.assert_(job(i)) for i in (10, 11)]
+    assert got["a"] == [("!", 0), ("!", 2), ("+", 10)]
+    assert got["b"] == [("!", 1), ("!", 3), ("+", 11)]
+    assert len(got["plain"]) == 6
+    ds.retract(hw)  # b's facet ends: b leaves, its job moves to a
+    assert got["a"][-1] == ("+", 11) and got["b"][-1] == ("+", 11)
+    a.cancel()  # a leaves: nobody holds the jobs, they wait
+    ds.observe(JOB, **kw("b"), group="resize", rebalance=True)
+    assert sorted(got["b"][-2:]) == [("+", 10), ("+", 11)]
+    ds.retract(hs[0])
+    assert got["b"][-1] == ("-", 10)
+    with pytest.raises(TypeError, match="str"):  # (compiled, the core checks it)
+        ds.observe(JOB, group=7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must not be empty"):
+        ds.observe(JOB, group="")
+    with pytest.raises(TypeError, match=r"bool|rebalance is True or False"):
+        ds.observe(JOB, group="g", rebalance="yes")  # type: ignore[arg-type]
+    assert [s["group"] for s in Groups.of(ds).stats()] == ["resize"]
 
 
 def test_a_failing_callback_harms_no_one() -> None:

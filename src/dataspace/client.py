@@ -628,10 +628,27 @@ class RemoteDataspace(_DataspaceBase):
         on_assert: Callable[..., Any] | None = None,
         on_retract: Callable[..., Any] | None = None,
         on_message: Callable[..., Any] | None = None,
+        *,
+        group: str | None = None,
+        rebalance: bool = False,
     ) -> RemoteSubscription:
         """Observe ``pattern`` (as :meth:`Dataspace.observe`): ``on_assert(*captures)``
         once per distinct capture tuple as matches appear, ``on_retract(*captures)`` when
-        the last goes, ``on_message(*captures)`` per matching message."""
+        the last goes, ``on_message(*captures)`` per matching message.
+
+        ``group``: join that group of observers at the server instead (asserts
+        ``<ObserveGroup group PATTERN #:observer>``): each matching message comes to one
+        member of the group, each matching assertion is a job assigned to one member
+        (``on_assert``, then ``on_retract`` when it is finished or moved away), moved to
+        another when this client leaves or its connection dies.  ``rebalance``: take a
+        share of the jobs already assigned when joining.  See docs/broker.md, "Sharing
+        work"."""
+        if group is not None:
+            from .groups import subscribe_group
+
+            sub: RemoteSubscription = subscribe_group(
+                self, pattern, on_assert, on_retract, on_message, group, rebalance)
+            return sub
         return self._subscribe(pattern, on_assert, on_retract, on_message)
 
     def during(self, pattern: Pattern | str | Value, setup: Callable[..., Any]) -> RemoteSubscription:

@@ -360,6 +360,9 @@ class _DataspaceBase:
         on_assert: Callable[..., Any] | None = None,
         on_retract: Callable[..., Any] | None = None,
         on_message: Callable[..., Any] | None = None,
+        *,
+        group: str | None = None,
+        rebalance: bool = False,
     ) -> Any:
         raise NotImplementedError
 
@@ -783,6 +786,9 @@ class Dataspace(_DataspaceBase):
         on_assert: Callable[..., Any] | None = None,
         on_retract: Callable[..., Any] | None = None,
         on_message: Callable[..., Any] | None = None,
+        *,
+        group: str | None = None,
+        rebalance: bool = False,
     ) -> Subscription:
         """Observe ``pattern`` (a Pattern, concise pattern text, or a wire-form value).
 
@@ -790,7 +796,20 @@ class Dataspace(_DataspaceBase):
         assertions appear (including those already present), ``on_retract(*captures)``
         when the last one giving those captures goes, and ``on_message(*captures)`` for
         each matching message.
+
+        ``group``: join that group of observers instead (:mod:`dataspace.groups`; the
+        subscription asserts ``<ObserveGroup group PATTERN #:observer>``): each matching
+        message goes to one member of the group, each matching assertion is a job
+        assigned to one member (``on_assert``, ``on_retract`` when it is finished or
+        moved away), moved to another member when this one leaves (``cancel()``).
+        ``rebalance``: take a share of the jobs already assigned when joining.
         """
+        if group is not None:
+            from .groups import subscribe_group  # (the rules stay out of the core)
+
+            sub: Subscription = subscribe_group(
+                self, pattern, on_assert, on_retract, on_message, group, rebalance)
+            return sub
         return self._subscribe(pattern, on_assert, on_retract, on_message)
 
     def _new_subscription(self, pat: Pattern, on_assert: Any, on_retract: Any,

@@ -119,9 +119,18 @@ them yet).  "Once per group across the whole system", not once per server:
   to more than one member per coordinator.  When the coordinator dies, the jobs it had
   assigned move (stickiness holds within one coordinator's reign).
 
-What is not built yet: the ``group=`` keyword of :meth:`Dataspace.observe`, the server
-side (a :class:`Groups` on each of a server's dataspaces, so remote clients join with the
-record), ``dataspace observe --group`` and the cross-server rules in the broker.
+**On one server.**  A server gives each of its dataspaces its :class:`Groups`, so any
+client joins with the record (ours with ``observe(PATTERN, ..., group=NAME)``, the
+command line with ``dataspace observe PATTERN --group NAME``).  A member is a peer's
+reference: it is told over its connection; a message reaches it as the bytes of its
+captures as they came in (the dispatcher is one of the message router's sinks, see
+:class:`_Dispatcher`), never decoded.  When a connection closes the server calls
+:meth:`Groups.reap` at once: its members are taken out and their jobs move, before its
+records are retracted (a peer holding many assertions has them retracted in chunks).
+A member's connection found closed when its turn comes is skipped.
+
+What is not built yet: the cross-server rules in the broker (links and a cluster run
+each server's groups on their own: a group is once per server, not once per system).
 
 This module is the dataspace layer: :class:`Pool` is the sharing rule as a pure state
 machine (no dataspace, no clock, no randomness: members and jobs are opaque keys, and
@@ -140,7 +149,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from .dataspace import Dataspace, Entity, Facet, Subscription, fresh_handle
+from .dataspace import OBSERVE, Dataspace, Entity, Facet, Subscription, fresh_handle
 from .pattern import (
     DISCARD,
     Bind,
@@ -151,7 +160,7 @@ from .pattern import (
     from_preserves,
     to_preserves,
 )
-from .values import Dictionary, Embedded, Record, Sequence, Symbol, Value, key, stringify
+from .values import Dictionary, Embedded, Record, Sequence, Symbol, Value, decode, key, stringify
 
 __all__ = [
     "ASSIGN",
@@ -167,6 +176,7 @@ __all__ = [
     "Pool",
     "member_record",
     "parse_member_record",
+    "subscribe_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -682,6 +692,9 @@ _CALLBACKS = 1
 
 _WATCH = Bind(Rec(OBSERVE_GROUP, [DISCARD, DISCARD, DISCARD]))
 
+_B_SEQ = b"\xb5"  # a sequence's start and end, in the binary encoding
+_B_END = b"\x84"
+
 
 class GroupMember:
     """A member of a group in this process, from :meth:`Groups.join`;
@@ -723,7 +736,7 @@ class GroupMember:
 class _Member:
     """A member as a pool knows it: its observer and how to tell it."""
 
-    __slots__ = ("count", "gone", "handles", "kind", "observer")
+    __slots__ = ("count", "gone", "handles", "head", "kind", "observer", "relay")
 
     def __init__(self, observer: Any, kind: int) -> None:
         self.observer = observer
@@ -731,15 +744,94 @@ class _Member:
         self.count = 1  # <ObserveGroup> records naming it (distinct ones)
         self.gone = False  # found dead (or cancelled) before its record went
         self.handles: dict[Hashable, int] = {}  # an entity's: job -> handle it was told
+        # A relay's proxy for a peer's object (see protocol.route's sinks): its relay
+        # and the start of a message to it, so that a message's captures go to it as
+        # the bytes they came in as.  None for any other observer.
+        self.relay: Any = None
+        self.head = b""
+        if kind == _ENTITY:
+            relay = getattr(observer, "relay", None)
+            head = getattr(observer, "msg_head", None)
+            if getattr(relay, "emit_captures", None) is not None and type(head) is bytes \
+                    and hasattr(relay, "closed"):
+                self.relay = relay
+                self.head = head
 
     def __repr__(self) -> str:
         return repr(self.observer)
 
 
+class _Dispatcher(Entity):
+    """A group's observer of its pattern, asserted as a plain ``<Observe PATTERN
+    #:dispatcher>``: it hears the matches and gives each to members.
+
+    A server routes messages on their bytes (:mod:`dataspace.protocol.route`): to the
+    router the dispatcher looks like a relay's proxy (it is its own ``relay``, with an
+    empty ``msg_head``), so a message reaches it as the encodings of its captures, and
+    goes on to a remote member as those same bytes, spliced into the member's
+    connection's output -- never decoded.  Assertions (jobs) come as an
+    ``<Observe>`` entity is told them: the captures as a sequence, and a handle."""
+
+    __slots__ = ("closed", "g", "groups", "handles", "live", "msg_head", "relay")
+
+    def __init__(self, groups: Groups, g: _Group) -> None:
+        self.groups = groups
+        self.g = g
+        self.handles: dict[int, Hashable] = {}  # handle told -> job
+        self.live = True
+        self.relay = self
+        self.msg_head = b""
+        self.closed = False
+
+    @property
+    def alive(self) -> bool:
+        return self.live
+
+    # -- assertions: jobs
+
+    def on_assert(self, value: Value, handle: int) -> None:
+        if self.live:
+            job = key(value)
+            self.handles[handle] = job
+            self.groups._job_added(self.g, job, tuple(value))
+
+    def on_retract(self, handle: int) -> None:
+        job = self.handles.pop(handle, None)
+        if job is not None and self.live:
+            self.groups._job_removed(self.g, job)
+
+    # -- messages, decoded or as bytes
+
+    def on_message(self, value: Value) -> None:
+        if self.live:
+            self.groups._message(self.g, value, None, None, 0, False)
+
+    def send_body(self, body: bytes) -> None:
+        """A message's captures as the encoding of their sequence (queued by a router)."""
+        if self.live:
+            self.groups._message(self.g, None, body, None, 0, False)
+
+    def emit_captures(self, head: bytes, parts: tuple[bytes, ...], size: int) -> None:
+        """A message's captures as their encodings (a router delivering at once)."""
+        if self.live:
+            self.groups._message(self.g, None, None, parts, size, True)
+
+    def emit_run(self, head: bytes, parts: list[bytes]) -> None:
+        """Messages of one capture each, in order (a router delivering a run at once)."""
+        if self.live:
+            message = self.groups._message
+            g = self.g
+            for part in parts:
+                message(g, None, None, (part,), len(part), True)
+
+    def __repr__(self) -> str:
+        return f"<group {self.g.name!r} {self.g.pattern}>"
+
+
 class _Group:
     """One (group, pattern) on a dataspace: the pool and its dispatcher."""
 
-    __slots__ = ("caps", "members", "name", "pattern", "pool", "sub")
+    __slots__ = ("caps", "disp", "handle", "members", "name", "pattern", "pool", "reaping")
 
     def __init__(self, name: str, pattern: Pattern) -> None:
         self.name = name
@@ -747,7 +839,9 @@ class _Group:
         self.pool = Pool()
         self.members = 0  # _Members (live or gone) whose record is asserted
         self.caps: dict[Hashable, tuple[Any, ...]] = {}  # job -> its captures
-        self.sub: Subscription | None = None
+        self.disp: _Dispatcher | None = None
+        self.handle: Any = None  # of the dispatcher's <Observe>
+        self.reaping = False  # a reap is queued (a dead member met while routing)
 
 
 _attached: weakref.WeakValueDictionary[int, Groups] = weakref.WeakValueDictionary()
@@ -760,19 +854,20 @@ class Groups:
     It watches the dataspace for ``<ObserveGroup ...>`` records (with a hidden
     subscription: the watch shows up as no one's interest), and for each (group,
     pattern) that has members it observes the pattern once and shares what matches
-    among them.  Members are in-process callbacks (:meth:`join`) or entities (a record
-    asserted by anyone, a remote peer's reference included: told as an
-    ``<Observe ...>`` entity is).  Callbacks run as the dataspace's callbacks do: each
-    in a turn of its own, in the facet that was current when the member joined, its
-    exceptions logged and its actions discarded.
+    among them.  Members are in-process callbacks (:meth:`join`, or
+    ``Dataspace.observe(..., group=NAME)``) or entities (a record asserted by anyone, a
+    remote peer's reference included: told as an ``<Observe ...>`` entity is).
+    Callbacks run as the dataspace's callbacks do: each in a turn of its own, in the
+    facet that was current when the member joined, its exceptions logged and its
+    actions discarded.
     """
 
     def __init__(self, dataspace: Dataspace) -> None:
         if not isinstance(dataspace, Dataspace):
             raise TypeError(
                 f"groups run on an in-process Dataspace, not a {type(dataspace).__name__}; "
-                "a remote client joins a group by asserting <ObserveGroup GROUP PATTERN "
-                "#:observer> (served by the broker in a later version)")
+                "a remote client joins a group with observe(PATTERN, group=NAME), which "
+                "asserts <ObserveGroup GROUP PATTERN #:observer> at the server")
         old = _attached.get(id(dataspace))
         if old is not None and old.dataspace is dataspace and old._watch is not None:
             raise RuntimeError(f"{dataspace.name}: it has its groups already; use "
@@ -794,6 +889,14 @@ class Groups:
             return g
         return cls(dataspace)
 
+    @staticmethod
+    def find(dataspace: Any) -> Groups | None:
+        """The groups of ``dataspace`` if it has them (none are made)."""
+        g = _attached.get(id(dataspace))
+        if g is not None and g.dataspace is dataspace and g._watch is not None:
+            return g
+        return None
+
     def close(self) -> None:
         """Stop: the dispatchers stop observing, members hear nothing more."""
         if self._watch is None:
@@ -801,8 +904,9 @@ class Groups:
         self._watch.cancel()
         self._watch = None
         for g in self._groups.values():
-            if g.sub is not None:
-                g.sub.cancel()
+            self._stop(g)
+        for m in self._members.values():
+            self._unobserving(m)
         self._groups.clear()
         self._members.clear()
         if _attached.get(id(self.dataspace)) is self:
@@ -829,6 +933,8 @@ class Groups:
 
         Asserts ``<ObserveGroup group pattern #:member>`` in the current facet: the
         membership ends with :meth:`GroupMember.cancel` or when the facet stops.
+        (``Dataspace.observe(pattern, ..., group=group)`` does the same and returns a
+        :class:`~dataspace.dataspace.Subscription`.)
         """
         if self._watch is None:
             raise RuntimeError("these groups are closed")
@@ -849,29 +955,48 @@ class Groups:
         how many were taken out."""
         n = 0
         for g in list(self._groups.values()):
-            for m in g.pool.members():
-                if not _alive(m):
-                    self._dead(g, m)
-                    n += 1
+            n += self._reap_group(g)
         if n:
             self.dataspace.flush()
         return n
 
+    def _reap_group(self, g: _Group) -> int:
+        g.reaping = False
+        n = 0
+        for m in g.pool.members():
+            if not _alive(m):
+                self._dead(g, m)
+                n += 1
+        return n
+
     # -- inspection ----------------------------------------------------------------------
 
-    def stats(self) -> list[dict[str, Any]]:
+    def stats(self, describe: Callable[[Any], dict[str, Any]] | None = None
+              ) -> list[dict[str, Any]]:
         """Each (group, pattern) that has members, for monitoring: its members (in join
-        order: the observer, its weight, the messages given to it, the jobs it holds),
-        messages given and dropped, jobs, jobs waiting, reassignments."""
+        order: the observer, its weight, the messages given to it, the jobs it holds,
+        whether it can still hear -- a member found dead is taken out when its turn
+        comes, or by :meth:`reap`),
+        messages given and dropped, jobs, jobs waiting, reassignments.  ``describe``:
+        more fields for a member, from its observer (a server adds its connection)."""
         out = []
         for g in self._groups.values():
             p = g.pool
+            members = []
+            for m in p.members():
+                row = {"observer": repr(m.observer), "weight": p.weight(m),
+                       "messages": p.messages_of(m), "jobs": len(p.jobs_of(m)),
+                       "alive": _alive(m)}
+                if describe is not None:
+                    try:
+                        row.update(describe(m.observer))
+                    except Exception:  # a monitor's bug must not stop the stats
+                        log.exception("describing a group member failed")
+                members.append(row)
             out.append({
                 "group": g.name,
                 "pattern": str(g.pattern),
-                "members": [{"observer": repr(m.observer), "weight": p.weight(m),
-                             "messages": p.messages_of(m), "jobs": len(p.jobs_of(m))}
-                            for m in p.members()],
+                "members": members,
                 "messages": p.messages,
                 "dropped": p.dropped,
                 "jobs": len(g.caps),
@@ -880,6 +1005,13 @@ class Groups:
             })
         out.sort(key=lambda d: (d["group"], d["pattern"]))
         return out
+
+    def dispatcher_group(self, observer: Any) -> str | None:
+        """The group whose dispatcher ``observer`` is (the inspector marks it as the
+        server's own), or None."""
+        if type(observer) is _Dispatcher and observer.groups is self:
+            return observer.g.name
+        return None
 
     def _jobs_of(self, observer: GroupMember) -> list[tuple[Any, ...]]:
         g = self._groups.get((observer.group, observer.pattern))
@@ -923,17 +1055,15 @@ class Groups:
             g = self._groups[gk] = _Group(rec.group, rec.pattern)
         m = self._members[mk] = _Member(obs, kind)
         g.members += 1
+        self._observing(m)
         if not _alive(m):
             m.gone = True  # (dead before it joined: it never takes part)
         else:
             self._tell(g, g.pool.join(m, rec.weight, rec.rebalance))
-        if g.sub is None:
-            g.sub = self.dataspace.observe(
-                g.pattern,
-                on_assert=lambda *caps: self._job_added(g, caps),
-                on_retract=lambda *caps: self._job_removed(g, caps),
-                on_message=lambda *caps: self._message(g, caps),
-            )
+        if g.disp is None:
+            g.disp = _Dispatcher(self, g)
+            g.handle = self.dataspace.assert_(
+                Record(OBSERVE, [to_preserves(g.pattern), Embedded(g.disp)]))
 
     def _record_removed(self, value: Value) -> None:
         try:
@@ -948,6 +1078,7 @@ class Groups:
         if m.count > 0:
             return
         del self._members[mk]
+        self._unobserving(m)
         g = self._groups[(rec.group, rec.pattern)]
         if not m.gone:
             self._tell(g, g.pool.leave(m, tell=m.kind == _ENTITY and _alive(m)))
@@ -955,9 +1086,36 @@ class Groups:
         g.members -= 1
         if g.members == 0:
             del self._groups[(rec.group, rec.pattern)]
-            if g.sub is not None:
-                g.sub.cancel()
-                g.sub = None
+            self._stop(g)
+
+    def _stop(self, g: _Group) -> None:
+        d = g.disp
+        if d is not None:
+            d.live = False
+            d.closed = True
+            g.disp = None
+            h, g.handle = g.handle, None
+            if h is not None:
+                self.dataspace.retract(h)
+
+    def _observing(self, m: _Member) -> None:
+        # A member's reference counts as an observer's: a peer whose capability is
+        # attenuated sees it as opaque in the <ObserveGroup> record, as it sees the
+        # observers of <Observe> records (it may count them, never send to them).
+        if m.kind == _ENTITY:
+            obs = self.dataspace._observing
+            k = id(m.observer)
+            obs[k] = obs.get(k, 0) + 1
+
+    def _unobserving(self, m: _Member) -> None:
+        if m.kind == _ENTITY:
+            obs = self.dataspace._observing
+            k = id(m.observer)
+            n = obs.get(k, 0) - 1
+            if n > 0:
+                obs[k] = n
+            else:
+                obs.pop(k, None)
 
     def _dead(self, g: _Group, m: _Member) -> None:
         m.gone = True
@@ -966,32 +1124,68 @@ class Groups:
 
     # -- the dispatcher ------------------------------------------------------------------
 
-    def _job_added(self, g: _Group, caps: tuple[Any, ...]) -> None:
-        job = key(Sequence(caps))
+    def _job_added(self, g: _Group, job: Hashable, caps: tuple[Any, ...]) -> None:
         g.caps[job] = caps
         self._tell(g, g.pool.add(job))
 
-    def _job_removed(self, g: _Group, caps: tuple[Any, ...]) -> None:
-        job = key(Sequence(caps))
+    def _job_removed(self, g: _Group, job: Hashable) -> None:
         effects = g.pool.remove(job)
         self._tell(g, effects)
         if not g.pool.holders(job):
             g.caps.pop(job, None)
 
-    def _message(self, g: _Group, caps: tuple[Any, ...]) -> None:
+    def _message(self, g: _Group, value: Any, body: bytes | None,
+                 parts: tuple[bytes, ...] | None, size: int, direct: bool) -> None:
+        """Give one message to the next live member: its captures as a sequence
+        (``value``), as the encoding of that sequence (``body``) or as the encodings of
+        the captures (``parts``, ``size`` bytes in all).  ``direct``: a router
+        delivering at once, inside the dataspace's turn: callbacks are queued, and a
+        dead member is skipped and taken out after the turn."""
         pool = g.pool
         for _ in range(len(pool) + 1):
             m = pool.pick()
             if m is None:
                 return
-            if _alive(m):
-                ob = m.observer
-                if m.kind == _ENTITY:
-                    self._run(ob.on_message, (Sequence(caps),), None)
-                elif ob.on_message is not None:
-                    self._run(ob.on_message, caps, ob.facet)
+            relay = m.relay
+            if relay is not None:
+                if m.gone or relay.closed:
+                    self._found_dead(g, m, direct)
+                    continue
+                if parts is not None:
+                    relay.emit_captures(m.head, parts, size)
+                elif body is not None:
+                    m.observer.send_body(body)
+                else:
+                    m.observer.on_message(value)
                 return
+            if not _alive(m):
+                self._found_dead(g, m, direct)
+                continue
+            if value is None:
+                if body is None:
+                    assert parts is not None
+                    body = b"".join((_B_SEQ, *parts, _B_END))
+                value = decode(body)
+            ob = m.observer
+            if m.kind == _ENTITY:
+                if direct:
+                    self.dataspace._queue.append(("x", (ob.on_message,), (value,)))
+                else:
+                    self._run(ob.on_message, (value,), None)
+            elif ob.on_message is not None:
+                if direct:
+                    self.dataspace._queue.append(
+                        ("x", (self._run,), (ob.on_message, tuple(value), ob.facet)))
+                else:
+                    self._run(ob.on_message, tuple(value), ob.facet)
+            return
+
+    def _found_dead(self, g: _Group, m: _Member, direct: bool) -> None:
+        if not direct:
             self._dead(g, m)
+        elif not g.reaping:  # (inside the turn: its jobs move once it is applied)
+            g.reaping = True
+            self.dataspace._queue.append(("x", (self._reap_group,), (g,)))
 
     def _tell(self, g: _Group, effects: list[Effect]) -> None:
         for what, m, job in effects:
@@ -1033,3 +1227,26 @@ def _alive(m: _Member) -> bool:
     if m.kind == _ENTITY:
         return getattr(ob, "alive", True) is not False
     return bool(ob.live)
+
+
+def subscribe_group(ds: Any, pattern: Pattern | str | Value, on_assert: Any, on_retract: Any,
+                    on_message: Any, group: Any, rebalance: bool) -> Any:
+    """``ds.observe(pattern, ..., group=group)`` for an in-process or a remote
+    dataspace: a subscription of that dataspace's kind whose observer joins ``group`` by
+    ``<ObserveGroup group PATTERN #:observer>`` (in the current facet; ``cancel()``
+    leaves).  An in-process dataspace gets its :class:`Groups` here."""
+    if type(group) is not str:
+        raise TypeError(f"a group's name is a string, not {type(group).__name__}")
+    _check_group(group)
+    if type(rebalance) is not bool:
+        raise TypeError(f"rebalance is True or False, not {rebalance!r}")
+    pat = as_pattern(pattern)
+    if isinstance(ds, Dataspace):
+        Groups.of(ds)
+    sub = ds._new_subscription(pat, on_assert, on_retract, on_message)
+    facet = ds._facet
+    if facet is not None:
+        facet.subscriptions.add(sub)
+    sub.handle = ds.assert_(member_record(group, pat, ds._observer_of(sub),
+                                          rebalance=rebalance))
+    return sub

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from ..datadir import ROOT_KEY, ROOT_STURDYREF, load_or_create_key, resolve_data_dir
 from ..dataspace import Dataspace, DataspaceEntity
+from ..groups import Groups
 from ..net.address import Address
 from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
@@ -329,6 +330,7 @@ class Server:
             ds = self.dataspaces[name] = Dataspace(name)
             ds.max_turn_events = self.config.max_turn_events
             MessageRouter(ds)  # messages from peers are routed on their bytes
+            Groups.of(ds)  # groups of observers: <ObserveGroup ...> (docs/broker.md)
             ent = self._entities[name] = DataspaceEntity(ds)
         return ent
 
@@ -621,6 +623,14 @@ class Server:
             else:
                 self._per_address.pop(host, None)
         log.info("%s: disconnected (%s)", conn.name, conn.close_reason)
+        if self.hub is not None:  # its memberships of groups end now: their jobs move
+            self.hub.run(None, self._reap_groups)
+
+    def _reap_groups(self) -> None:
+        for ds in self.dataspaces.values():
+            g = Groups.find(ds)
+            if g is not None:
+                g.reap()
 
     def _released(self, conn: Connection) -> None:
         if self._reclaim_timer is not None:
