@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any
 
+from ..dataspace import Entity
+from ..groups import MAX_GROUP_NAME, member_record
 from ..pattern import Pattern, PatternError, instantiate, parse_pattern
 from ..values import Sequence, Symbol, Value, stringify
 from ._client import (
@@ -18,6 +20,7 @@ from ._client import (
     check_subscription,
     open_dataspace,
     stop_event,
+    through_caveats,
 )
 from ._json import to_json
 
@@ -30,6 +33,9 @@ examples:
   dataspace observe '<Present _>' --count 1         wait for the first match, then exit
   dataspace observe '<Says $who $text>' --json | jq -r '.values[1]'
   dataspace observe '<Present $who>' --timestamps   each line with the local time
+  dataspace observe '<Job $id $file>' --group resize
+                               a worker of group resize: its share of the messages,
+                               and the jobs assigned to it (run several)
 
 output (one line per event, values in Preserves text):
   + VALUE    a match appeared (those present at start come first)
@@ -44,6 +50,17 @@ output (one line per event, values in Preserves text):
      "values": ["alice", "hi"]}
   time is seconds since the epoch; text the value in Preserves text; values the
   captures in JSON (symbols, records ... as {"@symbol": ...}: docs/broker.md).
+
+groups (--group NAME): the command joins the group NAME of observers of PATTERN
+instead of observing alone.  Each matching message goes to one member of the group
+(round-robin), so the members share them; each matching assertion is a job assigned to
+one member: its + line is printed by that member only, and its - line when the job is
+finished (its holder retracted it) or moved away.  When a member leaves (Ctrl-C, or its
+connection dies) its jobs move at once to the others, which print their + lines.  A new
+member gets new and moved work, not jobs already assigned -- unless --rebalance: then it
+takes a share of them when it joins.  Plain observers of PATTERN still see everything.
+The membership is <ObserveGroup NAME PATTERN #:observer> (docs/broker.md, "Sharing
+work").
 
 patterns: _ matches anything, $name captures, other values match themselves; records,
 sequences and dictionaries match the fields they list (extra fields are ignored).  The
@@ -74,8 +91,37 @@ def register(sub: Any) -> None:
                    help="one JSON object per event: {\"event\", \"time\", \"text\", \"values\"}")
     p.add_argument("--timestamps", "-t", action="store_true",
                    help="put the local time before each event")
+    p.add_argument("--group", "-g", metavar="NAME", default=None,
+                   help="join the group NAME: share its messages (one member each) and "
+                   "take jobs (each matching assertion to one member)")
+    p.add_argument("--rebalance", action="store_true",
+                   help="with --group: take a share of the jobs already assigned on joining")
     add_connection_args(p)
     p.set_defaults(func=run)
+
+
+def group_name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as a group's name, or None."""
+    if not name:
+        return "a group's name must not be empty"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_GROUP_NAME:
+        return f"a group's name is at most {MAX_GROUP_NAME} bytes long"
+    return None
+
+
+class _Probe(Entity):
+    """Stands for this client's observer in a membership checked against caveats."""
+
+
+def _check_group(ds: Any, pattern: Pattern, group: str) -> bool:
+    rec = member_record(group, pattern, _Probe())
+    if through_caveats(ds, rec) is None:
+        print(f"dataspace observe: the capability's caveats drop the membership "
+              f"<ObserveGroup {json.dumps(group)} ...>: nothing would reach this member "
+              "(use a capability that allows <ObserveGroup ...>, e.g. one attenuated "
+              "with --only '<rec ObserveGroup [<_> <_> <_>]>')", file=sys.stderr)
+        return False
+    return True
 
 
 def _embedded_text(obj: Any) -> Value:
@@ -97,6 +143,16 @@ def run(args: argparse.Namespace) -> int:
         print("dataspace observe: --json already gives the captures (\"values\") and the "
               "value (\"text\"): drop --captures", file=sys.stderr)
         return 2
+    if args.rebalance and args.group is None:
+        print("dataspace observe: --rebalance goes with --group NAME (a member of a group "
+              "takes a share of its jobs)", file=sys.stderr)
+        return 2
+    if args.group is not None:
+        why = group_name_problem(args.group)
+        if why is not None:
+            print(f"dataspace observe: --group: {why}\n  e.g. dataspace observe "
+                  f"'<Job $id>' --group workers", file=sys.stderr)
+            return 2
     return asyncio.run(_observe(args, pattern))
 
 
@@ -129,7 +185,9 @@ async def _observe(args: argparse.Namespace, pattern: Pattern) -> int:
     ds = await open_dataspace("dataspace observe", args)
     if ds is None:
         return 1
-    if not check_subscription("dataspace observe", ds, pattern):
+    ok = (check_subscription("dataspace observe", ds, pattern) if args.group is None
+          else _check_group(ds, pattern, args.group))
+    if not ok:
         await ds.close()
         return 1
     stop = stop_event()
@@ -152,11 +210,15 @@ async def _observe(args: argparse.Namespace, pattern: Pattern) -> int:
 
     # The same subscription as dataspace.client's observe(pattern) -- and any Syndicate
     # client's -- so that producers watching <Observe ...> for demand see this one too.
+    # With --group, the membership <ObserveGroup NAME PATTERN #:observer> instead (its
+    # group's one <Observe ...> shows the demand).
     ds.observe(
         pattern,
         on_assert=lambda *c: emit("+", c),
         on_retract=lambda *c: emit("-", c),
         on_message=lambda *c: emit("!", c),
+        group=args.group,
+        rebalance=args.rebalance,
     )
     ds.on_disconnect.append(
         lambda: print("dataspace observe: connection lost; reconnecting", file=sys.stderr, flush=True)
