@@ -205,6 +205,26 @@ async def test_each_message_once_in_a_shared_store_from_every_member_and_a_leaf(
                          r"10 recorded here, 30 left to the member they entered through", text), text
 
 
+@async_test
+async def test_routes_carry_nothing_for_recorders_that_share_a_store(tmp_path, secret):
+    """Each member records its own: the recorders' interest is not asked of routes (a
+    recorder of assertion events excepted: its leader needs the cluster's view)."""
+    url = str(tmp_path / "shared")
+    async with members(tmp_path, secret, [url] * 2,
+                       ["chat:<Says $w $t>", "presence,events=all:<Present $w>"]) as ms:
+        await until(lambda: all("chat" in m.cr._exempt and "presence" not in m.cr._exempt
+                                for m in ms if m.cr is not None), what="the exemptions")
+        c = await connect(ms[0].address, ms[0].server.sturdyref)
+        for n in range(10):
+            c.send(Record(_SAYS, ["a", n]))
+        await c.sync()
+        assert ms[0].store.next_index("chat") == 10
+        routes = ms[0].server.cluster_status()["routes"]
+        assert [r["messages_forwarded"] for r in routes] == [0], routes
+        assert ms[1].recorder("chat").skipped == 0  # (nothing came)
+        await c.close()
+
+
 # ---------------------------------------------------------------------------------------
 # Assertion events once, against one server
 
@@ -319,6 +339,9 @@ async def test_members_with_stores_of_their_own_each_hold_what_they_see(tmp_path
         def known() -> bool:
             return all(m.recorder("chat").leading and m.cr is not None and m.cr._peers
                        and all(p.records.get("chat") is False for p in m.cr._peers.values())
+                       and "chat" not in m.cr._exempt  # (the routes asked for its messages)
+                       and all(r.get("pending") == 0
+                               for r in m.server.cluster_status()["routes"])
                        for m in ms)
 
         await until(known, what="each member's peer known to record elsewhere")

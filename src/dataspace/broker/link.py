@@ -641,6 +641,7 @@ class LinkHub:
         None: what is delivered now entered the cluster here."""
         self.route_turns = 0
         """Turns of route connections under way (see :meth:`route_turn`)."""
+        self._route_exempt: dict[Any, int] = {}  # see exempt_from_routes
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
         self.on_change: list[Callable[[], Any]] = []
@@ -695,29 +696,76 @@ class LinkHub:
         e = self._interest.get(k)
         if e is None:
             self._interest[k] = [chain, 1]
+            routes = self._routes_want(k)
             for s in self.sessions:
-                s.sub.add_interest(chain, time.monotonic())
-                s.flush_control()
+                if routes or not s.route:
+                    s.sub.add_interest(chain, time.monotonic())
+                    s.flush_control()
         else:
+            before = self._routes_want(k)
             e[1] += 1
+            self._route_interest(k, before)
 
     def _observe_removed(self, pattern: Value, observer: Value) -> None:
         k = key(pattern)
         e = self._interest.get(k)
         if e is None:
             return
+        before = self._routes_want(k)
         e[1] -= 1
         if e[1] <= 0:
             del self._interest[k]
             for s in self.sessions:
-                s.sub.remove_interest(e[0], time.monotonic())
+                if before or not s.route:
+                    s.sub.remove_interest(e[0], time.monotonic())
+                    s.flush_control()
+        else:
+            self._route_interest(k, before)
+
+    def exempt_from_routes(self, pattern: Value, delta: int) -> None:
+        """``delta`` (+1 or -1) observers of ``pattern`` (an ``<Observe>``'s pattern)
+        want what originates here and on links, not what comes over routes (a recorder
+        in a cluster: a route's messages are recorded by the member they entered
+        through).  Routes are asked for ``pattern`` only while more observers want it
+        than are exempt."""
+        k = key(pattern)
+        before = self._routes_want(k)
+        n = self._route_exempt.get(k, 0) + delta
+        if n > 0:
+            self._route_exempt[k] = n
+        else:
+            self._route_exempt.pop(k, None)
+        self._route_interest(k, before)
+
+    def _routes_want(self, k: Any) -> bool:
+        e = self._interest.get(k)
+        return e is not None and e[1] > self._route_exempt.get(k, 0)
+
+    def _route_interest(self, k: Any, before: bool) -> None:
+        """Ask the routes for pattern ``k`` or stop, when whether they are asked changed."""
+        after = self._routes_want(k)
+        if after == before:
+            return
+        chain = self._interest[k][0] if k in self._interest else None
+        if chain is None:
+            return
+        now = time.monotonic()
+        for s in self.sessions:
+            if s.route:
+                if after:
+                    s.sub.add_interest(chain, now)
+                else:
+                    s.sub.remove_interest(chain, now)
                 s.flush_control()
 
     def interest_for(self, session: LinkSession) -> list[Chain]:
         """What ``session`` wants from its peer: local observers' prefixes and what the
         other links want from here (and, for a link, what the routes want; for a route,
         not what the other routes want: what comes over a route goes to no route)."""
-        out = [e[0] for e in self._interest.values()]
+        if session.route and self._route_exempt:
+            out = [e[0] for k, e in self._interest.items() if self._routes_want(k)]
+        else:
+            out = [e[0] for e in self._interest.values()]
         for s in self.sessions:
             if s is not session and s.ready and not (session.route and s.route):
                 out += s.wants.values()

@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..pattern import to_preserves
 from ..values import Record, Symbol, encode
 from .base import LockHeld, Store, StoreError, StoreLock
 from .recorder import Recorder
@@ -124,6 +125,7 @@ class ClusterRecording:
         self.loop = loop
         self._peers: dict[Any, _Peer] = {}  # route session -> what its peer does
         self._routes: tuple[tuple[Any, str, bool], ...] = ()  # (session, peer, open)
+        self._exempt: dict[str, Any] = {}  # stream -> its pattern, exempt from routes
         self._settled_since: float | None = None
         self._started = time.monotonic()
         self._locks: dict[str, StoreLock] = {}  # stream -> the lock of its lead
@@ -202,6 +204,8 @@ class ClusterRecording:
                     if s.ready and not s.closed and not s.settled:
                         settled = False
         self._routes = tuple(routes)
+        if hub is not None and hasattr(hub, "exempt_from_routes"):
+            self._ask_routes(hub)
         if settled and now - self._started >= self.grace:
             if self._settled_since is None:
                 self._settled_since = now
@@ -209,6 +213,24 @@ class ClusterRecording:
             self._settled_since = None
         if not self._stop.is_set() and self.loop is not None:
             self._timer = self.loop.call_later(POLL, self._look)
+
+    def _ask_routes(self, hub: Any) -> None:
+        """Whether routes are asked for each stream's pattern: a member needs what comes
+        over routes for a stream with assertion events (its leader needs the cluster's
+        view, and any member may become its leader), or while it leads a stream that a
+        member up does not record here (it records that one's messages).  Otherwise the
+        routes carry nothing for the recorder: each member records its own."""
+        peers = list(self._peers.values())
+        for r in self.recorders:
+            needs = ("assert" in r.events or "retract" in r.events or (
+                r.leading and any(p.records.get(r.stream) is False for p in peers)))
+            exempt = r.stream in self._exempt
+            if needs and exempt:
+                hub.exempt_from_routes(self._exempt.pop(r.stream), -1)
+            elif not needs and not exempt and r.subscription is not None:
+                pattern = to_preserves(r.subscription.pattern)
+                self._exempt[r.stream] = pattern
+                hub.exempt_from_routes(pattern, +1)
 
     def _run(self) -> None:
         while not self._stop.wait(POLL):

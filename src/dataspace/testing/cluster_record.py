@@ -92,7 +92,7 @@ class Member:
 
     def __init__(self, base: Path, i: int, routes: list[str], secret: Path, key: bytes,
                  config: Path | None, specs: tuple[str, ...] = SPECS,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), cluster: bool = True) -> None:
         self.dir = base / f"m{i}"
         self.dir.mkdir(parents=True, exist_ok=True)
         k = self.dir / ROOT_KEY
@@ -106,6 +106,8 @@ class Member:
         self.config = config
         self.specs = specs
         self.extra = extra
+        self.cluster = cluster
+        """False: a server alone (no cluster options), for comparisons."""
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
 
@@ -123,9 +125,10 @@ class Member:
 
     async def start(self) -> None:
         args = [sys.executable, "-m", "dataspace.cli", "serve", "--data-dir", str(self.dir),
-                "--tcp", self.address, "--cluster", self.cluster_address,
-                "--routes", ",".join(self.routes), "--cluster-secret", str(self.secret),
-                *self.extra]
+                "--tcp", self.address, *self.extra]
+        if self.cluster:
+            args += ["--cluster", self.cluster_address, "--routes", ",".join(self.routes),
+                     "--cluster-secret", str(self.secret)]
         for s in self.specs:
             args += ["--record", s]
         if self.config is not None:
@@ -163,9 +166,10 @@ class Member:
 
 
 def start_cluster(base: Path, n: int, store: str | None,
-                  specs: tuple[str, ...] = SPECS) -> list[Member]:
+                  specs: tuple[str, ...] = SPECS, cluster: bool = True) -> list[Member]:
     """``n`` members (not started): one secret and root key, every member given every
-    member's cluster address (itself included), one store."""
+    member's cluster address (itself included), one store.  ``cluster=False``: ``n``
+    lone servers (one, to compare with)."""
     base.mkdir(parents=True, exist_ok=True)
     secret = base / "cluster.secret"
     secret.write_text(make_secret())
@@ -175,7 +179,7 @@ def start_cluster(base: Path, n: int, store: str | None,
     config = base / "store.pr"
     config.write_text(f"{{store: {json.dumps(store or str(base / 'store'))}}}")
     config.chmod(0o600)
-    ms = [Member(base, i, [], secret, key, config, specs) for i in range(n)]
+    ms = [Member(base, i, [], secret, key, config, specs, cluster=cluster) for i in range(n)]
     for m in ms:
         m.routes = [x.cluster_address for x in ms]
     return ms
