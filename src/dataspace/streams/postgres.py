@@ -888,16 +888,22 @@ class PostgresStore(Store):
         name in the same statement: one round trip, and never a cached id (a stream
         another process deleted and made again has a new one)."""
         self._check_open()
+        # The stream's row rides on the first row only (as one array; the others carry
+        # NULL): a 1,000-row read took a third longer with its columns on every row.
         rows = self._rows(
             f"WITH s AS MATERIALIZED ({_ROW} WHERE s.name = %s) "
-            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, s.* FROM s "
-            f"LEFT JOIN LATERAL (SELECT * FROM {_E} WHERE stream = s.id AND idx >= %s AND "
-            f"idx < %s ORDER BY idx {'DESC' if desc else ''} LIMIT %s) e ON true",
+            f"SELECT {cols}{', e.value, e.meta, ' + _SUM if values else ''}, CASE WHEN "
+            "e.rn IS NULL OR e.rn = 1 THEN ARRAY[s.id, s.next_index, s.created_ns, s.max_count, "
+            "s.max_age_ms, s.first_index, s.checksum, s.lo, s.hi] END FROM s LEFT JOIN LATERAL "
+            f"(SELECT x.*, row_number() OVER () AS rn FROM (SELECT * FROM {_E} WHERE stream = "
+            f"s.id AND idx >= %s AND idx < %s ORDER BY idx {'DESC' if desc else ''} LIMIT %s) x) "
+            "e ON true",
             (name, max(start, 0), end, limit))
         if not rows:
             return None
-        row = self._check_row(rows[0][-10:])
-        t = [list(c) for c in zip(*rows)][:-10]
+        a = rows[0][-1] if rows[0][-1] is not None else next(r[-1] for r in rows if r[-1])
+        row = self._check_row((a[0], name, *a[1:]))
+        t = [list(c) for c in zip(*rows)][:-1]
         if t[0][0] is None:  # no entries: the one row of the stream alone
             t = [[] for _c in t]
         verify_indices(self._display, name, row.first, row.next, start, end, limit, t[0], desc)
@@ -1503,7 +1509,6 @@ class PostgresTransaction(Transaction):
                 sql = (f"INSERT INTO {_E} (stream, idx, seq, time_ns, value, meta, checksum) "
                        f"SELECT %s, %s + k, %s + k, %s, value, meta, {_SEAL.format(c='checksum', i='%s + k')} "
                        f"FROM {table}")
-                want = self._q(f"SELECT coalesce(sum(checksum), 0) FROM {table}").fetchone()[0]
             else:
                 # The metadata is rewritten: its checksum goes on from the value's over the
                 # new metadata, computed here (the metadata is small; values stay put).
@@ -1518,19 +1523,9 @@ class PostgresTransaction(Transaction):
                        f"{_SEAL.format(c='c.c', i='%s + k')} FROM {table} "
                        "JOIN unnest(%b::bigint[]) WITH ORDINALITY AS c(c, o) ON c.o = k + 1")
                 params = (*params[:4], meta_cut, meta_suffix, at, sums)
-                want = sum(sums)
             cur = self._q(sql, params, (stream, at))
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
-            # What was appended is what was staged: count, first and last index, checksums.
-            got = self._q(f"SELECT count(*), min(idx), max(idx), coalesce(sum({_SUM_BARE}), 0) "
-                          f"FROM {_E} WHERE stream = %s AND idx >= %s AND idx < %s",
-                          (sid, at, at + n)).fetchone()
-            if (got[0], got[1], got[2]) != (n, at, at + n - 1) or int(got[3]) != int(want):
-                raise damaged(self._store.display, stream,
-                              f"the {n} staged rows appended at index {at} are not what was "
-                              f"staged (it holds {got[0]} entries there, indices {got[1]}..{got[2]}"
-                              f"{'' if int(got[3]) == int(want) else ', with other checksums'})")
             at += n
         self._seq += total
         row.next = at

@@ -1520,7 +1520,6 @@ class SQLiteTransaction(Transaction):
                     f"SELECT ?, ? + k, ? + k, ?, value, meta, {seal} FROM {src}", params)
             if cur.rowcount != n:
                 raise staged_count_error(stream, token, cur.rowcount, n)
-            _verify_taken(store, stream, sid, at, n, f"stage{k}.t{tid}", not meta_cut)
             at += n
         self._seq = seq + total
         row.next = at
@@ -1596,22 +1595,6 @@ def _inserting(store: SQLiteStore, stream: str, at: int) -> Iterator[None]:
 def _beyond(stream: str, tailer: str, position: int, nxt: int) -> str:
     return (f"tailer {tailer!r}: position {position} is beyond the end of stream {stream!r} "
             f"(its next index is {nxt}); a tailer's position is at most that")
-
-
-def _verify_taken(store: SQLiteStore, stream: str, sid: int, at: int, n: int, table: str,
-                  sums: bool) -> None:
-    """The ``n`` rows just appended at ``at`` from the staged ``table`` are those rows:
-    their count, first and last index and -- with ``sums``, unless the append rewrote their
-    metadata -- the sum of their checksums less the index, against the staged rows'
-    (one aggregate over each)."""
-    got = store._one(f"SELECT count(*), min(idx), max(idx), coalesce(sum({_SUM}), 0) FROM "
-                     "entries WHERE stream = ? AND idx >= ? AND idx < ?", (sid, at, at + n))
-    want = store._one(f"SELECT coalesce(sum(checksum), 0) FROM {table}")[0] if sums else got[3]
-    if (got[0], got[1], got[2]) != (n, at, at + n - 1) or got[3] != want:
-        raise damaged(str(store.path), stream,
-                      f"the {n} staged rows appended at index {at} are not what was staged "
-                      f"(it holds {got[0]} entries there, indices {got[1]}..{got[2]}"
-                      f"{'' if got[3] == want else ', with other checksums'})")
 
 
 def _seal_rows(conn: sqlite3.Connection) -> None:

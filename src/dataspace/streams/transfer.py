@@ -541,10 +541,15 @@ def export_stream(
         progress(0, total)
     entry_tag = encode(ENTRY)
     wrote = StreamDigest()
-    start_at = pos
+    start_at = expect = pos
+    gaps: list[tuple[int, int]] = []  # what was not there when read (retention meanwhile)
     for idxs, values, metas in (_chunks(store, name, pos, end, chunk) if on_damage is None
                                 else _salvaged(store, name, pos, end, chunk, on_damage,
                                                verified=info is not None)):
+        if idxs and idxs[0] > expect:
+            gaps.append((expect, idxs[0]))
+        if idxs:
+            expect = idxs[-1] + 1
         parts: list[bytes] = []
         written = []
         for idx, data, meta in zip(idxs, values, metas):
@@ -571,7 +576,9 @@ def export_stream(
     if progress is not None and result.entries != total:
         progress(result.entries, result.entries)  # gaps in the range: it is all done
     if not result.damaged:
-        _verify_export(store, name, start_at, end, wrote)
+        if expect < end:
+            gaps.append((expect, end))
+        _verify_export(store, name, start_at, end, wrote, gaps)
     return result
 
 
@@ -604,18 +611,20 @@ def _salvaged(store: Store, name: str, pos: int, end: int, chunk: int,
         yield tuple(list(c) for c in zip(*batch))  # type: ignore[misc]
 
 
-def _verify_export(store: Store, name: str, pos: int, end: int, wrote: StreamDigest) -> None:
+def _verify_export(store: Store, name: str, pos: int, end: int, wrote: StreamDigest,
+                   gaps: list[tuple[int, int]]) -> None:
     """The export of ``pos <= index < end`` (what the stream's bookkeeping said when it
-    started) wrote ``wrote``: all of it -- but what retention removed meanwhile, from the
-    front -- and the same checksums as the store holds."""
+    started) wrote ``wrote``: all of it -- ``gaps`` are what its reads did not find
+    (retention removed them meanwhile) -- with the same checksums as the store holds."""
     if end <= pos:
         return
     said = StreamDigest(end - pos, pos, end - 1)
-    if wrote.count and wrote.last == end - 1 and wrote.first is not None and wrote.first > pos:
+    if gaps:
+        spans = ", ".join(str(a) if b == a + 1 else f"{a}..{b - 1}" for a, b in gaps)
         raise WriteMismatch(
-            f"entries {pos}..{wrote.first - 1} of {name!r} were removed by retention during "
-            f"the export and are not in it ({wrote} were exported); export from index "
-            f"{wrote.first} on (--from), or stop the stream's writers first")
+            f"entries {spans} of {name!r} were removed during the export (by retention?) and "
+            f"are not in it ({wrote} were exported); stop the stream's writers and export "
+            "again")
     if (wrote.count, wrote.first, wrote.last) != (said.count, said.first, said.last):
         raise WriteMismatch(f"{wrote} of {name!r} were exported where its bookkeeping said "
                             f"{said} when the export started")

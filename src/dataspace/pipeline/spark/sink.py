@@ -77,6 +77,7 @@ except ImportError:
     raise
 
 from ...streams.base import MAX_VALUE_SIZE, check_user_name
+from ...streams.integrity import StreamDigest, checksums
 from ...values import Dictionary, Sequence, Symbol, decode, encode, parse
 from ..exactly_once import (
     MetaEncoder,
@@ -183,6 +184,10 @@ class BatchPart(WriterCommitMessage):
     staged: dict[str, list[tuple[str, int, bytes | None]]] | None = None
     """Outputs (and error records, under the error stream's name) the task staged in the
     store instead of carrying them: per stream, (token, rows, hash) parts."""
+    sums: dict[str, int] | None = None
+    """Per stream staged, the sum of the staged rows' checksums (less the index) as the
+    task computed them from what it produced, where their metadata is final (the commit
+    compares it with what it appended); None where it is not known."""
 
 
 _INPUT_COLUMNS = frozenset({"stream", "index", "seq", "value", "meta", "staged"})
@@ -325,7 +330,8 @@ def stage_partition(url: str, spec: ProcSpec, ranges: list[tuple[str, int, int]]
         store.stage(spec.proc_id, token, rows)
     faults.point("stage")
     summary = BatchPart(order=part.order, consumed=part.consumed, hash=h,
-                        staged={s: [(token, len(d), h)] for s, (d, _m) in rows.items()})
+                        staged={s: [(token, len(d), h)] for s, (d, _m) in rows.items()},
+                        sums={s: sum(checksums(s, d, m)) for s, (d, m) in rows.items()})
     return pickle.dumps(summary, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -338,14 +344,16 @@ def _stage_rows(url: str, owner: str, stream: str, datas: list[bytes], metas: li
     token = f"{owner}/{uuid.uuid4().hex}"
     store_for(url, create=True).stage(owner, token, {stream: (datas, metas)})
     faults.point("stage")
-    return BatchPart(staged={stream: [(token, len(datas), h)]})
+    # Without a hash (a batch write) the metadata is final: the commit checks the sum.
+    return BatchPart(staged={stream: [(token, len(datas), h)]},
+                     sums=None if h is not None else {stream: sum(checksums(stream, datas, metas))})
 
 
 def _merge_staged(blobs: list[bytes]) -> BatchPart:
     """One write task's partitions' summaries as one commit message."""
     import pickle
 
-    out = BatchPart(staged={})
+    out = BatchPart(staged={}, sums={})
     assert out.staged is not None
     for b in blobs:
         p = pickle.loads(b)
@@ -354,9 +362,22 @@ def _merge_staged(blobs: list[bytes]) -> BatchPart:
         out.consumed += p.consumed
         for s, lst in (p.staged or {}).items():
             out.staged.setdefault(s, []).extend(lst)
+        _add_sums(out, p)
         if p.order is not None:
             out.order = (out.order or []) + p.order
     return out
+
+
+def _add_sums(out: BatchPart, p: BatchPart) -> None:
+    """``p``'s checksum sums into ``out``'s: a stream that a part staged without one has
+    none (the commit then checks its rows' count and indices only)."""
+    for s in p.staged or {}:
+        if out.sums is None:
+            return
+        if p.sums is None or s not in p.sums:
+            out.sums[s] = -1  # unknown
+        elif out.sums.get(s, 0) >= 0:
+            out.sums[s] = out.sums.get(s, 0) + p.sums[s]
 
 
 def drop_staged(store: Any, owner: str) -> None:
@@ -678,15 +699,23 @@ class StreamWriter(DataSourceStreamArrowWriter):
         errors: Any = []
         order: list[str] | None = None
         hashed = False
+        sums: dict[str, int] = {}
         if spec is not None and spec.on_driver:
             outputs, errors, order = self._run_on_driver(spec, parts, starts, ends)
         elif staging:
             got: dict[str, list[tuple[str, int, bytes | None]]] = {}
+            summed = BatchPart(sums={})
             for part in parts:
                 for s, lst in (part.staged or {}).items():
                     got.setdefault(s, []).extend(lst)
+                _add_sums(summed, part)
                 if part.order is not None:
                     order = (order or []) + part.order
+            # The tasks' sums hold where the metadata they staged is final (their hash is
+            # the batch's: the commit does not rewrite it).
+            h = delivery_hash(pid, starts, ends)
+            sums = {s: v for s, v in (summed.sums or {}).items()
+                    if v >= 0 and all(hh == h for _t, _n, hh in got.get(s, []))}
             errs = got.pop(self.error_stream, []) if self.error_stream else []
             outputs = {s: Staged(tuple(lst)) for s, lst in got.items()}
             errors = Staged(tuple(errs))
@@ -722,7 +751,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
                                 order=order if spec is not None and spec.processor.reads_alts else None,
                                 hashed=hashed)
             if wrote:
-                verify_appended(store, pid, before, counts)
+                verify_appended(store, pid, before, counts, sums)
             if staging:
                 tx.drop_staged(pid)
             faults.point("commit-inside")
@@ -779,18 +808,25 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
 
 def verify_appended(store: Any, who: str, before: Mapping[str, int],
-                    counts: Mapping[str, int]) -> None:
+                    counts: Mapping[str, int], sums: Mapping[str, int] | None = None) -> None:
     """Inside a commit's transaction, before it commits: each stream of ``counts`` holds,
     from where it ended before (``before``), exactly the batch's rows -- their count, first
-    and last index, read back as a verified read of that range is (the store itself checks
-    staged rows it takes against the staged tables: count, indices, checksums).  A
-    :class:`CommitError` otherwise, and the transaction is rolled back."""
+    and last index (one aggregate, checked as a read of that range is) and, where
+    ``sums`` has the stream, the sum of their checksums as the tasks computed them from
+    what they produced.  A :class:`CommitError` otherwise: the transaction is rolled
+    back, nothing of the batch is committed."""
     for s, n in counts.items():
         at = before[s]
         got = store.digest(s, at)
-        if (got.count, got.first, got.last) != (n, at if n else None, at + n - 1 if n else None):
+        want = StreamDigest()
+        want.add_sums(at, n, (sums or {}).get(s, 0))
+        if (got.count, got.first, got.last) != (want.count, want.first, want.last):
             raise CommitError(f"{who}: the commit wrote {got} to {s!r} where the batch has "
                               f"{n} rows to append at index {at}; nothing was committed")
+        if sums is not None and s in sums and got.total != want.total:
+            raise CommitError(f"{who}: the {n} rows the commit appended to {s!r} at index {at} "
+                              "are not the rows the tasks staged (their checksums differ); "
+                              "nothing was committed")
 
 
 def _unhasher(h: bytes) -> Any:
@@ -866,16 +902,21 @@ class BatchWriter(DataSourceArrowWriter):
         with store.transaction() as tx:
             tx.create_stream(self.stream)
             before = {self.stream: tx.next_index(self.stream)}
+            summed = BatchPart(sums={})
             if self.stage:
                 taken = [(t, n) for p in parts for t, n, _h in (p.staged or {}).get(self.stream, [])]
                 tx.append_staged(self.stream, taken)
                 tx.drop_staged(self.owner)
                 count = sum(n for _t, n in taken)
+                for p in parts:
+                    _add_sums(summed, p)
             else:
                 datas = [d for p in parts for d in p.outputs.get(self.stream, ([], []))[0]]
                 tx.append_encoded(self.stream, datas)
                 count = len(datas)
-            verify_appended(store, "df.write", before, {self.stream: count})
+                summed.sums = {self.stream: sum(checksums(self.stream, datas))}
+            verify_appended(store, "df.write", before, {self.stream: count},
+                            {s: v for s, v in (summed.sums or {}).items() if v >= 0})
         if self.stage:
             collect_later(store)
 
