@@ -29,6 +29,7 @@ from dataspace.streams.copy import copy_streams
 from dataspace.streams.scry import start_scry_udp
 from dataspace.streams.transfer import export_stream
 from dataspace.values import Record, Symbol, encode
+from store_damage import Raw
 
 N = 20_000
 SAYS = Symbol("Says")
@@ -312,48 +313,6 @@ def test_info_check_of_a_sound_store_counts_what_it_verified(template, capsys):
 
 
 # -- rows changed behind the store's back, on both stores -------------------------------------
-
-
-class Raw:
-    """SQL on a store's tables, bypassing the store (SQLite: its file; PostgreSQL: its
-    database), as damage -- or a careless hand -- changes them."""
-
-    def __init__(self, url: str) -> None:
-        self.pg = url.startswith("postgresql:")
-        if self.pg:
-            import psycopg
-
-            self.conn = psycopg.connect(url, autocommit=True)
-            self.t = "dataspace."
-        else:
-            self.conn = sqlite3.connect(Path(url) / "streams.sqlite3", isolation_level=None)
-            self.t = ""
-
-    def __call__(self, sql: str, *params: object) -> list:
-        sql = sql.replace("T.", self.t)
-        if not self.pg:
-            sql = sql.replace("%s", "?")
-        cur = self.conn.execute(sql, params)
-        return list(cur.fetchall()) if cur.description else []
-
-    def sid(self, stream: str) -> int:
-        return self("SELECT id FROM T.streams WHERE name = %s", stream)[0][0]
-
-    def flip(self, stream: str, index: int, offset: int = 3, column: str = "value") -> bool:
-        """Flip the lowest bit of byte ``offset`` of an entry's value (or metadata); False
-        when there is nothing to flip (an entry without metadata)."""
-        blob = self(f"SELECT {column} FROM T.entries WHERE stream = %s AND idx = %s",
-                    self.sid(stream), index)[0][0]
-        if blob is None:
-            return False
-        blob = bytearray(blob)
-        blob[offset % len(blob)] ^= 1
-        self(f"UPDATE T.entries SET {column} = %s WHERE stream = %s AND idx = %s",
-             bytes(blob), self.sid(stream), index)
-        return True
-
-    def close(self) -> None:
-        self.conn.close()
 
 
 @pytest.fixture
