@@ -16,16 +16,19 @@ print what is intact and exit 1).  A property test flips random bits of the rows
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker_support import async_test
 from dataspace.cli import main
 from dataspace.pipeline import Graph, LocalEngine
 from dataspace.streams import StoreCorrupt, open_store
 from dataspace.streams.integrity import tailer_checksum
+from dataspace.streams.scry import start_scry_udp
 from dataspace.streams.transfer import export_stream
 from dataspace.values import Record, Symbol, encode
 from store_damage import Raw
@@ -263,6 +266,60 @@ def test_a_tailer_of_no_stream_is_reported_by_the_check(store_url, capsys):
     raw.close()
     code, out, _err = run(capsys, "stream", "info", "ab", "--check", "--store", store_url)
     assert code == 1 and "  1 tailer of no stream" in out, out
+
+
+@async_test
+async def test_the_scry_publisher_serves_nothing_of_a_stream_whose_bookkeeping_is_damaged(
+        tmp_path, caplog):
+    from dataspace import scry
+
+    data = str(tmp_path / "data")
+    build(data)
+    raw = Raw(data)
+    raw.flip_column("streams", "next_index", 5, "ab")
+    raw.close()
+    with open_store(data) as s:
+        with caplog.at_level(logging.ERROR):
+            srv = await start_scry_udp(s, "127.0.0.1", 0, ["ab", "ab2"])
+        try:
+            url = f"udp://127.0.0.1:{srv.address[1]}/"
+            assert (await scry.get(url + "ab2/5", timeout=30)).value == Record(Symbol("Out"), [5])
+            with pytest.raises(TimeoutError):
+                await scry.get(url + "ab/5", timeout=1.5)
+            assert any("not serving damaged entries of ab" in r.getMessage() and
+                       "its bookkeeping row" in r.getMessage() for r in caplog.records)
+        finally:
+            await srv.close()
+
+
+# -- stores made before the rows had checksums -------------------------------------------------
+
+
+def test_a_version_2_store_migrates_its_rows(store_url, capsys):
+    """A store of schema version 2 (rows of streams and tailers without checksums) gets
+    them when opened: reads and --check are clean, and a flipped bit after that is seen."""
+    build(store_url)
+    raw = Raw(store_url)
+    raw("ALTER TABLE T.streams DROP COLUMN checksum")
+    raw("ALTER TABLE T.tailers DROP COLUMN checksum")
+    if raw.pg:
+        raw("UPDATE T.store_meta SET value = '2' WHERE key = 'version'")
+    else:
+        raw("PRAGMA user_version = 2")
+    raw.close()
+    with open_store(store_url) as s:
+        assert s.next_index("ab") == N and s.position("ab", "copy/m") == N0
+        assert len(s.read("ab")) == N and s.check() == []
+    raw = Raw(store_url)
+    version = (raw("SELECT value FROM T.store_meta WHERE key = 'version'")[0][0] if raw.pg
+               else raw("PRAGMA user_version")[0][0])
+    assert str(version) == "3"
+    assert raw("SELECT count(*) FROM T.streams WHERE checksum IS NULL") == [(0,)]
+    assert raw("SELECT count(*) FROM T.tailers WHERE checksum IS NULL") == [(0,)]
+    raw.flip_column("streams", "next_index", 5, "ab")
+    raw.close()
+    with open_store(store_url) as s:
+        refused(lambda: s.read("ab"))
 
 
 # -- the Spark connector -----------------------------------------------------------------------

@@ -46,7 +46,11 @@ class ScryServer:
     async def start(self, host: str, port: int) -> None:
         self._loop = asyncio.get_running_loop()
         for s in self.names:
-            nxt, first = self._head(s)
+            try:
+                nxt, first = self._head(s)
+            except StoreCorrupt as e:  # damaged bookkeeping: serve none of it (logged once)
+                self._refuse(s, e)
+                nxt = first = 0
             self.machine.publish(s, nxt, first)
         self.udp = await open_udp(self._datagram, local=(host, port))
         self._watch = self._loop.create_task(self._follow())
@@ -115,7 +119,7 @@ class ScryServer:
             for s in self.names:
                 try:
                     h = self._head(s)
-                except StoreCorrupt as e:  # its first entry is missing: keep the old head
+                except StoreCorrupt as e:  # its bookkeeping is damaged: keep the old head
                     self._refuse(s, e)
                     continue
                 if h != heads[s]:
