@@ -98,7 +98,7 @@ def test_read_is_a_command_with_help(capsys):
         main(["stream", "read", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--from INDEX" in out and "examples:" in out
-    assert "dataspace stream read chat --from 100 --count 20" in out
+    assert "dataspace stream read chat --from 100 -n 20" in out
     assert max(len(x) for x in out.splitlines()) <= 92
 
 

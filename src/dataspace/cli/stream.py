@@ -76,7 +76,7 @@ def register(sub: Any) -> None:
         "max_age (seconds), internal, tailers (a list of {name, position, lag, updated}).",
         epilog="examples:\n"
         "  dataspace stream ls\n"
-        "  dataspace stream ls --all                    with the store's own streams (__...)\n"
+        "  dataspace stream ls --all                    with the store's own (__...)\n"
         "  dataspace stream ls --json | jq -r '.[] | \"\\(.name) \\(.length)\"'",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ls.add_argument("--all", "-a", action="store_true",
@@ -142,9 +142,9 @@ def register(sub: Any) -> None:
         "damaged entry (and run of missing ones) is named on standard error instead, and "
         "the exit status is 1.",
         epilog=_READ_EPILOG.replace("CMD", "read").replace(
-            "examples:\n", "examples:\n  dataspace stream read chat --from 100 --count 20   "
-            "entries 100..119\n  dataspace stream read chat                        its first "
-            "10 entries\n"),
+            "examples:\n", "examples:\n"
+            "  dataspace stream read chat                    its first 10 entries\n"
+            "  dataspace stream read chat --from 100 -n 20   entries 100..119\n"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rd.add_argument("name")
     rd.add_argument("--from", dest="start", type=_index, metavar="INDEX",
@@ -203,6 +203,7 @@ def register(sub: Any) -> None:
         "  dataspace stream export chat chat.pr                  the whole stream, as text\n"
         "  dataspace stream export chat --from 100 --to 199      entries 100..199 to stdout\n"
         "  dataspace stream export chat chat.bin --format binary\n"
+        "  dataspace stream export chat saved.pr --skip-damaged  what is intact of a damaged stream\n"
         "  dataspace stream export chat - | dataspace stream import chat2 --store postgresql://app@db/app",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ex.add_argument("name", metavar="STREAM")
@@ -280,14 +281,13 @@ def register(sub: Any) -> None:
 
 _READ_EPILOG = """\
 examples:
-  dataspace stream CMD chat --meta --time     with metadata and append times
+  dataspace stream CMD chat --meta --time      with metadata and append times
   dataspace stream CMD chat --json | jq -r .value
-                                            one JSON object per entry: index, time
-                                            (seconds since the epoch), value and meta
-                                            (Preserves text; meta null when none)
+      one JSON object per line: index, time (seconds since the epoch), value
+      and meta (Preserves text; meta null when none)
 
-exit status: 0 printed; 1 no such stream, a bad index, a store error or damage (named on
-standard error); 2 bad arguments"""
+exit status: 0 printed; 1 no such stream, a bad index, a store error or damage
+(named on standard error); 2 bad arguments"""
 
 
 def _index(text: str) -> int:
