@@ -10,8 +10,10 @@ cheap (see :mod:`dataspace.pipeline`).
 
 **Reads are verified** (:mod:`.integrity`): a stream's entries are exactly the indices
 from its first index to its next one, each with a checksum; every read checks that it got
-the indices it asked for and that each entry matches its checksum, and raises
-:class:`StoreCorrupt` (one line) rather than return what a damaged store gave it.
+the indices it asked for and that each entry matches its checksum -- and that the
+stream's row (and a tailer's) matches its own checksum and the entries stored at its
+ends -- and raises :class:`StoreCorrupt` (one line) rather than return what a damaged
+store gave it.
 
 :class:`~dataspace.streams.sqlite.SQLiteStore` (one file, no server) and
 :class:`~dataspace.streams.postgres.PostgresStore` (a PostgreSQL database that many
@@ -256,7 +258,9 @@ class Transaction(ABC):
 
     @abstractmethod
     def set_position(self, stream: str, tailer: str, position: int) -> None:
-        """Persist a named tailer's position (the next index it will read)."""
+        """Persist a named tailer's position (the next index it will read): at most the
+        stream's next index as this transaction sees it (``ValueError`` beyond: a read of
+        a position past the end is damage, see :mod:`.integrity`)."""
 
     def set_positions(self, items: list[tuple[str, str, int]]) -> None:
         """Several ``(stream, tailer, position)`` at once."""
@@ -505,7 +509,7 @@ class Store(ABC):
 
     @abstractmethod
     def set_position(self, stream: str, tailer: str, position: int) -> None:
-        """Persist a named tailer's position."""
+        """Persist a named tailer's position (at most the stream's next index)."""
 
     @abstractmethod
     def tailers(self, stream: str) -> list[TailerInfo]:
