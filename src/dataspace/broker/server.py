@@ -362,6 +362,8 @@ class Server:
         """
         self.config.check()
         self.tls = self.config.server_tls()
+        if self.tls is not None:  # its connections' buffers (net.tls.TLSConnections)
+            self.memory_sources.append(self.tls.connections.held_bytes)
         warning = self.config.clear_text_warning()
         if warning is not None:
             log.warning("%s", warning)

@@ -90,6 +90,10 @@ __all__ = [
     "PARTS",
     "SERVER_LIMITS",
     "RawConnection",
+    "RogueMember",
+    "RogueProcess",
+    "StrangerFlood",
+    "TLSFlood",
     "SoakConfig",
     "SoakResult",
     "ServerUnderTest",
@@ -280,10 +284,11 @@ async def _pause(stop: asyncio.Event, seconds: float) -> None:
 class ServerUnderTest:
     """``dataspace serve`` in a subprocess; its log is read continuously by a thread."""
 
-    def __init__(self, data_dir: Path, extra_args: Iterable[str] = ()) -> None:
+    def __init__(self, data_dir: Path, extra_args: Iterable[str] = (), *,
+                 verbose: bool = True) -> None:
         self.data_dir = data_dir
         self.args = [PY, "-m", "dataspace.cli", "serve", "--tcp", "127.0.0.1:0",
-                     "--data-dir", str(data_dir), "-v", *extra_args]
+                     "--data-dir", str(data_dir), *(["-v"] if verbose else []), *extra_args]
         self.proc: subprocess.Popen[bytes] | None = None
         self.sturdyref = ""
         self.port = 0
@@ -324,7 +329,7 @@ class ServerUnderTest:
                     self.sturdyref = line[len("sturdyref: "):].strip()
                 else:
                     self.log.append(line)
-                m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+                m = re.search(r"listening on (?:tls://)?127\.0\.0\.1:(\d+)", line)
                 if m and not self.port:
                     self.port = int(m.group(1))
                 if self.sturdyref and self.port:
@@ -339,6 +344,13 @@ class ServerUnderTest:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def descriptors(self) -> int:
+        """The server's open file descriptors now (0 once it is gone)."""
+        try:
+            return len(os.listdir(f"/proc/{self.pid}/fd"))
+        except OSError:
+            return 0
 
     def memory_kib(self) -> tuple[int, int] | None:
         """``(VmRSS, VmHWM)`` of the server in KiB, or None once it is gone."""
@@ -677,6 +689,372 @@ MEMORY_SOURCES = tuple(f"127.0.2.{i}" for i in range(1, 11))
 """The loopback addresses the memory attack's connections come from (10)."""
 HOG = Symbol("MemoryHog")
 _REFUSED = Symbol("refused")
+
+
+# ---------------------------------------------------------------------------------------
+# Attacks on a cluster's ports and on TLS (issue 29)
+
+
+async def _hold_until_closed(conn: RawConnection, stop: asyncio.Event) -> bool:
+    """Read (and drop) what the server sends until it closes ``conn`` (True) or ``stop``
+    is set (False)."""
+    closed = asyncio.ensure_future(conn.read_until_closed(3600.0))
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({closed, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (closed, stopped):
+            t.cancel()
+    return closed.done() and not closed.cancelled()
+
+
+class StrangerFlood:
+    """Strangers on cluster ports: ``per_port`` idle connections on each of
+    ``addresses``, each opened again as soon as the server closes it (the attack that
+    kept a restarted member out of its cluster while the port had 16 waiting slots).
+    ``source``: the loopback address to connect from (default: the system's choice)."""
+
+    def __init__(self, addresses: Iterable[str], per_port: int = 16,
+                 source: str | None = None) -> None:
+        self.addresses = list(addresses)
+        self.per_port = per_port
+        self.source = source
+        self.opened = 0
+        self.closed_by_server = 0
+        self.not_listening = 0
+        self.open_now = 0
+        self.notifier = Notifier()
+        """Notified as connections open and close."""
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for a in self.addresses:
+            for _ in range(self.per_port):
+                self._tasks.append(asyncio.ensure_future(self._hold(a)))
+
+    async def _hold(self, address: str) -> None:
+        stop = self._stop
+        while not stop.is_set():
+            try:
+                conn = await RawConnection.open(address, self.source, timeout=5.0)
+            except (OSError, TimeoutError):
+                self.not_listening += 1  # (a member down: knock again soon)
+                await _pause(stop, 0.2)
+                continue
+            self.opened += 1
+            self.open_now += 1
+            self.notifier.notify()
+            try:
+                if await _hold_until_closed(conn, stop):
+                    self.closed_by_server += 1
+            finally:
+                self.open_now -= 1
+                self.notifier.notify()
+                conn.close()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def summary(self) -> dict[str, int]:
+        return {"opened": self.opened, "closed_by_server": self.closed_by_server,
+                "not_listening": self.not_listening}
+
+
+class _RouteControl(Entity):
+    """The rogue's control entity: keeps the member's answer, ignores the rest."""
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self.answer: Value = None
+        self._notify = notify
+
+    def on_message(self, value: Value) -> None:
+        if self.answer is None:
+            self.answer = value
+            self._notify()
+
+
+class RogueMember:
+    """A member holding the cluster's real secret that gossips members that do not
+    exist: on a route to each of ``addresses`` it sends ``messages`` ``<route-members>``
+    of ``batch`` made-up members each (ids sorted above every real one, so the members
+    dial them at once), then pings each route every second until stopped.  The made-up
+    members' addresses are ``fake_address(i)`` (default: loopback addresses where
+    nothing listens, refused at once), except the first ``holes`` at black holes it
+    keeps (listeners that accept and never answer: a dial waits there until it times
+    out)."""
+
+    def __init__(self, addresses: Iterable[str], secret: bytes, cluster: str = "dataspace",
+                 *, messages: int = 100, batch: int = 1_000, holes: int = 32,
+                 fake_address: Callable[[int], str] | None = None) -> None:
+        self.addresses = list(addresses)
+        self.secret = secret
+        self.cluster = cluster
+        self.messages = messages
+        self.batch = batch
+        self.holes = holes
+        self.fake_address = fake_address or self._refused_address
+        self.id = "ffff" + os.urandom(6).hex()
+        self.routes = 0
+        self.sent = 0
+        self.closed_by_server = 0
+        self.errors: list[str] = []
+        self._hole_addresses: list[str] = []
+        self._hole_servers: list[asyncio.Server] = []
+        self._held: list[asyncio.StreamWriter] = []
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._done = 0
+        self.sent_all = asyncio.Event()
+        """Set once every route has had its gossip (or ended)."""
+
+    @staticmethod
+    def _refused_address(i: int) -> str:
+        return f"127.{100 + i // 62_500 % 100}.{i // 250 % 250}.{1 + i % 250}:9"
+
+    async def start(self) -> None:
+        for k in range(self.holes):
+            srv = await asyncio.start_server(self._swallow, f"127.0.99.{1 + k % 250}", 0)
+            self._hole_servers.append(srv)
+            self._hole_addresses.append(f"127.0.99.{1 + k % 250}:"
+                                        f"{srv.sockets[0].getsockname()[1]}")
+        for a in self.addresses:
+            self._tasks.append(asyncio.ensure_future(self._route(a)))
+        if not self.addresses:
+            self.sent_all.set()
+
+    def _gossiped(self) -> None:
+        self._done += 1
+        if self._done >= len(self.addresses):
+            self.sent_all.set()
+
+    async def _swallow(self, _r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self._held.append(w)  # (held open, never answered, until the rogue stops)
+
+    def _fake(self, i: int) -> tuple[str, str]:
+        address = (self._hole_addresses[i] if i < len(self._hole_addresses)
+                   else self.fake_address(i))
+        return f"ffffffff{i:08x}", address
+
+    async def _route(self, address: str) -> None:
+        from ..protocol.cluster import (
+            ROUTE_ACCEPT,
+            ROUTE_REQUEST,
+            RouteInfo,
+            members_message,
+            route_key,
+            route_oid,
+        )
+        from ..protocol.sturdy import mint
+
+        stop = self._stop
+        try:
+            conn = await RawConnection.open(address, timeout=10.0)
+        except (OSError, TimeoutError) as e:
+            self.errors.append(f"{address}: {e}")
+            self._gossiped()
+            return
+        pump: asyncio.Task[Outcome] | None = None
+        told = False
+        try:
+            cap = mint(route_oid(self.cluster), route_key(self.secret, self.cluster))
+            ref = await conn.resolve(cap)
+            ctl, data = _RouteControl(conn.notifier.notify), Entity()
+            info = RouteInfo(self.cluster, self.id, "", (time.time(), os.urandom(8).hex()),
+                             self.id, os.urandom(8).hex())
+            ref.on_assert(Record(ROUTE_REQUEST, [info.to_value(), Embedded(ctl),
+                                                 Embedded(data)]), 2)
+            conn.flush_relay()
+            pump = asyncio.ensure_future(conn.pump())
+            if not await conn.notifier.until(lambda: ctl.answer is not None or conn.eof, 10.0):
+                raise Refused(Outcome("open", "no answer to the route request"))
+            v = ctl.answer
+            if not (isinstance(v, Record) and v.label == ROUTE_ACCEPT and len(v.fields) == 3):
+                raise Refused(Outcome("refused", stringify(v)[:200]))
+            peer = v.fields[1].value
+            self.routes += 1
+            for k in range(self.messages):
+                if stop.is_set() or conn.eof:
+                    break
+                base = k * self.batch
+                peer.on_message(members_message(
+                    [self._fake(base + i) for i in range(self.batch)]))
+                if not await conn.send(conn.relay.data_to_send()):
+                    break
+                self.sent += 1
+            told = True
+            self._gossiped()
+            while not stop.is_set() and not conn.eof:
+                peer.on_message(Record(Symbol("route-ping"), []))
+                conn.flush_relay()
+                await _pause(stop, 1.0)
+            if conn.eof:
+                self.closed_by_server += 1
+        except Refused as e:
+            self.errors.append(f"{address}: {e}")
+        finally:
+            if not told:
+                self._gossiped()
+            if pump is not None:
+                pump.cancel()
+            conn.close()
+
+    async def stop(self) -> None:
+        """The rogue is gone: its routes close (its black holes too)."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        for w in self._held:
+            w.transport.abort()
+        self._held.clear()
+        for srv in self._hole_servers:
+            srv.close()
+        self._hole_servers.clear()
+
+    def summary(self) -> dict[str, Any]:
+        return {"routes": self.routes, "gossip_messages": self.sent,
+                "closed_by_server": self.closed_by_server, "errors": self.errors[:5]}
+
+
+class RogueProcess:
+    """A :class:`RogueMember` in a process of its own (what it encodes does not stall
+    the caller's event loop): :meth:`start` returns once its gossip is sent, :meth:`stop`
+    once it is gone; :attr:`summary` is its :meth:`RogueMember.summary`."""
+
+    def __init__(self, addresses: Iterable[str], secret: bytes, cluster: str = "dataspace",
+                 **settings: Any) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._out = ctx.Queue()
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(target=_rogue_process, name="soak-rogue", daemon=True,
+                                 args=(list(addresses), secret, cluster, settings,
+                                       self._out, self._stop))
+        self.summary: dict[str, Any] = {}
+
+    def start(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Start it; returns when its gossip is sent (its summary then)."""
+        self._proc.start()
+        self.summary = self._out.get(timeout=timeout)
+        return self.summary
+
+    def stop(self, timeout: float = 30.0) -> dict[str, Any]:
+        if self._proc.is_alive():
+            self._stop.set()
+            with contextlib.suppress(Exception):
+                self.summary = self._out.get(timeout=timeout)
+            self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout)
+        return self.summary
+
+
+def _rogue_process(addresses: list[str], secret: bytes, cluster: str,
+                   settings: dict[str, Any], out: Any, stop: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle
+
+    async def main() -> None:
+        rogue = RogueMember(addresses, secret, cluster, **settings)
+        await rogue.start()
+        await rogue.sent_all.wait()
+        out.put(rogue.summary())
+        await asyncio.to_thread(stop.wait)
+        await rogue.stop()
+        out.put(rogue.summary())
+
+    asyncio.run(main())
+
+
+class TLSFlood:
+    """Peers that cost a TLS server memory, each opened again when the server closes it:
+    on the TLS port ``tls_address``, ``bare`` connections that never start a TLS
+    handshake and ``idle`` ones that finish it and send nothing; on the HTTPS port
+    ``https_address`` (if any), ``https`` ones that finish it and send no request.
+    ``context`` is the client side's TLS (it trusts the server's certificate).
+    :attr:`lifetimes` holds, by kind, how long the server kept each connection open."""
+
+    KINDS = ("bare", "idle", "https")
+
+    def __init__(self, tls_address: str, https_address: str | None, context: Any,
+                 *, bare: int = 200, idle: int = 100, https: int = 200,
+                 source: str | None = None) -> None:
+        self.targets = {"bare": (tls_address, bare), "idle": (tls_address, idle),
+                        "https": (https_address, https if https_address else 0)}
+        self.context = context
+        self.source = source
+        self.opened: Counter[str] = Counter()
+        self.closed_by_server: Counter[str] = Counter()
+        self.open_now: Counter[str] = Counter()
+        self.lifetimes: dict[str, list[float]] = {k: [] for k in self.KINDS}
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        for kind, (address, n) in self.targets.items():
+            for _ in range(n):
+                assert address is not None
+                self._tasks.append(asyncio.ensure_future(self._hold(kind, address)))
+
+    async def _open(self, kind: str, address: str) -> tuple[asyncio.StreamReader,
+                                                            asyncio.StreamWriter]:
+        host, port = address.rsplit(":", 1)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            if self.source is not None:
+                sock.bind((self.source, 0))
+            sock.setblocking(False)
+            await asyncio.wait_for(
+                asyncio.get_running_loop().sock_connect(sock, (host, int(port))), 10.0)
+            if kind == "bare":
+                return await asyncio.open_connection(sock=sock)
+            return await asyncio.wait_for(asyncio.open_connection(
+                sock=sock, ssl=self.context, server_hostname=host), 15.0)
+        except BaseException:
+            sock.close()
+            raise
+
+    async def _hold(self, kind: str, address: str) -> None:
+        stop = self._stop
+        while not stop.is_set():
+            try:
+                r, w = await self._open(kind, address)
+            except (OSError, TimeoutError):
+                await _pause(stop, 0.2)
+                continue
+            self.opened[kind] += 1
+            self.open_now[kind] += 1
+            t0 = time.monotonic()
+            reading = asyncio.ensure_future(self._read_until_closed(r))
+            stopped = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if reading.done():
+                    self.closed_by_server[kind] += 1
+                    self.lifetimes[kind].append(time.monotonic() - t0)
+            finally:
+                for t in (reading, stopped):
+                    t.cancel()
+                self.open_now[kind] -= 1
+                w.transport.abort()
+
+    @staticmethod
+    async def _read_until_closed(r: asyncio.StreamReader) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while await r.read(1 << 16):
+                pass
+
+    async def stop(self) -> None:
+        """The attack ends: every connection it holds is closed."""
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def summary(self) -> dict[str, Any]:
+        return {k: {"opened": self.opened[k], "closed_by_server": self.closed_by_server[k],
+                    "longest_s": round(max(self.lifetimes[k], default=0.0), 1)}
+                for k in self.KINDS}
 
 
 @dataclass

@@ -25,6 +25,7 @@ from ..protocol.relay import Relay
 from ..values import Symbol
 from .flow import Account, FlowLimits, Hub
 from .sniff import HEAD_BYTES
+from .tls import HANDSHAKE_TIMEOUT, server_protocol
 
 __all__ = ["Connection", "SessionFactory", "StreamConnection", "connect_stream", "listen_tcp", "listen_unix"]
 
@@ -82,6 +83,9 @@ class Connection:
         self.close_reason: str | None = None
         self.bytes_in = 0
         self.bytes_out = 0
+        self.max_input: int | None = None
+        """Bytes the peer may send in all (None: no limit): a listener's bound on what a
+        peer it does not know yet makes it hold (the cluster port's strangers)."""
         self.head = b""
         """The first bytes the peer sent (up to ``sniff.HEAD_BYTES``): what answered, when
         a handshake fails (:func:`dataspace.net.sniff.what_answered`)."""
@@ -132,12 +136,13 @@ class Connection:
             self._send(packets, account)
             relay.output_held(self.pending_output)  # the memory budget's account
 
-    def fail(self, message: str, detail: Any = False) -> None:
+    def fail(self, message: str, detail: Any = False, *, quiet: bool = False) -> None:
         """Close with ``<error message detail>``: for local decisions such as a slow
-        consumer or a handshake timeout (the error skips the send queue)."""
+        consumer or a handshake timeout (the error skips the send queue).  ``quiet``:
+        not worth a warning (a stranger turned away; the caller counts them)."""
         if self.closed or self.relay is None:
             return
-        log.warning("%s: closing: %s", self.name, message)
+        (log.debug if quiet else log.warning)("%s: closing: %s", self.name, message)
         self.hub.run(None, self._fail, message, detail)
 
     def _fail(self, message: str, detail: Any) -> None:
@@ -462,6 +467,10 @@ class StreamConnection(Connection, asyncio.Protocol):
         self.bytes_in += len(data)
         relay = self.relay
         assert relay is not None
+        if self.max_input is not None and self.bytes_in > self.max_input:
+            self.fail(f"more than {self.max_input} bytes sent before the handshake was done",
+                      Symbol("packet-too-large"), quiet=True)
+            return
         self.receive(relay.receive_data, data)
 
     def eof_received(self) -> bool | None:
@@ -618,13 +627,19 @@ async def listen_tcp(
     host: str, port: int, hub: Hub, flow: FlowLimits, session: SessionFactory,
     *, ssl: SSLContext | None = None, ssl_handshake_timeout: float | None = None,
 ) -> asyncio.Server:
-    """Listen on TCP (with TLS when ``ssl`` is given: see :mod:`.tls`); each connection
-    gets a relay from ``session`` once its TLS handshake is done."""
+    """Listen on TCP (with TLS when ``ssl`` is given: see :mod:`.tls`, whose buffers are
+    bounded and counted there); each connection gets a relay from ``session`` once its
+    TLS handshake is done."""
     loop = asyncio.get_running_loop()
+
+    def plain() -> StreamConnection:
+        return StreamConnection(hub, flow, session)
+
+    if ssl is None:
+        return await loop.create_server(plain, host, port, reuse_address=True)
     return await loop.create_server(
-        lambda: StreamConnection(hub, flow, session), host, port, reuse_address=True,
-        ssl=ssl, ssl_handshake_timeout=ssl_handshake_timeout if ssl is not None else None,
-    )
+        server_protocol(plain, ssl, ssl_handshake_timeout or HANDSHAKE_TIMEOUT), host, port,
+        reuse_address=True)
 
 
 async def listen_unix(path: str, hub: Hub, flow: FlowLimits, session: SessionFactory) -> asyncio.Server:

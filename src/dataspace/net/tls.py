@@ -17,6 +17,17 @@ Client side
     :class:`ssl.SSLContext`.  The server's name (or IP address) is checked against its
     certificate unless ``insecure_skip_verify`` says otherwise.
 
+Memory
+    A TLS connection costs the server its buffers: asyncio's gives each one a 256 KiB
+    read buffer from the moment it is accepted, before any handshake, and what a closed
+    one held stays with the process until a full garbage collection (its exceptions'
+    tracebacks make cycles) and the C allocator giving it back.  :class:`TLSConnections`
+    (one per :class:`ServerTLS`, for every listener given its contexts:
+    :func:`server_protocol`) reads with a 32 KiB buffer, holds at most
+    :data:`MAX_TLS_HANDSHAKES` connections in their handshake (a new one closes the
+    oldest), counts what the live ones hold (:meth:`TLSConnections.held_bytes`, for the
+    server's memory budget), and gives the memory back once many have closed.
+
 Errors
     :func:`explain_handshake_error` and :func:`explain_closed` turn what OpenSSL says
     into one line naming the certificate, the CA file and what to do next;
@@ -26,13 +37,20 @@ Errors
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import base64
+import contextlib
+import ctypes
+import ctypes.util
 import datetime
+import gc
 import ipaddress
 import logging
 import os
 import re
 import ssl
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +58,12 @@ from typing import Any
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
+    "MAX_TLS_HANDSHAKES",
+    "TLS_CONNECTION_BYTES",
     "CertInfo",
     "ClientTLS",
     "ServerTLS",
+    "TLSConnections",
     "TLSConfigError",
     "TLSError",
     "cert_info",
@@ -51,6 +72,7 @@ __all__ = [
     "fetch_certificate",
     "is_not_tls",
     "read_certificate",
+    "server_protocol",
     "speaks_tls",
 ]
 
@@ -349,6 +371,10 @@ class ServerTLS:
         bearer tokens are its access control, and browsers seldom hold certificates)."""
         if self.http_context is not self.context:
             self.http_context.sni_callback = self._hello_http
+        self.connections = TLSConnections()
+        """The TLS connections of every listener given :attr:`context` or
+        :attr:`http_context` (see :func:`server_protocol`)."""
+        _trackers[self.context] = _trackers[self.http_context] = self.connections
 
     @property
     def mutual(self) -> bool:
@@ -428,6 +454,155 @@ class ServerTLS:
 
 def _date(t: datetime.datetime | None) -> str:
     return t.strftime("%Y-%m-%d %H:%M UTC") if t is not None else "an unknown date"
+
+
+# ---------------------------------------------------------------------------------------
+# The server's TLS connections: their memory bounded, counted and given back
+
+
+TLS_READ_BUFFER = 32 << 10
+"""The read buffer of each TLS connection (asyncio's own is 256 KiB: two TLS records,
+the most one read brings, fit in this)."""
+TLS_CONNECTION_BYTES = TLS_READ_BUFFER + (48 << 10)
+"""What one TLS connection costs the server, counted in its memory budget: the read
+buffer, and OpenSSL's connection with its record buffers (measured: about 40 KiB)."""
+MAX_TLS_HANDSHAKES = 512
+"""TLS connections a server holds in their handshake at once (each for at most
+:data:`HANDSHAKE_TIMEOUT`): a new one past it closes the oldest, so peers that never
+start a handshake cannot hold more than this many buffers, nor keep others out."""
+GIVE_BACK_AFTER = 64
+"""After this many TLS connections closed, the server gives memory back to the system
+(a full garbage collection, then ``malloc_trim``): at most every :data:`GIVE_BACK_EVERY`
+seconds, :data:`GIVE_BACK_DELAY` seconds after the last of them."""
+GIVE_BACK_EVERY = 10.0
+GIVE_BACK_DELAY = 1.0
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return libc.malloc_trim  # type: ignore[no-any-return]
+    return None
+
+
+class _ServerTLSProtocol(asyncio.sslproto.SSLProtocol):
+    """asyncio's TLS protocol with a smaller read buffer, known to its
+    :class:`TLSConnections`."""
+
+    max_size = TLS_READ_BUFFER
+    _tracker: TLSConnections
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._tracker._opened(self)
+
+    def _on_handshake_complete(self, handshake_exc: BaseException | None) -> None:
+        self._tracker._done(self)
+        super()._on_handshake_complete(handshake_exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._tracker._closed(self)
+        super().connection_lost(exc)
+
+
+class TLSConnections:
+    """The TLS connections of one server's listeners (see the module docstring)."""
+
+    def __init__(self, max_handshakes: int = MAX_TLS_HANDSHAKES) -> None:
+        self.max_handshakes = max_handshakes
+        self.handshaking: dict[_ServerTLSProtocol, float] = {}
+        """Connections in their handshake, oldest first, and since when."""
+        self.live = 0
+        """TLS connections open now (in their handshake or past it)."""
+        self.closed = 0
+        self.crowded = 0
+        """Connections closed in their handshake to make room for a newer one."""
+        self.given_back = 0
+        """Times memory was given back to the system after connections closed."""
+        self._since_give_back = 0
+        self._last_give_back = 0.0
+        self._give_back_timer: asyncio.TimerHandle | None = None
+
+    def held_bytes(self) -> int:
+        """What the open TLS connections hold (for the server's memory budget)."""
+        return self.live * TLS_CONNECTION_BYTES
+
+    def protocol(self, app_factory: Callable[[], asyncio.BaseProtocol],
+                 context: ssl.SSLContext,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT) -> Callable[[], asyncio.BaseProtocol]:
+        """A protocol factory for ``loop.create_server`` (given no ``ssl``): TLS with
+        ``context``, then ``app_factory``'s protocol."""
+        def make() -> asyncio.BaseProtocol:
+            loop = asyncio.get_running_loop()
+            p = _ServerTLSProtocol(loop, app_factory(), context, None, server_side=True,
+                                   ssl_handshake_timeout=handshake_timeout)
+            p._tracker = self
+            return p
+
+        return make
+
+    def _opened(self, p: _ServerTLSProtocol) -> None:
+        self.live += 1
+        hs = self.handshaking
+        while len(hs) >= self.max_handshakes:
+            oldest = next(iter(hs))
+            del hs[oldest]
+            self.crowded += 1
+            t = oldest._transport
+            if t is not None:
+                t.abort()
+        hs[p] = time.monotonic()
+
+    def _done(self, p: _ServerTLSProtocol) -> None:
+        self.handshaking.pop(p, None)
+
+    def _closed(self, p: _ServerTLSProtocol) -> None:
+        self.handshaking.pop(p, None)
+        self.live -= 1
+        self.closed += 1
+        self._since_give_back += 1
+        if self._since_give_back >= GIVE_BACK_AFTER:
+            loop = asyncio.get_running_loop()
+            if self._give_back_timer is not None:
+                self._give_back_timer.cancel()
+            delay = max(GIVE_BACK_DELAY,
+                        self._last_give_back + GIVE_BACK_EVERY - time.monotonic())
+            self._give_back_timer = loop.call_later(delay, self._give_back)
+
+    def _give_back(self) -> None:
+        self._give_back_timer = None
+        self._since_give_back = 0
+        self._last_give_back = time.monotonic()
+        t0 = time.perf_counter()
+        gc.collect()
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
+        self.given_back += 1
+        log.debug("TLS: gave memory back to the system after connections closed (%.0f ms)",
+                  1000 * (time.perf_counter() - t0))
+
+    def close(self) -> None:
+        if self._give_back_timer is not None:
+            self._give_back_timer.cancel()
+            self._give_back_timer = None
+
+
+_trackers: weakref.WeakKeyDictionary[ssl.SSLContext, TLSConnections] = \
+    weakref.WeakKeyDictionary()
+
+
+def server_protocol(app_factory: Callable[[], asyncio.BaseProtocol], context: ssl.SSLContext,
+                    handshake_timeout: float = HANDSHAKE_TIMEOUT
+                    ) -> Callable[[], asyncio.BaseProtocol]:
+    """The protocol factory of a TLS listener with ``context`` (pass it to
+    ``loop.create_server`` without ``ssl``): a :class:`ServerTLS`'s context counts its
+    connections in that server's :class:`TLSConnections`; another context gets a
+    tracker of its own."""
+    tracker = _trackers.get(context)
+    if tracker is None:
+        tracker = _trackers[context] = TLSConnections()
+    return tracker.protocol(app_factory, context, handshake_timeout)
 
 
 # ---------------------------------------------------------------------------------------

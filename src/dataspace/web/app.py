@@ -19,21 +19,23 @@ call on the event loop could stall every connection of the broker.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import ssl
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from ..net.tls import server_protocol
 from ..streams.base import Store, check_stream_name
 from . import broker, dataspaces, inspector, metrics, scry, streams
 from .auth import is_loopback
 from .context import CONTEXT, RouteModule, WebContext, errors_middleware, headers_middleware
 
-__all__ = ["DEFAULT_MODULES", "HttpServer", "make_app", "start_http"]
+__all__ = ["DEFAULT_MODULES", "FIRST_REQUEST_TIMEOUT", "HttpServer", "make_app", "start_http"]
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +81,117 @@ def make_app(ctx: WebContext, modules: Iterable[RouteModule] | None = None) -> w
     return app
 
 
+FIRST_REQUEST_TIMEOUT = 30.0
+"""Seconds a connection to the HTTP port has to send its first request (after its TLS
+handshake, which has :data:`dataspace.net.tls.HANDSHAKE_TIMEOUT`) before it is closed: the
+server's handshake timeout (``--handshake-timeout``), as for its other listeners."""
+
+
+class _Idle:
+    """Connections that sent nothing yet, closed after the first-request deadline."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.closed = 0
+
+
+class _FirstRequest(asyncio.Protocol):
+    """aiohttp's protocol for one connection, closed if no byte of a request arrives
+    within the deadline (aiohttp itself waits for a first request for ever; its
+    keep-alive timeout starts after a response)."""
+
+    def __init__(self, inner: asyncio.Protocol, idle: _Idle) -> None:
+        self.inner = inner
+        self.idle = idle
+        self.transport: asyncio.BaseTransport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        if self.idle.timeout > 0:
+            self.timer = asyncio.get_running_loop().call_later(self.idle.timeout, self._expire)
+        self.inner.connection_made(transport)
+
+    def _expire(self) -> None:
+        self.timer = None
+        t = self.transport
+        if t is not None and not t.is_closing():
+            self.idle.closed += 1
+            log.debug("HTTP: closing a connection that sent no request within %g s",
+                      self.idle.timeout)
+            t.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.transport = None
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+class _Site(web.TCPSite):
+    """aiohttp's TCP site, with the first-request deadline and the server's TLS
+    connections (their buffers bounded and counted: :mod:`dataspace.net.tls`)."""
+
+    __slots__ = ("_idle",)
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int, *,
+                 ssl_context: ssl.SSLContext | None, idle: _Idle) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
+        self._idle = idle
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        server = self._runner.server
+        assert server is not None
+        idle = self._idle
+
+        def plain() -> asyncio.Protocol:
+            return _FirstRequest(server(), idle)
+
+        factory: Callable[[], asyncio.BaseProtocol] = plain
+        if self._ssl_context is not None:
+            factory = server_protocol(plain, self._ssl_context)
+        self._server = await asyncio.get_running_loop().create_server(
+            factory, self._host, self._port, backlog=self._backlog,
+            reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+        else:
+            self._bound_port = self._port
+
+
 class HttpServer:
     """A running HTTP port: :attr:`url`, :attr:`host`, :attr:`port` (the real one when
-    0 was asked), :attr:`app`, :attr:`secure` (HTTPS); :meth:`close` stops it."""
+    0 was asked), :attr:`app`, :attr:`secure` (HTTPS); :meth:`close` stops it;
+    :attr:`idle_closed` counts the connections closed for sending no request in time."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, secure: bool = False) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, secure: bool = False,
+                 idle: _Idle | None = None) -> None:
         self.runner = runner
         self.host = host
         self.port = port
         self.secure = secure
+        self._idle = idle or _Idle(0.0)
+
+    @property
+    def idle_closed(self) -> int:
+        return self._idle.closed
 
     @property
     def app(self) -> web.Application:
@@ -131,6 +235,7 @@ async def start_http(
     open_access: bool = False,
     recorders: Sequence[Any] = (),
     ssl_context: ssl.SSLContext | None = None,
+    first_request_timeout: float = FIRST_REQUEST_TIMEOUT,
     **settings: Any,
 ) -> HttpServer:
     """Serve HTTP on ``host:port`` (port 0: a free one) in the running event loop; HTTPS
@@ -142,7 +247,9 @@ async def start_http(
     recorders (for ``/metrics`` and ``/api/server``).  The monitoring routes ask for a
     capability of ``server`` as a bearer token unless ``open_access`` (allowed on a
     loopback address only).  ``settings`` go to the route modules through the context
-    (e.g. ``scry_limits=ScryLimits(max_waiting=10)``).  Raises ``OSError`` when the
+    (e.g. ``scry_limits=ScryLimits(max_waiting=10)``).  A connection that sends no
+    request within ``first_request_timeout`` seconds of being made (0: none) is closed,
+    and counted (:attr:`HttpServer.idle_closed`).  Raises ``OSError`` when the
     address cannot be bound, ``ValueError`` for a bad stream name in ``publish`` or
     ``open_access`` on an address that is not loopback.
     """
@@ -158,14 +265,15 @@ async def start_http(
     runner = web.AppRunner(app, handle_signals=False, access_log=None, logger=_server_log,
                            handler_cancellation=True, shutdown_timeout=shutdown_timeout)
     await runner.setup()
+    idle = _Idle(first_request_timeout)
     try:
-        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+        site = _Site(runner, host, port, ssl_context=ssl_context, idle=idle)
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     addrs = runner.addresses
     real_port = addrs[0][1] if addrs else port
-    http = HttpServer(runner, host, real_port, secure=ssl_context is not None)
+    http = HttpServer(runner, host, real_port, secure=ssl_context is not None, idle=idle)
     log.info("HTTP on %s", http.url)
     return http
