@@ -43,7 +43,7 @@ from dataspace.broker.config import ConfigError, ServerConfig
 from dataspace.client import RemoteDataspace, connect
 from dataspace.datadir import KEY_BYTES, ROOT_KEY
 from dataspace.protocol.sturdy import SturdyRef
-from dataspace.values import parse
+from dataspace.values import encode, parse
 
 TIMEOUT = 30.0
 
@@ -799,10 +799,11 @@ async def test_another_secret_or_another_cluster_name_is_refused_with_a_reason(
 
 
 @async_test
-async def test_strangers_on_the_cluster_port_are_bounded(tmp_path, secret):
+async def test_strangers_on_the_cluster_port_are_bounded(tmp_path, secret, monkeypatch):
     from broker_support import RawClient, error_messages
-    from dataspace.broker.cluster import MAX_HANDSHAKES
+    from dataspace.broker import cluster as cluster_module
 
+    monkeypatch.setattr(cluster_module, "MAX_STRANGERS", 8)  # (the bound, not its size)
     async with running_server(tmp_path / "a", cluster="127.0.0.1:0",
                               cluster_secret=str(secret)) as a:
         # The root capability is nothing there: only the route capability is bound.
@@ -812,11 +813,25 @@ async def test_strangers_on_the_cluster_port_are_bounded(tmp_path, secret):
         raw.close()
         w = ClusterWatch(a)
         await w.until(lambda: not a.cluster._handshaking)
-        waiting = [await RawClient.open(a.cluster.address) for _ in range(MAX_HANDSHAKES)]
-        await w.until(lambda: len(a.cluster._handshaking) == MAX_HANDSHAKES)
+        waiting = [await RawClient.open(a.cluster.address) for _ in range(8)]
+        await w.until(lambda: len(a.cluster._strangers) == 8)
+        # One more: the oldest stranger makes room for it.
         extra = await RawClient.open(a.cluster.address)
+        errors = error_messages(await waiting[0].read_until_closed())
+        assert errors == ["the cluster port is busy: this connection was the oldest of "
+                          "those that had not shown the route capability"], errors
+        await w.until(lambda: len(a.cluster._strangers) == 8 and waiting[0].reader.at_eof())
+        # More than a handshake's worth of bytes from a stranger: closed.
+        big = b"\xb5" + encode(b"x" * (1 << 20))  # (a packet's start: 1 MiB declared)
+        await extra.send(big[:cluster_module.STRANGER_INPUT + 100])
         errors = error_messages(await extra.read_until_closed())
-        assert errors == ["the cluster port is full or shutting down"], errors
+        assert len(errors) == 1 and "before the handshake was done" in errors[0], errors
+        # Strangers that show nothing are closed after STRANGER_TIMEOUT.
+        t0 = time.monotonic()
+        errors = error_messages(await waiting[1].read_until_closed())
+        assert errors == ["the route capability was not shown within 3 s"], errors
+        assert time.monotonic() - t0 <= cluster_module.STRANGER_TIMEOUT + 1
+        assert a.cluster.status()["strangers_closed"] >= 3
         for c in (*waiting, extra):
             c.close()
 

@@ -282,6 +282,67 @@ def test_a_member_learned_by_gossip_is_forgotten_when_gone_long_enough():
     assert any(row["id"] == "m" for row in m.status(61.0))  # it has a route
 
 
+def test_a_rogue_members_gossip_is_bounded():
+    """Issue 29: a member holding the secret gossips 100,000 members that do not exist.
+    The table keeps at most max_members, at most max_dialing dials are in flight and at
+    most dial_rate begin a second, the real members keep their routes and come first
+    when one must be dialed again, and the fakes are forgotten once unreached for
+    forget_unreached seconds."""
+    m = _m("a", ["b:7000"], max_members=20, max_dialing=4, dial_rate=5.0,
+           forget_unreached=30.0)
+    m.start(0.0)
+    m.take_effects()
+    rb, rc, rogue = object(), object(), object()
+    assert m.established(rb, _info("b", "a"), 0.0, target="b:7000")
+    assert m.established(rc, _info("c", "c"), 0.0)
+    assert m.established(rogue, _info("z", "z"), 0.0)
+    m.take_effects()
+    dials: list[tuple[float, str]] = []
+    in_flight: dict[str, float] = {}   # address -> when its dial fails (nothing answers)
+    most = most_fakes = 0
+
+    def run(effects: list[tuple[Any, ...]], now: float) -> None:
+        nonlocal most, most_fakes
+        for e in effects:
+            assert e[0] != "close" or e[1] is rogue, e  # the real routes stay
+            if e[0] == "dial":
+                dials.append((now, e[1]))
+                in_flight[e[1]] = now + 1.0  # a black hole: the dial times out in 1 s
+        most = max(most, len(in_flight))
+        most_fakes = max(most_fakes, sum(1 for a in in_flight if a.startswith("10.")))
+
+    for k in range(100):  # 100 messages of 1,000
+        fakes = [(f"fake{k:03d}{i:03d}", f"10.{k}.{i // 250}.{i % 250 + 1}:7000")
+                 for i in range(1000)]
+        m.message(rogue, members_message(fakes), 0.01 * k)
+        run(m.take_effects(), 0.01 * k)
+    assert len(m.members) <= 20 and m.members_ignored >= 100_000 - 20
+    now = 1.0
+    while now < 60.0:
+        for p in ("b", "c", "z"):
+            m.heard({"b": rb, "c": rc, "z": rogue}[p], now)
+        nxt = min([m.next_deadline() or now + 1, *in_flight.values(), now + 0.5])
+        now = max(now, nxt)
+        for a, when in list(in_flight.items()):
+            if when <= now:
+                del in_flight[a]
+                m.dial_failed(a, "no answer", now)
+        m.tick(now)
+        run(m.take_effects(), now)
+        if 20.0 <= now < 20.5 and rb in m.routes:  # b's route is cut: b comes first
+            m.closed(rb, now)
+            run(m.take_effects(), now)
+    assert most <= 4 and most_fakes <= 2  # (half the slots kept for real members)
+    for t0 in range(0, 60):
+        begun = sum(1 for t, _a in dials if t0 <= t < t0 + 1)
+        assert begun <= 5 + 4, (t0, begun)  # the rate, and the bucket's burst
+    redial = [t for t, a in dials if a == "b:7000" and t >= 20.0]
+    assert redial and redial[0] < 20.6, redial  # (its backoff: a slot is free for it)
+    # Forgotten: none of the fakes is left, nor dialed in the last 20 s.
+    assert not [p for p in m.members if p.startswith("fake")], sorted(m.members)
+    assert not [a for t, a in dials if t >= 40.0 and a.startswith("10.")]
+
+
 def test_malformed_handshakes_and_gossip_are_refused():
     good = _info("b", "b", "n").to_value()
     assert RouteInfo.from_value(good).peer == "b"

@@ -41,6 +41,7 @@ import random
 import secrets
 import ssl as _ssl
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from ..net.address import AddressError, parse_address
 from ..net.connection import Connection, StreamConnection
 from ..net.flow import Hub
 from ..net.sniff import identify
-from ..net.tls import is_not_tls, speaks_tls
+from ..net.tls import is_not_tls, server_protocol, speaks_tls
 from ..protocol.cluster import (
     ITSELF,
     MESSAGES,
@@ -80,11 +81,22 @@ SECRET_FILE = "cluster.secret"
 """The cluster secret's file in the data directory, when ``--cluster-secret`` is not given."""
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a connection to the cluster port has to become a route."""
+STRANGER_TIMEOUT = 3.0
+"""Seconds a connection to the cluster port has to show the route capability (a member
+resolves it as soon as it is connected: one round trip); until then it is a *stranger*."""
+STRANGER_INPUT = 8 << 10
+"""Bytes a stranger may send (a member's request for the route capability is under 300
+bytes; a route's packets may be large, up to 16 MiB, once it has shown it)."""
+MAX_STRANGERS = 256
+"""Strangers a cluster port holds at once.  When they are as many, a new connection
+closes the oldest stranger of the network address that has the most (so an address
+flooding the port cycles its own connections, never another's), and a member's dial,
+which shows the capability within a round trip, always finds a place: strangers holding
+every slot and reconnecting at once never keep a member out."""
 MAX_ROUTE_CONNECTIONS = 1_000
 """Connections the cluster port holds at once (routes and handshakes)."""
-MAX_HANDSHAKES = 16
-"""Connections to the cluster port not yet routes (a route's packets may be large: a
-stranger's are bounded by this many at once, each for at most HANDSHAKE_TIMEOUT)."""
+MAX_HANDSHAKES = MAX_STRANGERS
+"""(The name of :data:`MAX_STRANGERS` before issue 29.)"""
 UNSPECIFIED = ("0.0.0.0", "::", "")
 
 
@@ -118,6 +130,11 @@ def read_secret(path: Path) -> bytes:
     return secret
 
 
+DEFAULT_MAX_MEMBERS = 64
+"""The default :attr:`ClusterSpec.max_members`: a cluster has a handful to a few dozen
+members (``cluster: {max-members: N}``, ``--cluster-max-members N``)."""
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """How this member joins its cluster."""
@@ -133,6 +150,37 @@ class ClusterSpec:
     taken from the connection when it is 0.0.0.0 or ::)."""
     ping: float = 1.0
     dead: float = 3.0
+    max_members: int = DEFAULT_MAX_MEMBERS
+    """The most members this one keeps in its table (gossip beyond it is ignored)."""
+
+
+SAY_AGAIN = 60.0
+"""Seconds between two lines of one cause that is counted rather than logged each time
+(gossip beyond the table, dials of members only gossip named)."""
+
+
+class _Counted:
+    """One warning per cause, then a count: a line saying how many more, at most every
+    :data:`SAY_AGAIN` seconds (so a flood of one cause writes a few lines, not one each)."""
+
+    def __init__(self) -> None:
+        self._causes: dict[str, list[float]] = {}  # cause -> [more since last line, when]
+
+    def say(self, cause: str, text: str, now: float) -> None:
+        c = self._causes.get(cause)
+        if c is None:
+            if len(self._causes) >= 64:  # (causes are few; never a table a peer grows)
+                self._causes.clear()
+            self._causes[cause] = [0, now]
+            log.warning("%s", text)
+            return
+        c[0] += 1
+        if now - c[1] >= SAY_AGAIN:
+            log.warning("%s (%d more like it in the last %.0f s)", text, int(c[0]) - 1,
+                        now - c[1])
+            c[0], c[1] = 0, now
+        else:
+            log.debug("%s", text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -289,15 +337,23 @@ class Cluster:
         self._relay_conn: dict[Relay, Connection] = {}
         self._of_conn: dict[Connection, LinkSession] = {}
         self._requests: dict[int, LinkSession] = {}
-        self._handshaking: set[Connection] = set()
+        self._handshaking: dict[Connection, float] = {}
+        """Connections not yet routes, and since when (``time.monotonic()``)."""
+        self._strangers: dict[Connection, str] = {}
+        """Those that have not shown the route capability yet, oldest first, with their
+        network address."""
         self._dialing: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = {}
+        self._said = _Counted()
         self._server: asyncio.AbstractServer | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._closing = False
         self.refused = 0
         """Route requests refused (another cluster, to itself, malformed)."""
+        self.strangers_closed = 0
+        """Strangers closed: to make room for newer ones (:data:`MAX_STRANGERS`), for
+        sending too much (:data:`STRANGER_INPUT`) or too slowly (:data:`STRANGER_TIMEOUT`)."""
         self.heard_tls = 0
         """TLS handshakes on this member's plain cluster port (a member with a certificate
         dialing one without)."""
@@ -312,15 +368,22 @@ class Cluster:
         """Listen on the cluster address and start dialing (raises OSError)."""
         a = parse_address(self.spec.listen, default_kind="tcp")
         loop = asyncio.get_running_loop()
+
+        def plain() -> StreamConnection:
+            return StreamConnection(self.net_hub, LINK_FLOW, self._session)
+
+        # (With TLS, the handshake comes first: bounded in time and in number, its
+        # buffers small; see net.tls.)
         self._server = await loop.create_server(
-            lambda: StreamConnection(self.net_hub, LINK_FLOW, self._session),
-            a.host, a.port, reuse_address=True, ssl=self.ssl_server)
+            plain if self.ssl_server is None else server_protocol(plain, self.ssl_server),
+            a.host, a.port, reuse_address=True)
         host, port = self._server.sockets[0].getsockname()[:2]
         self.listen_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.address = self.spec.advertise or self.listen_address
         self.membership = Membership(self.me, self.address, self.spec.routes,
                                      random=self.rng.random, ping=self.spec.ping,
-                                     dead=self.spec.dead, incarnation=self.incarnation)
+                                     dead=self.spec.dead, incarnation=self.incarnation,
+                                     max_members=self.spec.max_members)
         self.membership.start(time.monotonic())
         log.debug("cluster %s: listening for routes on %s (member %s)", self.name,
                   self.listen_address, self.me)
@@ -350,19 +413,40 @@ class Cluster:
     def _session(self, conn: Connection) -> Relay:
         relay = Relay(limits=LINK_RELAY_LIMITS, name=f"route:{conn.name}", turn=self.turn,
                       quota=self.quota)
-        relay.export_at(0, Gatekeeper(self.bindings, on_rejected=relay.fail))
-        if (self._closing or len(self.connections) >= MAX_ROUTE_CONNECTIONS
-                or len(self._handshaking) >= MAX_HANDSHAKES):
+        relay.export_at(0, Gatekeeper(self.bindings, on_rejected=relay.fail,
+                                      on_accepted=lambda _b, _c: self._shown(conn)))
+        if self._closing or len(self.connections) >= MAX_ROUTE_CONNECTIONS:
             self.refused += 1
             relay.fail("the cluster port is full or shutting down", Symbol("server-full"))
             return relay
+        if len(self._strangers) >= MAX_STRANGERS:
+            self._make_room()
         self._track(conn, relay)
-        self._handshaking.add(conn)
+        self._handshaking[conn] = time.monotonic()
+        self._strangers[conn] = conn.peer_host or ""
+        conn.max_input = STRANGER_INPUT
         self._notify()
-        timer = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT, self._handshake_check,
-                                                      conn)
+        timer = asyncio.get_running_loop().call_later(STRANGER_TIMEOUT,
+                                                      self._handshake_check, conn)
         conn.on_close.append(lambda _c: timer.cancel())
         return relay
+
+    def _make_room(self) -> None:
+        """Close the oldest stranger of the address that has the most."""
+        counts = Counter(self._strangers.values())
+        host = max(counts, key=counts.__getitem__)
+        oldest = next(c for c, h in self._strangers.items() if h == host)
+        del self._strangers[oldest]
+        self._handshaking.pop(oldest, None)
+        self.strangers_closed += 1
+        oldest.fail("the cluster port is busy: this connection was the oldest of those that "
+                    "had not shown the route capability", Symbol("server-full"), quiet=True)
+
+    def _shown(self, conn: Connection) -> None:
+        """``conn`` showed the route capability: a member, not a stranger (its packets
+        may be large from now on; it has HANDSHAKE_TIMEOUT to become a route)."""
+        if self._strangers.pop(conn, None) is not None:
+            conn.max_input = None
 
     def _track(self, conn: Connection, relay: Relay) -> None:
         self.connections.add(conn)
@@ -370,9 +454,27 @@ class Cluster:
         conn.on_close.append(self._conn_closed)
 
     def _handshake_check(self, conn: Connection) -> None:
-        if not conn.closed and conn not in self._of_conn:
-            conn.fail(f"no route handshake within {HANDSHAKE_TIMEOUT:g} s",
-                      Symbol("handshake-timeout"))
+        if conn.closed or conn in self._of_conn:
+            return
+        since = self._handshaking.get(conn)
+        if since is None:
+            return
+        if conn in self._strangers:
+            del self._strangers[conn]
+            self._handshaking.pop(conn, None)
+            self.strangers_closed += 1
+            conn.fail(f"the route capability was not shown within {STRANGER_TIMEOUT:g} s",
+                      Symbol("handshake-timeout"), quiet=True)
+            return
+        left = since + HANDSHAKE_TIMEOUT - time.monotonic()
+        if left > 0:
+            timer = asyncio.get_running_loop().call_later(left, self._handshake_check, conn)
+            conn.on_close.append(lambda _c: timer.cancel())
+            return
+        self._handshaking.pop(conn, None)
+        self.strangers_closed += 1
+        conn.fail(f"no route handshake within {HANDSHAKE_TIMEOUT:g} s",
+                  Symbol("handshake-timeout"), quiet=True)
 
     def _conn_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
@@ -381,7 +483,8 @@ class Cluster:
             self.heard_tls += 1
             (log.warning if self.heard_tls == 1 else log.debug)(
                 "route from %s: %s", conn.peer_host or conn.name, HEARS_TLS)
-        self._handshaking.discard(conn)
+        self._handshaking.pop(conn, None)
+        self._strangers.pop(conn, None)
         if conn.relay is not None:
             self._relay_conn.pop(conn.relay, None)
         s = self._of_conn.pop(conn, None)
@@ -436,7 +539,9 @@ class Cluster:
         s.conn = conn
         s.control_hook = self._control
         self._of_conn[conn] = s
-        self._handshaking.discard(conn)
+        self._handshaking.pop(conn, None)
+        self._strangers.pop(conn, None)
+        conn.max_input = None
         self._requests[handle] = s
         self.established += 1
         ctl_ref.on_message(Record(ROUTE_ACCEPT, [self._info(info.dialer, info.nonce).to_value(),
@@ -474,12 +579,24 @@ class Cluster:
                 self._apply()
                 return
             why = _route_error(e)
-            n = self._failures[address] = self._failures.get(address, 0) + 1
-            (log.warning if n == 1 or n % 20 == 0 else log.debug)(
-                "route to %s: %s (attempt %d; retrying with backoff)", address, why, n)
-            if self.membership is not None and not self._closing:
-                self.membership.dial_failed(address, why, time.monotonic())
+            if m is not None and not m.vouched(address):
+                # Named by gossip only, never reached: counted, not logged each time (a
+                # member's bug could name thousands that do not exist).
+                self._failures.pop(address, None)
+                self._said.say("unreached", f"route to {address} (a member named by gossip, "
+                               f"never reached): {why}; retrying with backoff "
+                               "(`dataspace cluster status` lists the members)",
+                               time.monotonic())
+            else:
+                n = self._failures[address] = self._failures.get(address, 0) + 1
+                (log.warning if n == 1 or n % 20 == 0 else log.debug)(
+                    "route to %s: %s (attempt %d; retrying with backoff)", address, why, n)
+            if m is not None and not self._closing:
+                m.dial_failed(address, why, time.monotonic())
                 self._apply()
+            if len(self._failures) > 4 * MAX_ROUTE_CONNECTIONS and m is not None:
+                for a in [a for a in self._failures if a not in m.targets]:
+                    del self._failures[a]
 
     async def _dial_once(self, address: str, nonce: str) -> None:
         a = parse_address(address, default_kind="tcp")
@@ -597,13 +714,19 @@ class Cluster:
             return True  # (a duplicate)
         if v.label not in MESSAGES:
             return False
+        m = self.membership
+        ignored = m.members_ignored
         try:
-            why = self.membership.message(s, v, time.monotonic())
+            why = m.message(s, v, time.monotonic())
         except ClusterError as e:
             s.fail(f"bad route message: {e}")
             return True
         if why is not None:
             log.info("route %s: the peer closes it: %s", s.name, why)
+        if m.members_ignored > ignored:
+            self._said.say("table", f"route {s.name}: its gossip names more members than "
+                           f"this member keeps ({m.max_members}, --cluster-max-members): "
+                           f"{m.members_ignored - ignored} ignored", time.monotonic())
         self._apply()
         return True
 
@@ -713,6 +836,9 @@ class Cluster:
             "listen": self.listen_address, "incarnation": self.incarnation[0],
             "members": members, "size": 1 + sum(1 for r in members if r.get("up")),
             "routes": routes, "refused": self.refused, "established": self.established,
+            "strangers": len(self._strangers), "strangers_closed": self.strangers_closed,
+            "members_ignored": m.members_ignored if m is not None else 0,
+            "max_members": self.spec.max_members,
             "stalls": m.stalls if m is not None else 0, "pid": os.getpid(),
             "keepalive": {"ping": self.spec.ping, "dead": self.spec.dead},
         }

@@ -52,6 +52,7 @@ followed by a space starts a comment)::
         name: "dataspace"                     # the cluster's name
         secret: "/etc/dataspace/cluster.secret"  # default: <data-dir>/cluster.secret
         # advertise: "10.0.0.1:7422"          # default: listen (its host as seen by peers)
+        # max-members: 64                     # members kept track of (gossip beyond: ignored)
       }
       bind: [
         # syndicate-py's examples: <ref {oid: "syndicate" sig: #[acowDB2/oI+6aSEC3YIxGg==]}>
@@ -268,6 +269,7 @@ class ServerConfig:
     cluster_advertise: str | None = None
     route_ping: float = 1.0
     route_dead: float = 3.0
+    cluster_max_members: int = 64  # the members a member keeps (gossip beyond: ignored)
     # Remote readers of streams (scry over UDP, HTTP) -- started by the serve command,
     # like the recorders: the broker layer knows nothing of streams.
     scry_udp: str | None = None
@@ -474,6 +476,9 @@ class ServerConfig:
             check_cluster_name(self.cluster_name)
         except ClusterError as e:
             raise ConfigError(f"{prefix}cluster-name: {e}") from None
+        if type(self.cluster_max_members) is not int or self.cluster_max_members < 1:
+            raise ConfigError(f"{prefix}cluster-max-members must be a whole number of at "
+                              f"least 1, not {self.cluster_max_members!r}")
         if not 0 < self.route_ping < self.route_dead:
             raise ConfigError("the cluster's ping must be positive and below its dead time "
                               f"(ping {self.route_ping:g} s, dead {self.route_dead:g} s)")
@@ -495,7 +500,7 @@ class ServerConfig:
         return ClusterSpec(listen=self.cluster, routes=tuple(self.routes),
                            name=self.cluster_name, secret=secret,
                            advertise=self.cluster_advertise, ping=self.route_ping,
-                           dead=self.route_dead)
+                           dead=self.route_dead, max_members=self.cluster_max_members)
 
     def host_port(self, which: str, prefix: str = "") -> tuple[str, int] | None:
         """The ``scry_udp`` or ``http`` address as (host, port), or None if not set."""
@@ -774,7 +779,8 @@ def parse_config(text: str) -> ServerConfig:
 
 _CLUSTER_KEYS = {"listen": "cluster", "routes": "routes", "name": "cluster_name",
                  "secret": "cluster_secret", "advertise": "cluster_advertise",
-                 "ping": "route_ping", "dead": "route_dead"}
+                 "ping": "route_ping", "dead": "route_dead",
+                 "max-members": "cluster_max_members"}
 
 
 def _cluster(x: Value) -> dict[str, Any]:
@@ -796,6 +802,10 @@ def _cluster(x: Value) -> dict[str, Any]:
             if type(v) not in (int, float) or not v > 0:
                 raise ConfigError(f"cluster {name} must be a positive number of seconds")
             out[_CLUSTER_KEYS[name]] = float(v)
+        elif name == "max-members":
+            if type(v) is not int or v < 1:
+                raise ConfigError("cluster max-members must be a whole number of at least 1")
+            out[_CLUSTER_KEYS[name]] = v
         else:
             if type(v) is not str or not v:
                 raise ConfigError(f"cluster {name} must be a non-empty string")

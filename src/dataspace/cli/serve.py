@@ -144,6 +144,9 @@ def register(sub: Any) -> None:
     c.add_argument("--cluster-advertise", metavar="HOST:PORT",
                    help="the address other members dial to reach this one (default: "
                    "--cluster, its host taken from the connection when it is 0.0.0.0)")
+    c.add_argument("--cluster-max-members", type=int, metavar="N",
+                   help="the most members this one keeps track of (default 64): members "
+                   "that gossip names beyond it are ignored")
     g = p.add_argument_group("limits (defaults in docs/broker.md)")
     g.add_argument("--max-packet-size", type=int, metavar="BYTES",
                    help="largest packet accepted (default 1048576)")
@@ -197,7 +200,8 @@ def register(sub: Any) -> None:
                    help="disconnect a consumer whose queue does not drain for this long "
                    "(default 30)")
     g.add_argument("--handshake-timeout", type=float, metavar="SECONDS",
-                   help="time a connection has to resolve a sturdyref (default 30; 0 = none)")
+                   help="time a connection has to resolve a sturdyref, and a connection to "
+                   "the HTTP port to send its first request (default 30; 0 = none)")
     g.add_argument("--keepalive", type=float, metavar="SECONDS",
                    help="TCP keepalive idle time (default 60; 0 = off)")
     g.add_argument("--ws-ping-interval", type=float, metavar="SECONDS",
@@ -242,6 +246,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     cfg = cfg.override(cluster=args.cluster, cluster_name=args.cluster_name,
                        cluster_secret=args.cluster_secret,
                        cluster_advertise=args.cluster_advertise,
+                       cluster_max_members=args.cluster_max_members,
                        routes=[*cfg.routes, *routes] if routes else None)
     cfg.check(prefix="--")
     _recorder_specs(cfg)
@@ -480,7 +485,8 @@ async def _run(cfg: ServerConfig, server: Server, store: Store | None,
                 http = await start_http(*http_address, store=store, publish=cfg.publish,
                                         server=server, recorders=recorders,
                                         open_access=cfg.http_open,
-                                        ssl_context=server.tls.http_context if server.tls else None)
+                                        ssl_context=server.tls.http_context if server.tls else None,
+                                        first_request_timeout=cfg.handshake_timeout)
             except OSError as e:
                 raise listen_error(e, cfg.http or "", "--http") from None
         print(f"sturdyref: {server.sturdyref}", flush=True)

@@ -44,6 +44,16 @@ nonce as one of its own dials, the dialing end reads its own id (and incarnation
 answer.  A member of another incarnation with this member's id (two members sharing one
 id, a copied data directory) is not this member: its routes are refused, the address kept.
 
+**What gossip can make a member do** is bounded, so that one member's bug (or a rogue
+holding the secret) cannot take the others down: the table of members holds at most
+``max_members`` (beyond it, gossiped members are ignored and counted:
+:attr:`Membership.members_ignored`; a member that routes here is always kept); at most
+``max_dialing`` dials are in flight and at most ``dial_rate`` begin per second (seeds
+first, then members that had a route, then those dialed least), and members only
+gossip named (never reached) take at most half of them; and a member learned by
+gossip that never had a route is forgotten after ``forget_unreached`` seconds (one that
+had, after ``forget``).
+
 **Keepalive.**  Every ``ping`` seconds a ``<route-ping>`` goes on every route; a route on
 which nothing arrived for ``dead`` seconds is closed (its peer's assertions are retracted
 by the host).  If this member itself was stalled (its ticks late by more than ``2 *
@@ -261,6 +271,8 @@ class _Member:
     """Since when it is up (a route is ready) or down (learned, or its route went)."""
     up: bool = False
     incarnation: tuple[float, str] | None = None
+    reached: bool = False
+    """It had a route (ready) at some time."""
 
 
 class Membership:
@@ -276,7 +288,8 @@ class Membership:
     def __init__(self, me: str, address: str, seeds: Iterable[str], *,
                  random: Callable[[], float], ping: float = 1.0, dead: float = 3.0,
                  backoff: tuple[float, float] = (0.1, 5.0), grace: float = 2.0,
-                 forget: float = 120.0,
+                 forget: float = 120.0, forget_unreached: float = 30.0,
+                 max_members: int = 64, max_dialing: int = 8, dial_rate: float = 10.0,
                  incarnation: tuple[float, str] | None = None) -> None:
         self.me = _str(me, "a member id")
         self.incarnation = incarnation
@@ -287,6 +300,16 @@ class Membership:
         self.random = random
         self.ping, self.dead, self.backoff = ping, dead, backoff
         self.grace, self.forget = grace, forget
+        self.forget_unreached = forget_unreached
+        if max_members < 1 or max_dialing < 1 or not dial_rate > 0:
+            raise ValueError("max_members and max_dialing must be at least 1, dial_rate "
+                             "positive")
+        self.max_members, self.max_dialing, self.dial_rate = max_members, max_dialing, dial_rate
+        self._tokens = float(max_dialing)
+        self._tokens_at = 0.0
+        self._token_ready_at = 0.0
+        self.members_ignored = 0
+        """Members named by gossip and ignored: the table was full (``max_members``)."""
         self.routes: dict[Hashable, _Route] = {}
         self.by_peer: dict[str, Hashable] = {}
         """The ready route to each peer."""
@@ -322,16 +345,22 @@ class Membership:
         if t is None:
             return
         self._end_dial(t)
-        if t.itself:
-            return  # (the accepting end, this member, closed it: never dialed again)
-        t.last_error = why
-        self._backoff(t, now)
+        if not t.itself:  # (else the accepting end, this member, closed it)
+            t.last_error = why
+            self._backoff(t, now)
+        self._dial_due(now)  # (a dial ended: another may begin)
 
     def established(self, route: Hashable, info: RouteInfo, now: float,
                     target: str | None = None) -> bool:
         """A route's handshake is done: ``info`` is what the peer said of itself,
         ``target`` the address this end dialed (None: it accepted the route).  Returns
         False if the route is closed at once (to itself, or a duplicate kept out)."""
+        kept = self._established(route, info, now, target)
+        self._dial_due(now)  # (a dial ended: another may begin)
+        return kept
+
+    def _established(self, route: Hashable, info: RouteInfo, now: float,
+                     target: str | None) -> bool:
         t = self.targets.get(target) if target is not None else None
         if t is not None:
             self._end_dial(t)
@@ -439,14 +468,7 @@ class Membership:
                 if r.ready:
                     self._effects.append(("send", route, Record(PING, [])))
         self._had_routes = any(r.ready for r in self.routes.values())
-        for a, t in list(self.targets.items()):
-            if t.explicit or t.peer is None:
-                continue
-            m = self.members.get(t.peer)
-            if m is not None and not m.up and now >= m.since + self.forget:
-                self._end_dial(t)
-                del self.targets[a]
-                del self.members[t.peer]
+        self._forget_due(now)
         self._dial_due(now)
 
     def next_deadline(self) -> float | None:
@@ -455,13 +477,17 @@ class Membership:
         for r in self.routes.values():
             if r.ready:
                 ds.append(r.heard + self.dead)
+        # (With every dial slot taken, the end of a dial starts the next.)
+        can_dial = self._in_flight() < self.max_dialing
+        can_gossiped = sum(1 for a in self._dials.values()
+                           if not self.vouched(a)) < max(1, self.max_dialing // 2)
         for t in self.targets.values():
             if self._wants_dial(t, float("inf")):
-                ds.append(max(t.next_at, self._grace_end(t)))
-            elif t.peer is not None and not t.explicit:
-                m = self.members.get(t.peer)
-                if m is not None and not m.up:
-                    ds.append(m.since + self.forget)
+                if can_dial and (can_gossiped or self.vouched(t.address)):
+                    ds.append(max(t.next_at, self._grace_end(t), self._token_ready_at))
+        for peer, m in self.members.items():
+            if not m.up and peer not in self.by_peer and not self._seed_of(peer):
+                ds.append(m.since + (self.forget if m.reached else self.forget_unreached))
         return min(ds, default=None)
 
     def take_effects(self) -> list[tuple[Any, ...]]:
@@ -469,6 +495,15 @@ class Membership:
         return out
 
     # -- inspection ---------------------------------------------------------------------
+
+    def vouched(self, address: str) -> bool:
+        """Whether ``address`` is a seed, or a member's that had a route (not only named
+        by gossip): its failures are worth a line each."""
+        t = self.targets.get(address)
+        if t is None:
+            return False
+        m = self.members.get(t.peer) if t.peer is not None else None
+        return t.explicit or (m is not None and m.reached)
 
     def is_itself(self, address: str) -> bool:
         """Whether ``address`` (a target) is known to lead back to this member."""
@@ -489,7 +524,7 @@ class Membership:
             t = next((t for t in self.targets.values() if t.peer == peer), None)
             row: dict[str, Any] = {"id": peer, "address": m.address, "up": m.up,
                                    "since_s": round(now - m.since, 3),
-                                   "seed": bool(t and t.explicit)}
+                                   "seed": bool(t and t.explicit), "reached": m.reached}
             if t is not None and not m.up:
                 row["attempts"] = t.attempts
                 if t.last_error:
@@ -524,6 +559,7 @@ class Membership:
         self.by_peer[peer] = route
         m = self.members[peer]
         m.up = True
+        m.reached = True
         m.since = now
         m.incarnation = r.info.incarnation
         self._effects.append(("ready", route))
@@ -572,9 +608,12 @@ class Membership:
             t.nonce = ""
 
     def _learn(self, peer: str, address: str, now: float) -> None:
-        """A member exists at ``address``: keep a route to it."""
+        """A member exists at ``address``: keep a route to it (if the table has room)."""
         m = self.members.get(peer)
         if m is None:
+            if len(self.members) >= self.max_members:
+                self.members_ignored += 1
+                return
             m = self.members[peer] = _Member(address, now)
         elif not m.address:
             m.address = address
@@ -600,15 +639,62 @@ class Membership:
             return False
         return t.next_at <= now and self._grace_end(t) <= now
 
+    def _in_flight(self) -> int:
+        return len(self._dials)
+
+    def _seed_of(self, peer: str) -> bool:
+        return any(t.explicit and t.peer == peer for t in self.targets.values())
+
+    def _forget_due(self, now: float) -> None:
+        """Forget members learned by gossip that have had no route for long enough."""
+        for peer, m in list(self.members.items()):
+            if m.up or peer in self.by_peer or self._seed_of(peer):
+                continue
+            if now < m.since + (self.forget if m.reached else self.forget_unreached):
+                continue
+            del self.members[peer]
+            for a, t in list(self.targets.items()):
+                if t.peer == peer and not t.explicit:
+                    self._end_dial(t)
+                    del self.targets[a]
+
     def _dial_due(self, now: float) -> None:
-        for t in self.targets.values():
-            if self._wants_dial(t, now):
-                t.dialing = True
-                t.attempts += 1
-                self._dial_seq += 1
-                t.nonce = f"{int(self.random() * (1 << 48)):012x}{self._dial_seq:x}"
-                self._dials[t.nonce] = t.address
-                self._effects.append(("dial", t.address, t.nonce))
+        free = self.max_dialing - self._in_flight()
+        if free <= 0:
+            return
+        due = [t for t in self.targets.values() if self._wants_dial(t, now)]
+        if not due:
+            return
+        # The bucket: dial_rate tokens a second, up to max_dialing.
+        self._tokens = min(float(self.max_dialing),
+                           self._tokens + (now - self._tokens_at) * self.dial_rate)
+        self._tokens_at = now
+        if len(due) > 1:
+            due.sort(key=self._dial_order)
+        # Members only gossip named take half the slots at most: the others are kept
+        # for seeds and members that had a route (black holes cannot hold them all).
+        gossiped = sum(1 for a in self._dials.values() if not self.vouched(a))
+        for t in due[:free]:
+            if self._tokens < 1.0 - 1e-9:
+                break
+            if not self.vouched(t.address):
+                if gossiped >= max(1, self.max_dialing // 2):
+                    continue
+                gossiped += 1
+            self._tokens = max(0.0, self._tokens - 1.0)
+            t.dialing = True
+            t.attempts += 1
+            self._dial_seq += 1
+            t.nonce = f"{int(self.random() * (1 << 48)):012x}{self._dial_seq:x}"
+            self._dials[t.nonce] = t.address
+            self._effects.append(("dial", t.address, t.nonce))
+        self._token_ready_at = (now if self._tokens >= 1.0 - 1e-9
+                                else now + max(1e-3, (1.0 - self._tokens) / self.dial_rate))
+
+    def _dial_order(self, t: _Target) -> tuple[bool, bool, int, str]:
+        """Seeds first, then members that had a route, then those dialed least."""
+        m = self.members.get(t.peer) if t.peer is not None else None
+        return (not t.explicit, not (m is not None and m.reached), t.attempts, t.address)
 
     def _backoff(self, t: _Target, now: float) -> None:
         lo, hi = self.backoff
