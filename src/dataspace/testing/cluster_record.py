@@ -231,8 +231,11 @@ class Sender:
     """A client with every member's address: holds <Present NAME>, sends numbered
     batches with a sync after each."""
 
-    def __init__(self, name: str, addresses: list[str], cap: SturdyRef, batch: int) -> None:
+    def __init__(self, name: str, addresses: list[str], cap: SturdyRef, batch: int,
+                 limit: int | None = None) -> None:
         self.name = name
+        self.limit = limit
+        """Stop sending after this many messages (None: until stopped)."""
         self.addresses = addresses
         self.cap = cap
         self.batch = batch
@@ -247,7 +250,7 @@ class Sender:
     async def run(self, stop: asyncio.Event) -> None:
         ds = self.ds = await connect(self.addresses, self.cap, connect_timeout=5.0)
         self.handle = ds.assert_(Record(_PRESENT, [self.name]))
-        while not stop.is_set():
+        while not stop.is_set() and (self.limit is None or self.n < self.limit):
             if not ds.connected:
                 with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
                     await asyncio.wait_for(ds.wait_connected(), 1.0)
