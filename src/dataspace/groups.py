@@ -1006,10 +1006,11 @@ class Groups:
         out.sort(key=lambda d: (d["group"], d["pattern"]))
         return out
 
-    def dispatcher_group(self, observer: Any) -> str | None:
-        """The group whose dispatcher ``observer`` is (the inspector marks it as the
-        server's own), or None."""
-        if type(observer) is _Dispatcher and observer.groups is self:
+    @staticmethod
+    def dispatcher_group(observer: Any) -> str | None:
+        """The group whose dispatcher ``observer`` is (the observer of its
+        ``<Observe PATTERN ...>``: the inspector marks it as the server's own), or None."""
+        if type(observer) is _Dispatcher:
             return observer.g.name
         return None
 

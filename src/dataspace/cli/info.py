@@ -22,8 +22,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "info", help="print a server's summary once (connections, traffic, memory, limits)",
         description="Print the summary of a running server -- version, uptime, connections, "
-        "assertions per dataspace, observers, messages and bytes in and out, errors, memory, "
-        "links, recorders, limits -- read from its HTTP port (like Redis's INFO).",
+        "assertions per dataspace, observers, groups of observers that share work, messages "
+        "and bytes in and out, errors, memory, links, recorders, limits -- read from its HTTP "
+        "port (like Redis's INFO).",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print the JSON of GET /api/server")
     add_http_args(p)
@@ -32,6 +33,21 @@ def register(sub: Any) -> None:
 
 def _n(x: Any) -> str:
     return f"{x:,}" if isinstance(x, int) else "-" if x is None else str(x)
+
+
+MAX_GROUP_LINES = 10
+"""Groups of observers listed by ``info`` (the busiest first)."""
+
+
+def group_line(g: dict[str, Any]) -> str:
+    """One group of observers as ``info`` shows it."""
+    ds = "" if g.get("dataspace") in (None, "root") else f" in {g['dataspace']}"
+    waiting = f" ({_n(g['pending'])} waiting)" if g.get("pending") else ""
+    dropped = f", {_n(g['dropped'])} to no member" if g.get("dropped") else ""
+    n = g.get("member_count", 0)
+    return (f"group        {g['group']} {g['pattern']}{ds}: {_n(n)} member"
+            f"{'' if n == 1 else 's'}, {_n(g['messages'])} messages{dropped}, "
+            f"{_n(g['jobs'])} jobs{waiting}, {_n(g['reassigned'])} moved")
 
 
 def format_summary(s: dict[str, Any], url: str) -> list[str]:
@@ -75,6 +91,12 @@ def format_summary(s: dict[str, Any], url: str) -> list[str]:
     if s.get("store"):
         pub = ", ".join(s.get("published") or ()) or "none"
         lines.append(f"store        {s['store']} (published: {pub})")
+    groups = s.get("groups") or []
+    for g in groups[:MAX_GROUP_LINES]:
+        lines.append(group_line(g))
+    more = int(s.get("groups_total") or len(groups)) - min(len(groups), MAX_GROUP_LINES)
+    if more > 0:
+        lines.append(f"groups       ... and {more:,} more (dataspace top, /api/groups)")
     lim = s.get("limits") or {}
     if lim:
         lines.append(f"limits       max-connections {_n(lim.get('max_connections'))}, "

@@ -58,8 +58,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "top", help="a live table of a server's connections, rates and busiest patterns",
         description="Show a running server's connections (subscriptions, assertions, "
-        "messages and bytes in and out with their rates, pending output), its totals and "
-        "its busiest patterns, refreshed every --interval seconds, sortable with keys (like "
+        "messages and bytes in and out with their rates, pending output), its totals, "
+        "its busiest patterns and its groups of observers that share work, refreshed every --interval seconds, sortable with keys (like "
         "nats-top).  Without a terminal it prints one snapshot and exits; --json prints "
         "what the screen shows as JSON.  Needs the server's root capability (connection "
         "details are the administrator's).",
@@ -124,6 +124,15 @@ class Sample:
             for p in self.subs["patterns"]:
                 o = old.get((p["pattern"], p.get("own")))
                 p["rate"] = (p["delivered"] - o["delivered"]) / dt if o and dt > 0 else None
+        was = {_group_key(g): g for g in prev.server.get("groups") or ()} if prev else {}
+        for g in self.server.get("groups") or ():
+            o = was.get(_group_key(g))
+            g["rate"] = ((g["messages"] - o["messages"]) / dt
+                         if o and dt > 0 and g["messages"] >= o["messages"] else None)
+
+
+def _group_key(g: dict[str, Any]) -> tuple[Any, ...]:
+    return g.get("dataspace"), g.get("group"), g.get("pattern")
 
 
 def _instance(server: dict[str, Any]) -> tuple[Any, Any]:
@@ -310,12 +319,18 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
                 style="dim") if live else None
     pats = list(s.subs["patterns"]) if s.subs is not None else []
     pat_rows = min(len(pats), 10)
+    groups = sorted(sv.get("groups") or (), key=lambda g: (g.get("rate") or 0, g["messages"],
+                                                          g["jobs"]), reverse=True)
+    grp_rows = min(len(groups), GROUP_ROWS)
     room = lines
     if height is not None:  # a terminal: rows that do not fit are left out
         fixed = len(head.plain.split("\n")) + 2  # + the table's title and headings
         if keys is not None:
             fixed += len(keys.plain.split("\n"))
         avail = max(1, height - fixed)
+        # The groups get up to a sixth of the screen.
+        grp_rows = max(0, min(grp_rows, avail // 6 - 2))
+        avail = max(1, avail - (grp_rows + 2 if grp_rows else 0))
         # The patterns get what the connections leave, and a third of the screen at least.
         n = min(len(s.conns["connections"]), lines)
         pat_rows = max(0, min(pat_rows, max(avail - n, avail // 3) - 2))
@@ -357,9 +372,34 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
             pt.add_row(pattern, num(p["observers"]), num(p["matches"]),
                        num(p["delivered"]), rate(p.get("rate")))
         parts.append(pt)
+    if grp_rows:
+        parts.append(_groups_table(groups[:grp_rows], len(groups), width))
     if keys is not None:
         parts.append(keys)
     return Group(*parts)
+
+
+GROUP_ROWS = 5
+"""Groups shown at most (the busiest first); ``--json`` gives those of the summary."""
+
+
+def _groups_table(groups: list[dict[str, Any]], total: int, width: int) -> Table:
+    """The groups of observers: members, messages given (and their rate), jobs held and
+    waiting, reassignments."""
+    more = f" (busiest {len(groups)} of {total})" if total > len(groups) else ""
+    t = _table(title=f"groups{more}")
+    t.add_column("GROUP", no_wrap=True, overflow="ellipsis", min_width=5, max_width=16)
+    t.add_column("PATTERN", no_wrap=True, overflow="ellipsis", min_width=7,
+                 max_width=max(7, width - 17 - 6 * 5 - 1))
+    for col in ("MEMB", "MSGS", "MSG/s", "JOBS", "WAIT", "MOVED"):
+        t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    for g in groups:
+        name = g["group"] if g.get("dataspace") in (None, "root") else \
+            f"{g['group']} ({g['dataspace']})"
+        t.add_row(name, g["pattern"], num(g.get("member_count")), num(g["messages"]),
+                  rate(g.get("rate")), num(g["jobs"]), num(g["pending"]),
+                  num(g["reassigned"]))
+    return t
 
 
 def _per_s(sv: dict[str, Any], rates: dict[str, float | None], key: str,
@@ -445,8 +485,10 @@ class Reconnect:
 def snapshot(s: Sample, sort: str, reverse: bool, lines: int) -> dict[str, Any]:
     """What the screen shows, as one JSON object: the server's figures and their rates
     per second (null before a second reading), the connections in the screen's order
-    (at most ``lines``; every field of /api/connections, with the rates), and the ten
-    busiest patterns (``own``: the server's own observer, e.g. a recorder)."""
+    (at most ``lines``; every field of /api/connections, with the rates), the ten
+    busiest patterns (``own``: the server's own observer, e.g. a recorder), and the
+    server's groups of observers (``server.groups``, each with its ``rate`` of messages
+    given per second)."""
     field = SORTS[sort][0]
     rows = sorted(s.conns["connections"], key=lambda c: c.get(field) or 0, reverse=field != "id")
     if reverse:

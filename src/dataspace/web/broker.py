@@ -18,6 +18,10 @@ Routes (JSON; every ``/api/...`` route needs a token, see :mod:`dataspace.web.au
     cluster status`` shows), or ``{"cluster": null}`` for a server in no cluster; the
     administrator only.
 
+The groups of observers that share work (``<ObserveGroup ...>``) are in the summary
+(``groups``: each group's figures) and, member by member, at ``GET /api/groups``
+(:mod:`dataspace.web.dataspaces`); :func:`group_rows` makes both.
+
 See docs/operations.md for every field.
 """
 
@@ -32,10 +36,12 @@ from aiohttp import web
 
 from .. import __version__
 from .._build import build_info
+from ..groups import Groups
 from .auth import Access, ApiError
 from .context import WebContext, guarded, json_response
 
-__all__ = ["connection_row", "health", "rss_bytes", "server_summary", "setup"]
+__all__ = ["MAX_SUMMARY_GROUPS", "connection_row", "group_rows", "health", "rss_bytes",
+           "server_summary", "setup"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -80,6 +86,57 @@ def _limits(server: Any) -> dict[str, Any]:
         "keepalive": fl.keepalive,
         "ws_ping_interval": fl.ws_ping_interval,
     }
+
+
+MAX_SUMMARY_GROUPS = 50
+"""Groups listed in the summary (the busiest first); ``groups_total`` counts them all."""
+
+
+def _member_describer(server: Any, admin: bool) -> Any:
+    """A function giving a group member's connection fields (``connection``: its id,
+    ``client``: the name its client gave or its address, ``peer``), from its observer:
+    a peer's reference, found by its relay; ``in process`` for code in the server."""
+    by_relay = {id(c.relay): c for c in server.connections if c.relay is not None}
+
+    def describe(observer: Any) -> dict[str, Any]:
+        conn = by_relay.get(id(getattr(observer, "relay", None)))
+        if conn is None:
+            return {"connection": None, "client": "in process" if getattr(
+                observer, "relay", None) is None else "gone", "peer": None}
+        if not admin:
+            return {"connection": conn.id, "client": None, "peer": None}
+        return {"connection": conn.id, "client": conn.client_name or conn.name,
+                "peer": conn.name}
+
+    return describe
+
+
+def group_rows(server: Any, dataspaces: list[str] | None = None, members: bool = True,
+               admin: bool = True) -> list[dict[str, Any]]:
+    """Every group of observers of the server's dataspaces (those named, or all): its
+    dataspace, name, pattern, member count and figures (messages given and dropped,
+    jobs, jobs waiting, reassignments); with ``members``, each member's (its
+    connection, messages given to it, jobs it holds).  Without ``admin``, the members'
+    connections are given by id only."""
+    out: list[dict[str, Any]] = []
+    describe = _member_describer(server, admin) if members else None
+    for name, ds in server.dataspaces.items():
+        if dataspaces is not None and name not in dataspaces:
+            continue
+        g = Groups.find(ds)
+        if g is None:
+            continue
+        for row in g.stats(describe):
+            row["dataspace"] = name
+            ms = row["members"]
+            row["member_count"] = len(ms)
+            if members:
+                for m in ms:
+                    m.pop("observer", None)  # (the connection says who it is)
+            else:
+                del row["members"]
+            out.append(row)
+    return out
 
 
 def _recorder_row(r: Any) -> dict[str, Any]:
@@ -136,6 +193,10 @@ def server_summary(ctx: WebContext, access: Access) -> dict[str, Any]:
         "memory_budget": server.memory_stats(),
         "limits": _limits(server),
     }
+    groups = group_rows(server, list(dataspaces), members=False)
+    groups.sort(key=lambda g: (-g["messages"] - g["jobs"], g["dataspace"], g["group"]))
+    out["groups_total"] = len(groups)
+    out["groups"] = groups[:MAX_SUMMARY_GROUPS]
     if access.admin:
         links = server.link_status()
         gate = server.sync_gate

@@ -12,6 +12,12 @@ Routes (JSON or Server-Sent Events; a token is needed, see :mod:`dataspace.web.a
 ``GET /api/watch?dataspace=NAME&pattern=P``
     Server-Sent Events: the current matches as ``+`` events, then ``event: synced``, then
     ``+`` / ``-`` / ``!`` as assertions appear and go and messages are sent.
+``GET /api/groups?dataspace=NAME``
+    The groups of observers that share work in the dataspace (``<ObserveGroup ...>``):
+    each group's name, pattern and figures, and its members in the order they joined
+    (their connection, the messages given to each, the jobs each holds).  A group's own
+    ``<Observe PATTERN ...>`` is listed by ``/api/subscriptions`` as the server's own,
+    ``own`` ``"group NAME"``.
 
 ``dataspace`` defaults to the token's dataspace (``root`` for the administrator).  Values
 are Preserves text; an embedded reference is shown readably (``#:<peer "HOST:PORT" 3>``:
@@ -39,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from ..dataspace import OBSERVE, Entity, Subscription, TurnTooLarge, fresh_handle
+from ..groups import Groups
 from ..pattern import (
     Bind,
     Pattern,
@@ -55,10 +62,11 @@ from ..protocol.sturdy import AttenuatedEntity, AttenuatedRef, Attenuation, Opaq
 from ..values import Embedded, ParseError, Record, Sequence, Symbol, Value, parse, stringify
 from ..values import key as strict_key
 from .auth import Access, ApiError
+from .broker import group_rows
 from .context import WebContext, guarded, json_response
 
-__all__ = ["MAX_PATTERN", "View", "WATCHES", "Watches", "own_observer", "parse_user_pattern",
-           "setup", "value_text"]
+__all__ = ["MAX_PATTERN", "View", "WATCHES", "Watches", "groups_view", "own_observer",
+           "parse_user_pattern", "setup", "value_text"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,9 @@ def _admin_ref(obj: Any) -> Value:
         return Record(Symbol("opaque"), [])
     if t is Subscription:
         return Record(Symbol("subscription"), [obj.id])
+    group = Groups.dispatcher_group(obj)
+    if group is not None:
+        return Record(Symbol("group"), [group])
     target = getattr(obj, "target", None)
     if target is not None and isinstance(obj, Entity):  # a wrapper: show what it wraps
         return _admin_ref(target)
@@ -360,12 +371,16 @@ _OBSERVE_ANY = Record(Symbol("Observe"), [Symbol("_"), Symbol("_")])
 def own_observer(observer: Any, recorders: dict[int, str]) -> str | None:
     """What of the server's own machinery observes through ``observer`` -- a recorder
     (``"recorder chat"``; ``recorders``: the stream of each recorder's subscription, by
-    its id()), a watch of ``/api/watch`` (the inspector's pages: ``"watch"``) -- or None
-    (a client, or other code in the server's process)."""
+    its id()), a watch of ``/api/watch`` (the inspector's pages: ``"watch"``), a group's
+    dispatcher (``"group resize"``: it observes the pattern for the group's members) --
+    or None (a client, or other code in the server's process)."""
     while type(observer) is AttenuatedRef or type(observer) is AttenuatedEntity:
         observer = observer.target
     if type(observer) is _Watcher:
         return "watch"
+    group = Groups.dispatcher_group(observer)
+    if group is not None:
+        return f"group {group}"
     if type(observer) is Subscription:
         stream = recorders.get(id(observer))
         if stream is not None:
@@ -398,6 +413,21 @@ def subscriptions(ctx: WebContext, name: str, ds: Any, access: Access) -> dict[s
                                                   -g["delivered"], g["pattern"], g["own"] or ""))
     return {"dataspace": name, "scope": access.scope, "observers": ds.observer_count(),
             "patterns": rows}
+
+
+_OBSERVE_GROUP_ANY = Record(Symbol("ObserveGroup"), [Symbol("_"), Symbol("_"), Symbol("_")])
+
+
+def groups_view(ctx: WebContext, name: str, access: Access) -> dict[str, Any]:
+    """``GET /api/groups``: the groups of dataspace ``name`` with their members.  A token
+    that is not the administrator's must be allowed to observe ``<ObserveGroup _ _ _>``,
+    and is given the members' connections by id only."""
+    if not access.admin:
+        View(access, from_value_syntax(_OBSERVE_GROUP_ANY))  # 403 unless it may
+    rows = group_rows(ctx.server, [name], members=True, admin=access.admin)
+    for r in rows:
+        del r["dataspace"]
+    return {"dataspace": name, "scope": access.scope, "count": len(rows), "groups": rows}
 
 
 async def list_assertions(ds: Any, view: View, limit: int, slice_s: float = 0.005
@@ -537,7 +567,7 @@ async def _stream(watches: Watches, request: web.Request, name: str, view: View,
 
 
 def setup(app: web.Application, ctx: WebContext) -> None:
-    """Add ``/api/subscriptions``, ``/api/assertions`` and ``/api/watch``.
+    """Add ``/api/subscriptions``, ``/api/assertions``, ``/api/watch`` and ``/api/groups``.
 
     ``ctx.settings["watches"]`` (a :class:`Watches`) overrides the watches' bounds."""
     watches = ctx.settings.get("watches") or Watches()
@@ -565,7 +595,12 @@ def setup(app: web.Application, ctx: WebContext) -> None:
     async def api_watch(request: web.Request, access: Access) -> web.StreamResponse:
         return await _watch(ctx, watches, request, access)
 
+    async def api_groups(request: web.Request, access: Access) -> web.StreamResponse:
+        name, _ds = _dataspace(ctx, request, access)
+        return json_response(groups_view(ctx, name, access))
+
     r = app.router
     r.add_get("/api/subscriptions", guarded(ctx, api_subscriptions), allow_head=False)
     r.add_get("/api/assertions", guarded(ctx, api_assertions), allow_head=False)
     r.add_get("/api/watch", guarded(ctx, api_watch), allow_head=False)
+    r.add_get("/api/groups", guarded(ctx, api_groups), allow_head=False)

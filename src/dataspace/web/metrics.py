@@ -9,9 +9,10 @@ integer increment and no more.
 Naming follows Prometheus: a ``dataspace_`` prefix, base units (seconds, bytes), counters
 ending in ``_total``; labels only where their values are bounded by the configuration
 (``dataspace``, a link's address, a recorder's stream, an error's kind from a fixed
-set) or by a cap of this module: the store's streams, their named tailers and the
-pipelines' graphs and processors (:data:`MAX_STREAMS`, :data:`MAX_TAILERS`,
-:data:`MAX_GRAPHS`, :data:`MAX_PROCESSORS`), read at each scrape from the stream rows and
+set) or by a cap of this module: the groups of observers and their members
+(:data:`MAX_GROUPS`, :data:`MAX_GROUP_MEMBERS`), the store's streams, their named
+tailers and the pipelines' graphs and processors (:data:`MAX_STREAMS`,
+:data:`MAX_TAILERS`, :data:`MAX_GRAPHS`, :data:`MAX_PROCESSORS`), read at each scrape from the stream rows and
 tailer rows alone (no entry is read), on the port's store threads, within
 :data:`STORE_TIMEOUT`.  The whole list, with what each means, is in docs/operations.md.
 
@@ -47,11 +48,13 @@ from ..broker.server import ERROR_KINDS
 from ..streams.base import Store, StreamInfo
 from ..streams.recorder import COMMIT_BUCKETS
 from .auth import Access
+from .broker import group_rows
 from .context import WebContext, guarded
 from .dataspaces import WATCHES
 from .scry import SCRY
 
-__all__ = ["MAX_GRAPHS", "MAX_PROCESSORS", "MAX_STREAMS", "MAX_TAILERS", "METRICS",
+__all__ = ["MAX_GRAPHS", "MAX_GROUPS", "MAX_GROUP_MEMBERS", "MAX_PROCESSORS", "MAX_STREAMS",
+           "MAX_TAILERS", "METRICS",
            "ServerCollector", "StoreCollector", "StoreSnapshot", "make_registry", "setup",
            "store_snapshot"]
 
@@ -66,6 +69,14 @@ MAX_GRAPHS = 50
 """Pipeline graphs with series of their own (``graph``), the first by name."""
 MAX_PROCESSORS = 500
 """Processors with series of their own (``graph``, ``processor``), of the listed graphs."""
+MAX_GROUPS = 100
+"""Groups of observers with series of their own (``dataspace``, ``group``, ``pattern``),
+the first by dataspace, name and pattern."""
+MAX_GROUP_MEMBERS = 500
+"""Group members with series of their own (``member``: ``CLIENT#CONNECTION``), of the
+listed groups, in the order they joined."""
+MAX_LABEL = 100
+"""Longest label value from a client (a group's name or pattern, a client's name): cut."""
 STORE_TIMEOUT = 5.0
 """Seconds a scrape waits for the store; past it the store's series are left out and
 ``dataspace_store_up`` is 0."""
@@ -96,6 +107,7 @@ class ServerCollector(Collector):
             yield from self._server(server)
             yield from self._links(server)
             yield from self._cluster(server)
+            yield from self._groups(server)
         yield from self._recorders()
         yield from self._http()
 
@@ -218,6 +230,59 @@ class ServerCollector(Collector):
                        value=st["refused"])
         yield from _session_metrics("route", st["routes"], ["peer", "direction"],
                                     lambda r: [str(r.get("peer_id")), str(r.get("direction"))])
+
+    def _groups(self, server: Any) -> Iterator[Metric]:
+        rows = group_rows(server)
+        rows.sort(key=lambda r: (r["dataspace"], r["group"], r["pattern"]))
+        listed = rows[:MAX_GROUPS]
+        yield _gauge("dataspace_groups", "Groups of observers that share work (one per "
+                     "group name and pattern with members).", len(rows))
+        yield _gauge("dataspace_groups_unlisted", f"Groups without series of their own "
+                     f"(beyond the first {MAX_GROUPS}).", len(rows) - len(listed))
+        g = ["dataspace", "group", "pattern"]
+        members = _gauge("dataspace_group_members", "Members of a group now.", labels=g)
+        given = _counter("dataspace_group_messages_total",
+                         "Messages given to a member of a group (one member each).", labels=g)
+        dropped = _counter("dataspace_group_messages_dropped_total",
+                           "Messages that found no live member of a group.", labels=g)
+        jobs = _gauge("dataspace_group_jobs",
+                      "Jobs (distinct matching assertions) of a group now.", labels=g)
+        waiting = _gauge("dataspace_group_jobs_waiting",
+                         "Jobs of a group assigned to no member (none could take them).",
+                         labels=g)
+        moved = _counter("dataspace_group_reassignments_total",
+                         "Jobs of a group assigned again (their member left or died, or a "
+                         "rebalance moved them).", labels=g)
+        m = [*g, "member"]
+        m_given = _counter("dataspace_group_member_messages_total",
+                           "Messages given to one member of a group.", labels=m)
+        m_jobs = _gauge("dataspace_group_member_jobs",
+                        "Jobs assigned to one member of a group now.", labels=m)
+        shown = 0
+        unlisted = 0
+        for r in listed:
+            lv = [r["dataspace"], _label(r["group"]), _label(r["pattern"])]
+            members.add_metric(lv, r["member_count"])
+            given.add_metric(lv, r["messages"])
+            dropped.add_metric(lv, r["dropped"])
+            jobs.add_metric(lv, r["jobs"])
+            waiting.add_metric(lv, r["pending"])
+            moved.add_metric(lv, r["reassigned"])
+            for i, mem in enumerate(r["members"]):
+                if shown >= MAX_GROUP_MEMBERS:
+                    unlisted += 1
+                    continue
+                shown += 1
+                conn = mem.get("connection")
+                who = (f"{_label(str(mem.get('client')))}#{conn}" if conn is not None
+                       else f"{mem.get('client')}#{i}")
+                m_given.add_metric([*lv, who], mem["messages"])
+                m_jobs.add_metric([*lv, who], mem["jobs"])
+        yield from (members, given, dropped, jobs, waiting, moved, m_given, m_jobs)
+        yield _gauge("dataspace_group_members_unlisted",
+                     f"Group members without series of their own (beyond {MAX_GROUP_MEMBERS}, "
+                     "or of unlisted groups).",
+                     unlisted + sum(r["member_count"] for r in rows[MAX_GROUPS:]))
 
     def _recorders(self) -> Iterator[Metric]:
         recs = self.ctx.recorders
@@ -542,3 +607,7 @@ def _session_metrics(kind: str, rows: list[dict[str, Any]], labels: list[str],
     yield from gauges.values()
     yield from cfams.values()
 
+
+def _label(text: str) -> str:
+    """A label value from a client, at most :data:`MAX_LABEL` characters."""
+    return text if len(text) <= MAX_LABEL else text[:MAX_LABEL - 1] + "…"

@@ -1,5 +1,5 @@
 // The dataspace browser: the current assertions matching a pattern, live.
-import { h, $, main, api, patternError, every, watch, table, section, pageHead, errorBox, patternForm } from "./lib.js";
+import { h, $, main, api, patternError, every, watch, table, section, pageHead, errorBox, patternForm, fmtNum } from "./lib.js";
 import { pv } from "./pv.js";
 
 export async function pageDataspace() {
@@ -9,6 +9,7 @@ export async function pageDataspace() {
   const tbody = h("tbody", { id: "assertions" });
   const count = h("span", { id: "count" }, "");
   const subs = h("div");
+  const groups = h("div", { id: "groups" });
   let current = null;
   const rows = new Map(); // key -> {tr, n, sort}
   let order = []; // {sort, tr} in the table's order (binary search: 10,000 rows stay quick)
@@ -87,7 +88,10 @@ export async function pageDataspace() {
       section(h("span", null, "Assertions ", count, " ", status),
         h("div", { class: "scroll" }, h("table", { class: "grid values" },
           h("thead", null, h("tr", null, h("th", null, "assertion"), h("th", null, "captures"))), tbody))),
-      section("Observed patterns", h("p", { class: "note" }, "Who is interested in what (click one to browse it)."), subs)));
+      h("div", null,
+        section("Observed patterns", h("p", { class: "note" }, "Who is interested in what (click one to browse it)."), subs),
+        section("Groups sharing work", h("p", { class: "note" },
+          "Observers that joined a group (observe --group): each message goes to one member, each assertion is a job held by one member."), groups))));
   start($("#dataspace").value, $("#pattern").value);
   every(3000, async () => {
     try {
@@ -105,5 +109,29 @@ export async function pageDataspace() {
     } catch (e) {
       subs.replaceChildren(errorBox(e));
     }
+    try {
+      const g = await api("/api/groups?dataspace=" + encodeURIComponent($("#dataspace").value));
+      groups.replaceChildren(groupsTable(g.groups));
+    } catch (e) {
+      groups.replaceChildren(e.status === 403 ? h("p", { class: "note" }, "This token may not see the groups.") : errorBox(e));
+    }
   });
+}
+
+// Each group: its name and pattern (click to browse it), then its members in the order
+// they joined -- who (the client's name and connection), messages given, jobs held.
+function groupsTable(rows) {
+  const member = (m) => h("li", { class: "member" + (m.alive ? "" : " gone") },
+    h("span", { class: "who" }, m.connection == null ? (m.client || "in process") : `${m.client ?? "connection"} #${m.connection}`),
+    `: ${fmtNum(m.messages)} messages, ${fmtNum(m.jobs)} jobs`);
+  return table([
+    { key: "group", label: "group", render: (r) => [h("strong", null, r.group), " ", h("a", {
+      href: "#", class: "pick",
+      onclick: (ev) => { ev.preventDefault(); $("#pattern").value = r.pattern; $("#go").click(); },
+    }, pv(r.pattern)), h("ul", { class: "members" }, r.members.map(member))] },
+    { key: "member_count", label: "members", num: true },
+    { key: "messages", label: "messages", num: true, title: "messages given to a member" },
+    { key: "jobs", label: "jobs", num: true, render: (r) => r.pending ? `${fmtNum(r.jobs)} (${fmtNum(r.pending)} waiting)` : fmtNum(r.jobs) },
+    { key: "reassigned", label: "moved", num: true, title: "jobs moved to another member (one left or died, or a rebalance)" },
+  ], rows, { empty: "No group: nobody shares work here.", rowAttrs: () => ({ class: "group" }) });
 }
