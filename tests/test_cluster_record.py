@@ -443,3 +443,38 @@ def test_scry_urls_of_several_publishers_are_parsed_and_bad_ones_said():
         parse_urls(["udp://a:1/chat", "udp://b:2/news"])
     with pytest.raises(ScryError, match="not a scry URL: 'udp://a:1,b/chat'"):
         parse_urls("udp://a:1,b/chat")
+
+
+@async_test
+async def test_every_members_http_gateway_serves_the_shared_store_with_the_same_indices(
+        tmp_path, store_url):
+    """Two members' HTTP ports on one store: the same entry at the same index from
+    either, and a long poll at one answered by an append through the other."""
+    import json
+
+    import aiohttp
+
+    from dataspace.web import start_http
+
+    stores = [open_store(store_url) for _ in range(2)]
+    https = [await start_http("127.0.0.1", 0, store=s, publish=["chat"]) for s in stores]
+    try:
+        stores[0].append_many("chat", [Record(_SAYS, ["w", i]) for i in range(3)])
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as s:
+            async def get(h: Any, path: str) -> Any:
+                async with s.get(h.url + path.lstrip("/")) as r:
+                    assert r.status == 200, await r.text()
+                    return json.loads(await r.read())
+
+            for i in range(3):
+                a, b = await get(https[0], f"/scry/chat/{i}"), await get(https[1], f"/scry/chat/{i}")
+                assert a["index"] == b["index"] == i and a["value"] == b["value"] == f'<Says "w" {i}>'
+            waiting = asyncio.ensure_future(get(https[1], "/scry/chat/3?timeout=60"))
+            stores[0].append("chat", Record(_SAYS, ["w", 3]))
+            doc = await asyncio.wait_for(waiting, TIMEOUT)
+            assert doc["index"] == 3 and doc["value"] == '<Says "w" 3>'
+    finally:
+        for h in https:
+            await h.close()
+        for st in stores:
+            st.close()
