@@ -98,7 +98,15 @@ async def start_member(data_dir: Path, secret: Path, root_key: bytes, store_url:
     parsed = recorder_specs(specs)
     server.before_listening.append(
         lambda: _start_recording(cfg, server, store, parsed, recorders, crs))
-    await server.start()
+    try:
+        await server.start()
+    except BaseException:
+        stop_recorders(recorders)
+        for cr in crs:
+            cr.release()
+        await server.close()
+        store.close()
+        raise
     if crs:
         crs[0].start()
     return Member(server, store, recorders, crs[0] if crs else None)
@@ -478,3 +486,25 @@ async def test_every_members_http_gateway_serves_the_shared_store_with_the_same_
             await h.close()
         for st in stores:
             st.close()
+
+
+@async_test
+async def test_two_members_with_one_id_recording_into_one_store_is_an_error(
+        tmp_path, secret, monkeypatch):
+    """A copied data directory (one server.id) would make two members one recorder: the
+    second says so, in one line, after waiting for the lock a moment."""
+    import dataspace.streams.cluster as sc
+    from dataspace.streams import StoreError
+
+    monkeypatch.setattr(sc, "MEMBER_LOCK_WAIT", 0.3)
+    url = str(tmp_path / "shared")
+    key = os.urandom(KEY_BYTES)
+    first = await start_member(tmp_path / "m", secret, key, url, ["chat:<Says $w $t>"], [])
+    try:
+        with pytest.raises(StoreError, match=r"^another process records as member "
+                           rf"{first.server.server_id} of cluster dataspace into .*: is the "
+                           r"data directory \(its server.id\) copied from another member\?$"):
+            await start_member(tmp_path / "m", secret, key, url, ["chat:<Says $w $t>"],
+                               [first.server.cluster.address])
+    finally:
+        await first.leave()

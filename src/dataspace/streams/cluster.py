@@ -67,6 +67,9 @@ POLL = 0.25
 STATUS_EVERY = 2.0
 """Seconds between two looks at which members record into this store."""
 _RECORDS = Symbol("records")
+MEMBER_LOCK_WAIT = 10.0
+"""Seconds a starting member waits for its member lock (held by its previous life, which
+the database may notice gone a moment after a kill -9)."""
 
 
 def members_stream(cluster: str) -> str:
@@ -171,13 +174,21 @@ class ClusterRecording:
         with self.store.transaction() as tx:
             tx.create_stream(name, max_count=1000)
             tx.append_encoded(name, [encode(Record(_RECORDS, [self.member, tuple(streams)]))])
-        try:
-            self._member_lock = self.store.lock(member_lock(self.cluster, self.member),
-                                                note=f"member {self.member}")
-        except LockHeld as e:
-            raise StoreError(f"another process records as member {self.member} of cluster "
-                             f"{self.cluster} into {self.store.display} ({e}): is the data "
-                             "directory (its server.id) copied from another member?") from None
+        name = member_lock(self.cluster, self.member)
+        deadline = time.monotonic() + MEMBER_LOCK_WAIT
+        while True:
+            try:
+                self._member_lock = self.store.lock(name, note=f"member {self.member}")
+                return
+            except LockHeld as e:
+                # (This member killed a moment ago: the database may not have noticed yet
+                # that its old session is gone.)
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"another process records as member {self.member} of cluster "
+                        f"{self.cluster} into {self.store.display} ({e}): is the data "
+                        "directory (its server.id) copied from another member?") from None
+                time.sleep(0.1)
 
     # -- running --------------------------------------------------------------------------
 
