@@ -254,7 +254,11 @@ class ClusterRecording:
                 self.error = str(e)
 
     def _step(self, now: float) -> None:
-        # Leads lost to another member (their fence moved): give the lock back.
+        # Leads lost to another member (their fence moved), and those of recorders the
+        # store failed (they record no more; another member may): give the lock back.
+        for r in self.recorders:
+            if r.failed is not None and r.stream in self._locks:
+                self._lost.add(r.stream)
         while self._lost:
             stream = self._lost.pop()
             lk = self._locks.pop(stream, None)
