@@ -508,3 +508,82 @@ async def test_two_members_with_one_id_recording_into_one_store_is_an_error(
                                [first.server.cluster.address])
     finally:
         await first.leave()
+
+
+# ---------------------------------------------------------------------------------------
+# The leader's fence and takeover, without a cluster (two views of one cluster)
+
+
+def _events(store: Any, stream: str) -> list[str]:
+    return [str(e.value) for e in store.read(stream)]
+
+
+def test_a_leader_that_lost_the_lead_without_noticing_writes_nothing(store):
+    """Two recorders of one stream, each on its member's view: A leads, then B takes the
+    lead while A has not noticed (cut from the store's lock, not from its clients).  A's
+    next event is refused by the fence in its own transaction, and it is told."""
+    from dataspace import Dataspace
+
+    da, db = Dataspace(), Dataspace()
+    ra = Recorder(da, "<Present $who>", store, "p", events=("assert", "retract"))
+    rb = Recorder(db, "<Present $who>", store, "p", events=("assert", "retract"))
+    ra.leader_only = rb.leader_only = True
+    lost: list[str] = []
+    ra.on_lost = lost.append
+    try:
+        for ds in (da, db):
+            ds.assert_(parse('<Present "x">'))
+        assert ra.lead("A") and ra.flush()
+        assert _events(store, "p") == ['<assert <Present "x">>']
+        assert rb.lead("B") and rb.flush()  # its view agrees: nothing to reconcile
+        assert _events(store, "p") == ['<assert <Present "x">>']
+        da.assert_(parse('<Present "y">'))  # A still believes it leads
+        assert ra.flush()
+        assert lost and not ra.leading and ra.discarded == 1
+        db.assert_(parse('<Present "z">'))
+        assert rb.flush()
+        assert _events(store, "p") == ['<assert <Present "x">>', '<assert <Present "z">>']
+    finally:
+        ra.close()
+        rb.close()
+
+
+def test_a_new_leader_reconciles_from_the_last_checkpoint_and_the_events_after_it(
+        store, monkeypatch):
+    """B takes over from A: it writes a retract for what A recorded present and is gone,
+    an assert for what is present and A never recorded, from A's checkpoint (a small
+    CHECKPOINT_MIN: several) and the events after the last one."""
+    import dataspace.streams.recorder as rmod
+    from dataspace import Dataspace
+
+    monkeypatch.setattr(rmod, "CHECKPOINT_MIN", 3)
+    da, db = Dataspace(), Dataspace()
+    ra = Recorder(da, "<Present $who>", store, "p", events=("assert", "retract"))
+    rb = Recorder(db, "<Present $who>", store, "p", events=("assert", "retract"))
+    ra.leader_only = rb.leader_only = True
+    try:
+        assert ra.lead("A") and ra.flush()
+        hs = {n: da.assert_(parse(f'<Present "{n}">')) for n in "abcdefg"}
+        assert ra.flush()
+        for n in "bdf":
+            da.retract(hs[n])
+        assert ra.flush()
+        # A's checkpoints: at its takeover (empty), after the 7 asserts (7 >= 3); the 3
+        # retracts after it are under the next threshold (as many as present): B replays
+        # them from the stream.
+        assert [len(e.value.fields[3]) for e in store.read("__presence/p")] == [0, 7]
+        # B's view: a, c, e present (as A's) and h new; g gone.
+        for n in "aceh":
+            db.assert_(parse(f'<Present "{n}">'))
+        ra.resign()
+        assert rb.lead("B") and rb.flush()
+        tail = _events(store, "p")[-2:]
+        assert sorted(tail) == ['<assert <Present "h">>', '<retract <Present "g">>'], tail
+        present: dict[str, int] = {}
+        for e in store.read("p"):
+            who = str(e.value.fields[0])
+            present[who] = present.get(who, 0) + (1 if e.value.label.name == "assert" else -1)
+        assert {w for w, n in present.items() if n} == {f'<Present "{n}">' for n in "aceh"}
+    finally:
+        ra.close()
+        rb.close()

@@ -416,7 +416,7 @@ class Recorder:
                 log.info("recorder %s: another member leads the stream now (%s)", self.stream,
                          _describe_fence(who[0].value) if who else "its entry is gone")
             else:
-                recorded = Counter(term.recorded)
+                recorded = term.recorded  # (in place: a failed commit stops the recorder)
         datas = prefix
         discarded = 0
         events = 0
