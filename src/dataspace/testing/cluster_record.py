@@ -373,10 +373,10 @@ def _ms(xs: list[float], q: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dataspace.testing.cluster_record",
-        description="Kill members of a recording cluster with SIGKILL at random moments while "
-        "clients given every member's address send numbered messages with a sync() after "
-        "each batch; check that every acknowledged message is in the shared stream exactly "
-        "once and that presence events are recorded once.",
+        description="Kill members of a recording cluster with SIGKILL at random moments\n"
+        "while clients given every member's address send numbered messages with a\n"
+        "sync() after each batch; check that every acknowledged message is in the\n"
+        "shared stream exactly once and that presence events are recorded once.",
         epilog="examples:\n  python -m dataspace.testing.cluster_record --kills 200\n"
         "  python -m dataspace.testing.cluster_record --kills 20 --store "
         "postgresql://app@localhost/app --seed 7",
