@@ -1202,13 +1202,19 @@ class Groups:
                 if m.kind == _ENTITY:
                     h = fresh_handle()
                     m.handles[job] = h
-                    self._run(ob.on_assert, (Sequence(caps), h), None)
+                    if m.relay is not None:  # (a peer's: queued on its connection)
+                        ob.on_assert(Sequence(caps), h)
+                    else:
+                        self._run(ob.on_assert, (Sequence(caps), h), None)
                 elif ob.on_assert is not None:
                     self._run(ob.on_assert, caps, ob.facet)
             elif m.kind == _ENTITY:
                 h = m.handles.pop(job, None)
                 if h is not None:
-                    self._run(ob.on_retract, (h,), None)
+                    if m.relay is not None:
+                        ob.on_retract(h)
+                    else:
+                        self._run(ob.on_retract, (h,), None)
             elif ob.on_retract is not None:
                 self._run(ob.on_retract, caps, ob.facet)
 
