@@ -1,7 +1,8 @@
-"""The broker soak, short (issue 9, item 7; the memory attack of issue 21): `make
-soak-broker` runs it for 10 minutes; the suite runs it for 45 s and fails on a probe
-failure, a failed check, an attack the server did not stop, an error in the server's log,
-or resident memory grown past the memory budget."""
+"""The broker soak, short (issue 9, item 7; the memory attack of issue 21; the cluster
+port's and TLS's attackers of issue 29): `make soak-broker` runs it for 10 minutes; the
+suite runs it for 45 s and fails on a probe failure, a failed check, an attack the server
+did not stop, an error in the server's log, or resident memory grown past the memory
+budget."""
 
 from __future__ import annotations
 
@@ -61,6 +62,20 @@ def test_short_soak_passes(tmp_path):
         assert a["runs"] > 0 and a["stopped"] == a["runs"], (name, a)
         assert all(any_of & set(a["outcomes"]) for any_of in EXPECTED[name]), (name, a)
         assert "open" not in a["outcomes"], (name, a)
+
+    # The cluster port's attackers: the second member rejoined each time it was restarted
+    # under strangers holding both cluster ports (within 15 s, else a failed check), and
+    # a rogue member's gossip left the server's table bounded.
+    cluster = s["cluster"]
+    assert cluster["rejoins"] > 0 and cluster["rejoin_max_s"] <= 15.0, cluster
+    assert cluster["stranger_flood"]["closed_by_server"] > 0, cluster
+    assert cluster["rogue_runs"] and all(r["routes"] == 1 and r["members_ignored"] > 0
+                                         for r in cluster["rogue_runs"]), cluster
+    # TLS: idle HTTPS connections closed within 35 s, the TLS server's RSS back within
+    # 40 MB within 30 s of each flood (else failed checks).
+    tls = s["tls"]
+    assert tls["runs"] > 0 and tls["https_closed_max_s"] <= 35.0, tls
+    assert "cluster: " in out and "tls: " in out
 
     fuzz = s["fuzz"]
     assert fuzz["cases"] > 0 and fuzz["outcomes"].get("malformed-packet", 0) > 0, fuzz

@@ -50,6 +50,7 @@ from ..dataspace import Entity, fresh_handle
 from ..net.address import AddressError, parse_address
 from ..net.connection import Connection, StreamConnection
 from ..net.flow import Hub
+from ..net.reclaim import Reclaimer
 from ..net.sniff import identify
 from ..net.tls import is_not_tls, server_protocol, speaks_tls
 from ..protocol.cluster import (
@@ -93,6 +94,9 @@ closes the oldest stranger of the network address that has the most (so an addre
 flooding the port cycles its own connections, never another's), and a member's dial,
 which shows the capability within a round trip, always finds a place: strangers holding
 every slot and reconnecting at once never keep a member out."""
+STRANGER_BYTES = 32 << 10
+"""What a stranger costs the member, counted in its memory budget (its connection's
+objects, measured at about 30 KiB, and what it may send)."""
 MAX_ROUTE_CONNECTIONS = 1_000
 """Connections the cluster port holds at once (routes and handshakes)."""
 MAX_HANDSHAKES = MAX_STRANGERS
@@ -351,6 +355,7 @@ class Cluster:
         self._closing = False
         self.refused = 0
         """Route requests refused (another cluster, to itself, malformed)."""
+        self._reclaimer = Reclaimer("strangers on the cluster port", 256, interval=5.0)
         self.strangers_closed = 0
         """Strangers closed: to make room for newer ones (:data:`MAX_STRANGERS`), for
         sending too much (:data:`STRANGER_INPUT`) or too slowly (:data:`STRANGER_TIMEOUT`)."""
@@ -391,6 +396,7 @@ class Cluster:
 
     async def close(self) -> None:
         self._closing = True
+        self._reclaimer.close()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -442,6 +448,11 @@ class Cluster:
         oldest.fail("the cluster port is busy: this connection was the oldest of those that "
                     "had not shown the route capability", Symbol("server-full"), quiet=True)
 
+    def held_bytes(self) -> int:
+        """What strangers on the cluster port make this member hold (for the server's
+        memory budget: they are peers, as clients are)."""
+        return len(self._strangers) * STRANGER_BYTES
+
     def _shown(self, conn: Connection) -> None:
         """``conn`` showed the route capability: a member, not a stranger (its packets
         may be large from now on; it has HANDSHAKE_TIMEOUT to become a route)."""
@@ -478,6 +489,8 @@ class Cluster:
 
     def _conn_closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        if conn not in self._of_conn:  # (never a route: a stranger, or a dial that failed)
+            self._reclaimer.closed()
         if conn in self._handshaking and self.ssl_server is None and identify(conn.head) == "TLS":
             # (Once a warning; a stranger speaking TLS here does not fill the log.)
             self.heard_tls += 1

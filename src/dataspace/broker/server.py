@@ -467,6 +467,7 @@ class Server:
                                ssl_server=ssl_server, ssl_client=ssl_client)
         if self.memory is not None:  # what other members assert here is held for clients
             self.cluster.quota = Quota(sys.maxsize, self.memory)
+        self.memory_sources.append(self.cluster.held_bytes)  # (strangers on its port)
         try:
             await self.cluster.start()
         except OSError as e:

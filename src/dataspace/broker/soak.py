@@ -23,7 +23,18 @@ time, runs at once, each on its own schedule:
 * **malformed input** on fresh connections: random bytes, mutated packets, truncated
   packets, oversized declared lengths, deep nesting, valid packets with wrong events;
 * **kill -9 of clients**: ``dataspace assert '<Victim NAME>'`` subprocesses killed with
-  SIGKILL at random; an observer checks that their assertions are retracted in time.
+  SIGKILL at random; an observer checks that their assertions are retracted in time;
+* **the cluster port** (issue 29): the server is a cluster member with a second member
+  (a subprocess); strangers hold more than every waiting slot of both cluster ports,
+  reconnecting as soon as they are closed (``cluster-port``), while the second member is
+  killed with SIGKILL and restarted again and again: each time a client of it must be
+  seen on the server within 15 s; and a **rogue member** holding the secret gossips
+  100,000 members that do not exist (``rogue-member``): the server keeps its table
+  bounded and its route to the second member;
+* **TLS** (issue 29): a third server, with a certificate and an HTTPS port, under 200
+  connections that never start a TLS handshake, 100 that finish it and send nothing and
+  200 idle HTTPS ones (``tls``): the idle HTTPS ones must be closed within 35 s, and its
+  RSS must be back within 40 MB of where it was within 30 s of each attack's end.
 
 At the end it prints the probe's count, p50/p99 and failures, the checks that failed,
 the server's peak RSS, the attacks' outcomes by kind (the detail of the server's
@@ -131,7 +142,8 @@ ATTACKS = (
     "observe-only-cap",
     "memory",
 )
-PARTS = (*ATTACKS, "fuzz", "kills")
+CLUSTER_PARTS = ("cluster-port", "rogue-member")
+PARTS = (*ATTACKS, *CLUSTER_PARTS, "tls", "fuzz", "kills")
 """What runs besides the well-behaved clients and the probe (``--only`` picks some)."""
 
 # Loopback source addresses: the well-behaved clients, the probe and the victims use
@@ -144,6 +156,8 @@ _ATTACK_SOURCE = {
     "big-turn": "127.0.0.5",
     "work-loop": "127.0.0.6",
     "observe-only-cap": "127.0.0.7",
+    "cluster-port": "127.0.0.8",
+    "tls": "127.0.0.9",
 }
 _FUZZ_SOURCES = tuple(f"127.0.1.{i}" for i in range(1, 9))
 
@@ -217,6 +231,10 @@ class Tally:
         self.kill_latencies: list[float] = []
         self.rss_kib: list[int] = []
         self.hwm_kib = 0
+        self.rejoins: list[float] = []  # seconds for a restarted member to be seen again
+        self.stranger_flood: dict[str, int] = {}
+        self.rogue_runs: list[dict[str, Any]] = []
+        self.tls_runs: list[dict[str, float]] = []
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -306,7 +324,15 @@ class ServerUnderTest:
         return self.proc.pid if self.proc is not None else 0
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start the server; returns once it prints its sturdyref and port."""
+        """Start the server (again, after it stopped); returns once it prints its
+        sturdyref and port."""
+        for t in self._readers:  # (a previous run's: they end with its output)
+            t.join(10.0)
+        self._readers.clear()
+        with self._lock:
+            self._ready.clear()
+            self.sturdyref = ""
+            self.port = 0
         self.proc = subprocess.Popen(
             self.args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -1564,11 +1590,31 @@ def fuzz_case(rng: random.Random, pool: list[bytes], handshake_timeout: float) -
 # The soak
 
 
+async def _wait_for(fn: Callable[[], Any], timeout: float) -> Any:
+    """``fn()``'s first value that is not None within ``timeout`` s (re-asked every 0.1 s:
+    what a subprocess writes to its log is what there is to wait on), else None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = fn()
+        if v is not None or time.monotonic() >= deadline:
+            return v
+        await asyncio.sleep(0.1)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class Soak:
     """One run against one server (see the module docstring)."""
 
-    def __init__(self, config: SoakConfig, server: ServerUnderTest, rng_seed: int) -> None:
+    def __init__(self, config: SoakConfig, server: ServerUnderTest, rng_seed: int,
+                 secret: Path | None = None) -> None:
         self.cfg = config
+        self.secret = secret
+        """The cluster secret's file (the cluster parts run with one)."""
         self.server = server
         self.address = server.address
         self.cap_text = server.sturdyref
@@ -1661,6 +1707,10 @@ class Soak:
         for w in range(cfg.fuzz_workers if "fuzz" in parts else 0):
             loops.append(lambda w=w: self._cycles(f"fuzz-{w}", self._fuzz_round, w,
                                                   (0.01, 0.05)))
+        if parts & set(CLUSTER_PARTS) and self.secret is not None:
+            loops.append(self._cluster)
+        if "tls" in parts:
+            loops.append(self._tls)
         for v in range(cfg.victims if "kills" in parts else 0):
             loops.append(lambda v=v: self._cycles(f"kill-{v}", self._victim, v, (0.3, 1.5),
                                                   2.0))
@@ -1795,6 +1845,191 @@ class Soak:
             self.tally.fail(f"the server does not answer a new client at the end: {e}")
         finally:
             await final.close()
+
+    # -- the cluster port and TLS (issue 29) --------------------------------------------
+
+    def _cluster_address(self, server: ServerUnderTest) -> str | None:
+        for line in server.lines():
+            m = re.search(r"routes on (127\.0\.0\.1:\d+) \(member", line)
+            if m:
+                return m.group(1)
+        return None
+
+    async def _cluster(self) -> None:
+        """The second member, the strangers on both cluster ports and its restarts, and
+        the rogue member's runs (see the module docstring)."""
+        assert self.secret is not None
+        parts = set(self.cfg.only or PARTS)
+        rng = self.rng("cluster")
+        here = await _wait_for(lambda: self._cluster_address(self.server), 10.0)
+        if here is None:
+            self.tally.fail("cluster: the server did not say where it listens for routes")
+            return
+        port = _free_port()
+        # One root key: the soak's capability works on both members.
+        from ..datadir import ROOT_KEY
+
+        data = self.server.data_dir.parent / "second"
+        data.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.server.data_dir / ROOT_KEY, data / ROOT_KEY)
+        (data / ROOT_KEY).chmod(0o600)
+        second = ServerUnderTest(data, [
+            "--cluster", f"127.0.0.1:{port}", "--cluster-secret", str(self.secret),
+            "--routes", here], verbose=False)
+        flood: StrangerFlood | None = None
+        watcher: RemoteDataspace | None = None
+        seen: set[int] = set()
+        try:
+            await asyncio.to_thread(second.start, 30.0)
+            watcher = await connect(self.address, self.cap_text)
+            watcher.observe("<SoakRejoin $k>", on_assert=lambda k: (seen.add(k),
+                                                                   self.notifier.notify()))
+            await watcher.sync()
+            if "cluster-port" in parts:
+                from .cluster import MAX_STRANGERS
+
+                flood = StrangerFlood([here, f"127.0.0.1:{port}"], per_port=MAX_STRANGERS,
+                                      source=_ATTACK_SOURCE["cluster-port"])
+                flood.start()
+            k = 0
+            while not self.stop.is_set():
+                await _pause(self.stop, rng.uniform(3.0, 8.0))
+                if self.stop.is_set():
+                    break
+                if "cluster-port" in parts:
+                    k += 1
+                    await self._rejoin(second, k, seen)
+                if "rogue-member" in parts and not self.stop.is_set():
+                    await self._rogue(here)
+        except Exception as e:
+            if not self._server_gone():
+                self.tally.fail(f"cluster: {type(e).__name__}: {e}")
+        finally:
+            if flood is not None:
+                await flood.stop()
+                self.tally.stranger_flood = flood.summary()
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.close()
+            await asyncio.to_thread(second.stop, 20.0)
+
+    async def _rejoin(self, second: ServerUnderTest, k: int, seen: set[int]) -> None:
+        """kill -9 of the second member, restarted at once: a client of it is seen here
+        within 15 s (while strangers hold the cluster ports)."""
+        second.kill()
+        await asyncio.to_thread(second.start, 30.0)
+        t0 = time.monotonic()
+        client = await connect(second.address, self.cap_text, reconnect=False)
+        try:
+            client.assert_(Record(Symbol("SoakRejoin"), [k]))
+            ok = await self.notifier.until(lambda: k in seen, 15.0)
+            took = time.monotonic() - t0
+            if self.tally.check(ok, f"cluster-port: a restarted member's client was not seen "
+                                    f"on the other member within 15 s (round {k})"):
+                self.tally.rejoins.append(took)
+        finally:
+            await client.close()
+
+    async def _rogue(self, here: str) -> None:
+        """A rogue member's gossip for a few seconds: this member keeps its table
+        bounded, its route to the second member, and answers (the probe)."""
+        assert self.secret is not None
+        from .cluster import read_secret
+
+        rogue = RogueProcess([here], read_secret(self.secret))
+        try:
+            summary = await asyncio.to_thread(rogue.start)
+            await _pause(self.stop, 5.0)
+        finally:
+            summary = await asyncio.to_thread(rogue.stop)
+        try:
+            doc = json.loads((self.server.data_dir / "cluster.json").read_text())
+        except (OSError, ValueError) as e:
+            self.tally.fail(f"rogue-member: cannot read the member's cluster status: {e}")
+            return
+        kept = len(doc.get("members", []))
+        self.tally.check(kept <= doc.get("max_members", 64) + 2,
+                         f"rogue-member: the member keeps {kept} members after a rogue's "
+                         "gossip (more than its table holds)")
+        self.tally.rogue_runs.append({**summary, "members_kept": kept,
+                                      "members_ignored": doc.get("members_ignored", 0)})
+
+    async def _tls(self) -> None:
+        """A TLS server of its own under the TLS flood, again and again."""
+        rng = self.rng("tls")
+        tmp = self.server.data_dir.parent / "tls"
+        try:
+            import trustme
+        except ImportError:
+            self.tally.fail("tls: needs trustme to make certificates (pip install "
+                            "'dataspace[test]')")
+            return
+        ca = trustme.CA()
+        tmp.mkdir(parents=True, exist_ok=True)
+        leaf = ca.issue_cert("127.0.0.1")
+        leaf.cert_chain_pems[0].write_to_path(str(tmp / "server.crt"))
+        leaf.private_key_pem.write_to_path(str(tmp / "server.key"))
+        ca.cert_pem.write_to_path(str(tmp / "ca.crt"))
+        server = ServerUnderTest(tmp / "data", [
+            "--http", "127.0.0.1:0", "--tls-cert", str(tmp / "server.crt"),
+            "--tls-key", str(tmp / "server.key"), "--handshake-timeout", "5"], verbose=False)
+        try:
+            await asyncio.to_thread(server.start, 30.0)
+            https = await _wait_for(lambda: next(
+                (m.group(1) for line in server.lines()
+                 if (m := re.search(r"HTTP on https://([\d.:]+)/", line))), None), 10.0)
+            if https is None:
+                self.tally.fail("tls: the TLS server did not say where its HTTPS port is")
+                return
+            import ssl
+
+            ctx = ssl.create_default_context(cafile=str(tmp / "ca.crt"))
+            while not self.stop.is_set():
+                await self._tls_round(server, https, ctx)
+                await _pause(self.stop, rng.uniform(2.0, 6.0))
+        except Exception as e:
+            if not self._server_gone():
+                self.tally.fail(f"tls: {type(e).__name__}: {e}")
+        finally:
+            await asyncio.to_thread(server.stop, 20.0)
+
+    async def _tls_round(self, server: ServerUnderTest, https: str, ctx: Any) -> None:
+        def rss() -> float:
+            mem = server.memory_kib()
+            return mem[0] / 1024 if mem else 0.0
+
+        baseline = rss()
+        flood = TLSFlood(server.address, https, ctx, bare=200, idle=100, https=200,
+                         source=_ATTACK_SOURCE["tls"])
+        flood.start()
+        t0 = time.monotonic()
+        peak = baseline
+        try:
+            while (flood.closed_by_server["https"] < 200 and time.monotonic() - t0 < 40.0
+                   and not self.stop.is_set()):
+                peak = max(peak, rss())
+                await asyncio.sleep(0.5)  # (sampling)
+        finally:
+            await flood.stop()
+        if self.stop.is_set():
+            return
+        self.tally.check(flood.closed_by_server["https"] >= 200 and
+                         max(flood.lifetimes["https"], default=99.0) <= 35.0,
+                         f"tls: idle HTTPS connections not closed within 35 s: "
+                         f"{flood.summary()['https']}")
+        ended = time.monotonic()
+        now = rss()
+        while now - baseline >= 40 and time.monotonic() - ended < 30.0:
+            await asyncio.sleep(0.5)  # (sampling)
+            now = rss()
+        back = time.monotonic() - ended
+        self.tally.check(now - baseline < 40, f"tls: the TLS server's RSS was {now:.0f} MiB "
+                         f"30 s after an attack ended, {now - baseline:.0f} MiB above where it "
+                         "started (the bound is 40)")
+        self.tally.tls_runs.append({"peak_growth_mib": round(peak - baseline, 1),
+                                    "back_after_s": round(back, 1),
+                                    "https_closed_max_s": round(max(
+                                        flood.lifetimes["https"], default=0.0), 1)})
 
     # -- watching the server ------------------------------------------------------------
 
@@ -2259,6 +2494,19 @@ class Soak:
                 "generators": dict(t.fuzz_generators),
                 "outcomes": dict(t.fuzz_outcomes),
             },
+            "cluster": {
+                "rejoins": len(t.rejoins),
+                "rejoin_max_s": round(max(t.rejoins, default=0.0), 1),
+                "stranger_flood": t.stranger_flood,
+                "rogue_runs": t.rogue_runs,
+            },
+            "tls": {
+                "runs": len(t.tls_runs),
+                "peak_growth_mib": max((r["peak_growth_mib"] for r in t.tls_runs), default=0.0),
+                "back_after_s": max((r["back_after_s"] for r in t.tls_runs), default=0.0),
+                "https_closed_max_s": max((r["https_closed_max_s"] for r in t.tls_runs),
+                                          default=0.0),
+            },
             "kills": {
                 "count": t.kills,
                 "early": t.early_kills,
@@ -2335,11 +2583,19 @@ def run(config: SoakConfig) -> SoakResult:
     seed = config.seed if config.seed is not None else random.SystemRandom().randrange(1 << 32)
     tmp = Path(tempfile.mkdtemp(prefix="dataspace-soak-"))
     args = [*_limit_args(config.limits), *config.server_args]
+    secret: Path | None = None
+    if set(config.only or PARTS) & set(CLUSTER_PARTS):
+        from .cluster import make_secret
+
+        secret = tmp / "cluster.secret"
+        secret.write_text(make_secret())
+        secret.chmod(0o600)
+        args += ["--cluster", "127.0.0.1:0", "--cluster-secret", str(secret)]
     server = ServerUnderTest(tmp / "data", args)
     soak: Soak | None = None
     try:
         server.start()
-        soak = Soak(config, server, seed)
+        soak = Soak(config, server, seed, secret)
         log.info("server pid %d on %s", server.pid, server.address)
         if not config.quiet:
             _say(f"soak: seed {seed} (repeat with --seed {seed}); {config.seconds:g} s, "
@@ -2403,6 +2659,15 @@ def format_summary(s: dict[str, Any]) -> str:
                  + ", ".join(f"{g} {n}" for g, n in sorted(f["generators"].items())) + ")")
     lines.append("  outcomes: " + ", ".join(
         f"{kind} {n}" for kind, n in sorted(f["outcomes"].items(), key=lambda kv: -kv[1])))
+    c, tl = s["cluster"], s["tls"]
+    fl = c["stranger_flood"]
+    lines.append(f"cluster: {c['rejoins']} restarts of a member rejoined (slowest "
+                 f"{c['rejoin_max_s']:.1f} s) with strangers on the cluster ports "
+                 f"({fl.get('opened', 0)} connections, {fl.get('closed_by_server', 0)} closed "
+                 f"by the members); {len(c['rogue_runs'])} rogue members' gossip runs")
+    lines.append(f"tls: {tl['runs']} floods of a TLS server; RSS grew by at most "
+                 f"{tl['peak_growth_mib']:.0f} MiB, back within {tl['back_after_s']:.1f} s; idle "
+                 f"HTTPS connections closed after at most {tl['https_closed_max_s']:.1f} s")
     lines.append(f"kills: {k['count']} clients killed with SIGKILL ({k['early']} at a random "
                  f"moment); retraction seen after p50 {k['retraction_p50_ms']:.0f} ms, max "
                  f"{k['retraction_max_ms']:.0f} ms")

@@ -39,11 +39,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.sslproto
 import base64
-import contextlib
-import ctypes
-import ctypes.util
 import datetime
-import gc
 import ipaddress
 import logging
 import os
@@ -55,6 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .reclaim import Reclaimer
 
 __all__ = [
     "HANDSHAKE_TIMEOUT",
@@ -472,17 +470,8 @@ MAX_TLS_HANDSHAKES = 512
 start a handshake cannot hold more than this many buffers, nor keep others out."""
 GIVE_BACK_AFTER = 64
 """After this many TLS connections closed, the server gives memory back to the system
-(a full garbage collection, then ``malloc_trim``): at most every :data:`GIVE_BACK_EVERY`
-seconds, :data:`GIVE_BACK_DELAY` seconds after the last of them."""
-GIVE_BACK_EVERY = 10.0
-GIVE_BACK_DELAY = 1.0
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim  # type: ignore[no-any-return]
-    return None
+(a full garbage collection, then ``malloc_trim``: :class:`~.reclaim.Reclaimer`), at most
+every 10 seconds, a second after the last of them."""
 
 
 class _ServerTLSProtocol(asyncio.sslproto.SSLProtocol):
@@ -517,11 +506,8 @@ class TLSConnections:
         self.closed = 0
         self.crowded = 0
         """Connections closed in their handshake to make room for a newer one."""
-        self.given_back = 0
-        """Times memory was given back to the system after connections closed."""
-        self._since_give_back = 0
-        self._last_give_back = 0.0
-        self._give_back_timer: asyncio.TimerHandle | None = None
+        self.reclaimer = Reclaimer("TLS connections", GIVE_BACK_AFTER)
+        """Gives memory back to the system after many closed (``.runs``: how often)."""
 
     def held_bytes(self) -> int:
         """What the open TLS connections hold (for the server's memory budget)."""
@@ -560,32 +546,10 @@ class TLSConnections:
         self.handshaking.pop(p, None)
         self.live -= 1
         self.closed += 1
-        self._since_give_back += 1
-        if self._since_give_back >= GIVE_BACK_AFTER:
-            loop = asyncio.get_running_loop()
-            if self._give_back_timer is not None:
-                self._give_back_timer.cancel()
-            delay = max(GIVE_BACK_DELAY,
-                        self._last_give_back + GIVE_BACK_EVERY - time.monotonic())
-            self._give_back_timer = loop.call_later(delay, self._give_back)
-
-    def _give_back(self) -> None:
-        self._give_back_timer = None
-        self._since_give_back = 0
-        self._last_give_back = time.monotonic()
-        t0 = time.perf_counter()
-        gc.collect()
-        trim = _malloc_trim()
-        if trim is not None:
-            trim(0)
-        self.given_back += 1
-        log.debug("TLS: gave memory back to the system after connections closed (%.0f ms)",
-                  1000 * (time.perf_counter() - t0))
+        self.reclaimer.closed()
 
     def close(self) -> None:
-        if self._give_back_timer is not None:
-            self._give_back_timer.cancel()
-            self._give_back_timer = None
+        self.reclaimer.close()
 
 
 _trackers: weakref.WeakKeyDictionary[ssl.SSLContext, TLSConnections] = \
