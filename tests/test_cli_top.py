@@ -1,21 +1,23 @@
 """`dataspace info` and `dataspace top` as subprocesses against `dataspace serve --http`:
 the summary once (text and JSON), top's snapshot without a terminal, and top live in a
-pseudo-terminal (keys sort, q quits).  Waits are bounded and wait on output."""
+pseudo-terminal (keys sort, q quits, a resize, the terminal given back).  Waits are bounded
+and wait on output."""
 
 from __future__ import annotations
 
 import asyncio
-import io
+import fcntl
 import json
 import os
 import pty
 import re
 import select
 import signal
+import struct
 import subprocess
+import termios
 import time
-
-from rich.console import Console
+from collections.abc import Callable
 
 from broker_support import PY, TIMEOUT, ServerProcess, async_test
 from dataspace._build import BUILD
@@ -79,6 +81,7 @@ async def test_info_and_top_snapshot(tmp_path):
         # The recorder's subscription is the server's own: marked so.
         assert "(recorder chat) <$ <Says $who $text>>" in out, out
         assert "sort:" not in out  # no key help without a terminal
+        assert "\x1b" not in out  # nor any escape sequence
 
         # --once --json: what the screen shows, as one object.
         code, out, err = await _cli("top", "--once", "--json", "--url", url, "--data-dir", data)
@@ -234,10 +237,7 @@ def _fake(n: int) -> Sample:
 
 
 def _screen(s: Sample, width: int, height: int | None = None, sort: str = "c") -> list[str]:
-    console = Console(width=width, record=True, highlight=False, color_system=None,
-                      file=io.StringIO())
-    console.print(render(s, sort, False, 30, height is not None, width, height))
-    return console.export_text().rstrip("\n").split("\n")
+    return str(render(s, sort, False, 30, height is not None, width, height)).split("\n")
 
 
 def _headings(lines: list[str]) -> str:
@@ -417,3 +417,208 @@ async def test_top_on_a_terminal_says_the_server_is_gone_and_comes_back(tmp_path
             proc.wait(TIMEOUT)
         os.close(master)
         await srv.stop()
+
+
+def test_top_shows_control_characters_in_what_it_is_given_as_question_marks():
+    """What top shows comes from the server, and through it from clients: an escape
+    sequence in a name or a pattern would reach the terminal.  It is shown as ``?``; the
+    only escapes on the screen are top's own styles."""
+    s = _fake(2)
+    s.conns["connections"][0]["name"] = "evil\x1b]0;pwned\x07\x1b[2J\u202ename"
+    s.subs["patterns"][0]["pattern"] = "<Says \x1b[31m $>"  # type: ignore[index]
+    screen = render(s, "c", False, 30, True, 120, 40)
+    text = str(screen)
+    assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, text
+    assert "evil?]0;pwned??[2J?name" in text and "<Says ?[31m $>" in text
+    styled = "\n".join(screen.styled())
+    assert set(re.findall(r"\x1b[^a-zA-Z]*[a-zA-Z]", styled)) <= {
+        "\x1b[0m", "\x1b[1m", "\x1b[2m", "\x1b[31m"}, styled
+
+
+# ------------------------------------------------------------------------------------
+# The terminal: drawn with ANSI escapes, and given back as it was
+
+
+class _Terminal:
+    """A terminal of ``cols`` x ``rows`` as far as top's escapes go (the cursor's
+    position, erasing in the line and below, the alternate screen, the cursor shown or
+    hidden): what it shows, and how far each frame (from the top left) reached, in columns
+    and rows.  Anything else top writes fails."""
+
+    CSI = re.compile(r"\x1b\[([?0-9;]*)([@-~])")
+
+    def __init__(self, cols: int, rows: int) -> None:
+        self.cols, self.rows = cols, rows
+        self.grid = [[" "] * cols for _ in range(rows)]
+        self.y = self.x = 0
+        self.alt, self.cursor, self.entered, self.left = False, True, 0, 0
+        self.frames: list[list[int]] = []  # [columns, rows] reached by each frame
+        self.rest = ""
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.grid = [(r + [" "] * cols)[:cols] for r in self.grid[:rows]]
+        self.grid += [[" "] * cols for _ in range(rows - len(self.grid))]
+        self.cols, self.rows = cols, rows
+
+    def lines(self) -> list[str]:
+        return ["".join(r).rstrip() for r in self.grid]
+
+    def feed(self, data: str) -> None:
+        data, self.rest, i = self.rest + data, "", 0
+        while i < len(data):
+            if data[i] == "\x1b":
+                m = self.CSI.match(data, i)
+                if m is None:
+                    assert re.fullmatch(r"\x1b(\[[?0-9;]*)?", data[i:]), repr(data[i:i + 20])
+                    self.rest = data[i:]  # the rest of it comes with the next read
+                    return
+                self._csi(m.group(1), m.group(2))
+                i = m.end()
+                continue
+            if self.alt:
+                assert data[i] >= " ", repr(data[i])  # no \r, \n or other control
+                if self.frames:
+                    f = self.frames[-1]
+                    f[0], f[1] = max(f[0], self.x + 1), max(f[1], self.y + 1)
+                if self.y < self.rows and self.x < self.cols:
+                    self.grid[self.y][self.x] = data[i]
+                self.x += 1
+            i += 1
+
+    def _csi(self, params: str, final: str) -> None:
+        if params.startswith("?") and final in "hl":
+            on = final == "h"
+            if params == "?1049":
+                self.alt = on
+                self.entered += on
+                self.left += not on
+                self.grid = [[" "] * self.cols for _ in range(self.rows)]
+            elif params == "?25":
+                self.cursor = on
+            else:
+                assert params == "?7", params  # wrapping at the margin: off, then on again
+        elif final == "H":
+            row, col = [*params.split(";"), "1", "1"][:2] if params else ("1", "1")
+            self.y, self.x = int(row or 1) - 1, int(col or 1) - 1
+            if (self.y, self.x) == (0, 0) and self.alt:
+                self.frames.append([0, 0])
+        elif final == "K":
+            assert params in ("", "0"), params
+            self.grid[self.y][self.x:] = [" "] * max(0, self.cols - self.x)
+        elif final == "J":
+            if params == "2":
+                self.grid = [[" "] * self.cols for _ in range(self.rows)]
+            else:
+                assert params in ("", "0"), params
+                self.grid[self.y][self.x:] = [" "] * max(0, self.cols - self.x)
+                for r in range(self.y + 1, self.rows):
+                    self.grid[r] = [" "] * self.cols
+        else:
+            assert final == "m" and re.fullmatch(r"[0-9;]*", params), (params, final)
+
+
+def _follow(fd: int, term: _Terminal, until: Callable[[_Terminal], bool],
+            timeout: float = TIMEOUT) -> None:
+    """Feed what top writes to ``term`` until ``until(term)`` holds."""
+    deadline = time.monotonic() + timeout
+    while not until(term):
+        left = deadline - time.monotonic()
+        assert left > 0, "\n".join(term.lines())
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # the program ended (EIO)
+                data = b""
+            if not data:
+                assert until(term), "\n".join(term.lines())
+                return
+            term.feed(data.decode())
+
+
+def _window(fd: int, cols: int, rows: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+def _drawn(term: _Terminal) -> bool:
+    """A whole frame is on the screen (its last line is the keys' help)."""
+    return term.alt and any(line.endswith("q quit") for line in term.lines())
+
+
+@async_test
+async def test_top_follows_a_resize_and_gives_the_terminal_back(tmp_path):
+    """Drawn with ANSI escape sequences: the alternate screen, the cursor hidden, no line
+    wider than the window.  Resized (the terminal sends SIGWINCH), top draws again at once
+    for the new size (here --interval is long: nothing else draws).  q, Ctrl-C (the
+    terminal sends SIGINT) and SIGTERM leave the alternate screen, show the cursor and put
+    the terminal back in its mode (echo, lines edited); Ctrl-Z (SIGTSTP) gives it back
+    until the process is continued.  A pipe gets no escape sequence (the snapshot test)."""
+    srv, url = await _server(tmp_path)
+    loop = asyncio.get_running_loop()
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
+    try:
+        for end in ("q", signal.SIGINT, signal.SIGTERM):
+            master, slave = pty.openpty()
+            keep = os.dup(slave)  # to read its mode once top has ended
+            _window(master, 100, 30)
+            mode = termios.tcgetattr(slave)
+            assert mode[3] & termios.ECHO and mode[3] & termios.ICANON
+            proc = subprocess.Popen(
+                [PY, "-m", "dataspace.cli", "top", "--url", url, "--data-dir",
+                 str(tmp_path / "data"), "--interval", "60"],
+                stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                env={**env, "TERM": "xterm"})
+            os.close(slave)
+            term = _Terminal(100, 30)
+            try:
+                await loop.run_in_executor(None, _follow, master, term, _drawn)
+                assert term.entered == 1 and not term.cursor
+                assert term.frames[0][0] <= 100 and term.frames[0][1] <= 30, term.frames
+                assert term.lines()[0].startswith("dataspace 0.1.0  server ")
+                assert any(line.lstrip().startswith("ID CLIENT ") for line in term.lines())
+                if end == "q":
+                    # Narrower and shorter: drawn again at once, every line within.
+                    _window(master, 44, 20)
+                    term.resize(44, 20)
+                    proc.send_signal(signal.SIGWINCH)
+                    await loop.run_in_executor(None, _follow, master, term, lambda t: (
+                        re.fullmatch(r"dataspace 0\.1\.0  server [0-9a-f]+", t.lines()[0])
+                        is not None and _drawn(t)))
+                    assert len(term.frames) == 2 and term.frames[1][0] <= 44, term.frames
+                    assert term.frames[1][1] <= 20, term.frames
+                    assert any(line.lstrip().startswith("ID CLIENT ") for line in term.lines())
+                    # Ctrl-Z: the terminal as it was; continued: the screen again.
+                    proc.send_signal(signal.SIGTSTP)
+                    await loop.run_in_executor(None, _follow, master, term,
+                                               lambda t: t.left == 1 and t.cursor)
+                    proc.send_signal(signal.SIGCONT)
+                    await loop.run_in_executor(None, _follow, master, term,
+                                               lambda t: t.entered == 2 and _drawn(t))
+                    assert not term.cursor
+                    os.write(master, b"q")
+                else:
+                    proc.send_signal(end)
+                code = await loop.run_in_executor(None, proc.wait, TIMEOUT)
+                assert code == (143 if end == signal.SIGTERM else 0), (end, code)
+                await loop.run_in_executor(None, _follow, master, term,
+                                           lambda t: not t.alt and t.cursor)
+                assert term.left == term.entered, end
+                assert termios.tcgetattr(keep) == mode, end  # echo and lines again
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(TIMEOUT)
+                os.close(master)
+                os.close(keep)
+    finally:
+        assert await srv.stop() == 0
+
+
+def test_top_and_clients_import_neither_rich_nor_curses():
+    """Issue 33: rich (with Pygments, about 14 MB) is no dependency any more; top draws
+    with the standard library's escapes, not curses (which some Pythons lack)."""
+    out = subprocess.run(
+        [PY, "-c", "import sys, dataspace.cli.top, dataspace.cli.clients; print(sorted("
+         "m for m in sys.modules if m.split('.')[0] in ('rich', 'pygments', 'curses')))"],
+        capture_output=True, text=True, timeout=TIMEOUT, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

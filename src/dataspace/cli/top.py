@@ -1,25 +1,29 @@
 """``dataspace top``: a live, sortable table of a server's connections, rates and busiest
-patterns (like nats-top), read from its HTTP port's JSON endpoints."""
+patterns (like nats-top), read from its HTTP port's JSON endpoints.
+
+Drawn with the standard library alone (no rich, no curses): a :class:`Screen` is lines of
+styled text cut to the width, printed plain (a pipe, ``str()``) or with ANSI escape
+sequences; :class:`Terminal` is the live screen -- the alternate screen, the cursor hidden,
+keys without Enter -- and restores the terminal on every way out."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
 import os
+import re
 import select
+import shutil
+import signal
 import sys
 import threading
 import time
+import unicodedata
 import urllib.error
-from collections.abc import Callable, Iterator
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, TextIO
 
 from ._http import HTTP_HELP, Api, HttpFail, add_http_args, duration
 
@@ -186,6 +190,176 @@ def client(c: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------
+# Styled text cut to a width: plain for a pipe, ANSI escape sequences for a terminal
+
+
+Segment = tuple[str, str]
+"""Text and its style: space-separated names of :data:`SGR` ("" for none)."""
+Line = list[Segment]
+
+SGR = {"bold": "1", "dim": "2", "reverse": "7", "red": "31", "yellow": "33"}
+"""The styles top uses, as Select Graphic Rendition parameters (ECMA-48)."""
+COLOURS = {"red", "yellow"}
+"""The styles left out under ``NO_COLOR`` (bold, dim and reverse stay)."""
+ELLIPSIS = "…"
+
+_BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))}
+
+
+def clean(s: str) -> str:
+    """``s`` safe to put on a terminal: control characters (an escape sequence in the
+    name a client gave itself) and bidirectional overrides shown as ``?``."""
+    if s.isprintable():
+        return s
+    return "".join("?" if unicodedata.category(ch) in ("Cc", "Zl", "Zp") or ch in _BIDI
+                   else ch for ch in s)
+
+
+def _char_cells(ch: str) -> int:
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
+def cells(s: str) -> int:
+    """The columns ``s`` takes on a terminal (a CJK character two, a combining mark none)."""
+    return len(s) if s.isascii() else sum(map(_char_cells, s))
+
+
+def cut(s: str, width: int, mark: str = ELLIPSIS) -> str:
+    """``s`` in at most ``width`` columns: whole, else cut and ended with ``mark``."""
+    if cells(s) <= width:
+        return s
+    room, used, out = max(0, width - cells(mark)), 0, []
+    for ch in s:
+        used += _char_cells(ch)
+        if used > room:
+            break
+        out.append(ch)
+    return "".join(out) + (mark if width >= cells(mark) else "")
+
+
+def _line_cells(line: Line) -> int:
+    return sum(cells(t) for t, _style in line)
+
+
+def _cut_line(line: Line, width: int, mark: str = ELLIPSIS) -> Line:
+    """``line`` in at most ``width`` columns (cut in the segment that crosses it)."""
+    if _line_cells(line) <= width:
+        return line
+    out: Line = []
+    left = width
+    for text, style in line:
+        w = cells(text)
+        if w < left or (w == left and not mark):
+            out.append((text, style))
+            left -= w
+            continue
+        out.append((cut(text, left, mark), style))
+        break
+    return out
+
+
+class Screen:
+    """What top shows: lines of styled text, none wider than ``width`` columns.  ``str()``
+    is the plain text (a pipe, a file, a test); :meth:`styled` the lines with ANSI
+    escapes."""
+
+    def __init__(self, width: int) -> None:
+        self.width = max(1, width)
+        self.lines: list[Line] = []
+
+    def add(self, *segments: Segment | str) -> None:
+        """One line (cut to the width; text made safe by :func:`clean`)."""
+        line = [(clean(s), "") if isinstance(s, str) else (clean(s[0]), s[1]) for s in segments]
+        self.lines.append(_cut_line(line, self.width, ""))
+
+    def extend(self, lines: Sequence[Line]) -> None:
+        for line in lines:
+            self.add(*line)
+
+    def plain(self) -> list[str]:
+        return ["".join(t for t, _s in line).rstrip() for line in self.lines]
+
+    def __str__(self) -> str:
+        return "\n".join(self.plain())
+
+    def styled(self, colour: bool = True) -> list[str]:
+        """The lines with SGR escapes for their styles (``colour``: False under
+        ``NO_COLOR``), each ending with its attributes reset."""
+        out = []
+        for line in self.lines:
+            parts = []
+            while line and not line[-1][1] and line[-1][0].rstrip() != line[-1][0]:
+                text = line[-1][0].rstrip()  # trailing blanks: cleared, not written
+                line = line[:-1] + ([(text, "")] if text else [])
+            for text, style in line:
+                codes = [SGR[n] for n in style.split() if colour or n not in COLOURS]
+                parts.append(f"\x1b[{';'.join(codes)}m{text}\x1b[0m" if codes and text else text)
+            out.append("".join(parts))
+        return out
+
+
+class Table:
+    """A table without borders: a title, bold headings, one space between columns.  Each
+    column is as wide as its heading and cells (at least ``min_width``, at most
+    ``max_width``: longer cells are cut with …); a table wider than the screen narrows its
+    left-aligned (text) columns, never a heading."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.columns: list[tuple[str, bool, int, int | None]] = []
+        self.rows: list[list[Line]] = []
+
+    def add_column(self, head: str, right: bool = False, min_width: int = 0,
+                   max_width: int | None = None) -> None:
+        self.columns.append((head, right, max(min_width, len(head)), max_width))
+
+    def add_row(self, *cells_: str | Line) -> None:
+        self.rows.append([[(c, "")] if isinstance(c, str) else c for c in cells_])
+
+    def lines(self, width: int) -> list[Line]:
+        """The title, the headings and the rows, for a ``width``-column screen: columns
+        that do not fit once the text columns are as narrow as they go are left out, from
+        the right (the first always shows)."""
+        rows = [[[(clean(t), s) for t, s in cell] for cell in row] for row in self.rows]
+        widths: list[int] = []
+        for i, (_head, _right, low, high) in enumerate(self.columns):
+            w = max([low] + [_line_cells(r[i]) for r in rows])
+            widths.append(max(low, min(w, high)) if high is not None else w)
+        n = len(widths)
+        while n > 1 and sum(self.columns[i][2] if not self.columns[i][1] else widths[i]
+                            for i in range(n)) + n - 1 > width:
+            n -= 1
+        widths = widths[:n]
+        over = sum(widths) + n - 1 - width
+        while over > 0:  # the widest text column that can give a column back
+            free = [i for i, (_h, right, low, _x) in enumerate(self.columns[:n])
+                    if not right and widths[i] > low]
+            if not free:
+                break
+            i = max(free, key=lambda i: widths[i])
+            widths[i] -= 1
+            over -= 1
+        out: list[Line] = [[(cut(clean(self.title), width), "")]] if self.title else []
+        heads: Line = []
+        for i, (head, right, _low, _high) in enumerate(self.columns[:n]):
+            pad = (" " * (widths[i] - len(head)), "")
+            heads += [(" " if i else "", "")] + ([pad, (head, "bold")] if right
+                                                  else [(head, "bold"), pad])
+        out.append(heads)
+        for row in rows:
+            line: Line = []
+            for i, cell in enumerate(row[:n]):
+                cell = _cut_line(cell, widths[i])
+                pad = (" " * (widths[i] - _line_cells(cell)), "")
+                line += [(" " if i else "", "")] + ([pad, *cell] if self.columns[i][1]
+                                                    else [*cell, pad])
+            out.append(line)
+        return out
+
+
+# ------------------------------------------------------------------------------------
 # The connections table: as many columns as the width holds, most useful first
 
 
@@ -274,11 +448,6 @@ def choose_columns(rows: list[dict[str, Any]], width: int,
     return cols, client_w
 
 
-def _table(**kw: Any) -> Table:
-    return Table(box=None, pad_edge=False, padding=(0, 1), collapse_padding=True,
-                 show_edge=False, header_style="bold", title_justify="left", **kw)
-
-
 def _pack(parts: list[str], width: int) -> str:
     """``parts`` joined by two spaces, on as many lines of ``width`` as they need."""
     lines: list[str] = []
@@ -291,13 +460,13 @@ def _pack(parts: list[str], width: int) -> str:
 
 
 def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
-           width: int = 200, height: int | None = None, notice: str | None = None) -> Group:
+           width: int = 200, height: int | None = None, notice: str | None = None) -> Screen:
     """The screen for ``width`` columns (and ``height`` rows on a terminal): the totals,
     the connections table with the columns that fit, and the busiest patterns; a
     ``notice`` (the server is gone) above them all, the rest as last seen."""
     sv = s.server
     r = s.rates
-    head = Text(_pack([
+    head: list[Line] = [[(line, "")] for line in _pack([
         f"dataspace {sv['version']}", f"server {sv['server_id']}",
         f"up {duration(sv.get('uptime'))}", f"memory {nbytes(sv.get('memory_rss'))}",
         f"connections {num(sv['connections'])}", f"assertions {num(sv['assertions'])}",
@@ -306,17 +475,19 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
         + " out " + _per_s(sv, r, "messages_out", num, rate),
         "bytes in " + _per_s(sv, r, "bytes_in", nbytes, nbytes)
         + " out " + _per_s(sv, r, "bytes_out", nbytes, nbytes),
-    ], width))
+    ], width).split("\n")]
     errs = {k: v for k, v in sv.get("errors", {}).items() if v}
     if errs:
         parts = [f"{k} {num(v)}" for k, v in errs.items()]
-        head.append("\n" + _pack(["errors: " + parts[0], *parts[1:]], width), style="red")
+        head += [[(line, "red")] for line in
+                 _pack(["errors: " + parts[0], *parts[1:]], width).split("\n")]
     if notice:
-        head = Text(notice[:width], style="bold yellow") + Text("\n") + head
+        head.insert(0, [(notice, "bold yellow")])
 
     heads = [f"{k} {h}" for k, h in KEY_HEADS.items()]
-    keys = Text(_pack(["sort: " + heads[0], *heads[1:], "r reverse", "q quit"], width),
-                style="dim") if live else None
+    keys = ([[(line, "dim")] for line in
+             _pack(["sort: " + heads[0], *heads[1:], "r reverse", "q quit"], width).split("\n")]
+            if live else None)
     pats = list(s.subs["patterns"]) if s.subs is not None else []
     pat_rows = min(len(pats), 10)
     groups = sorted(sv.get("groups") or (), key=lambda g: (g.get("rate") or 0, g["messages"],
@@ -324,9 +495,11 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
     grp_rows = min(len(groups), GROUP_ROWS)
     room = lines
     if height is not None:  # a terminal: rows that do not fit are left out
-        fixed = len(head.plain.split("\n")) + 2  # + the table's title and headings
-        if keys is not None:
-            fixed += len(keys.plain.split("\n"))
+        fixed = len(head) + 2  # + the table's title and headings
+        if keys is not None and height - fixed - len(keys) >= 1:
+            fixed += len(keys)
+        else:  # a screen too short for the keys' help and one connection: the connection
+            keys = None
         avail = max(1, height - fixed)
         # The groups get up to a sixth of the screen.
         grp_rows = max(0, min(grp_rows, avail // 6 - 2))
@@ -346,37 +519,38 @@ def render(s: Sample, sort: str, reverse: bool, lines: int, live: bool,
              + (" (reversed)" if reverse else "")
              + (f", first {len(shown)}" if len(rows) > len(shown) else ""))
     cols, client_w = choose_columns(shown, width, field)
-    t = _table(title=title)
+    t = Table(title)
     for col in cols:
         if col.head == "CLIENT":
-            t.add_column(col.head, no_wrap=True, overflow="ellipsis", min_width=CLIENT_MIN,
-                         max_width=client_w)
+            t.add_column(col.head, min_width=CLIENT_MIN, max_width=client_w)
         else:
-            t.add_column(col.head, justify="left" if col.left else "right", no_wrap=True,
-                         overflow="ellipsis", min_width=len(col.head), max_width=col.width)
+            t.add_column(col.head, right=not col.left, max_width=col.width)
     for c in shown:
         t.add_row(*(col.cell(c) for col in cols))
-    parts: list[Any] = [head, t]
+    screen = Screen(width)
+    screen.extend(head)
+    screen.extend(t.lines(width))
     if pat_rows:
         pats.sort(key=lambda p: (p.get("rate") or 0, p["delivered"], p["observers"]),
                   reverse=True)
-        pt = _table(title=f"busiest patterns in {s.subs['dataspace']}"  # type: ignore[index]
-                    if s.subs is not None else "")
-        pt.add_column("PATTERN", no_wrap=True, overflow="ellipsis", min_width=10,
+        pt = Table(f"busiest patterns in {s.subs['dataspace']}"  # type: ignore[index]
+                   if s.subs is not None else "")
+        pt.add_column("PATTERN", min_width=10,
                       max_width=max(10, width - 35))  # the other four and their spaces
-        for col in ("OBSERVERS", "MATCHES", "EVENTS", "EVENTS/s"):
-            pt.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+        for head_ in ("OBSERVERS", "MATCHES", "EVENTS", "EVENTS/s"):
+            pt.add_column(head_, right=True)
         for p in pats[:pat_rows]:
             own = p.get("own")
-            pattern = (Text(f"({own}) ", style="dim") + Text(p["pattern"])) if own else p["pattern"]
+            pattern: Line | str = ([(f"({own}) ", "dim"), (p["pattern"], "")] if own
+                                   else p["pattern"])
             pt.add_row(pattern, num(p["observers"]), num(p["matches"]),
                        num(p["delivered"]), rate(p.get("rate")))
-        parts.append(pt)
+        screen.extend(pt.lines(width))
     if grp_rows:
-        parts.append(_groups_table(groups[:grp_rows], len(groups), width))
+        screen.extend(_groups_table(groups[:grp_rows], len(groups), width).lines(width))
     if keys is not None:
-        parts.append(keys)
-    return Group(*parts)
+        screen.extend(keys)
+    return screen
 
 
 GROUP_ROWS = 5
@@ -387,12 +561,11 @@ def _groups_table(groups: list[dict[str, Any]], total: int, width: int) -> Table
     """The groups of observers: members, messages given (and their rate), jobs held and
     waiting, reassignments."""
     more = f" (busiest {len(groups)} of {total})" if total > len(groups) else ""
-    t = _table(title=f"groups{more}")
-    t.add_column("GROUP", no_wrap=True, overflow="ellipsis", min_width=5, max_width=16)
-    t.add_column("PATTERN", no_wrap=True, overflow="ellipsis", min_width=7,
-                 max_width=max(7, width - 17 - 6 * 5 - 1))
+    t = Table(f"groups{more}")
+    t.add_column("GROUP", min_width=5, max_width=16)
+    t.add_column("PATTERN", min_width=7, max_width=max(7, width - 17 - 6 * 5 - 1))
     for col in ("MEMB", "MSGS", "MSG/s", "JOBS", "WAIT", "MOVED"):
-        t.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+        t.add_column(col, right=True)
     for g in groups:
         name = g["group"] if g.get("dataspace") in (None, "root") else \
             f"{g['group']} ({g['dataspace']})"
@@ -408,27 +581,138 @@ def _per_s(sv: dict[str, Any], rates: dict[str, float | None], key: str,
     return total(sv[key]) + ("" if r is None else f" ({per(r)}/s)")
 
 
-@contextlib.contextmanager
-def _keys() -> Iterator[Any]:
-    """The terminal in cbreak mode (keys without Enter), restored at the end."""
-    import termios
-    import tty
+# ------------------------------------------------------------------------------------
+# The live screen on a terminal: ANSI escape sequences (ECMA-48 and xterm's private
+# modes, which every terminal in use today understands), no curses
 
-    fd = sys.stdin.fileno()
-    old = termios.tcgetattr(fd)
+
+ENTER = "\x1b[?1049h\x1b[?25l\x1b[?7l\x1b[2J"
+"""The alternate screen, the cursor hidden, no wrapping at the margin, cleared."""
+LEAVE = "\x1b[0m\x1b[?7h\x1b[?25h\x1b[?1049l"
+"""Back: attributes reset, wrapping on, the cursor shown, the normal screen as it was."""
+
+
+def styles_for(out: TextIO) -> bool:
+    """Whether ``out`` takes escape sequences: a terminal that is not ``TERM=dumb``."""
     try:
-        tty.setcbreak(fd)
-        yield fd
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, old)
+        return out.isatty() and os.environ.get("TERM") != "dumb"
+    except ValueError:  # closed
+        return False
 
 
-def _key(fd: int, timeout: float) -> str | None:
-    ready, _w, _x = select.select([fd], [], [], max(0.0, timeout))
-    if not ready:
-        return None
-    data = os.read(fd, 1)
-    return data.decode(errors="replace") if data else "q"
+_SEQUENCE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|O.|[^\x1b])")
+"""What a key other than a letter sends (an arrow: ``ESC [ A``; Alt-x: ``ESC x``)."""
+
+
+class Terminal:
+    """The live screen: in the alternate screen, the cursor hidden, keys read without Enter
+    (cbreak: Ctrl-C still interrupts), redrawn at once when the window changes size (or
+    the process is continued after Ctrl-Z).  Leaving -- q, Ctrl-C, an error, SIGTERM or
+    SIGHUP -- gives the terminal back as it was; Ctrl-Z gives it back until ``fg``."""
+
+    def __init__(self, out: TextIO, fd: int) -> None:
+        self.out, self.fd = out, fd
+        self.colour = not os.environ.get("NO_COLOR")
+        self._saved: list[Any] | None = None
+        self._handlers: dict[int, Any] = {}
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+
+    def __enter__(self) -> Terminal:
+        try:
+            self._enter()
+            for sig, handler in ((signal.SIGWINCH, self._resized), (signal.SIGTSTP, self._suspend),
+                                 (signal.SIGTERM, self._ended), (signal.SIGHUP, self._ended)):
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                    self._handlers[sig] = signal.signal(sig, handler)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._handlers.items():
+            signal.signal(sig, handler)
+        self._handlers.clear()
+        self._leave()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _enter(self) -> None:
+        import termios
+        import tty
+
+        self._saved = termios.tcgetattr(self.fd)
+        tty.setcbreak(self.fd, termios.TCSANOW)
+        self._write(ENTER)
+
+    def _leave(self) -> None:
+        import termios
+
+        self._write(LEAVE)
+        if self._saved is not None:
+            try:
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+            except termios.error:  # the terminal is gone (SIGHUP)
+                pass
+            self._saved = None
+
+    def _write(self, data: str) -> None:
+        try:
+            self.out.write(data)
+            self.out.flush()
+        except OSError:  # the terminal is gone: nothing left to restore on it
+            pass
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b".")
+        except (BlockingIOError, OSError):  # a wake is pending already
+            pass
+
+    def _resized(self, _sig: int, _frame: FrameType | None) -> None:
+        self._wake()
+
+    def _suspend(self, sig: int, _frame: FrameType | None) -> None:
+        self._leave()
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # stopped here until continued (fg)
+        signal.signal(sig, self._suspend)
+        self._enter()
+        self._wake()
+
+    def _ended(self, sig: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + sig)  # the screen is left on the way out
+
+    def size(self) -> tuple[int, int]:
+        """Columns and lines ($COLUMNS and $LINES first, as for every program)."""
+        size = shutil.get_terminal_size()
+        return max(1, size.columns), max(1, size.lines)
+
+    def draw(self, screen: Screen, height: int) -> None:
+        """``screen`` from the top left, each line cleared after its end, the rest of the
+        screen cleared; lines beyond ``height`` are left out (no scrolling)."""
+        lines = screen.styled(self.colour)[:height]
+        frame = [f"\x1b[{row};1H{text}" + ("\x1b[K" if cells(line_) < screen.width else "")
+                 for row, (text, line_) in enumerate(zip(lines, screen.plain()), 1)]
+        if len(lines) < height:
+            frame.append(f"\x1b[{len(lines) + 1};1H\x1b[J")
+        self._write("".join(frame))
+
+    def read(self, timeout: float) -> str | None:
+        """The keys typed within ``timeout`` seconds (None: none; "": woken to redraw;
+        keys that send escape sequences, such as arrows, left out; "q" at the end of the
+        input)."""
+        ready, _w, _x = select.select([self.fd, self._wake_r], [], [], max(0.0, timeout))
+        if self._wake_r in ready:
+            os.read(self._wake_r, 64)
+            return ""
+        if not ready:
+            return None
+        data = os.read(self.fd, 64).decode(errors="replace")
+        if not data:
+            return "q"
+        return data if data == "\x1b" else _SEQUENCE.sub("", data)  # Esc alone, or keys
 
 
 # ------------------------------------------------------------------------------------
@@ -527,54 +811,69 @@ def run(args: argparse.Namespace) -> int:
             return _run_json(api, args, first)
         except KeyboardInterrupt:
             return 0
-    interactive = sys.stdout.isatty() and sys.stdin.isatty() and not args.once
-    if not interactive:
-        width = int(os.environ.get("COLUMNS", "0") or 0) or 200  # a file or pipe: no wrapping
-        Console(highlight=False, width=width).print(
-            render(first, args.sort, False, args.lines, False, width))
+    with_styles = styles_for(sys.stdout)
+    if hasattr(sys.stdout, "reconfigure"):  # a name the output's encoding lacks: as ?
+        sys.stdout.reconfigure(errors="replace")
+    if not (with_styles and sys.stdin.isatty() and not args.once):
+        # One snapshot: at the terminal's width (styled), else $COLUMNS or 200 (no wrapping)
+        if with_styles:
+            width = shutil.get_terminal_size().columns
+        else:
+            width = int(os.environ.get("COLUMNS", "0") or 0) or 200
+        screen = render(first, args.sort, False, args.lines, False, width)
+        text = (screen.styled(not os.environ.get("NO_COLOR")) if with_styles
+                else screen.plain())
+        sys.stdout.write("\n".join(text) + "\n")
+        sys.stdout.flush()
         return 0
-    sort, reverse, sample = args.sort, False, first
-    console = Console(highlight=False)
-    away: Reconnect | None = None
-
-    def screen() -> Group:
-        w, h = console.size
-        notice = away.notice(time.monotonic()) if away is not None else None
-        return render(sample, sort, reverse, args.lines, True, w, h, notice)
-
     try:
-        with _keys() as fd, Live(screen(), console=console, screen=True,
-                                 auto_refresh=False) as live:
-            next_at = time.monotonic() + args.interval
-            while True:
-                # While the server is away, the screen's countdown moves every second.
-                due = next_at if away is None else min(away.next_at, time.monotonic() + 1.0)
-                key = _key(fd, due - time.monotonic())
+        return _live(api, args, first)
+    except KeyboardInterrupt:  # Ctrl-C: the screen is left on the way here
+        return 0
+
+
+def _live(api: Api, args: argparse.Namespace, sample: Sample) -> int:
+    """The live screen until q, Ctrl-C or an answer that waiting will not change."""
+    sort, reverse = args.sort, False
+    away: Reconnect | None = None
+    failed: HttpFail | None = None
+    with Terminal(sys.stdout, sys.stdin.fileno()) as term:
+        def draw() -> None:
+            w, h = term.size()
+            notice = away.notice(time.monotonic()) if away is not None else None
+            term.draw(render(sample, sort, reverse, args.lines, True, w, h, notice), h)
+
+        draw()
+        next_at = time.monotonic() + args.interval
+        while failed is None:
+            # While the server is away, the screen's countdown moves every second.
+            due = next_at if away is None else min(away.next_at, time.monotonic() + 1.0)
+            keys = term.read(due - time.monotonic())
+            for key in keys or "":
                 if key in ("q", "Q", "\x03", "\x1b"):
                     return 0
                 if key == "r":
                     reverse = not reverse
-                elif key is not None and key in SORTS:
+                elif key in SORTS:
                     sort, reverse = key, False
-                now = time.monotonic()
-                if key is None and (away is None or now >= away.next_at):
-                    try:
-                        sample = Sample(api, args.dataspace, sample if away is None else None)
-                        away = None
-                    except HttpFail as e:
-                        why = gone(e)
-                        if why is None:
-                            live.stop()
-                            print(f"dataspace top: {e}", file=sys.stderr)
-                            return 1
-                        if away is None:
-                            away = Reconnect(why, time.monotonic())
-                        else:
-                            away.failed(why, time.monotonic())
-                    next_at = time.monotonic() + args.interval
-                live.update(screen(), refresh=True)
-    except KeyboardInterrupt:
-        return 0
+            now = time.monotonic()
+            if keys is None and (away is None or now >= away.next_at):
+                try:
+                    sample = Sample(api, args.dataspace, sample if away is None else None)
+                    away = None
+                except HttpFail as e:
+                    why = gone(e)
+                    if why is None:
+                        failed = e
+                        break
+                    if away is None:
+                        away = Reconnect(why, time.monotonic())
+                    else:
+                        away.failed(why, time.monotonic())
+                next_at = time.monotonic() + args.interval
+            draw()
+    print(f"dataspace top: {failed}", file=sys.stderr)  # on the normal screen, which stays
+    return 1
 
 
 def _run_json(api: Api, args: argparse.Namespace, sample: Sample) -> int:
