@@ -86,8 +86,8 @@ class RowsOnly:
     def __init__(self, store: Any) -> None:
         self._store = store
 
-    def streams(self, include_internal: bool = False) -> Any:
-        return self._store.streams(include_internal)
+    def streams(self, include_internal: bool = False, with_damaged: bool = False) -> Any:
+        return self._store.streams(include_internal, with_damaged=with_damaged)
 
     def lock_holder(self, name: str) -> Any:
         return self._store.lock_holder(name)
@@ -148,7 +148,7 @@ class Stuck:
         self.fail = fail
         self.calls = 0
 
-    def streams(self, include_internal: bool = False) -> list[Any]:
+    def streams(self, include_internal: bool = False, with_damaged: bool = False) -> list[Any]:
         self.calls += 1
         if self.fail:
             raise StoreError("the disk is on fire")

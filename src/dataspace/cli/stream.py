@@ -73,7 +73,10 @@ def register(sub: Any) -> None:
         "--json, one JSON array of objects, one per stream, with the fields of 'stream info "
         "--json' (without store): name, length, first, last, next (indices; first and last "
         "null when empty), created and last_time (seconds since the epoch), max_count, "
-        "max_age (seconds), internal, tailers (a list of {name, position, lag, updated}).",
+        "max_age (seconds), internal, tailers (a list of {name, position, lag, updated}), "
+        "damaged (null, or what is wrong with a damaged stream's bookkeeping: its other "
+        "fields are then null).  A damaged stream is listed with the others, marked DAMAGED "
+        "and named on standard error, and the exit status is 1.",
         epilog="examples:\n"
         "  dataspace stream ls\n"
         "  dataspace stream ls --all                    with the store's own (__...)\n"
@@ -358,7 +361,13 @@ def _duration(seconds: float) -> str:
 
 def _stream_json(s: StreamInfo) -> dict[str, Any]:
     """A stream as ``stream ls --json`` and ``stream info --json`` give it (the field names
-    of the web API's ``/api/streams``, and ``last``)."""
+    of the web API's ``/api/streams``, and ``last``).  A damaged stream (``stream ls``
+    lists it with the others): its name and ``damaged``, what is wrong in a few words
+    (null for a sound stream); its other fields null."""
+    if s.damaged is not None:
+        return {"name": s.name, "length": None, "first": None, "last": None, "next": None,
+                "created": None, "last_time": None, "max_count": None, "max_age": None,
+                "internal": s.internal, "tailers": [], "damaged": s.damaged}
     return {
         "name": s.name,
         "length": s.count,
@@ -372,29 +381,46 @@ def _stream_json(s: StreamInfo) -> dict[str, Any]:
         "internal": s.internal,
         "tailers": [{"name": t.name, "position": t.position, "lag": max(0, s.next - t.position),
                      "updated": t.updated_ns / 1e9} for t in s.tailers],
+        "damaged": None,
     }
 
 
 def run_ls(args: argparse.Namespace) -> int:
     try:
         with _store(args) as store:
-            streams = store.streams(include_internal=args.all)
+            streams = store.streams(include_internal=args.all, with_damaged=True)
+            where = store.display
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
+    broken = [s for s in streams if s.damaged is not None]
     if args.json:
         print(json.dumps([_stream_json(s) for s in streams], ensure_ascii=False))
-        return 0
+        return _damaged_streams(where, broken)
     if not streams:
         print("no streams yet (dataspace stream append NAME VALUE creates one)")
         return 0
     rows = [("NAME", "ENTRIES", "INDICES", "LAST APPEND", "RETENTION", "TAILERS")]
     for s in streams:
+        if s.damaged is not None:
+            rows.append((s.name, "DAMAGED", "?", "?", "?", "?"))
+            continue
         rng = "-" if s.first is None else f"{s.first}..{s.next - 1}"
         rows.append((s.name, str(s.count), rng, _ago(s.last_time_ns), _retention(s), str(len(s.tailers))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    return 0
+    return _damaged_streams(where, broken)
+
+
+def _damaged_streams(where: str, broken: list[StreamInfo]) -> int:
+    """Each damaged stream said in one line on standard error (as a read of it says it);
+    1 if any."""
+    from ..streams.integrity import damaged
+
+    sys.stdout.flush()
+    for s in broken:
+        _fail(str(damaged(where, s.name, s.damaged or "")))
+    return 1 if broken else 0
 
 
 def run_info(args: argparse.Namespace) -> int:

@@ -195,11 +195,21 @@ class StreamInfo:
     max_age: float | None = None
     last_time_ns: int | None = None
     tailers: tuple[TailerInfo, ...] = field(default=())
+    damaged: str | None = None
+    """Only in :meth:`Store.streams` with ``with_damaged``: what is wrong with this
+    stream's bookkeeping (its row, a tailer's), in a few words -- its other fields then
+    say nothing (``next`` 0, ``first`` None, no tailers)."""
 
     @property
     def internal(self) -> bool:
         """Streams named ``__...`` are the store's own (processor backing streams)."""
         return self.name.startswith("__")
+
+    @classmethod
+    def broken(cls, name: str, err: StoreCorrupt) -> StreamInfo:
+        """The info of stream ``name`` whose bookkeeping could not be verified (``err``)."""
+        return cls(name=name, first=None, next=0, count=0, created_ns=0,
+                   damaged=err.reason or str(err))
 
 
 class Transaction(ABC):
@@ -369,8 +379,12 @@ class Store(ABC):
         """Details of one stream (raises :class:`StreamNotFound`)."""
 
     @abstractmethod
-    def streams(self, include_internal: bool = False) -> list[StreamInfo]:
-        """Every stream, by name."""
+    def streams(self, include_internal: bool = False, *,
+                with_damaged: bool = False) -> list[StreamInfo]:
+        """Every stream, by name.  One whose bookkeeping (its row, a tailer's) fails
+        verification raises :class:`StoreCorrupt` -- or, ``with_damaged``, is listed with
+        the others, marked (:attr:`StreamInfo.damaged`): what someone recovering a store
+        needs to see."""
 
     @abstractmethod
     def has_stream(self, name: str) -> bool:

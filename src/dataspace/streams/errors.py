@@ -28,7 +28,14 @@ class StoreError(Exception):
 
 class StoreCorrupt(StoreError):
     """The store file is damaged or is not a store at all -- also raised by a read that
-    did not get what it asked for (see :mod:`.integrity`): nothing of it is returned."""
+    did not get what it asked for (see :mod:`.integrity`): nothing of it is returned.
+
+    Raised for one damaged stream (:func:`.integrity.damaged`), it names it in
+    ``stream`` and says what is wrong, in a few words, in ``reason``; both are None when
+    the damage is the store's as a whole."""
+
+    stream: str | None = None
+    reason: str | None = None
 
 
 class ForeignStore(StoreError):

@@ -225,10 +225,13 @@ def check_advance(stream: str, nxt: int, holds: bool, to: int) -> None:
 
 def damaged(where: str, stream: str, what: str) -> StoreCorrupt:
     """The one-line error of a damaged stream: what is wrong and what to do."""
-    return StoreCorrupt(
+    err = StoreCorrupt(
         f"stream {stream!r} in {where} is damaged: {what} (run `dataspace stream info "
         f"{stream} --check`; restore the store from a backup)"
     )
+    err.stream = stream
+    err.reason = what
+    return err
 
 
 def _span(a: int, b: int) -> str:

@@ -796,10 +796,20 @@ class PostgresStore(Store):
             raise damaged(self._display, row.name, what)
         return mine
 
-    def _infos(self, rows: list[tuple[Any, ...]]) -> list[StreamInfo]:
+    def _infos(self, rows: list[tuple[Any, ...]],
+               with_damaged: bool = False) -> list[StreamInfo]:
         """Infos of streams from ``_ROW`` rows with the last entry's time, verified, with
-        their tailers (each verified): call with the rows' connection, in one snapshot."""
-        checked = [(self._check_row(r), r[10]) for r in rows]
+        their tailers (each verified): call with the rows' connection, in one snapshot.
+        ``with_damaged``: a stream that fails verification is listed, marked."""
+        checked: list[tuple[StreamRow, Any]] = []
+        broken: dict[str, StreamInfo] = {}
+        for r in rows:
+            try:
+                checked.append((self._check_row(r), r[10]))
+            except StoreCorrupt as e:
+                if not with_damaged:
+                    raise
+                broken[str(r[1])] = StreamInfo.broken(str(r[1]), e)
         ids = [row.id for row, _t in checked]
         tailers: dict[int, list[TailerInfo]] = {}
         nexts = {row.id: (row.name, row.next) for row, _t in checked}
@@ -808,10 +818,18 @@ class PostgresStore(Store):
                 f"SELECT stream, name, position, updated_ns, checksum FROM {_T} WHERE stream = "
                 "ANY(%s) ORDER BY stream, name", (ids,)):
                 name, nxt = nexts[sid]
-                p = verify_tailer(self._display, name, sid, t, p, u, c, nxt)
+                try:
+                    p = verify_tailer(self._display, name, sid, t, p, u, c, nxt)
+                except StoreCorrupt as e:
+                    if not with_damaged:
+                        raise
+                    broken[name] = StreamInfo.broken(name, e)
+                    continue
                 tailers.setdefault(sid, []).append(TailerInfo(name, t, p, u))
         out = []
         for row, last_t in checked:
+            if row.name in broken:
+                continue
             first = row.first if row.first < row.next else None
             out.append(StreamInfo(
                 name=row.name, first=first, next=row.next,
@@ -820,22 +838,25 @@ class PostgresStore(Store):
                 max_age=None if row.max_age_ms is None else row.max_age_ms / 1000.0,
                 last_time_ns=last_t, tailers=tuple(tailers.get(row.id, ())),
             ))
+        if broken:
+            out = sorted([*out, *broken.values()], key=lambda i: i.name.encode())
         return out
 
     _INFO = (f"SELECT * FROM (SELECT r.*, (SELECT time_ns FROM {_E} e WHERE e.stream = r.id "
              f"AND e.idx = r.hi) FROM ({_ROW}) r) q")
 
-    def _snapshot_rows(self, sql: str, params: Any = ()) -> list[StreamInfo]:
+    def _snapshot_rows(self, sql: str, params: Any = (),
+                       with_damaged: bool = False) -> list[StreamInfo]:
         """:meth:`_infos` of the rows of ``sql``, with the tailers read in the same snapshot
         (a read-only REPEATABLE READ transaction, unless inside this thread's own)."""
         if getattr(self._local, "tx", None) is not None:
-            return self._infos(self._rows(sql, params))
+            return self._infos(self._rows(sql, params), with_damaged)
         with self._conn() as c:
             with c.transaction():
                 c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                 self._local.snap = c
                 try:
-                    return self._infos(self._rows(sql, params))
+                    return self._infos(self._rows(sql, params), with_damaged)
                 finally:
                     self._local.snap = None
 
@@ -845,11 +866,13 @@ class PostgresStore(Store):
             raise StreamNotFound(f"no stream named {name!r} in {self._display}")
         return got[0]
 
-    def streams(self, include_internal: bool = False) -> list[StreamInfo]:
+    def streams(self, include_internal: bool = False, *,
+                with_damaged: bool = False) -> list[StreamInfo]:
         # Filtered before the rows are verified: a listing without --all does not read the
         # store's own streams.
         where = "" if include_internal else " WHERE q.name NOT LIKE '\\_\\_%%'"
-        return self._snapshot_rows(self._INFO + where + " ORDER BY q.name COLLATE \"C\"")
+        return self._snapshot_rows(self._INFO + where + " ORDER BY q.name COLLATE \"C\"",
+                                   with_damaged=with_damaged)
 
     def delete_stream(self, name: str) -> None:
         # By its id alone: a stream whose row is damaged can be removed.

@@ -57,7 +57,14 @@ from typing import Any
 from .._threads import start_daemon
 from ..pattern import Bind, Pattern, as_pattern, parse_pattern
 from ..values import Record, Sequence, Symbol, Value, encode
-from .base import MAX_VALUE_SIZE, Store, Transaction, check_user_name, parse_duration
+from .base import (
+    MAX_VALUE_SIZE,
+    Store,
+    StoreCorrupt,
+    Transaction,
+    check_user_name,
+    parse_duration,
+)
 from .tailer import Tailer
 
 __all__ = [
@@ -316,10 +323,12 @@ class Recorder:
                 or self._closing,
                 self.block_timeout,
             )
-        if self.error is not None or len(self._queue) >= self.max_queue:
+        if self.error is not None:
+            self.dropped += 1  # the stop was said once: each value is counted, not logged
+            return
+        if len(self._queue) >= self.max_queue:
             self.dropped += 1
-            log.error("recorder %s: %s; message dropped", self.stream,
-                      f"store failed ({self.error})" if self.error else "queue full")
+            log.error("recorder %s: queue full; message dropped", self.stream)
             return
         self._queue.append(item)
         self._enqueued += 1
@@ -368,14 +377,7 @@ class Recorder:
                     else:
                         written, discarded = self._write_led(tx, batch, term)
             except Exception as e:
-                log.exception("recorder %s: writing to the store failed; recording stops", self.stream)
-                with self._cond:
-                    self.error = e
-                    self.dropped += len(batch) + len(self._queue)
-                    self._done += len(batch) + len(self._queue)
-                    self._queue.clear()
-                    self._cond.notify_all()
-                self._progress()
+                self._stop(e, len(batch))
                 return
             took = time.perf_counter() - t0
             lost = None
@@ -536,6 +538,25 @@ class Recorder:
         """Whether this recorder leads its stream (its takeover may still be pending)."""
         term = self._term
         return term is not None and not term.lost
+
+    def _stop(self, e: Exception, taken: int = 0) -> None:
+        """Recording of this stream stops on the store's error ``e`` (``taken``: values
+        of the failed batch), said once: a damaged stream in one line (the other
+        recorders go on); every value queued or observed from now on is counted in
+        :attr:`dropped`."""
+        if isinstance(e, StoreCorrupt):
+            log.error("recorder %s: %s; recording of this stream stops, the other recorders "
+                      "go on", self.stream, e)
+        else:
+            log.error("recorder %s: writing to the store failed; recording stops",
+                      self.stream, exc_info=e)
+        with self._cond:
+            self.error = e
+            self.dropped += taken + len(self._queue)
+            self._done += taken + len(self._queue)
+            self._queue.clear()
+            self._cond.notify_all()
+        self._progress()
 
     def _lost(self, term: _Term) -> None:
         cb = self.on_lost
@@ -830,12 +851,20 @@ def start_recorders(
     recorders: list[Recorder] = []
     try:
         for spec in parsed:
+            damage = None
             if spec.max_count is not None or spec.max_age is not None:
-                store.create_stream(spec.stream, max_count=spec.max_count, max_age=spec.max_age)
+                try:
+                    store.create_stream(spec.stream, max_count=spec.max_count,
+                                        max_age=spec.max_age)
+                except StoreCorrupt as e:  # this stream's: the others are recorded
+                    damage = e
             recorders.append(
                 Recorder(dataspace, spec.pattern, store, spec.stream, events=spec.events,
                          capture=spec.capture)
             )
+            if damage is not None:
+                recorders[-1]._stop(damage)
+                continue
             log.info("recording %s into stream %s (%s)", spec.pattern, spec.stream,
                      "+".join(spec.events))
     except BaseException:

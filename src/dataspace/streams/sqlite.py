@@ -641,12 +641,24 @@ class SQLiteStore(Store):
                     raise StreamNotFound(f"no stream named {name!r} in {self.path}")
                 return self._info(r)
 
-    def streams(self, include_internal: bool = False) -> list[StreamInfo]:
+    def streams(self, include_internal: bool = False, *,
+                with_damaged: bool = False) -> list[StreamInfo]:
         with self._lock:
             self._check_open()
             with self._snapshot():
                 rows = self._all(_ROW + " ORDER BY s.name")
-                return [self._info(r) for r in rows if include_internal or not is_reserved(r[1])]
+                out = []
+                for r in rows:
+                    name = r[1] if type(r[1]) is str else str(r[1])
+                    if not include_internal and is_reserved(name):
+                        continue
+                    try:
+                        out.append(self._info(r))
+                    except StoreCorrupt as e:
+                        if not with_damaged:
+                            raise
+                        out.append(StreamInfo.broken(name, e))
+                return out
 
     def delete_stream(self, name: str) -> None:
         # By its id alone: a stream whose row is damaged can be removed.

@@ -370,7 +370,7 @@ def store_snapshot(store: Store) -> StoreSnapshot:
     """Read what the store's metrics need (store threads): the stream and tailer rows and
     the graphs' locks; never an entry."""
     t0 = time.perf_counter()
-    infos = store.streams(include_internal=True)
+    infos = store.streams(include_internal=True, with_damaged=True)
     holder = getattr(store, "lock_holder", None)
     holders: dict[str, str | None] = {}
     for graph in sorted(_graphs(infos))[:MAX_GRAPHS]:
@@ -421,6 +421,9 @@ class StoreCollector(Collector):
         when = _gauge("dataspace_stream_last_append_time_seconds",
                       "When the last entry held was appended (seconds since the epoch).",
                       labels=s)
+        broken = _gauge("dataspace_stream_damaged",
+                        "1 for a stream whose bookkeeping is damaged (its other series are "
+                        "absent): `dataspace stream info STREAM --check` says what.", labels=s)
         t = ["stream", "tailer"]
         position = _gauge("dataspace_tailer_position",
                           "The next index a named tailer reads from its stream.", labels=t)
@@ -430,6 +433,9 @@ class StoreCollector(Collector):
         tailers = 0
         unlisted = 0
         for i in listed:
+            if i.damaged is not None:
+                broken.add_metric([i.name], 1)
+                continue
             entries.add_metric([i.name], i.count)
             if i.next > 0:
                 last.add_metric([i.name], i.next - 1)
@@ -444,7 +450,9 @@ class StoreCollector(Collector):
                 tailers += 1
                 position.add_metric([i.name, tl.name], tl.position)
                 lag.add_metric([i.name, tl.name], max(0, i.next - tl.position))
-        yield from (entries, last, first, when, position, lag)
+        yield from (entries, last, first, when, broken, position, lag)
+        yield _gauge("dataspace_streams_damaged", "Streams whose bookkeeping is damaged (the "
+                     "store's own included).", sum(i.damaged is not None for i in snap.streams))
         yield _gauge("dataspace_tailers_unlisted",
                      f"Named tailers without series of their own (beyond {MAX_TAILERS}, or "
                      "on unlisted streams).",

@@ -5,7 +5,8 @@ runs on the port's store threads):
 
 ``GET /api/streams`` (``?all=1``: the store's own ``__...`` streams too)
     Per stream: name, length, first and next index, retention, and its tailers with
-    their position and lag.
+    their position and lag; a stream whose bookkeeping is damaged is listed with the
+    others, with ``damaged`` saying what is wrong (null for the sound ones).
 ``GET /api/pipelines``
     Per graph found in the store (backing streams ``__backing/GRAPH/PROCESSOR``): its
     processors with their input positions, lag and last step, and the graph's streams,
@@ -47,7 +48,13 @@ def _tailer_rows(info: StreamInfo) -> list[dict[str, Any]]:
 
 
 def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
-    """A stream as ``GET /api/streams`` shows it."""
+    """A stream as ``GET /api/streams`` shows it: ``damaged`` is null, or what is wrong
+    with a damaged stream's bookkeeping (its other figures are then null)."""
+    if info.damaged is not None:
+        return {"name": info.name, "length": None, "first": None, "next": None,
+                "created": None, "last_time": None, "max_count": None, "max_age": None,
+                "internal": info.internal, "published": published, "tailers": [],
+                "damaged": info.damaged}
     return {
         "name": info.name,
         "length": info.count,
@@ -60,6 +67,7 @@ def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
         "internal": info.internal,
         "published": published,
         "tailers": _tailer_rows(info),
+        "damaged": None,
     }
 
 
@@ -273,7 +281,7 @@ def setup(app: web.Application, ctx: WebContext) -> None:
         store = need_store(access, "the streams")
         every = request.query.get("all", "") in ("1", "yes", "true")
         try:
-            infos = await ctx.run_store(store.streams, every)
+            infos = await ctx.run_store(lambda: store.streams(every, with_damaged=True))
         except StoreError as e:
             raise ApiError(503, f"the stream store failed: {e}") from None
         pub = set(ctx.publish)

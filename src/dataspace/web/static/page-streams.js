@@ -11,16 +11,22 @@ export function pageStreams() {
   every(2000, async () => {
     let data;
     try { data = await api("/api/streams"); } catch (e) { list.replaceChildren(errorBox(e)); return; }
+    // A stream whose bookkeeping is damaged is listed with the others, marked, its reason
+    // said under the table (the server cannot tell its figures).
+    const broken = data.streams.filter((r) => r.damaged != null);
     list.replaceChildren(section("Streams", table([
-      { key: "name", label: "stream", render: (r) => h("a", { href: "?stream=" + encodeURIComponent(r.name), class: r.name === selected ? "sel" : null,
-        onclick: (ev) => { ev.preventDefault(); selected = r.name; setQuery({ stream: r.name }); showTail(r.name); } }, r.name) },
+      { key: "name", label: "stream", render: (r) => [h("a", { href: "?stream=" + encodeURIComponent(r.name), class: r.name === selected ? "sel" : null,
+        onclick: (ev) => { ev.preventDefault(); selected = r.name; setQuery({ stream: r.name }); showTail(r.name); } }, r.name),
+        r.damaged != null ? [" ", h("span", { class: "badge bad", title: r.damaged }, "damaged")] : null] },
       { key: "length", label: "entries", num: true },
       { key: "next", label: "next index", num: true },
       { key: "last_time", label: "last append", render: (r) => fmtTime(r.last_time) },
-      { key: "retention", label: "retention", render: (r) => [r.max_count != null ? `${r.max_count} entries` : null, r.max_age != null ? `${r.max_age} s` : null].filter(Boolean).join(", ") || "all" },
+      { key: "retention", label: "retention", render: (r) => r.damaged != null ? "?" : [r.max_count != null ? `${r.max_count} entries` : null, r.max_age != null ? `${r.max_age} s` : null].filter(Boolean).join(", ") || "all" },
       { key: "tailers", label: "readers (lag)", render: (r) => r.tailers.map((t) => `${t.name} (${t.lag})`).join(", ") || "" },
       { key: "published", label: "published", render: (r) => r.published ? "yes" : "" },
-    ], data.streams, { empty: "No streams yet: record some with dataspace serve --record STREAM:PATTERN." })));
+    ], data.streams, { empty: "No streams yet: record some with dataspace serve --record STREAM:PATTERN." }),
+    broken.length ? h("ul", { class: "damaged" }, broken.map((r) => h("li", { class: "run-note bad" },
+      h("code", null, r.name), ` is damaged: ${r.damaged} (dataspace stream info ${r.name} --check says more; restore the store from a backup)`))) : null));
   });
   let tailTimer = null;
   const showTail = (name) => {
