@@ -854,6 +854,26 @@ def test_cluster_settings_are_checked_with_one_line_errors(tmp_path):
         "127.0.0.1:0", ["127.0.0.1:7422"], "prod", "/s")
     with pytest.raises(ConfigError, match="unknown key"):
         parse_config('{cluster: {listen: "127.0.0.1:0" route: []}}')
+    # The member table's size (issue 29): 64 by default, a whole number of at least 1.
+    assert ServerConfig().cluster_max_members == 64
+    cfg = parse_config('{cluster: {listen: "127.0.0.1:0" max-members: 10}}')
+    assert cfg.cluster_max_members == 10
+    for bad in ("0", '"ten"', "2.5"):
+        with pytest.raises(ConfigError, match="max-members must be a whole number"):
+            parse_config(f'{{cluster: {{listen: "127.0.0.1:0" max-members: {bad}}}}}')
+    with pytest.raises(ConfigError, match="--cluster-max-members must be a whole number"):
+        ServerConfig(cluster="127.0.0.1:7422", cluster_max_members=0).check(prefix="--")
+    secret = tmp_path / "s.secret"
+    secret.write_text(make_secret())
+    secret.chmod(0o600)
+    spec = ServerConfig(cluster="127.0.0.1:0", cluster_secret=str(secret),
+                        cluster_max_members=7).cluster_spec(tmp_path)
+    assert spec is not None and spec.max_members == 7
+    from dataspace.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--cluster", "127.0.0.1:0",
+                                      "--cluster-max-members", "5"])
+    assert args.cluster_max_members == 5
     with pytest.raises(ConfigError, match="needs listen"):
         parse_config('{cluster: {routes: []}}')
 

@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from broker_support import Changes, async_test
+from broker_support import PY, Changes, async_test
 from dataspace.broker.cluster import MAX_STRANGERS, make_secret, read_secret
 from dataspace.broker.soak import Notifier, RogueProcess, ServerUnderTest, StrangerFlood
 from dataspace.client import RemoteDataspace, connect
@@ -281,6 +283,14 @@ async def test_a_rogue_members_gossip_does_not_take_the_cluster_down(tmp_path, s
                 doc = json.loads((m.data_dir / "cluster.json").read_text())
                 assert doc["members_ignored"] > 0 and len(doc["members"]) <= 64 + 2, \
                     (doc["members_ignored"], len(doc["members"]))
+            # What an operator sees.
+            r = await asyncio.to_thread(subprocess.run, [
+                PY, "-m", "dataspace.cli", "cluster", "status", "--data-dir", str(a.data_dir)],
+                capture_output=True, text=True, timeout=TIMEOUT)
+            assert r.returncode == 0, r.stdout + r.stderr
+            # (the made-up members it keeps are listed, down, until forgotten after 30 s)
+            assert re.search(r"; 3 of (\d+) members up", r.stdout), r.stdout[:300]
+            assert "members named by gossip past the table (64): " in r.stdout, r.stdout[-300:]
         finally:
             await probe.stop()
             await asyncio.to_thread(rogue.stop)

@@ -139,6 +139,11 @@ def print_status(doc: dict[str, Any], running: bool = True) -> None:
             line += f" (attempts {m['attempts']}"
             line += f", last error: {m['last_error']})" if m.get("last_error") else ")"
         print(line)
+    ignored, closed = doc.get("members_ignored", 0), doc.get("strangers_closed", 0)
+    if ignored or closed or doc.get("strangers"):
+        print(f"  strangers on the cluster port: {doc.get('strangers', 0)} now, {closed:,} "
+              f"closed; members named by gossip past the table ({doc.get('max_members', 64)}): "
+              f"{ignored:,} ignored")
 
 
 def run_status(args: argparse.Namespace) -> int:
