@@ -81,6 +81,67 @@ async def test_sync_waits_for_the_recorder(tmp_path):
         store.close()
 
 
+@async_test
+async def test_a_message_dropped_for_a_full_queue_fails_the_syncs_that_cover_it(tmp_path):
+    """A store that takes no batch for block_timeout while the queue is full: the value
+    that found no room is dropped and counted, and no sync after it is answered as if it
+    were durable (the connection is closed with the store-failed error, now and for a
+    client that syncs later); what was queued before the drop is still committed."""
+    import threading
+
+    from dataspace.streams import Recorder, open_store
+
+    async with running_server(tmp_path) as server:
+        store = open_store(tmp_path / "store")
+        entered, release, marker = threading.Event(), threading.Event(), threading.Event()
+        transaction = store.transaction
+
+        def blocked_transaction(*args, **kwargs):  # the first commit waits for release
+            if not entered.is_set():
+                entered.set()
+                release.wait(20)
+            return transaction(*args, **kwargs)
+
+        root = server.dataspaces["root"]
+        rec = Recorder(root, "<Says $who $text>", store, "chat", max_queue=1,
+                       block_timeout=0.2)
+        store.transaction = blocked_transaction
+        rec.on_progress = server.sync_gate.progress
+        server.add_durable_source(rec)
+        # Delivered after the drop (a connection's turns are taken in order).
+        root.observe("<Marker>", on_message=lambda *caps: marker.set())
+        ds = await connect(tcp_address(server), server.sturdyref, reconnect=False)
+        try:
+            ds.send(parse('<Says "a" 0>'))  # taken by the writer, which blocks
+            assert await asyncio.to_thread(entered.wait, 20)
+            ds.send(parse('<Says "a" 1>'))  # the queue is full now
+            ds.send(parse('<Says "a" 2>'))  # no room for 0.2 s: dropped
+            ds.send(parse("<Marker>"))
+            sync = asyncio.ensure_future(ds.sync(timeout=20))
+            assert await asyncio.to_thread(marker.wait, 20)
+            release.set()  # the store goes on: 0 and 1 are committed, 2 never will be
+            with pytest.raises(ConnectionError):
+                await sync
+        finally:
+            release.set()
+            await ds.close()
+        assert rec.dropped == 1 and "fell behind" in str(rec.failed)
+        assert server.errors["store"] == 1
+        # A client that syncs later is not told that what it sent is durable either.
+        late = await connect(tcp_address(server), server.sturdyref, reconnect=False)
+        try:
+            late.send(parse('<Says "b" 3>'))
+            with pytest.raises(ConnectionError):
+                await late.sync(timeout=20)
+        finally:
+            await late.close()
+        assert rec.dropped == 2
+        rec.close()
+        assert [e.value for e in store.read("chat", 0, 10)] == [
+            parse('<Says "a" 0>'), parse('<Says "a" 1>')]
+        store.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_acknowledged_messages_survive_kill_9_of_a_recording_server(tmp_path, backend, request):
     """20 kills on the SQLite store, 8 on PostgreSQL (serve --record with its store in the

@@ -13,8 +13,11 @@ Recorder
     queued up in one transaction per batch (so a burst costs one commit, not one per
     message) and wakes readers.  :meth:`Recorder.flush` waits until everything observed so
     far is committed.  The queue is bounded (``max_queue``): when the store falls behind,
-    callbacks wait for room (back-pressure, bounded by ``block_timeout``; after that the
-    message is dropped with an error in the log and counted in ``dropped``).
+    callbacks wait for room (back-pressure, bounded by ``block_timeout``).  A message that
+    found no room in that time is dropped, and the recorder stops as it does when the
+    store fails (:attr:`Recorder.failed`): what was queued before is still committed,
+    every later value is dropped (all counted in ``dropped``), and a server's syncs fail
+    rather than tell a client that what it sent is durable (:meth:`Recorder.reached`).
 
 Emitter
     Sends a stream's entries into a dataspace as messages, in order.  With a named tailer
@@ -61,6 +64,7 @@ from .base import (
     MAX_VALUE_SIZE,
     Store,
     StoreCorrupt,
+    StoreError,
     Transaction,
     check_user_name,
     parse_duration,
@@ -327,8 +331,19 @@ class Recorder:
             self.dropped += 1  # the stop was said once: each value is counted, not logged
             return
         if len(self._queue) >= self.max_queue:
+            # What a client was told is durable is durable: a value that found no room
+            # stops the recorder as a store failure does, so that no sync covering it is
+            # answered (see reached); what was queued before it is still committed.
             self.dropped += 1
-            log.error("recorder %s: queue full; message dropped", self.stream)
+            self.error = StoreError(
+                f"it fell behind: the recorder's queue of {self.max_queue:,} values stayed "
+                f"full for {self.block_timeout:g} s and a message was dropped")
+            log.error("recorder %s: the store fell behind (the queue of %d values stayed full "
+                      "for %g s): a message was dropped and recording stops; what is queued "
+                      "is still committed, later values are dropped and counted, and syncs "
+                      "fail", self.stream, self.max_queue, self.block_timeout)
+            self._cond.notify_all()
+            self._progress()  # the syncs waiting for it fail now
             return
         self._queue.append(item)
         self._enqueued += 1
@@ -354,11 +369,13 @@ class Recorder:
     def _writer(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._queue or self._closing or (
-                    self._term is not None and self._term.pending))
+                self._cond.wait_for(lambda: self._queue or self._closing
+                                    or self.error is not None
+                                    or (self._term is not None and self._term.pending))
                 term = self._term
-                if not self._queue and not (term is not None and term.pending):
-                    return
+                if not self._queue and (self.error is not None
+                                        or not (term is not None and term.pending)):
+                    return  # (stopped: what was queued before the stop is committed)
                 n = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(n)]
                 self._cond.notify_all()
@@ -580,8 +597,14 @@ class Recorder:
         return self._enqueued
 
     def reached(self, mark: int) -> bool:
-        """Whether everything up to ``mark`` is committed (or dropped, or failed)."""
-        return self._done >= mark or self.error is not None
+        """Whether everything up to ``mark`` is committed.  Never once the recorder has
+        stopped (:attr:`failed`: what it was given may have been dropped): it then asks
+        the server's gate to look again (``on_progress``), which fails the sync -- one
+        asked after the stop too, when nothing else waits."""
+        if self.error is not None:
+            self._progress()
+            return False
+        return self._done >= mark
 
     @property
     def failed(self) -> BaseException | None:
