@@ -531,7 +531,7 @@ def test_a_store_of_the_previous_format_migrates_and_reads_its_old_entries(tmp_p
         assert s.read("old", 20)[0].value == 20
         report = s.check_report()
         assert report.problems == [] and report.unsealed == 15 and report.entries == 16
-        assert sqlite3.connect(d / "streams.sqlite3").execute("PRAGMA user_version").fetchone() == (3,)
+        assert sqlite3.connect(d / "streams.sqlite3").execute("PRAGMA user_version").fetchone() == (4,)
         # Old entries carry no checksum, but their indices are still checked.
         raw = Raw(str(d))
         raw("DELETE FROM T.entries WHERE stream = 1 AND idx = 9")
@@ -550,6 +550,8 @@ def test_a_postgresql_store_of_the_previous_format_migrates(pg_url, pg_server):
     raw("ALTER TABLE T.streams DROP COLUMN first_index")
     raw("ALTER TABLE T.streams DROP COLUMN checksum")
     raw("ALTER TABLE T.tailers DROP COLUMN checksum")
+    raw("DROP TABLE T.pending")  # version 4's
+    raw("DROP TABLE T.consumer_groups")
     raw("DELETE FROM T.entries WHERE idx < 3")
     raw("UPDATE T.store_meta SET value = '1' WHERE key = 'version'")
     raw.close()
@@ -560,7 +562,7 @@ def test_a_postgresql_store_of_the_previous_format_migrates(pg_url, pg_server):
         report = s.check_report()
         assert report.problems == [] and report.unsealed == 7 and report.entries == 8
     raw = Raw(pg_url)
-    assert raw("SELECT value FROM T.store_meta WHERE key = 'version'") == [("3",)]
+    assert raw("SELECT value FROM T.store_meta WHERE key = 'version'") == [("4",)]
     raw.close()
 
 

@@ -11,6 +11,9 @@
 >>> t = store.tailer("chat", "bot")             # a named tailer: resumes after restarts
 >>> [e.index for e in t.poll(timeout=1)]
 [0]
+>>> c = store.group("chat", "workers").consumer("w1")   # a consumer group: work shared
+>>> [(d.index, c.ack(d)) for d in c.read(10)]
+[(0, 1)]
 >>> store.close()
 
 * :mod:`.base` -- the storage interface (:class:`Store`, :class:`Transaction`, :class:`Entry`).
@@ -19,6 +22,7 @@
 * :mod:`.postgres` -- the PostgreSQL implementation (many machines, LISTEN/NOTIFY).
 * :mod:`.wakeup` -- readers wake when data arrives, in-process and across processes.
 * :mod:`.tailer` -- tailers with persisted positions.
+* :mod:`.groups` -- consumer groups: entries shared by workers, acknowledged, redelivered.
 * :mod:`.recorder` -- dataspace to stream (:class:`Recorder`) and back (:class:`Emitter`).
 """
 
@@ -27,9 +31,15 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 from .base import (
     MAX_VALUE_SIZE,
+    AckLost,
+    Delivery,
     Entry,
     ForeignStore,
+    Group,
+    GroupInfo,
+    GroupNotFound,
     LockHeld,
+    PendingEntry,
     Store,
     StoreCorrupt,
     StoreError,
@@ -60,10 +70,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_VALUE_SIZE",
+    "AckLost",
+    "Delivery",
     "Emitter",
     "Entry",
     "ForeignStore",
+    "Group",
+    "GroupInfo",
+    "GroupNotFound",
     "LockHeld",
+    "PendingEntry",
     "Recorder",
     "RecorderSpec",
     "SQLiteStore",

@@ -43,13 +43,29 @@ from .errors import (
     StoreNotFound,
     StreamNotFound,
 )
+from .groups import (
+    DEFAULT_IDLE_TIMEOUT,
+    AckLost,
+    Delivery,
+    Group,
+    GroupInfo,
+    GroupNotFound,
+    GroupRead,
+    PendingEntry,
+)
 from .integrity import CheckReport, Salvaged, StreamDigest
 from .tailer import Tailer
 
 __all__ = [
     "MAX_INDEX",
     "MAX_VALUE_SIZE",
+    "AckLost",
     "Columns",
+    "Delivery",
+    "Group",
+    "GroupInfo",
+    "GroupNotFound",
+    "PendingEntry",
     "Entry",
     "ForeignStore",
     "LockHeld",
@@ -195,10 +211,12 @@ class StreamInfo:
     max_age: float | None = None
     last_time_ns: int | None = None
     tailers: tuple[TailerInfo, ...] = field(default=())
+    groups: tuple[GroupInfo, ...] = field(default=())
+    """Its consumer groups, by name (:mod:`.groups`)."""
     damaged: str | None = None
     """Only in :meth:`Store.streams` with ``with_damaged``: what is wrong with this
     stream's bookkeeping (its row, a tailer's), in a few words -- its other fields then
-    say nothing (``next`` 0, ``first`` None, no tailers)."""
+    say nothing (``next`` 0, ``first`` None, no tailers, no groups)."""
 
     @property
     def internal(self) -> bool:
@@ -282,6 +300,22 @@ class Transaction(ABC):
         self, stream: str, max_count: int | None = None, max_age: float | None = None
     ) -> None:
         """Create ``stream`` if absent (and set retention if given)."""
+
+    @abstractmethod
+    def ack(self, deliveries: Delivery | Iterable[Delivery]) -> int:
+        """Acknowledge consumer groups' deliveries in this transaction: with the results
+        written in it, exactly once.  Each must still be pending with the consumer and
+        under the delivery it names, else :class:`AckLost` (another consumer claimed it
+        meanwhile: this transaction must roll back, which ``with store.transaction()``
+        does).  Returns how many were acknowledged (all of them)."""
+
+    @abstractmethod
+    def dead_letter(self, stream: str, group: str, entries: Sequence[PendingEntry],
+                    why: str | None = None) -> int:
+        """Move pending ``entries`` of ``group`` that are still pending as given (same
+        consumer, same deliveries) to the group's dead-letter stream: each entry's value,
+        with metadata saying where it came from and ``why`` (default: how many times it
+        was delivered).  Returns how many moved."""
 
     @abstractmethod
     def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
@@ -392,7 +426,7 @@ class Store(ABC):
 
     @abstractmethod
     def delete_stream(self, name: str) -> None:
-        """Delete a stream with its entries and tailers."""
+        """Delete a stream with its entries, tailers and consumer groups."""
 
     @abstractmethod
     def next_index(self, name: str) -> int:
@@ -547,6 +581,88 @@ class Store(ABC):
         stored entry), ``"latest"`` (only new entries) or an index.
         """
         return Tailer(self, stream, name, start=start, auto_commit=auto_commit)
+
+    # -- consumer groups (see .groups) ----------------------------------------------------
+
+    def group(self, stream: str, name: str, *, create: bool = True,
+              start: int | str = "earliest", idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+              max_deliveries: int | None = None, dead_letter: str | None = None,
+              hold_retention: bool = True) -> Group:
+        """The consumer group ``name`` of ``stream`` (:class:`~.groups.Group`), created if
+        absent (``create``; the stream too) with the settings given -- an existing group
+        keeps its own.  See :meth:`create_group` for them."""
+        try:
+            self.group_info(stream, name)  # a read: no writer's lock when it exists
+        except (GroupNotFound, StreamNotFound):
+            if not create:
+                raise
+            self.create_group(stream, name, start=start, idle_timeout=idle_timeout,
+                              max_deliveries=max_deliveries, dead_letter=dead_letter,
+                              hold_retention=hold_retention, exist_ok=True)
+        return Group(self, stream, name)
+
+    @abstractmethod
+    def create_group(self, stream: str, name: str, *, start: int | str = "earliest",
+                     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                     max_deliveries: int | None = None, dead_letter: str | None = None,
+                     hold_retention: bool = True, exist_ok: bool = False) -> GroupInfo:
+        """Create the consumer group ``name`` on ``stream`` (created if absent), first
+        delivering the entry at ``start``: ``"earliest"`` (the first stored),
+        ``"latest"`` (entries appended from now on) or an index (at most the stream's next
+        index).  ``idle_timeout``: seconds a delivered entry may stay unacknowledged
+        before another consumer's read claims it (None: only by hand);
+        ``max_deliveries``: deliveries after which an entry goes to ``dead_letter``
+        instead (default ``STREAM.dead``); ``hold_retention``: the stream's retention
+        never removes an entry the group has not acknowledged (False: it does, and the
+        group skips it with a warning).  ``ValueError`` if the group exists, unless
+        ``exist_ok`` (then its settings are kept)."""
+
+    @abstractmethod
+    def delete_group(self, stream: str, name: str) -> None:
+        """Remove a consumer group and its pending list (:class:`GroupNotFound`)."""
+
+    @abstractmethod
+    def groups(self, stream: str | None = None) -> list[GroupInfo]:
+        """The consumer groups of ``stream`` (or of every stream), by stream and name,
+        each verified, with its pending counts."""
+
+    def group_info(self, stream: str, name: str) -> GroupInfo:
+        """One consumer group (:class:`GroupNotFound`, :class:`StreamNotFound`)."""
+        for g in self.groups(stream):
+            if g.name == name:
+                return g
+        raise GroupNotFound(f"no consumer group {name!r} on stream {stream!r} in "
+                            f"{self.display} (dataspace stream group ls {stream} lists them)")
+
+    @abstractmethod
+    def group_read(self, stream: str, group: str, consumer: str, count: int, *,
+                   now_ns: int, recover: tuple[int, int] | None = None,
+                   claim_idle: bool = True) -> GroupRead:
+        """The primitive of :meth:`~.groups.Consumer.read`, one transaction: up to
+        ``count`` entries for ``consumer`` -- with ``recover`` (cursor, born): its own
+        pending entries above index ``cursor`` delivered before ``born``; with
+        ``claim_idle``: other consumers' entries idle past the group's idle timeout at
+        ``now_ns``; then entries not yet delivered.  Pending entries already delivered
+        ``max_deliveries`` times come back in ``over``, undelivered."""
+
+    @abstractmethod
+    def group_claim(self, stream: str, group: str, consumer: str, *, now_ns: int,
+                    min_idle_ns: int, count: int,
+                    indices: Sequence[int] | None = None) -> GroupRead:
+        """The primitive of :meth:`~.groups.Group.claim`: pending entries (of any
+        consumer; of ``indices`` only, if given) delivered at least ``min_idle_ns`` before
+        ``now_ns``, the lowest ``count``, delivered to ``consumer``."""
+
+    @abstractmethod
+    def group_ack(self, stream: str, group: str, items: Sequence[Delivery | int]) -> int:
+        """Acknowledge (durably) entries pending with ``group``: deliveries while still
+        pending under them, indices whoever holds them; how many were."""
+
+    @abstractmethod
+    def group_pending(self, stream: str, group: str, *, consumer: str | None = None,
+                      start: int = 0, limit: int = 100) -> list[PendingEntry]:
+        """Pending entries of ``group`` from index ``start`` (of ``consumer``, or all), in
+        index order, at most ``limit``, each row verified."""
 
     # -- waiting --------------------------------------------------------------------------
 

@@ -85,6 +85,23 @@ short or shifted (``next_index`` 20000 -> 19968 and a read of ``0 <= i < next`` 
 * A tailer's position is at most its stream's next index (:meth:`~.base.Transaction.
   set_position` refuses more); a read of a position checks its row's checksum and that.
 
+**Consumer groups' rows** (:mod:`.groups`) are verified the same way.  A group's row in
+``consumer_groups`` says where the group is (``next_index``: the lowest index not yet
+delivered to it) and how it redelivers; each delivered, unacknowledged entry has a row in
+``pending`` (its consumer, how many times it was delivered, when last)::
+
+      group row:   crc32(q(id) q(stream id) q(next_index) q(created_ns) q(idle_ms or 0)
+                         q(max_deliveries or 0) b(flags) name b(0) dead_letter)
+      pending row: crc32(q(group id) q(idx) q(deliveries) q(delivered_ns) consumer)
+
+where bit 0 of ``flags`` says the group holds retention back, bit 1 that ``idle_ms`` is
+NULL and bit 2 ``max_deliveries``.  Every read of a group row checks its checksum and
+that its ``next_index`` is at most its stream's (as a tailer's position); every read of
+a pending row checks its checksum and that its index is below its group's
+``next_index`` (an entry is pending only once delivered).  Listings count pending rows
+without reading each one (the highest index of each group is checked against its row);
+``--check`` reads them all.
+
 Stores made before these checksums (schema version 2 and older) are migrated on open:
 their rows get checksums of the values they hold then (see the stores' modules).
 
@@ -108,6 +125,7 @@ from .errors import MAX_INDEX, StoreCorrupt, StoreError
 __all__ = [
     "CHECKSUM_MASK",
     "CheckReport",
+    "GroupRow",
     "Salvaged",
     "StreamDigest",
     "StreamRow",
@@ -124,9 +142,17 @@ __all__ = [
     "stream_checksum",
     "stream_seed",
     "ends_problem",
+    "group_checksum",
+    "group_problem",
+    "pending_checksum",
+    "pending_problem",
+    "pending_top_problem",
+    "verify_group",
+    "verify_pending",
     "stream_row_problem",
     "tailer_checksum",
     "tailer_problem",
+    "verify_at",
     "verify_checksums",
     "verify_tailer",
     "verify_get",
@@ -262,6 +288,128 @@ def tailer_checksum(sid: int, name: str, position: int, updated_ns: int) -> int:
     """The checksum of a tailer's row (the module docstring has the formula)."""
     return zlib.crc32(name.encode("utf-8", "surrogatepass"),
                       zlib.crc32(_TAILER_ROW.pack(sid, position, updated_ns)))
+
+
+_GROUP_ROW = struct.Struct(">qqqqqqB")
+_PENDING_ROW = struct.Struct(">qqqq")
+
+
+def group_checksum(gid: int, sid: int, name: str, nxt: int, created_ns: int,
+                   idle_ms: int | None, max_deliveries: int | None, dead_letter: str | None,
+                   hold: Any) -> int:
+    """The checksum of a consumer group's row (the module docstring has the formula)."""
+    flags = (1 if hold else 0) | ((idle_ms is None) << 1) | ((max_deliveries is None) << 2)
+    head = _GROUP_ROW.pack(gid, sid, nxt, created_ns, idle_ms or 0, max_deliveries or 0, flags)
+    tail = name.encode("utf-8", "surrogatepass") + b"\0" + (dead_letter or "").encode(
+        "utf-8", "surrogatepass")
+    return zlib.crc32(tail, zlib.crc32(head))
+
+
+def pending_checksum(gid: int, idx: int, consumer: str, deliveries: int,
+                     delivered_ns: int) -> int:
+    """The checksum of a pending entry's row (the module docstring has the formula)."""
+    return zlib.crc32(consumer.encode("utf-8", "surrogatepass"),
+                      zlib.crc32(_PENDING_ROW.pack(gid, idx, deliveries, delivered_ns)))
+
+
+class GroupRow:
+    """A consumer group's row as a store reads and writes it (``next``: its
+    ``next_index``); :meth:`seal` sets ``checksum`` for its values."""
+
+    __slots__ = ("checksum", "created_ns", "dead_letter", "hold", "id", "idle_ms",
+                 "max_deliveries", "name", "next", "stream", "stream_id")
+
+    def __init__(self, gid: int, sid: int, name: str, nxt: int, created_ns: int,
+                 idle_ms: int | None, max_deliveries: int | None, dead_letter: str | None,
+                 hold: Any, checksum: int | None = None, stream: str = "") -> None:
+        self.id = gid
+        self.stream_id = sid
+        self.name = name
+        self.next = nxt
+        self.created_ns = created_ns
+        self.idle_ms = idle_ms
+        self.max_deliveries = max_deliveries
+        self.dead_letter = dead_letter
+        self.hold = bool(hold)
+        self.checksum = checksum
+        self.stream = stream
+
+    def seal(self) -> int:
+        """Compute (and keep) the checksum of the row's values."""
+        self.checksum = group_checksum(self.id, self.stream_id, self.name, self.next,
+                                       self.created_ns, self.idle_ms, self.max_deliveries,
+                                       self.dead_letter, self.hold)
+        return self.checksum
+
+    def __repr__(self) -> str:
+        return f"GroupRow({self.id}, {self.stream!r}, {self.name!r}, next={self.next})"
+
+
+def group_problem(row: GroupRow, nxt: int | None) -> str | None:
+    """What is wrong with a group's row (its stream's next index ``nxt``; None:
+    unknown), or None."""
+    try:
+        want = group_checksum(row.id, row.stream_id, row.name, row.next, row.created_ns,
+                              row.idle_ms, row.max_deliveries, row.dead_letter, row.hold)
+    except _UNREADABLE:
+        return f"the row of its consumer group {row.name!r} holds a value of the wrong type"
+    if want != row.checksum:
+        return (f"the row of its consumer group {row.name!r} (at index {row.next}) does not "
+                "match its checksum (changed behind the store's back)")
+    if row.next < 0 or (nxt is not None and row.next > nxt):
+        return (f"its consumer group {row.name!r} is at index {row.next}, beyond its next "
+                f"index {nxt}")
+    return None
+
+
+def verify_group(where: str, stream: str, row: GroupRow, nxt: int | None) -> GroupRow:
+    """Raise :func:`damaged` unless a group's row matches its checksum and is not beyond
+    its stream's next index ``nxt``; returns the row."""
+    what = group_problem(row, nxt)
+    if what is not None:
+        raise damaged(where, stream, what)
+    return row
+
+
+def pending_problem(group: GroupRow, idx: Any, consumer: Any, deliveries: Any,
+                    delivered_ns: Any, stored: Any) -> str | None:
+    """What is wrong with a pending row of ``group`` (verified), or None."""
+    try:
+        want = pending_checksum(group.id, idx, consumer, deliveries, delivered_ns)
+    except _UNREADABLE:
+        return (f"a pending entry's row of its consumer group {group.name!r} holds a value "
+                "of the wrong type")
+    if want != stored:
+        return (f"the pending entry {idx} of its consumer group {group.name!r} (consumer "
+                f"{consumer!r}) does not match its checksum (changed behind the store's back)")
+    if not 0 <= idx < group.next or deliveries < 1:
+        return (f"the pending entry {idx} of its consumer group {group.name!r} is at or "
+                f"beyond the group's next index {group.next} (never delivered)"
+                if deliveries >= 1 else
+                f"the pending entry {idx} of its consumer group {group.name!r} says it was "
+                f"delivered {deliveries} times")
+    return None
+
+
+def verify_pending(where: str, stream: str, group: GroupRow,
+                   rows: Sequence[Sequence[Any]]) -> None:
+    """Raise :func:`damaged` unless every ``(idx, consumer, deliveries, delivered_ns,
+    checksum)`` of ``group`` is sound."""
+    for idx, consumer, deliveries, delivered_ns, stored in rows:
+        what = pending_problem(group, idx, consumer, deliveries, delivered_ns, stored)
+        if what is not None:
+            raise damaged(where, stream, what)
+
+
+def pending_top_problem(group: GroupRow, top: Any) -> str | None:
+    """What is wrong with a group whose highest pending index is ``top`` (None: none
+    pending), or None: the cheap cross-check of listings."""
+    if top is None:
+        return None
+    if type(top) is not int or not top < group.next:
+        return (f"its consumer group {group.name!r} has entry {top} pending, at or beyond its "
+                f"next index {group.next} (never delivered)")
+    return None
 
 
 class StreamRow:
@@ -545,6 +693,21 @@ def verify_get(where: str, stream: str, first: int, nxt: int, index: int,
                       f"(the stream holds {_span(first, nxt) if nxt > first else 'none'})")
 
 
+def verify_at(where: str, stream: str, first: int, nxt: int, wanted: Sequence[int],
+              got: Sequence[Any]) -> None:
+    """Raise :func:`damaged` unless ``got`` (the indices a read of the entries at
+    ``wanted``, in index order, returned) are exactly ``wanted`` (each within the stream's
+    ``first <= i < nxt``)."""
+    if list(got) == list(wanted):
+        return
+    missing = sorted(set(wanted) - {i for i in got if type(i) is int})
+    if missing:
+        raise damaged(where, stream, f"entry {missing[0]} missing (the stream holds "
+                      f"{_span(first, nxt) if nxt > first else 'none'})")
+    raise damaged(where, stream, f"a read of entries {wanted[0]}.. returned entries out of "
+                  "place or twice")
+
+
 def digest_of(where: str, stream: str, first: int, nxt: int, start: int, end: int,
               got: Sequence[Any]) -> StreamDigest | None:
     """The digest of ``start <= index < end`` from one aggregate over the stored rows --
@@ -690,6 +853,8 @@ class CheckReport:
     entries: int = 0
     unsealed: int = 0
     tailers: int = 0
+    groups: int = 0
+    pending: int = 0
 
     def add(self, scan: StreamScan) -> None:
         self.streams += 1
@@ -711,12 +876,33 @@ class CheckReport:
         if what is not None:
             self.problems.append(f"stream {stream!r}: {what}")
 
+    def add_group(self, stream: str, row: GroupRow, nxt: int | None,
+                  pending: Sequence[Sequence[Any]]) -> None:
+        """A consumer group's row of ``stream`` (its next index ``nxt``) and its pending
+        rows ``(idx, consumer, deliveries, delivered_ns, checksum)``."""
+        self.groups += 1
+        self.pending += len(pending)
+        what = group_problem(row, nxt)
+        if what is not None:
+            self.problems.append(f"stream {stream!r}: {what}")
+            return
+        bad = [p for p in pending if pending_problem(row, *p) is not None]
+        if bad:
+            first = pending_problem(row, *bad[0])
+            more = f" (and {plural(len(bad) - 1, 'more pending entry', 'more pending entries')})"
+            self.problems.append(f"stream {stream!r}: {first}" + (more if len(bad) > 1 else ""))
+
     def summary(self) -> str:
         """``20,010 entries in 2 streams and 1 tailer read and verified``."""
         what = (f"{plural(self.entries, 'entry', 'entries')} in "
                 f"{plural(self.streams, 'stream')}")
-        if self.tailers:
-            what += f" and {plural(self.tailers, 'tailer')}"
+        if self.tailers or self.groups:
+            parts = [plural(self.tailers, 'tailer')] if self.tailers else []
+            if self.groups:
+                parts.append(f"{plural(self.groups, 'consumer group')} "
+                             f"({plural(self.pending, 'pending entry', 'pending entries')})")
+            what += ", " + ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 \
+                else " and " + parts[0]
         what += " read and verified"
         if self.unsealed:
             what += f" ({self.unsealed:,} written before checksums: indices only)"

@@ -3,7 +3,7 @@
 ``open_store("postgresql://USER:PASSWORD@HOST:PORT/DATABASE")`` opens (creating if asked)
 the store in that database.  It keeps the SQLite store's semantics -- the same tables,
 monotonic indices, named tailers, retention, multi-stream transactions, commit order --
-with these PostgreSQL mechanisms (schema version 3, all in the schema ``dataspace``, so a
+with these PostgreSQL mechanisms (schema version 4, all in the schema ``dataspace``, so a
 database shared with other applications is fine)::
 
     dataspace.store_meta   (key text PRIMARY KEY, value text)    -- format, version, id
@@ -15,6 +15,11 @@ database shared with other applications is fine)::
                             PRIMARY KEY (stream, name))
     dataspace.commit_order (id = 1, seq)                          -- the store-wide counter
     dataspace.locks        (name PRIMARY KEY, holder, since_ns)   -- who holds a lock
+    dataspace.consumer_groups (id identity, stream, name, next_index, created_ns, idle_ms,
+                            max_deliveries, dead_letter, hold, checksum, UNIQUE (stream, name))
+    dataspace.pending      (grp, idx, consumer, deliveries, delivered_ns, checksum,
+                            PRIMARY KEY (grp, idx))        -- and by (grp, delivered_ns),
+                                                           -- (grp, consumer, idx)
 
 * **Commit order.**  ``seq`` must follow commit order across streams (``alts`` processors
   take "whichever input has one first" by it, and a reader that sees ``seq`` q must
@@ -44,6 +49,17 @@ database shared with other applications is fine)::
   migrated when opened (``checksum`` NULL for the entries already there: read
   unverified, with a note in the log); a version 1 or 2 schema's stream and tailer rows
   get the checksums of the values they hold then.
+* **Consumer groups** (:mod:`.groups`) never take the commit-order lock to read or
+  acknowledge: many workers on many machines would queue on it.  A read is a transaction
+  of its own (``synchronous_commit`` off: a server crash may lose the last deliveries,
+  which are then delivered again, as after any crash; a later fsynced commit makes them
+  durable too).  Pending entries it redelivers are taken ``FOR UPDATE SKIP LOCKED`` --
+  a consumer never waits for another's rows and never takes one another holds -- and
+  new entries by locking the group's row, ``FOR UPDATE``, from reading it to the
+  commit: consumers of one group take turns on its position for about two round trips
+  each (never behind writers, nor consumers of other groups).  An acknowledgement is one
+  statement deleting the pending rows (fsynced); inside a transaction it is part of
+  that writer's transaction, which is what makes it exactly once.
 * **Durability**: ``durability="full"`` commits with ``synchronous_commit`` on (the
   server's default: flushed before COMMIT returns); ``"normal"`` turns it off for the
   store's sessions (safe from client crashes, not from a server crash).
@@ -63,7 +79,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..datadir import mask_url
@@ -84,14 +100,38 @@ from .base import (
     TailerInfo,
     Transaction,
     check_lock_name,
+    check_name,
     check_stream_name,
     check_tailer_name,
     encode_value,
     staged_count_error,
     staged_total,
 )
+from .groups import (
+    DEFAULT_IDLE_TIMEOUT,
+    AckLost,
+    Delivery,
+    GroupInfo,
+    GroupNotFound,
+    GroupRead,
+    PendingEntry,
+    ack_args,
+    check_group_name,
+    check_options,
+    dead_meta_data,
+    default_dead_letter,
+    group_info_of,
+    lost_message,
+    resolve_start,
+    same_group,
+    split_over,
+    too_many,
+    warn_lost,
+    warn_once,
+)
 from .integrity import (
     CheckReport,
+    GroupRow,
     Salvaged,
     StreamDigest,
     StreamRow,
@@ -102,13 +142,18 @@ from .integrity import (
     damaged,
     digest_of,
     ends_problem,
+    pending_checksum,
+    pending_top_problem,
     plural,
     salvage_rows,
     staged_checksums,
     tailer_checksum,
+    verify_at,
     verify_checksums,
     verify_get,
+    verify_group,
     verify_indices,
+    verify_pending,
     verify_stream_row,
     verify_tailer,
 )
@@ -120,10 +165,38 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "dataspace"
 FORMAT = "dataspace-streams"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHANNEL = "dataspace_streams"
 _TABLES = {"store_meta", "streams", "entries", "tailers", "commit_order", "locks"}
+_TABLES_4 = {"consumer_groups", "pending"}  # since version 4
 _INIT_LOCK = 0x44537472  # "DStr": serialises two processes creating the schema at once
+
+_GROUP_DDL = f"""
+CREATE TABLE {SCHEMA}.consumer_groups (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    stream bigint NOT NULL,
+    name text NOT NULL,
+    next_index bigint NOT NULL,
+    created_ns bigint NOT NULL,
+    idle_ms bigint,
+    max_deliveries bigint,
+    dead_letter text,
+    hold boolean NOT NULL,
+    checksum bigint,
+    UNIQUE (stream, name)
+);
+CREATE TABLE {SCHEMA}.pending (
+    grp bigint NOT NULL,
+    idx bigint NOT NULL,
+    consumer text NOT NULL,
+    deliveries bigint NOT NULL,
+    delivered_ns bigint NOT NULL,
+    checksum bigint,
+    PRIMARY KEY (grp, idx)
+);
+CREATE INDEX pending_by_time ON {SCHEMA}.pending (grp, delivered_ns);
+CREATE INDEX pending_by_consumer ON {SCHEMA}.pending (grp, consumer, idx);
+"""
 
 _DDL = f"""
 CREATE SCHEMA IF NOT EXISTS {SCHEMA};
@@ -159,11 +232,23 @@ CREATE TABLE {SCHEMA}.tailers (
 CREATE TABLE {SCHEMA}.commit_order (id int PRIMARY KEY CHECK (id = 1), seq bigint NOT NULL);
 CREATE TABLE {SCHEMA}.locks (name text PRIMARY KEY, holder text NOT NULL, since_ns bigint NOT NULL);
 INSERT INTO {SCHEMA}.commit_order VALUES (1, 0);
-"""
+""" + _GROUP_DDL
 
 _E = f"{SCHEMA}.entries"
 _S = f"{SCHEMA}.streams"
 _T = f"{SCHEMA}.tailers"
+_G = f"{SCHEMA}.consumer_groups"
+_P = f"{SCHEMA}.pending"
+
+# A consumer group's row (:class:`.integrity.GroupRow`'s order), a pending entry's, and
+# the pending counts of groups per consumer.
+_GROUP_COLS = ("g.id, g.stream, g.name, g.next_index, g.created_ns, g.idle_ms, "
+               "g.max_deliveries, g.dead_letter, g.hold, g.checksum")
+_GROUP = f"SELECT {_GROUP_COLS} FROM {_G} g"
+_PENDING = f"SELECT idx, consumer, deliveries, delivered_ns, checksum FROM {_P}"
+_COUNTS = (f"SELECT grp, consumer, count(*), min(delivered_ns), max(delivered_ns), min(idx), "
+           f"max(idx) FROM {_P} WHERE grp = ANY(%s) GROUP BY grp, consumer ORDER BY grp, "
+           "consumer COLLATE \"C\"")
 
 _MIGRATE_1_TO_2 = f"""
 ALTER TABLE {_S} ADD COLUMN first_index bigint NOT NULL DEFAULT 0;
@@ -594,6 +679,15 @@ class PostgresStore(Store):
                                "from a backup")
         if version < SCHEMA_VERSION:
             self._migrate(conn)
+            tables = {r[0] for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (SCHEMA,))}
+        missing = _TABLES_4 - tables
+        if missing:
+            raise StoreCorrupt(
+                f"{d}: the stream store is missing tables ({', '.join(sorted(missing))}); restore "
+                f"it from a backup, or drop the schema {SCHEMA!r} to start afresh"
+            )
         self.store_id = meta.get("id", "")
         return "ok"
 
@@ -615,11 +709,16 @@ class PostgresStore(Store):
                 for stmt in _MIGRATE_2_TO_3.strip().split(";"):
                     conn.execute(stmt)
                 _seal_rows(conn)
-                conn.execute(f"UPDATE {SCHEMA}.store_meta SET value = %s WHERE key = 'version'",
-                             (str(SCHEMA_VERSION),))
-                log.info("%s: migrated to store format %d (the rows of streams and tailers carry "
-                         "checksums from now on, of the values they hold now)", self._display,
-                         SCHEMA_VERSION)
+                conn.execute(f"UPDATE {SCHEMA}.store_meta SET value = '3' WHERE key = 'version'")
+                log.info("%s: migrated to store format 3 (the rows of streams and tailers carry "
+                         "checksums from now on, of the values they hold now)", self._display)
+                version = "3"
+            if version == "3":
+                for stmt in _GROUP_DDL.strip().split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                conn.execute(f"UPDATE {SCHEMA}.store_meta SET value = '4' WHERE key = 'version'")
+                log.info("%s: migrated to store format 4 (consumer groups)", self._display)
 
     # -- identity -------------------------------------------------------------------------
 
@@ -826,6 +925,15 @@ class PostgresStore(Store):
                     broken[name] = StreamInfo.broken(name, e)
                     continue
                 tailers.setdefault(sid, []).append(TailerInfo(name, t, p, u))
+        groups: dict[int, tuple[GroupInfo, ...]] = {}
+        if ids:
+            rows_by: dict[int, StreamRow] = {row.id: row for row, _t in checked
+                                             if row.name not in broken}
+            for sid, got in self._groups_of(list(rows_by.values()), with_damaged).items():
+                if isinstance(got, StoreCorrupt):
+                    broken[rows_by[sid].name] = StreamInfo.broken(rows_by[sid].name, got)
+                else:
+                    groups[sid] = got
         out = []
         for row, last_t in checked:
             if row.name in broken:
@@ -837,6 +945,7 @@ class PostgresStore(Store):
                 created_ns=row.created_ns, max_count=row.max_count,
                 max_age=None if row.max_age_ms is None else row.max_age_ms / 1000.0,
                 last_time_ns=last_t, tailers=tuple(tailers.get(row.id, ())),
+                groups=groups.get(row.id, ()),
             ))
         if broken:
             out = sorted([*out, *broken.values()], key=lambda i: i.name.encode())
@@ -884,6 +993,9 @@ class PostgresStore(Store):
             sid = row[0]
             c.execute(f"DELETE FROM {_E} WHERE stream = %s", (sid,))
             c.execute(f"DELETE FROM {_T} WHERE stream = %s", (sid,))
+            c.execute(f"DELETE FROM {_P} WHERE grp IN (SELECT id FROM {_G} WHERE stream = %s)",
+                      (sid,))
+            c.execute(f"DELETE FROM {_G} WHERE stream = %s", (sid,))
             c.execute(f"DELETE FROM {_S} WHERE id = %s", (sid,))
             tx._forget(sid)
             tx._dirty = True
@@ -1024,6 +1136,357 @@ class PostgresStore(Store):
             if out is not None:
                 return out
         return super().digest(name, start, end, values=True)
+
+    # -- consumer groups (see .groups) ----------------------------------------------------
+
+    def _groups_of(self, srows: list[StreamRow], with_damaged: bool = False
+                   ) -> dict[int, tuple[GroupInfo, ...] | StoreCorrupt]:
+        """The verified groups of verified stream rows, by stream id, with their pending
+        counts (``with_damaged``: a stream whose groups fail verification gets its error
+        instead); on this thread's connection (snapshot or transaction)."""
+        by = {r.id: r for r in srows}
+        rows = self._rows(_GROUP + " WHERE g.stream = ANY(%s) ORDER BY g.stream, g.name COLLATE "
+                          "\"C\"", (list(by),)) if by else []
+        if not rows:
+            return {}
+        counts: dict[int, list[tuple[Any, ...]]] = {}
+        for gid, *rest in self._rows(_COUNTS, ([r[0] for r in rows],)):
+            counts.setdefault(gid, []).append(tuple(rest))
+        out: dict[int, Any] = {}
+        for r in rows:
+            srow = by[r[1]]
+            if isinstance(out.get(srow.id), StoreCorrupt):
+                continue
+            try:
+                g = verify_group(self._display, srow.name, GroupRow(*r, stream=srow.name),
+                                 srow.next)
+                cons = counts.get(g.id, [])
+                what = pending_top_problem(g, max((c[5] for c in cons), default=None))
+                if what is not None:
+                    raise damaged(self._display, srow.name, what)
+            except StoreCorrupt as e:
+                if not with_damaged:
+                    raise
+                out[srow.id] = e
+                continue
+            out[srow.id] = (*out.get(srow.id, ()), group_info_of(
+                srow.name, srow.first, srow.next, g, [c[:5] for c in cons]))
+        return out
+
+    def _stream_group(self, conn: Any, stream: str, group: str, lock: bool = False
+                      ) -> tuple[StreamRow, GroupRow]:
+        """The verified rows of ``stream`` and its group ``group`` on ``conn`` (one
+        statement); ``lock``: the group's row ``FOR UPDATE``."""
+        cur = conn.cursor(binary=True)
+        r = cur.execute(f"SELECT r.*, {_GROUP_COLS} FROM ({_ROW} WHERE s.name = %s) r JOIN {_G} g "
+                        f"ON g.stream = r.id AND g.name = %s"
+                        + (" FOR UPDATE OF g" if lock else ""), (stream, group)).fetchone()
+        if r is None:
+            if cur.execute(f"SELECT 1 FROM {_S} WHERE name = %s", (stream,)).fetchone() is None:
+                raise StreamNotFound(f"no stream named {stream!r} in {self._display}")
+            raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
+                                f"{self._display} (dataspace stream group ls {stream} lists them)")
+        srow = self._check_row(r[:10])
+        g = GroupRow(*r[10:], stream=stream)
+        return srow, verify_group(self._display, stream, g, srow.next)
+
+    def create_group(self, stream: str, name: str, *, start: int | str = "earliest",
+                     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                     max_deliveries: int | None = None, dead_letter: str | None = None,
+                     hold_retention: bool = True, exist_ok: bool = False) -> GroupInfo:
+        check_stream_name(stream)
+        check_group_name(name)
+        check_options(idle_timeout, max_deliveries)
+        if dead_letter is None and max_deliveries is not None:
+            dead_letter = default_dead_letter(stream)
+        if dead_letter is not None:
+            check_name(dead_letter, "dead-letter stream")
+            if dead_letter == stream:
+                raise ValueError("a group's dead-letter stream cannot be its own stream")
+        with self.transaction() as tx:
+            srow = tx._writable(stream)
+            if tx._q(f"SELECT id FROM {_G} WHERE stream = %s AND name = %s",
+                     (srow.id, name)).fetchone() is not None:
+                if not exist_ok:
+                    raise ValueError(f"stream {stream!r} has a consumer group {name!r} already "
+                                     f"(dataspace stream group ls {stream} lists them)")
+            else:
+                nxt = resolve_start(start, srow.first, srow.next, stream)
+                idle_ms = None if idle_timeout is None else max(1, round(idle_timeout * 1000))
+                now = time.time_ns()
+                gid = int(tx._q(
+                    f"INSERT INTO {_G} (stream, name, next_index, created_ns, idle_ms, "
+                    "max_deliveries, dead_letter, hold) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                    "RETURNING id", (srow.id, name, nxt, now, idle_ms, max_deliveries,
+                                     dead_letter, bool(hold_retention))).fetchone()[0])
+                g = GroupRow(gid, srow.id, name, nxt, now, idle_ms, max_deliveries, dead_letter,
+                             hold_retention)
+                tx._q(f"UPDATE {_G} SET checksum = %s WHERE id = %s", (g.seal(), gid))
+        return self.group_info(stream, name)
+
+    def delete_group(self, stream: str, name: str) -> None:
+        # By its id alone: a group whose row is damaged can be removed.
+        with self.transaction() as tx:
+            r = tx._q(f"SELECT g.id FROM {_G} g JOIN {_S} s ON s.id = g.stream WHERE s.name = %s "
+                      "AND g.name = %s", (stream, name)).fetchone()
+            if r is None:
+                if tx._q(f"SELECT 1 FROM {_S} WHERE name = %s", (stream,)).fetchone() is None:
+                    raise StreamNotFound(f"no stream named {stream!r} in {self._display}")
+                raise GroupNotFound(f"no consumer group {name!r} on stream {stream!r} in "
+                                    f"{self._display} (dataspace stream group ls {stream} lists "
+                                    "them)")
+            tx._q(f"DELETE FROM {_P} WHERE grp = %s", (r[0],))
+            tx._q(f"DELETE FROM {_G} WHERE id = %s", (r[0],))
+
+    def groups(self, stream: str | None = None) -> list[GroupInfo]:
+        self._check_open()
+        with self._snapshot():
+            if stream is None:
+                rows = self._rows(_ROW + f" WHERE s.id IN (SELECT stream FROM {_G}) ORDER BY "
+                                  "s.name COLLATE \"C\"")
+            else:
+                rows = self._rows(_ROW + " WHERE s.name = %s", (stream,))
+                if not rows:
+                    raise StreamNotFound(f"no stream named {stream!r} in {self._display}")
+            srows = [self._check_row(r) for r in rows]
+            got = self._groups_of(srows)
+        return [g for r in srows for g in got.get(r.id, ())]  # type: ignore[union-attr]
+
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """Reads of this thread in one read-only REPEATABLE READ snapshot (unless inside
+        this thread's transaction or snapshot already)."""
+        if getattr(self._local, "tx", None) is not None or getattr(self._local, "snap", None):
+            yield
+            return
+        with self._conn() as c, c.transaction():
+            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            self._local.snap = c
+            try:
+                yield
+            finally:
+                self._local.snap = None
+
+    def group_info(self, stream: str, name: str) -> GroupInfo:
+        self._check_open()
+        with self._snapshot(), self._conn() as c:
+            srow, g = self._stream_group(c, stream, name)
+            cons = c.execute(f"SELECT consumer, count(*), min(delivered_ns), max(delivered_ns), "
+                             f"min(idx), max(idx) FROM {_P} WHERE grp = %s GROUP BY consumer "
+                             "ORDER BY consumer COLLATE \"C\"", (g.id,)).fetchall()
+        what = pending_top_problem(g, max((c[5] for c in cons), default=None))
+        if what is not None:
+            raise damaged(self._display, stream, what)
+        return group_info_of(stream, srow.first, srow.next, g, [c[:5] for c in cons])
+
+    def group_pending(self, stream: str, group: str, *, consumer: str | None = None,
+                      start: int = 0, limit: int = 100) -> list[PendingEntry]:
+        self._check_open()
+        with self._snapshot(), self._conn() as c:
+            _srow, g = self._stream_group(c, stream, group)
+            if consumer is None:
+                rows = c.execute(_PENDING + " WHERE grp = %s AND idx >= %s ORDER BY idx LIMIT %s",
+                                 (g.id, max(start, 0), max(limit, 0))).fetchall()
+            else:
+                rows = c.execute(_PENDING + " WHERE grp = %s AND consumer = %s AND idx >= %s "
+                                 "ORDER BY idx LIMIT %s",
+                                 (g.id, consumer, max(start, 0), max(limit, 0))).fetchall()
+        verify_pending(self._display, stream, g, rows)
+        return [PendingEntry(i, cn, d, t) for i, cn, d, t, _k in rows]
+
+    @contextlib.contextmanager
+    def _claiming(self) -> Iterator[Any]:
+        """A connection in a transaction of its own for a consumer group's read or claim:
+        ``synchronous_commit`` off, never the commit-order lock (see the module
+        docstring); committed at the end of the block, rolled back if it raises."""
+        import psycopg
+
+        self._check_open()
+        if getattr(self._local, "tx", None) is not None:
+            raise StoreError("a consumer group's read inside a transaction: read before "
+                             "beginning the transaction that writes its results")
+        with self._conn() as conn:
+            try:
+                conn.execute("BEGIN; SET LOCAL synchronous_commit TO OFF")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as e:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")
+                if isinstance(e, psycopg.Error):
+                    if isinstance(e, psycopg.errors.UniqueViolation):
+                        raise StoreCorrupt(f"{self._display}: a pending entry of a consumer "
+                                           "group is stored already where one is delivered "
+                                           f"({str(e).strip().splitlines()[0]})") from None
+                    raise self._fail(e) from None
+                raise
+
+    def group_read(self, stream: str, group: str, consumer: str, count: int, *,
+                   now_ns: int, recover: tuple[int, int] | None = None,
+                   claim_idle: bool = True) -> GroupRead:
+        out = GroupRead()
+        with self._claiming() as conn:
+            cur = conn.cursor(binary=True)
+            early = recover is not None or claim_idle
+            srow, g = self._stream_group(conn, stream, group, lock=not early)
+            left = count
+            if recover is not None:
+                after, born = recover
+                rows = cur.execute(_PENDING + " WHERE grp = %s AND consumer = %s AND idx > %s "
+                                   "AND delivered_ns < %s ORDER BY idx LIMIT %s FOR UPDATE SKIP "
+                                   "LOCKED", (g.id, consumer, after, born, left)).fetchall()
+                verify_pending(self._display, stream, g, rows)
+                out.recovered = len(rows) < left
+                out.cursor = rows[-1][0] if rows else after
+                left -= self._redeliver(cur, srow, g, rows, consumer, now_ns, out)
+            if claim_idle and g.idle_ms is not None and left > 0:
+                idle = g.idle_ms * 1_000_000
+                rows = cur.execute(_PENDING + " WHERE grp = %s AND delivered_ns <= %s AND "
+                                   "consumer <> %s ORDER BY idx LIMIT %s FOR UPDATE SKIP LOCKED",
+                                   (g.id, now_ns - idle, consumer, left)).fetchall()
+                verify_pending(self._display, stream, g, rows)
+                full = len(rows) == left
+                left -= self._redeliver(cur, srow, g, rows, consumer, now_ns, out)
+                if full:
+                    out.expiry_ns = now_ns
+                else:
+                    low = cur.execute(f"SELECT min(delivered_ns) FROM {_P} WHERE grp = %s AND "
+                                      "consumer <> %s", (g.id, consumer)).fetchone()[0]
+                    out.expiry_ns = (now_ns if low is None else min(int(low), now_ns)) + idle
+            elif claim_idle and g.idle_ms is None:
+                out.expiry_ns = MAX_INDEX  # never claimed by a read
+            if left > 0:
+                if early:  # now the position: its row locked, read again
+                    srow, g = self._stream_group(conn, stream, group, lock=True)
+                self._deliver_new(cur, srow, g, consumer, left, now_ns, out)
+        return out
+
+    def group_claim(self, stream: str, group: str, consumer: str, *, now_ns: int,
+                    min_idle_ns: int, count: int,
+                    indices: Sequence[int] | None = None) -> GroupRead:
+        out = GroupRead()
+        with self._claiming() as conn:
+            cur = conn.cursor(binary=True)
+            srow, g = self._stream_group(conn, stream, group)
+            if indices is None:
+                rows = cur.execute(_PENDING + " WHERE grp = %s AND delivered_ns <= %s ORDER BY "
+                                   "idx LIMIT %s FOR UPDATE SKIP LOCKED",
+                                   (g.id, now_ns - min_idle_ns, count)).fetchall()
+            else:
+                rows = cur.execute(_PENDING + " WHERE grp = %s AND delivered_ns <= %s AND idx = "
+                                   "ANY(%s) ORDER BY idx FOR UPDATE SKIP LOCKED",
+                                   (g.id, now_ns - min_idle_ns, list(indices))).fetchall()
+            verify_pending(self._display, stream, g, rows)
+            self._redeliver(cur, srow, g, rows, consumer, now_ns, out)
+        return out
+
+    def _redeliver(self, cur: Any, srow: StreamRow, g: GroupRow, rows: Sequence[Sequence[Any]],
+                   consumer: str, now: int, out: GroupRead) -> int:
+        """Deliver the pending ``rows`` (verified, locked) again, to ``consumer`` (those
+        over the group's ``max_deliveries`` go to ``out.over``); how many were."""
+        again, over = split_over(rows, g.max_deliveries)
+        out.over += over
+        if not again:
+            return 0
+        want = [r[0] for r in again]
+        got = cur.execute(f"WITH s AS MATERIALIZED ({_ROW} WHERE s.id = %s) SELECT e.idx, e.seq, "
+                          f"e.time_ns, e.value, e.meta, {_SUM}, s.first_index FROM s LEFT JOIN "
+                          f"{_E} e ON e.stream = s.id AND e.idx = ANY(%s) ORDER BY e.idx",
+                          (srow.id, want)).fetchall()
+        first = got[0][6] if got else srow.first
+        got = [r for r in got if r[0] is not None]
+        gone = [i for i in want if i < max(first, srow.first)]
+        if gone:  # retention removed them (a group that does not hold it)
+            cur.execute(f"DELETE FROM {_P} WHERE grp = %s AND idx = ANY(%s)", (g.id, gone))
+            for i in gone:
+                warn_lost(self._display, srow.name, g.name, i, i + 1)
+            out.lost += len(gone)
+            again = [r for r in again if r[0] not in set(gone)]
+            got = [r for r in got if r[0] not in set(gone)]
+            want = [r[0] for r in again]
+            if not again:
+                return 0
+        idxs = [r[0] for r in got]
+        verify_at(self._display, srow.name, srow.first, srow.next, want, idxs)
+        verify_checksums(self._display, srow.name, idxs, [r[3] for r in got],
+                         [r[4] for r in got], [r[5] for r in got])
+        cur.execute(f"UPDATE {_P} p SET consumer = %s, deliveries = u.d, delivered_ns = %s, "
+                    "checksum = u.c FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS "
+                    "u(i, d, c) WHERE p.grp = %s AND p.idx = u.i",
+                    (consumer, now, want, [r[2] + 1 for r in again],
+                     [pending_checksum(g.id, r[0], consumer, r[2] + 1, now) for r in again], g.id))
+        out.deliveries += [Delivery(srow.name, i, v, m, t, q, g.name, consumer, r[2] + 1)
+                           for (i, q, t, v, m, _c, _f), r in zip(got, again)]
+        return len(again)
+
+    def _deliver_new(self, cur: Any, srow: StreamRow, g: GroupRow, consumer: str, left: int,
+                     now: int, out: GroupRead) -> None:
+        """Deliver up to ``left`` entries from the group's position (its row locked) on to
+        ``consumer``: the position, the pending rows and the entries in one statement."""
+        a = max(g.next, srow.first)
+        if a > g.next:
+            warn_lost(self._display, srow.name, g.name, g.next, a)
+            out.lost += a - g.next
+        b = min(a + left, srow.next)
+        if b <= a and a == g.next:
+            return
+        g.next = max(a, b)
+        g.seal()
+        idxs = list(range(a, b))
+        rows = cur.execute(
+            f"WITH u AS (UPDATE {_G} SET next_index = %s, checksum = %s WHERE id = %s), "
+            f"p AS (INSERT INTO {_P} (grp, idx, consumer, deliveries, delivered_ns, checksum) "
+            "SELECT %s, i, %s, 1, %s, c FROM unnest(%b::bigint[], %b::bigint[]) AS x(i, c)) "
+            f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM} FROM {_E} e WHERE "
+            "e.stream = %s AND e.idx >= %s AND e.idx < %s ORDER BY e.idx",
+            (g.next, g.checksum, g.id, g.id, consumer, now, idxs,
+             [pending_checksum(g.id, i, consumer, 1, now) for i in idxs], srow.id, a, b)
+        ).fetchall()
+        if b <= a:
+            return
+        t = [list(c) for c in zip(*rows)] or [[], [], [], [], [], []]
+        if t[0] != idxs and not g.hold:
+            # Retention (which this group does not hold) may have removed some since the
+            # stream's row was read: what it holds now decides.
+            first = cur.execute(f"SELECT first_index FROM {_S} WHERE id = %s",
+                                (srow.id,)).fetchone()[0]
+            gone = [i for i in idxs if i < first]
+            if gone:
+                cur.execute(f"DELETE FROM {_P} WHERE grp = %s AND idx = ANY(%s)", (g.id, gone))
+                warn_lost(self._display, srow.name, g.name, gone[0], gone[-1] + 1)
+                out.lost += len(gone)
+                a = gone[-1] + 1
+                idxs = idxs[len(gone):]
+        verify_indices(self._display, srow.name, srow.first, srow.next, a, b, b - a, t[0])
+        verify_checksums(self._display, srow.name, t[0], t[3], t[4], t[5])
+        out.deliveries += [Delivery(srow.name, i, v, m, tm, q, g.name, consumer, 1)
+                           for i, q, tm, v, m in zip(t[0], t[1], t[2], t[3], t[4])]
+
+    def group_ack(self, stream: str, group: str, items: Sequence[Delivery | int]) -> int:
+        self._check_open()
+        ints = [x for x in items if not isinstance(x, Delivery)]
+        dels = [x for x in items if isinstance(x, Delivery)]
+        for d in dels:
+            same_group(d, stream, group)
+        n = 0
+        gid = (f"(SELECT g.id FROM {_G} g JOIN {_S} s ON s.id = g.stream WHERE s.name = %s AND "
+               "g.name = %s)")
+        with self._conn() as c, c.transaction():
+            if ints:
+                n += len(c.execute(f"DELETE FROM {_P} WHERE grp = {gid} AND idx = ANY(%s) "
+                                   "RETURNING idx", (stream, group, ints)).fetchall())
+            if dels:
+                n += len(c.execute(
+                    f"DELETE FROM {_P} p USING unnest(%s::bigint[], %s::text[], %s::bigint[]) AS "
+                    f"u(i, c, d) WHERE p.grp = {gid} AND p.idx = u.i AND p.consumer = u.c AND "
+                    "p.deliveries = u.d RETURNING p.idx",
+                    ([d.index for d in dels], [d.consumer for d in dels],
+                     [d.deliveries for d in dels], stream, group)).fetchall())
+            if n == 0 and c.execute(gid[1:-1], (stream, group)).fetchone() is None:
+                raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
+                                    f"{self._display} (dataspace stream group ls {stream} lists "
+                                    "them)")
+        return n
 
     # -- tailers --------------------------------------------------------------------------
 
@@ -1173,7 +1636,7 @@ class PostgresStore(Store):
             for (name,) in names:
                 row = tx._load(name)  # verified
                 if row is not None:
-                    deleted += _retain(tx._conn, row, now)
+                    deleted += _retain(tx._conn, row, now, self._display)
             tx._dirty = tx._dirty or deleted > 0
         return deleted
 
@@ -1198,12 +1661,19 @@ class PostgresStore(Store):
                 for t in cur.execute(f"SELECT stream, name, position, updated_ns, checksum "
                                      f"FROM {_T} ORDER BY stream, name").fetchall():
                     tailers.setdefault(t[0], []).append(t[1:])
+                groups: dict[int, list[tuple[Any, ...]]] = {}
+                for r in cur.execute(_GROUP + " ORDER BY g.stream, g.name COLLATE \"C\"").fetchall():
+                    groups.setdefault(r[1], []).append(r)
                 for r in streams:
                     row = StreamRow(*r)
                     sid, name = row.id, row.name
                     report.add_row(row)
                     for t, p, u, k in tailers.get(sid, ()):
                         report.add_tailer(name, sid, t, p, u, k, row.next)
+                    for r in groups.get(sid, ()):
+                        g = GroupRow(*r, stream=name)
+                        report.add_group(name, g, row.next, cur.execute(
+                            _PENDING + " WHERE grp = %s ORDER BY idx", (g.id,)).fetchall())
                     scan = StreamScan(name, row.first, row.next)
                     pos = -(1 << 63)
                     while True:
@@ -1238,6 +1708,15 @@ class PostgresStore(Store):
                                  f"(SELECT id FROM {_S})").fetchone()[0]
                 if lost:
                     problems.append(f"{plural(lost, 'tailer')} of no stream")
+                lost = c.execute(f"SELECT count(*) FROM {_G} WHERE stream NOT IN "
+                                 f"(SELECT id FROM {_S})").fetchone()[0]
+                if lost:
+                    problems.append(f"{plural(lost, 'consumer group')} of no stream")
+                lost = c.execute(f"SELECT count(*) FROM {_P} WHERE grp NOT IN "
+                                 f"(SELECT id FROM {_G})").fetchone()[0]
+                if lost:
+                    problems.append(f"{plural(lost, 'pending entry', 'pending entries')} of no "
+                                    "consumer group")
                 counter = c.execute(f"SELECT seq FROM {SCHEMA}.commit_order WHERE id = 1").fetchone()
                 top = c.execute(f"SELECT max(seq) FROM {_E}").fetchone()[0]
                 if counter is None:
@@ -1301,7 +1780,7 @@ def _ensure_staged(conn: Any) -> None:
                      "stream text NOT NULL, count bigint NOT NULL, UNIQUE (token, stream))")
 
 
-def _retain(conn: Any, row: StreamRow, now_ns: int) -> int:
+def _retain(conn: Any, row: StreamRow, now_ns: int, where: str) -> int:
     """Apply ``row``'s retention (deleting below a cut, raising its first index to it:
     the row is written when the transaction ends); how many entries went."""
     cut = 0
@@ -1315,9 +1794,33 @@ def _retain(conn: Any, row: StreamRow, now_ns: int) -> int:
     cut = min(cut, row.next)
     if cut <= row.first:
         return 0
+    cut = _held(conn, row, cut, where)
+    if cut <= row.first:
+        return 0
     n = max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (row.id, cut)).rowcount, 0)
     row.first = cut
     return n
+
+
+def _held(conn: Any, row: StreamRow, cut: int, where: str) -> int:
+    """``cut`` lowered to the lowest index a consumer group of ``row`` holding retention
+    has not acknowledged (each such group's row verified), with a warning once."""
+    low = cut
+    holder = None
+    for r in conn.execute(f"SELECT {_GROUP_COLS}, (SELECT min(idx) FROM {_P} p WHERE p.grp = "
+                          f"g.id) FROM {_G} g WHERE g.stream = %s AND g.hold",
+                          (row.id,)).fetchall():
+        g = verify_group(where, row.name, GroupRow(*r[:10], stream=row.name), row.next)
+        floor = g.next if r[10] is None else min(int(r[10]), g.next)
+        if floor < low:
+            low, holder = floor, g.name
+    if holder is not None:
+        warn_once("retention", f"{where}|{row.name}|{holder}",
+                  "stream %r in %s: retention held back at index %d by consumer group %r, "
+                  "which has not acknowledged the entries from there (remove the group, or "
+                  "create it with hold_retention=False, to let retention go on)",
+                  row.name, where, low, holder)
+    return low
 
 
 def _seal_rows(conn: Any) -> None:
@@ -1437,7 +1940,7 @@ class PostgresTransaction(Transaction):
                 # Retention of the streams written, in the same transaction.
                 if sid not in self._no_retention and (row.max_count is not None
                                                       or row.max_age_ms is not None):
-                    _retain(c, row, self._time or time.time_ns())
+                    _retain(c, row, self._time or time.time_ns(), self._store.display)
             if orig is None or (row.next, row.first, row.max_count, row.max_age_ms) != orig:
                 writes.append((row.next, row.first, row.max_count, row.max_age_ms, row.seal(),
                                sid))
@@ -1457,6 +1960,61 @@ class PostgresTransaction(Transaction):
 
     def rollback(self) -> None:
         self._store._end(self, False)
+
+    # -- consumer groups ----------------------------------------------------------------
+
+    def _group(self, stream: str, group: str) -> GroupRow:
+        """The verified row of ``group`` of ``stream`` (as this transaction sees it)."""
+        srow = self._need(stream)
+        r = self._q(_GROUP + " WHERE g.stream = %s AND g.name = %s", (srow.id, group)).fetchone()
+        if r is None:
+            raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
+                                f"{self._store.display} (dataspace stream group ls {stream} "
+                                "lists them)")
+        return verify_group(self._store.display, stream, GroupRow(*r, stream=stream), srow.next)
+
+    def ack(self, deliveries: Delivery | Iterable[Delivery]) -> int:
+        ds = ack_args(deliveries)
+        by: dict[tuple[str, str], list[Delivery]] = {}
+        for d in ds:
+            by.setdefault((d.stream, d.group), []).append(d)
+        for (stream, group), items in by.items():
+            g = self._group(stream, group)
+            items.sort(key=lambda d: d.index)  # rows locked in index order: no deadlock
+            done = {r[0] for r in self._q(
+                f"DELETE FROM {_P} p USING unnest(%s::bigint[], %s::text[], %s::bigint[]) AS "
+                "u(i, c, d) WHERE p.grp = %s AND p.idx = u.i AND p.consumer = u.c AND "
+                "p.deliveries = u.d RETURNING p.idx",
+                ([d.index for d in items], [d.consumer for d in items],
+                 [d.deliveries for d in items], g.id)).fetchall()}
+            for d in items:
+                if d.index not in done:
+                    raise AckLost(lost_message(stream, group, d))
+        self._dirty = True
+        return len(ds)
+
+    def dead_letter(self, stream: str, group: str, entries: Sequence[PendingEntry],
+                    why: str | None = None) -> int:
+        g = self._group(stream, group)
+        target = g.dead_letter or default_dead_letter(stream)
+        moved = 0
+        for p in sorted(entries, key=lambda p: p.index):
+            if self._q(f"DELETE FROM {_P} WHERE grp = %s AND idx = %s AND consumer = %s AND "
+                       "deliveries = %s RETURNING idx",
+                       (g.id, p.index, p.consumer, p.deliveries)).fetchone() is None:
+                continue  # acknowledged or claimed meanwhile
+            self._dirty = True
+            e = self._store.get(stream, p.index)
+            if e is None:
+                warn_lost(self._store.display, stream, group, p.index, p.index + 1)
+                continue
+            reason = why or too_many(p, g.max_deliveries or p.deliveries)
+            self.append_encoded(target, [e.data],
+                                [dead_meta_data(stream, group, p, reason, e.meta_data)])
+            log.warning("consumer group %r of stream %r: entry %d %s; moved to stream %r",
+                        group, stream, p.index, reason, target)
+            moved += 1
+        return moved
 
     # -- the interface ----------------------------------------------------------------
 

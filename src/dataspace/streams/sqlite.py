@@ -1,6 +1,6 @@
 """The SQLite stream store: one file (``streams.sqlite3`` in the data directory), WAL mode.
 
-Layout (schema version 3; ``PRAGMA application_id`` = 0x44537472, "DStr")::
+Layout (schema version 4; ``PRAGMA application_id`` = 0x44537472, "DStr")::
 
     streams  (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT UNIQUE, next_index,
               created_ns, max_count, max_age_ms, first_index, checksum)
@@ -9,6 +9,11 @@ Layout (schema version 3; ``PRAGMA application_id`` = 0x44537472, "DStr")::
     tailers  (stream, name, position, updated_ns, checksum,
               PRIMARY KEY (stream, name)) WITHOUT ROWID
     store_meta (key TEXT PRIMARY KEY, value)      -- format, created_ns, seq
+    consumer_groups (id, stream, name, next_index, created_ns, idle_ms,
+              max_deliveries, dead_letter, hold, checksum, UNIQUE (stream, name))
+    pending  (grp, idx, consumer, deliveries, delivered_ns, checksum,
+              PRIMARY KEY (grp, idx)) WITHOUT ROWID    -- and by (grp, delivered_ns),
+                                                       -- (grp, consumer, idx)
 
 * ``entries`` is clustered on (stream, index): appends go to the end of one b-tree range
   and a read of a range of indices is one index range scan.  Values and metadata are
@@ -25,7 +30,12 @@ Layout (schema version 3; ``PRAGMA application_id`` = 0x44537472, "DStr")::
   A version 1 file (before checksums) is migrated when opened: ``first_index`` from its
   entries, ``checksum`` NULL for the entries it holds (read unverified, with a note in
   the log); a version 1 or 2 file's stream and tailer rows get the checksums of the
-  values they hold then.
+  values they hold then; a version 3 file gets the tables of consumer groups.
+* Consumer groups (:mod:`.groups`): a read or claim is one write transaction
+  (``BEGIN IMMEDIATE``: SQLite serialises them with every writer) committed with
+  ``synchronous=NORMAL`` -- safe from kill -9, and after a power loss entries delivered
+  but not acknowledged are delivered again, as after any crash -- and without waking
+  readers; acknowledgements are fsynced (``synchronous=FULL``, the store's durability).
 * One write transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) may touch any number of
   streams and tailers: the exactly-once engine writes its outputs, its tailer positions
   and its backing-stream records together.
@@ -47,13 +57,14 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from ..values import Value
 from .base import (
+    DEFAULT_IDLE_TIMEOUT,
     MAX_INDEX,
     Columns,
     Entry,
@@ -69,6 +80,7 @@ from .base import (
     TailerInfo,
     Transaction,
     check_lock_name,
+    check_name,
     check_stream_name,
     check_tailer_name,
     encode_value,
@@ -76,8 +88,30 @@ from .base import (
     staged_count_error,
     staged_total,
 )
+from .groups import (
+    AckLost,
+    Delivery,
+    GroupInfo,
+    GroupNotFound,
+    GroupRead,
+    PendingEntry,
+    ack_args,
+    check_group_name,
+    check_options,
+    dead_meta_data,
+    default_dead_letter,
+    group_info_of,
+    lost_message,
+    resolve_start,
+    same_group,
+    split_over,
+    too_many,
+    warn_lost,
+    warn_once,
+)
 from .integrity import (
     CheckReport,
+    GroupRow,
     Salvaged,
     StreamDigest,
     StreamRow,
@@ -88,13 +122,18 @@ from .integrity import (
     damaged,
     digest_of,
     ends_problem,
+    pending_checksum,
+    pending_top_problem,
     plural,
     salvage_rows,
     staged_checksums,
     tailer_checksum,
+    verify_at,
     verify_checksums,
     verify_get,
+    verify_group,
     verify_indices,
+    verify_pending,
     verify_stream_row,
     verify_tailer,
 )
@@ -105,8 +144,35 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "STAGE_SHARDS", "SQLiteStore", "o
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x44537472  # "DStr"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _HEADER = b"SQLite format 3\x00"
+
+_GROUP_TABLES = """
+CREATE TABLE consumer_groups (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    stream INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    next_index INTEGER NOT NULL,
+    created_ns INTEGER NOT NULL,
+    idle_ms INTEGER,
+    max_deliveries INTEGER,
+    dead_letter TEXT,
+    hold INTEGER NOT NULL,
+    checksum INTEGER,
+    UNIQUE (stream, name)
+);
+CREATE TABLE pending (
+    grp INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    consumer TEXT NOT NULL,
+    deliveries INTEGER NOT NULL,
+    delivered_ns INTEGER NOT NULL,
+    checksum INTEGER,
+    PRIMARY KEY (grp, idx)
+) WITHOUT ROWID;
+CREATE INDEX pending_by_time ON pending (grp, delivered_ns);
+CREATE INDEX pending_by_consumer ON pending (grp, consumer, idx);
+"""
 
 _SCHEMA = f"""
 CREATE TABLE streams (
@@ -138,6 +204,7 @@ CREATE TABLE tailers (
     PRIMARY KEY (stream, name)
 ) WITHOUT ROWID;
 CREATE TABLE store_meta (key TEXT PRIMARY KEY, value);
+{_GROUP_TABLES}
 INSERT INTO store_meta VALUES ('format', 'dataspace-streams');
 INSERT INTO store_meta VALUES ('seq', 0);
 PRAGMA application_id = {APPLICATION_ID};
@@ -145,6 +212,7 @@ PRAGMA user_version = {SCHEMA_VERSION};
 """
 
 _TABLES = {"streams", "entries", "tailers", "store_meta"}
+_TABLES_4 = {"consumer_groups", "pending"}  # since version 4
 
 _MIGRATE_1_TO_2 = """
 ALTER TABLE streams ADD COLUMN first_index INTEGER NOT NULL DEFAULT 0;
@@ -159,6 +227,8 @@ ALTER TABLE streams ADD COLUMN checksum INTEGER;
 ALTER TABLE tailers ADD COLUMN checksum INTEGER
 """
 
+_MIGRATE_3_TO_4 = _GROUP_TABLES + "PRAGMA user_version = 4"
+
 # A stream's row as the stores read it (:class:`.integrity.StreamRow`'s order), with its
 # lowest and highest stored index: two index-only probes, in the same statement.
 _ROW = ("SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age_ms, "
@@ -166,6 +236,14 @@ _ROW = ("SELECT s.id, s.name, s.next_index, s.created_ns, s.max_count, s.max_age
         "(SELECT idx FROM entries WHERE stream = s.id ORDER BY idx LIMIT 1), "
         "(SELECT idx FROM entries WHERE stream = s.id ORDER BY idx DESC LIMIT 1) "
         "FROM streams s")
+
+# A consumer group's row (:class:`.integrity.GroupRow`'s order) and a pending entry's.
+_GROUP = ("SELECT id, stream, name, next_index, created_ns, idle_ms, max_deliveries, "
+          "dead_letter, hold, checksum FROM consumer_groups")
+_PENDING = "SELECT idx, consumer, deliveries, delivered_ns, checksum FROM pending"
+_COUNTS = ("SELECT grp, consumer, count(*), min(delivered_ns), max(delivered_ns), min(idx), "
+           "max(idx) FROM pending WHERE grp IN (SELECT id FROM consumer_groups WHERE "
+           "stream = ?) GROUP BY grp, consumer ORDER BY grp, consumer")
 
 # A read's checksums, less the index (see .integrity): NULL for entries without one;
 # and what a write stores, from the checksum c and the index i.
@@ -390,7 +468,7 @@ class SQLiteStore(Store):
                 raise
             app_id = APPLICATION_ID
             version = SCHEMA_VERSION
-            tables = _TABLES
+            tables = _TABLES | _TABLES_4
         if app_id != APPLICATION_ID:
             what = f"application id {app_id:#x}" if app_id else "tables " + ", ".join(sorted(tables))
             raise ForeignStore(
@@ -409,6 +487,13 @@ class SQLiteStore(Store):
             )
         if version < SCHEMA_VERSION:
             self._migrate(conn)
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master "
+                                                 "WHERE type='table'")}
+        if not _TABLES_4 <= tables:
+            raise StoreCorrupt(
+                f"{path} is a stream store with missing tables ({', '.join(sorted(_TABLES_4 - tables))}); "
+                "move it away or restore it from a backup"
+            )
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"{path}: cannot switch to WAL mode (got {mode}); is the file system local?")
@@ -436,10 +521,15 @@ class SQLiteStore(Store):
                 for stmt in _MIGRATE_2_TO_3.strip().split(";"):
                     conn.execute(stmt)
                 _seal_rows(conn)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                log.info("%s: migrated to store format %d (the rows of streams and tailers "
-                         "carry checksums from now on, of the values they hold now)", self.path,
-                         SCHEMA_VERSION)
+                conn.execute("PRAGMA user_version = 3")
+                log.info("%s: migrated to store format 3 (the rows of streams and tailers "
+                         "carry checksums from now on, of the values they hold now)", self.path)
+                version = 3
+            if version == 3:
+                for stmt in _MIGRATE_3_TO_4.strip().split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                log.info("%s: migrated to store format 4 (consumer groups)", self.path)
             conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
@@ -545,18 +635,44 @@ class SQLiteStore(Store):
     def begin(self) -> SQLiteTransaction:
         """Start a write transaction (``BEGIN IMMEDIATE``: waits for other writers up to
         the busy timeout).  Commit or roll it back from the same thread."""
+        return self._begin()
+
+    def _begin(self, *, durable: bool = True, quiet: bool = False) -> SQLiteTransaction:
+        """:meth:`begin`; ``durable=False``: committed without an fsync (safe from kill
+        -9, not from power loss: a consumer group's deliveries), ``quiet``: readers are
+        not woken by its commit (it changes no stream)."""
         self._lock.acquire()
+        relaxed = False
         try:
             self._check_open()
             if self._in_tx:
                 raise StoreError("transactions do not nest")
+            if not durable and self.durability == "full":
+                self._exec("PRAGMA synchronous = NORMAL")
+                relaxed = True
             self._exec("BEGIN IMMEDIATE")
             self._in_tx = True
         except BaseException:
+            if relaxed:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA synchronous = FULL")
             self._lock.release()
             raise
         tx = self._tx = SQLiteTransaction(self)
+        tx._quiet = quiet
+        tx._relaxed = relaxed
         return tx
+
+    @contextlib.contextmanager
+    def _quiet(self, durable: bool = True) -> Iterator[SQLiteTransaction]:
+        """:meth:`_begin` ``quiet`` as a ``with`` block (rolled back if it raises)."""
+        tx = self._begin(durable=durable, quiet=True)
+        try:
+            yield tx
+        except BaseException:
+            tx.rollback()
+            raise
+        tx.commit()
 
     def _end(self, tx: SQLiteTransaction, commit: bool) -> None:
         if tx._done:
@@ -575,7 +691,11 @@ class SQLiteStore(Store):
         finally:
             self._in_tx = False
             self._tx = None
-            changed = commit and self._conn.total_changes != tx._changes0
+            changed = commit and self._conn.total_changes != tx._changes0 and (
+                not tx._quiet or tx._appended)
+            if tx._relaxed:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA synchronous = FULL")
             self._lock.release()
         if changed:
             assert self._notifier is not None
@@ -630,7 +750,286 @@ class SQLiteStore(Store):
             max_age=None if row.max_age_ms is None else row.max_age_ms / 1000.0,
             last_time_ns=None if last_row is None else last_row[0],
             tailers=tailers,
+            groups=self._groups_of(row),
         )
+
+    # -- consumer groups (see .groups) ----------------------------------------------------
+
+    def _groups_of(self, srow: StreamRow) -> tuple[GroupInfo, ...]:
+        """The verified groups of the verified stream row ``srow``, with their pending
+        counts (call inside :meth:`_snapshot` or a transaction)."""
+        rows = self._all(_GROUP + " WHERE stream = ? ORDER BY name", (srow.id,))
+        if not rows:
+            return ()
+        counts: dict[int, list[tuple[Any, ...]]] = {}
+        for gid, *rest in self._all(_COUNTS, (srow.id,)):
+            counts.setdefault(gid, []).append(tuple(rest))
+        where = str(self.path)
+        out = []
+        for r in rows:
+            g = verify_group(where, srow.name, GroupRow(*r, stream=srow.name), srow.next)
+            cons = counts.get(g.id, [])
+            what = pending_top_problem(g, max((c[5] for c in cons), default=None))
+            if what is not None:
+                raise damaged(where, srow.name, what)
+            out.append(group_info_of(srow.name, srow.first, srow.next, g,
+                                     [c[:5] for c in cons]))
+        return tuple(out)
+
+    def _group_row(self, srow: StreamRow, name: str) -> GroupRow:
+        """The verified row of group ``name`` of ``srow`` (:class:`GroupNotFound`)."""
+        r = self._one(_GROUP + " WHERE stream = ? AND name = ?", (srow.id, name))
+        if r is None:
+            raise GroupNotFound(f"no consumer group {name!r} on stream {srow.name!r} in "
+                                f"{self.path} (dataspace stream group ls {srow.name} lists them)")
+        return verify_group(str(self.path), srow.name, GroupRow(*r, stream=srow.name), srow.next)
+
+    def create_group(self, stream: str, name: str, *, start: int | str = "earliest",
+                     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+                     max_deliveries: int | None = None, dead_letter: str | None = None,
+                     hold_retention: bool = True, exist_ok: bool = False) -> GroupInfo:
+        check_stream_name(stream)
+        check_group_name(name)
+        check_options(idle_timeout, max_deliveries)
+        if dead_letter is None and max_deliveries is not None:
+            dead_letter = default_dead_letter(stream)
+        if dead_letter is not None:
+            check_name(dead_letter, "dead-letter stream")
+            if dead_letter == stream:
+                raise ValueError("a group's dead-letter stream cannot be its own stream")
+        with self._quiet() as tx:
+            srow = tx._load(stream, create=True)
+            assert srow is not None
+            if self._one("SELECT id FROM consumer_groups WHERE stream = ? AND name = ?",
+                         (srow.id, name)) is not None:
+                if not exist_ok:
+                    raise ValueError(f"stream {stream!r} has a consumer group {name!r} already "
+                                     f"(dataspace stream group ls {stream} lists them)")
+            else:
+                nxt = resolve_start(start, srow.first, srow.next, stream)
+                idle_ms = None if idle_timeout is None else max(1, round(idle_timeout * 1000))
+                now = time.time_ns()
+                gid = self._exec(
+                    "INSERT INTO consumer_groups (stream, name, next_index, created_ns, idle_ms, "
+                    "max_deliveries, dead_letter, hold) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (srow.id, name, nxt, now, idle_ms, max_deliveries, dead_letter,
+                     1 if hold_retention else 0)).lastrowid
+                assert gid is not None
+                g = GroupRow(gid, srow.id, name, nxt, now, idle_ms, max_deliveries, dead_letter,
+                             hold_retention)
+                self._exec("UPDATE consumer_groups SET checksum = ? WHERE id = ?", (g.seal(), gid))
+        return self.group_info(stream, name)
+
+    def delete_group(self, stream: str, name: str) -> None:
+        # By its id alone: a group whose row is damaged can be removed.
+        with self._quiet():
+            r = self._one("SELECT g.id FROM consumer_groups g JOIN streams s ON s.id = g.stream "
+                          "WHERE s.name = ? AND g.name = ?", (stream, name))
+            if r is None:
+                if self._stream_id(stream) is None:
+                    raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
+                raise GroupNotFound(f"no consumer group {name!r} on stream {stream!r} in "
+                                    f"{self.path} (dataspace stream group ls {stream} lists them)")
+            self._exec("DELETE FROM pending WHERE grp = ?", (r[0],))
+            self._exec("DELETE FROM consumer_groups WHERE id = ?", (r[0],))
+
+    def groups(self, stream: str | None = None) -> list[GroupInfo]:
+        with self._lock:
+            self._check_open()
+            with self._snapshot():
+                if stream is None:
+                    rows = self._all(_ROW + " WHERE s.id IN (SELECT stream FROM consumer_groups) "
+                                     "ORDER BY s.name")
+                else:
+                    rows = self._all(_ROW + " WHERE s.name = ?", (stream,))
+                    if not rows:
+                        raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
+                out: list[GroupInfo] = []
+                for r in rows:
+                    out += self._groups_of(self._check_row(StreamRow(*r[:8]), r[8], r[9]))
+                return out
+
+    def group_info(self, stream: str, name: str) -> GroupInfo:
+        with self._lock:
+            self._check_open()
+            with self._snapshot():
+                r = self._one(_ROW + " WHERE s.name = ?", (stream,))
+                if r is None:
+                    raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
+                srow = self._check_row(StreamRow(*r[:8]), r[8], r[9])
+                g = self._group_row(srow, name)
+                cons = self._all("SELECT consumer, count(*), min(delivered_ns), max(delivered_ns), "
+                                 "min(idx), max(idx) FROM pending WHERE grp = ? GROUP BY consumer "
+                                 "ORDER BY consumer", (g.id,))
+        what = pending_top_problem(g, max((c[5] for c in cons), default=None))
+        if what is not None:
+            raise damaged(str(self.path), stream, what)
+        return group_info_of(stream, srow.first, srow.next, g, [c[:5] for c in cons])
+
+    def group_pending(self, stream: str, group: str, *, consumer: str | None = None,
+                      start: int = 0, limit: int = 100) -> list[PendingEntry]:
+        with self._lock:
+            self._check_open()
+            with self._snapshot():
+                srow = self._verified_row(stream)
+                g = self._group_row(srow, group)
+                if consumer is None:
+                    rows = self._all(_PENDING + " WHERE grp = ? AND idx >= ? ORDER BY idx LIMIT ?",
+                                     (g.id, max(start, 0), max(limit, 0)))
+                else:
+                    rows = self._all(_PENDING + " WHERE grp = ? AND consumer = ? AND idx >= ? "
+                                     "ORDER BY idx LIMIT ?", (g.id, consumer, max(start, 0),
+                                                              max(limit, 0)))
+        verify_pending(str(self.path), stream, g, rows)
+        return [PendingEntry(i, c, d, t) for i, c, d, t, _k in rows]
+
+    def _verified_row(self, stream: str) -> StreamRow:
+        r = self._one(_ROW + " WHERE s.name = ?", (stream,))
+        if r is None:
+            raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
+        return self._check_row(StreamRow(*r[:8]), r[8], r[9])
+
+    def group_read(self, stream: str, group: str, consumer: str, count: int, *,
+                   now_ns: int, recover: tuple[int, int] | None = None,
+                   claim_idle: bool = True) -> GroupRead:
+        with self._quiet(durable=False) as tx:
+            srow = tx._need(stream)
+            g = self._group_row(srow, group)
+            out = GroupRead()
+            left = count
+            if recover is not None:
+                after, born = recover
+                rows = self._all(_PENDING + " WHERE grp = ? AND consumer = ? AND idx > ? AND "
+                                 "delivered_ns < ? ORDER BY idx LIMIT ?",
+                                 (g.id, consumer, after, born, left))
+                verify_pending(str(self.path), stream, g, rows)
+                out.recovered = len(rows) < left
+                out.cursor = rows[-1][0] if rows else after
+                left -= self._redeliver(srow, g, rows, consumer, now_ns, out)
+            if claim_idle and g.idle_ms is not None and left > 0:
+                idle = g.idle_ms * 1_000_000
+                rows = self._all(_PENDING + " WHERE grp = ? AND delivered_ns <= ? AND "
+                                 "consumer != ? ORDER BY idx LIMIT ?",
+                                 (g.id, now_ns - idle, consumer, left))
+                verify_pending(str(self.path), stream, g, rows)
+                full = len(rows) == left
+                left -= self._redeliver(srow, g, rows, consumer, now_ns, out)
+                if full:
+                    out.expiry_ns = now_ns
+                else:
+                    low = self._one("SELECT min(delivered_ns) FROM pending WHERE grp = ? AND "
+                                    "consumer != ?", (g.id, consumer))[0]
+                    out.expiry_ns = (now_ns if low is None else min(int(low), now_ns)) + idle
+            elif claim_idle and g.idle_ms is None:
+                out.expiry_ns = MAX_INDEX  # never claimed by a read
+            if left > 0:
+                self._deliver_new(srow, g, consumer, left, now_ns, out)
+        return out
+
+    def group_claim(self, stream: str, group: str, consumer: str, *, now_ns: int,
+                    min_idle_ns: int, count: int,
+                    indices: Sequence[int] | None = None) -> GroupRead:
+        with self._quiet(durable=False) as tx:
+            srow = tx._need(stream)
+            g = self._group_row(srow, group)
+            out = GroupRead()
+            if indices is None:
+                rows = self._all(_PENDING + " WHERE grp = ? AND delivered_ns <= ? ORDER BY idx "
+                                 "LIMIT ?", (g.id, now_ns - min_idle_ns, count))
+            else:
+                rows = []
+                for k in range(0, len(indices), 500):
+                    part = list(indices[k:k + 500])
+                    rows += self._all(_PENDING + f" WHERE grp = ? AND delivered_ns <= ? AND idx "
+                                      f"IN ({','.join('?' * len(part))}) ORDER BY idx",
+                                      (g.id, now_ns - min_idle_ns, *part))
+            verify_pending(str(self.path), stream, g, rows)
+            self._redeliver(srow, g, rows, consumer, now_ns, out)
+        return out
+
+    def _redeliver(self, srow: StreamRow, g: GroupRow, rows: Sequence[Sequence[Any]],
+                   consumer: str, now: int, out: GroupRead) -> int:
+        """Deliver the pending ``rows`` (verified) again, to ``consumer`` (those over the
+        group's ``max_deliveries`` go to ``out.over``); how many were delivered."""
+        again, over = split_over(rows, g.max_deliveries)
+        out.over += over
+        if not again:
+            return 0
+        gone = [r[0] for r in again if r[0] < srow.first]
+        if gone:  # retention removed them (a group that does not hold it)
+            self._conn.executemany("DELETE FROM pending WHERE grp = ? AND idx = ?",
+                                   [(g.id, i) for i in gone])
+            for i in gone:
+                warn_lost(str(self.path), srow.name, g.name, i, i + 1)
+            out.lost += len(gone)
+            again = [r for r in again if r[0] >= srow.first]
+            if not again:
+                return 0
+        want = [r[0] for r in again]
+        got = []
+        for k in range(0, len(want), 500):
+            part = want[k:k + 500]
+            got += self._all(f"SELECT idx, seq, time_ns, value, meta, {_SUM} FROM entries WHERE "
+                             f"stream = ? AND idx IN ({','.join('?' * len(part))}) ORDER BY idx",
+                             (srow.id, *part))
+        where = str(self.path)
+        idxs = [r[0] for r in got]
+        verify_at(where, srow.name, srow.first, srow.next, want, idxs)
+        verify_checksums(where, srow.name, idxs, [r[3] for r in got], [r[4] for r in got],
+                         [r[5] for r in got])
+        self._conn.executemany(
+            "UPDATE pending SET consumer = ?, deliveries = ?, delivered_ns = ?, checksum = ? "
+            "WHERE grp = ? AND idx = ?",
+            [(consumer, r[2] + 1, now, pending_checksum(g.id, r[0], consumer, r[2] + 1, now),
+              g.id, r[0]) for r in again])
+        out.deliveries += [Delivery(srow.name, i, v, m, t, q, g.name, consumer, r[2] + 1)
+                           for (i, q, t, v, m, _c), r in zip(got, again)]
+        return len(again)
+
+    def _deliver_new(self, srow: StreamRow, g: GroupRow, consumer: str, left: int, now: int,
+                     out: GroupRead) -> None:
+        """Deliver up to ``left`` entries from the group's position on to ``consumer``."""
+        a = max(g.next, srow.first)
+        if a > g.next:
+            warn_lost(str(self.path), srow.name, g.name, g.next, a)
+            out.lost += a - g.next
+        b = min(a + left, srow.next)
+        if b <= a and a == g.next:
+            return
+        g.next = max(a, b)
+        self._exec("UPDATE consumer_groups SET next_index = ?, checksum = ? WHERE id = ?",
+                   (g.next, g.seal(), g.id))
+        if b <= a:
+            return
+        try:
+            self._conn.executemany(
+                "INSERT INTO pending (grp, idx, consumer, deliveries, delivered_ns, checksum) "
+                "VALUES (?, ?, ?, 1, ?, ?)",
+                [(g.id, i, consumer, now, pending_checksum(g.id, i, consumer, 1, now))
+                 for i in range(a, b)])
+        except sqlite3.IntegrityError:
+            raise damaged(str(self.path), srow.name, f"its consumer group {g.name!r} has an "
+                          f"entry pending at index {a} or after, never delivered") from None
+        out.deliveries += [Delivery(e.stream, e.index, e.data, e.meta_data, e.time_ns, e.seq,
+                                    g.name, consumer, 1) for e in _read(self, srow.name, a, b - a, b)]
+
+    def group_ack(self, stream: str, group: str, items: Sequence[Delivery | int]) -> int:
+        with self._quiet() as tx:
+            srow = tx._need(stream)
+            g = self._group_row(srow, group)
+            before = self._conn.total_changes
+            ints = [(g.id, x) for x in items if not isinstance(x, Delivery)]
+            dels = []
+            for d in items:
+                if isinstance(d, Delivery):
+                    same_group(d, stream, group)
+                    dels.append((g.id, d.index, d.consumer, d.deliveries))
+            if ints:
+                self._conn.executemany("DELETE FROM pending WHERE grp = ? AND idx = ?", ints)
+            if dels:
+                self._conn.executemany("DELETE FROM pending WHERE grp = ? AND idx = ? AND "
+                                       "consumer = ? AND deliveries = ?", dels)
+            return self._conn.total_changes - before
 
     def stream_info(self, name: str) -> StreamInfo:
         with self._lock:
@@ -668,6 +1067,9 @@ class SQLiteStore(Store):
                 raise StreamNotFound(f"no stream named {name!r} in {self.path}")
             self._exec("DELETE FROM entries WHERE stream = ?", (sid,))
             self._exec("DELETE FROM tailers WHERE stream = ?", (sid,))
+            self._exec("DELETE FROM pending WHERE grp IN (SELECT id FROM consumer_groups "
+                       "WHERE stream = ?)", (sid,))
+            self._exec("DELETE FROM consumer_groups WHERE stream = ?", (sid,))
             self._exec("DELETE FROM streams WHERE id = ?", (sid,))
             tx._forget(sid)
 
@@ -1069,6 +1471,17 @@ class SQLiteStore(Store):
                 ).fetchone()[0]
                 if lost:
                     report.problems.append(f"{plural(lost, 'tailer')} of no stream")
+                lost = self._conn.execute(
+                    "SELECT count(*) FROM consumer_groups WHERE stream NOT IN (SELECT id FROM "
+                    "streams)").fetchone()[0]
+                if lost:
+                    report.problems.append(f"{plural(lost, 'consumer group')} of no stream")
+                lost = self._conn.execute(
+                    "SELECT count(*) FROM pending WHERE grp NOT IN (SELECT id FROM "
+                    "consumer_groups)").fetchone()[0]
+                if lost:
+                    report.problems.append(f"{plural(lost, 'pending entry', 'pending entries')} "
+                                           "of no consumer group")
                 streams = self._conn.execute("SELECT id, name FROM streams ORDER BY name").fetchall()
             except sqlite3.DatabaseError as e:
                 report.problems.append(str(e))
@@ -1103,6 +1516,11 @@ class SQLiteStore(Store):
                                 "SELECT name, position, updated_ns, checksum FROM tailers "
                                 "WHERE stream = ? ORDER BY name", (sid,)).fetchall():
                             report.add_tailer(name, sid, t, p, u, c, row.next)
+                        for r in self._conn.execute(_GROUP + " WHERE stream = ? ORDER BY name",
+                                                    (sid,)).fetchall():
+                            g = GroupRow(*r, stream=name)
+                            report.add_group(name, g, row.next, self._conn.execute(
+                                _PENDING + " WHERE grp = ? ORDER BY idx", (g.id,)).fetchall())
                 except (sqlite3.DatabaseError, StoreCorrupt) as e:
                     report.problems.append(f"stream {name!r}: {e}")
                 if scan is not None:
@@ -1270,9 +1688,33 @@ def _retain(store: SQLiteStore, row: StreamRow, now_ns: int) -> int:
     cut = min(cut, row.next)
     if cut <= row.first:
         return 0
+    cut = _held(store, row, cut)
+    if cut <= row.first:
+        return 0
     cur = store._exec("DELETE FROM entries WHERE stream = ? AND idx < ?", (row.id, cut))
     row.first = cut
     return max(cur.rowcount, 0)
+
+
+def _held(store: SQLiteStore, row: StreamRow, cut: int) -> int:
+    """``cut`` lowered to the lowest index a consumer group of ``row`` holding retention
+    has not acknowledged (each such group's row verified), with a warning once."""
+    where = str(store.path)
+    low = cut
+    holder = None
+    for r in store._all(_GROUP + " WHERE stream = ? AND hold", (row.id,)):
+        g = verify_group(where, row.name, GroupRow(*r, stream=row.name), row.next)
+        p = store._one("SELECT min(idx) FROM pending WHERE grp = ?", (g.id,))[0]
+        floor = g.next if p is None else min(int(p), g.next)
+        if floor < low:
+            low, holder = floor, g.name
+    if holder is not None:
+        warn_once("retention", f"{where}|{row.name}|{holder}",
+                  "stream %r in %s: retention held back at index %d by consumer group %r, "
+                  "which has not acknowledged the entries from there (remove the group, or "
+                  "create it with hold_retention=False, to let retention go on)",
+                  row.name, where, low, holder)
+    return low
 
 
 class SQLiteTransaction(Transaction):
@@ -1282,12 +1724,15 @@ class SQLiteTransaction(Transaction):
     changes -- next and first index, retention -- and written back, each with its new
     checksum, when it commits."""
 
-    __slots__ = ("_changes0", "_copy_base", "_done", "_names", "_no_retention", "_orig",
-                 "_retained", "_rows", "_seq", "_store", "_time")
+    __slots__ = ("_appended", "_changes0", "_copy_base", "_done", "_names", "_no_retention",
+                 "_orig", "_quiet", "_relaxed", "_retained", "_rows", "_seq", "_store", "_time")
 
     def __init__(self, store: SQLiteStore) -> None:
         self._store = store
         self._done = False
+        self._quiet = False
+        self._relaxed = False
+        self._appended = False
         self._changes0 = store._conn.total_changes
         # Stream id -> its row as of this transaction; the values it was read with (None:
         # created here); name -> id.  A writer holds the write lock, so no other process
@@ -1370,6 +1815,44 @@ class SQLiteTransaction(Transaction):
     def rollback(self) -> None:
         self._store._end(self, False)
 
+    # -- consumer groups ----------------------------------------------------------------
+
+    def ack(self, deliveries: Delivery | Iterable[Delivery]) -> int:
+        store = self._store
+        ds = ack_args(deliveries)
+        rows: dict[tuple[str, str], GroupRow] = {}
+        for d in ds:
+            g = rows.get((d.stream, d.group))
+            if g is None:
+                g = rows[(d.stream, d.group)] = store._group_row(self._need(d.stream), d.group)
+            cur = store._exec("DELETE FROM pending WHERE grp = ? AND idx = ? AND consumer = ? AND "
+                              "deliveries = ?", (g.id, d.index, d.consumer, d.deliveries))
+            if cur.rowcount != 1:
+                raise AckLost(lost_message(d.stream, d.group, d))
+        return len(ds)
+
+    def dead_letter(self, stream: str, group: str, entries: Sequence[PendingEntry],
+                    why: str | None = None) -> int:
+        store = self._store
+        g = store._group_row(self._need(stream), group)
+        target = g.dead_letter or default_dead_letter(stream)
+        moved = 0
+        for p in entries:
+            cur = store._exec("DELETE FROM pending WHERE grp = ? AND idx = ? AND consumer = ? "
+                              "AND deliveries = ?", (g.id, p.index, p.consumer, p.deliveries))
+            if cur.rowcount != 1:
+                continue  # acknowledged or claimed meanwhile
+            e = _get(store, stream, p.index)
+            if e is None:
+                warn_lost(str(store.path), stream, group, p.index, p.index + 1)
+                continue
+            reason = why or too_many(p, g.max_deliveries or p.deliveries)
+            self.append_encoded(target, [e.data], [dead_meta_data(stream, group, p, reason, e.meta_data)])
+            log.warning("consumer group %r of stream %r: entry %d %s; moved to stream %r",
+                        group, stream, p.index, reason, target)
+            moved += 1
+        return moved
+
     # -- the interface ----------------------------------------------------------------
 
     def create_stream(
@@ -1423,6 +1906,7 @@ class SQLiteTransaction(Transaction):
             self._insert(sid, first, n, seq, t, stream, datas, metas)
         self._seq = seq + n
         row.next = first + n
+        self._appended = True
         return first
 
     def _insert(self, sid: int, first: int, n: int, seq: int, t: int, stream: str,
