@@ -11,13 +11,22 @@ import select
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB
 from ..progress import Progress
 from ..streams import StoreCorrupt, StoreError, check_user_name, is_reserved
-from ..streams.base import Entry, StreamInfo, parse_duration
+from ..streams.base import (
+    Delivery,
+    Entry,
+    GroupInfo,
+    GroupNotFound,
+    StreamInfo,
+    StreamNotFound,
+    parse_duration,
+)
 from ..streams.copy import CopyRefused, copy_streams
 from ..streams.transfer import ImportStopped, Input, export_stream, import_stream, text_values
 from ..values import ParseError, stringify
@@ -43,6 +52,10 @@ examples:
   dataspace stream export chat --from 100 --to 199  entries 100..199 to stdout
   dataspace stream import chat2 chat.pr             append an export's (or plain) values
   dataspace stream rm chat2                         remove a stream, its entries and tailers
+  dataspace stream group create jobs workers        a consumer group: workers share entries
+  dataspace stream consume jobs --group workers --consumer w1 --ack
+                                                    take entries as worker w1, acknowledged
+  dataspace stream group ls                         groups: position, lag, pending entries
 
 Every subcommand takes --store URL: a data directory or .sqlite3 file, sqlite:PATH, or
 postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (the password also from PGPASSWORD or
@@ -74,6 +87,7 @@ def register(sub: Any) -> None:
         "--json' (without store): name, length, first, last, next (indices; first and last "
         "null when empty), created and last_time (seconds since the epoch), max_count, "
         "max_age (seconds), internal, tailers (a list of {name, position, lag, updated}), "
+        "groups (its consumer groups, as 'stream group ls --json' gives them), "
         "damaged (null, or what is wrong with a damaged stream's bookkeeping: its other "
         "fields are then null).  A damaged stream is listed with the others, marked DAMAGED "
         "and named on standard error, and the exit status is 1.",
@@ -92,9 +106,9 @@ def register(sub: Any) -> None:
         "info", parents=[common], help="details of one stream",
         description="Details of a stream: index range, retention and every named tailer "
         "with its position and lag.  With --json, one JSON object: store, name, length, "
-        "first, last, next, created, last_time, max_count, max_age, internal, tailers "
-        "(as 'stream ls --json'), and with --check an integrity object: ok, streams, "
-        "entries, tailers, unsealed, problems (a list of lines).",
+        "first, last, next, created, last_time, max_count, max_age, internal, tailers, "
+        "groups (as 'stream ls --json'), and with --check an integrity object: ok, streams, "
+        "entries, tailers, groups, pending, unsealed, problems (a list of lines).",
         epilog="examples:\n"
         "  dataspace stream info chat\n"
         "  dataspace stream info chat --check          also verify the whole store\n"
@@ -103,8 +117,9 @@ def register(sub: Any) -> None:
     info.add_argument("name")
     info.add_argument("--check", action="store_true",
                       help="also check the whole store: the database's own check, every "
-                      "stream's and tailer's bookkeeping row, and every entry of every stream "
-                      "read and verified (its checksum, no index missing or twice)")
+                      "stream's, tailer's and consumer group's bookkeeping row and every pending "
+                      "entry's, and every entry of every stream read and verified (its "
+                      "checksum, no index missing or twice)")
     info.add_argument("--json", action="store_true", help="print one JSON object")
     info.set_defaults(func=run_info)
 
@@ -267,7 +282,8 @@ def register(sub: Any) -> None:
         "GRAPH/PROCESSOR with its backing stream): the graph would go on from its old "
         "position in a new stream of that name -- reset it first (dataspace pipeline reset "
         "GRAPH.py), or remove anyway with --force.  Never while a graph reading it runs.  "
-        "Stop the programs writing a stream (a server recording into it) before removing it.",
+        "Stop the programs writing a stream (a server recording into it) before removing it.  "
+        "Its consumer groups go with it (with their pending entries: said).",
         epilog="examples:\n"
         "  dataspace stream rm chat2                      remove one stream\n"
         "  dataspace stream rm tmp1 tmp2                  several (all or none)\n"
@@ -278,6 +294,8 @@ def register(sub: Any) -> None:
     rm.add_argument("--force", action="store_true",
                     help="remove even a stream a graph reads, or one of the store's own (__...)")
     rm.set_defaults(func=run_rm)
+
+    _register_groups(ss, common)
 
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
@@ -313,12 +331,12 @@ def _count(text: str) -> int:
     return n
 
 
-def _print_arguments(p: argparse.ArgumentParser) -> None:
+def _print_arguments(p: argparse.ArgumentParser, json_help: str = "one JSON object per line: "
+                     "index, time, value, meta (always all four)") -> None:
     p.add_argument("--meta", action="store_true", help="also print each entry's metadata")
     p.add_argument("--time", action="store_true", help="also print each entry's append time")
     p.add_argument("--no-index", action="store_true", help="print values only")
-    p.add_argument("--json", action="store_true",
-                   help="one JSON object per line: index, time, value, meta (always all four)")
+    p.add_argument("--json", action="store_true", help=json_help)
 
 
 def _progress_arguments(p: argparse.ArgumentParser) -> None:
@@ -367,7 +385,7 @@ def _stream_json(s: StreamInfo) -> dict[str, Any]:
     if s.damaged is not None:
         return {"name": s.name, "length": None, "first": None, "last": None, "next": None,
                 "created": None, "last_time": None, "max_count": None, "max_age": None,
-                "internal": s.internal, "tailers": [], "damaged": s.damaged}
+                "internal": s.internal, "tailers": [], "groups": [], "damaged": s.damaged}
     return {
         "name": s.name,
         "length": s.count,
@@ -381,6 +399,7 @@ def _stream_json(s: StreamInfo) -> dict[str, Any]:
         "internal": s.internal,
         "tailers": [{"name": t.name, "position": t.position, "lag": max(0, s.next - t.position),
                      "updated": t.updated_ns / 1e9} for t in s.tailers],
+        "groups": [_group_json(g) for g in s.groups],
         "damaged": None,
     }
 
@@ -399,13 +418,14 @@ def run_ls(args: argparse.Namespace) -> int:
     if not streams:
         print("no streams yet (dataspace stream append NAME VALUE creates one)")
         return 0
-    rows = [("NAME", "ENTRIES", "INDICES", "LAST APPEND", "RETENTION", "TAILERS")]
+    rows = [("NAME", "ENTRIES", "INDICES", "LAST APPEND", "RETENTION", "TAILERS", "GROUPS")]
     for s in streams:
         if s.damaged is not None:
-            rows.append((s.name, "DAMAGED", "?", "?", "?", "?"))
+            rows.append((s.name, "DAMAGED", "?", "?", "?", "?", "?"))
             continue
         rng = "-" if s.first is None else f"{s.first}..{s.next - 1}"
-        rows.append((s.name, str(s.count), rng, _ago(s.last_time_ns), _retention(s), str(len(s.tailers))))
+        rows.append((s.name, str(s.count), rng, _ago(s.last_time_ns), _retention(s),
+                     str(len(s.tailers)), str(len(s.groups))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -446,6 +466,7 @@ def run_info(args: argparse.Namespace) -> int:
         if report is not None:
             out["integrity"] = {"ok": not report.problems, "streams": report.streams,
                                 "entries": report.entries, "tailers": report.tailers,
+                                "groups": report.groups, "pending": report.pending,
                                 "unsealed": report.unsealed, "problems": report.problems}
         print(json.dumps(out, ensure_ascii=False))
         return 1 if s is None or (report is not None and report.problems) else 0
@@ -464,6 +485,17 @@ def run_info(args: argparse.Namespace) -> int:
                       f"saved {_ago(t.updated_ns)}")
         else:
             print("tailers     none")
+        if s.groups:
+            print("groups")
+            for g in s.groups:
+                print(f"  {g.name:<24} position {g.next:<12} lag {g.lag:<10} "
+                      f"pending {g.pending}" + (f" (oldest {_idle(g.oldest_ns)} ago)"
+                                                if g.oldest_ns is not None else ""))
+                for c in g.consumers:
+                    print(f"    {c.name:<22} pending {c.pending:<10} oldest {_idle(c.oldest_ns)} ago")
+            held = _held_back(s)
+            if held:
+                print(f"retention   {held}")
     if report is not None:
         what = report.summary()
         if report.problems:
@@ -802,8 +834,14 @@ def run_rm(args: argparse.Namespace) -> int:
             for name in names:
                 store.delete_stream(name)
                 s = infos[name]
+                groups = ""
+                if s.groups:
+                    pending = sum(g.pending for g in s.groups)
+                    groups = f", {_plural(len(s.groups), 'consumer group')}" + (
+                        f" with {_plural(pending, 'pending entry', 'pending entries')}"
+                        if pending else "")
                 print(f"removed {name} ({_plural(s.count, 'entry', 'entries')}, "
-                      f"{_plural(len(s.tailers), 'tailer')})")
+                      f"{_plural(len(s.tailers), 'tailer')}{groups})")
                 if readers[name]:
                     print(f"dataspace stream rm: {name} was read by {', '.join(readers[name])}; "
                           "reset its graph (dataspace pipeline reset GRAPH.py) before it "
@@ -1001,3 +1039,355 @@ def run_import(args: argparse.Namespace) -> int:
     rng = "" if r.first is None else f" (indices {r.first}..{r.last})"
     print(f"imported {_plural(r.entries, 'entry', 'entries')} to {args.name}{rng}")
     return 0
+
+
+# -- consumer groups ---------------------------------------------------------------------------
+
+_GROUP_EPILOG = """\
+examples:
+  dataspace stream group create jobs workers                 from the first stored entry
+  dataspace stream group create jobs late --start latest     only entries appended from now
+  dataspace stream group create jobs w --max-deliveries 5 --idle-timeout 2m
+  dataspace stream group ls                                  every stream's groups
+  dataspace stream group ls jobs workers                     its consumers, pending entries
+  dataspace stream group ack jobs workers 17 18              acknowledge by index
+  dataspace stream group rm jobs workers"""
+
+
+def _register_groups(ss: Any, common: argparse.ArgumentParser) -> None:
+    gp = ss.add_parser(
+        "group", help="consumer groups: workers sharing a stream's entries",
+        description="A consumer group shares a stream's entries among workers (consumers): "
+        "each entry is delivered to one consumer and stays pending with it until it is "
+        "acknowledged; a consumer that restarts gets its own pending entries again first, "
+        "and entries left idle longer than the group's --idle-timeout are claimed by another "
+        "consumer's read.  'dataspace stream consume' is a consumer on the command line; "
+        "from Python: store.group(STREAM, GROUP).consumer(NAME).read(...).",
+        epilog=_GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    gs = gp.add_subparsers(dest="group_command", metavar="SUBCOMMAND")
+
+    cr = gs.add_parser(
+        "create", parents=[common], help="create a consumer group on a stream",
+        description="Create the consumer group GROUP on STREAM (the stream is created if "
+        "absent).  Its first delivery is the entry at --start.  Retention never removes an "
+        "entry the group has not acknowledged (a group that stops then holds the stream's "
+        "retention back: `stream info` says so), unless --no-hold-retention.",
+        epilog=_GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cr.add_argument("stream", metavar="STREAM")
+    cr.add_argument("group", metavar="GROUP")
+    cr.add_argument("--start", default="earliest", metavar="WHERE",
+                    help="earliest (the first stored entry, the default), latest (entries "
+                    "appended from now on) or an index")
+    cr.add_argument("--idle-timeout", default="30s", metavar="DURATION",
+                    help="how long an entry may stay pending, unacknowledged, before another "
+                    "consumer's read claims it (default 30s; 'never': only by hand)")
+    cr.add_argument("--max-deliveries", type=int, metavar="K",
+                    help="move an entry delivered K times without an acknowledgement to the "
+                    "dead-letter stream instead of delivering it again (default: no limit)")
+    cr.add_argument("--dead-letter", metavar="STREAM",
+                    help="the dead-letter stream (default: STREAM.dead)")
+    cr.add_argument("--no-hold-retention", action="store_true",
+                    help="let the stream's retention remove entries the group has not "
+                    "acknowledged (the group then skips them, with a warning)")
+    cr.set_defaults(func=run_group_create)
+
+    ls = gs.add_parser(
+        "ls", parents=[common], help="consumer groups, their position, lag and pending entries",
+        description="List consumer groups (of every stream, or of STREAM): POSITION is the "
+        "next index the group delivers, LAG how many entries it has not been delivered yet, "
+        "PENDING how many are delivered and not acknowledged, OLDEST how long the oldest of "
+        "those has waited.  With GROUP, that group's settings, its consumers and its pending "
+        "entries (--limit of them).  With --json, one array of objects: stream, name, next, "
+        "lag, pending, first_pending, oldest_idle (seconds), idle_timeout, max_deliveries, "
+        "dead_letter, hold_retention, created, consumers (a list of {name, pending, "
+        "oldest_idle, newest_idle}); with GROUP also entries (a list of {index, consumer, "
+        "deliveries, idle}).",
+        epilog=_GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ls.add_argument("stream", nargs="?", metavar="STREAM")
+    ls.add_argument("group", nargs="?", metavar="GROUP")
+    ls.add_argument("--limit", type=_count, default=20, metavar="N",
+                    help="pending entries to show of one GROUP (default 20)")
+    ls.add_argument("--json", action="store_true", help="print one JSON array")
+    ls.set_defaults(func=run_group_ls)
+
+    rm = gs.add_parser("rm", parents=[common], help="remove a consumer group",
+                       description="Remove the consumer group GROUP of STREAM with its pending "
+                       "list (the stream's entries stay).",
+                       epilog=_GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rm.add_argument("stream", metavar="STREAM")
+    rm.add_argument("group", metavar="GROUP")
+    rm.set_defaults(func=run_group_rm)
+
+    ack = gs.add_parser("ack", parents=[common], help="acknowledge pending entries by index",
+                        description="Acknowledge entries of STREAM pending with GROUP, whichever "
+                        "consumer holds them: they are not delivered again.",
+                        epilog=_GROUP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ack.add_argument("stream", metavar="STREAM")
+    ack.add_argument("group", metavar="GROUP")
+    ack.add_argument("indices", nargs="+", type=_index, metavar="INDEX")
+    ack.set_defaults(func=run_group_ack)
+
+    gp.set_defaults(func=lambda a: (gp.print_help(), 2)[1])
+
+    co = ss.add_parser(
+        "consume", parents=[common], help="take a stream's entries as a consumer of a group",
+        description="Print entries of STREAM delivered to CONSUMER of the consumer group "
+        "GROUP, one per line ('INDEX VALUE', as 'stream tail' prints them): first those "
+        "pending with CONSUMER from an earlier run, then entries other consumers left idle "
+        "past the group's idle timeout, then new ones, waiting for more until Ctrl-C (or -n, "
+        "--timeout).  With --ack each entry is acknowledged once printed (in batches): it is "
+        "not delivered again; without, entries stay pending with CONSUMER (acknowledge them "
+        "with 'stream group ack', or they go to another consumer once idle).  Ctrl-C stops "
+        "cleanly: an entry delivered but not printed, or printed but not acknowledged, is "
+        "delivered again (at least once).",
+        epilog="examples:\n"
+        "  dataspace stream consume jobs --group workers --consumer w1 --ack\n"
+        "  dataspace stream consume jobs -g workers -c w1 -n 10        ten, left pending\n"
+        "  dataspace stream consume jobs -g workers -c w1 --ack --timeout 5 --json\n"
+        "\nexit status: 0 stopped (Ctrl-C, -n, --timeout); 1 no such stream or group, a store "
+        "error or damage; 2 bad arguments",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    co.add_argument("name", metavar="STREAM")
+    co.add_argument("-g", "--group", required=True, metavar="GROUP",
+                    help="the consumer group (dataspace stream group create makes one)")
+    co.add_argument("-c", "--consumer", required=True, metavar="CONSUMER",
+                    help="this consumer's name within the group (the same name after a "
+                    "restart gets its pending entries back)")
+    co.add_argument("--ack", action="store_true",
+                    help="acknowledge each entry once printed")
+    co.add_argument("-n", "--count", type=_count, metavar="N",
+                    help="stop after N entries (default: go on until Ctrl-C)")
+    co.add_argument("--timeout", type=_seconds, metavar="SECONDS",
+                    help="stop when nothing came for this long (default: wait for ever)")
+    _print_arguments(co, "one JSON object per line: index, time, value, meta and deliveries "
+                     "(how many times the entry was delivered, this time included)")
+    co.set_defaults(func=run_consume)
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _idle(ns: int | None, now: float | None = None) -> str:
+    """How long ago ``ns`` was: ``12s``, ``3m 20s``, ``2h 5m``, ``4d 2h``."""
+    if ns is None:
+        return "-"
+    s = max(0, int((now if now is not None else time.time()) - ns / 1e9))
+    for unit, n, sub, m in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
+        if s >= n:
+            rest = (s % n) // m
+            return f"{s // n}{unit}" + (f" {rest}{sub}" if rest else "")
+    return f"{s}s"
+
+
+def _group_json(g: GroupInfo, now: float | None = None) -> dict[str, Any]:
+    """A consumer group as ``stream group ls --json`` (and ``stream ls --json``) give it."""
+    t = time.time() if now is None else now
+    return {
+        "stream": g.stream, "name": g.name, "next": g.next, "lag": g.lag, "pending": g.pending,
+        "first_pending": g.first_pending,
+        "oldest_idle": None if g.oldest_ns is None else max(0.0, t - g.oldest_ns / 1e9),
+        "idle_timeout": g.idle_timeout, "max_deliveries": g.max_deliveries,
+        "dead_letter": g.dead_letter, "hold_retention": g.hold_retention,
+        "created": g.created_ns / 1e9,
+        "consumers": [{"name": c.name, "pending": c.pending,
+                       "oldest_idle": max(0.0, t - c.oldest_ns / 1e9),
+                       "newest_idle": max(0.0, t - c.newest_ns / 1e9)} for c in g.consumers],
+    }
+
+
+def _held_back(s: StreamInfo) -> str | None:
+    """What holds the retention of ``s`` back (a group that has not acknowledged entries
+    beyond its --max-count), or None."""
+    if s.max_count is None or s.count <= s.max_count:
+        return None
+    cut = s.next - s.max_count
+    holders = sorted((g.floor, g.name) for g in s.groups if g.hold_retention and g.floor < cut)
+    if not holders:
+        return None
+    floor, name = holders[0]
+    return (f"held back at index {floor} by consumer group {name!r}, which has not "
+            f"acknowledged {_plural(cut - floor, 'entry', 'entries')} retention would remove "
+            f"(dataspace stream group ls {s.name} {name})")
+
+
+def _group_settings(g: GroupInfo) -> str:
+    idle = "never claimed by a read" if g.idle_timeout is None else \
+        f"idle timeout {_duration(g.idle_timeout)}"
+    dead = ("no delivery limit" if g.max_deliveries is None else
+            f"after {g.max_deliveries} deliveries to {g.dead_letter}")
+    hold = "holds retention" if g.hold_retention else "does not hold retention"
+    return f"{idle}, {dead}, {hold}"
+
+
+def run_group_create(args: argparse.Namespace) -> int:
+    try:
+        check_user_name(args.stream)
+        start: int | str = args.start
+        if args.start not in ("earliest", "latest"):
+            try:
+                start = int(args.start)
+            except ValueError:
+                raise ValueError(f"--start {args.start!r}: give earliest, latest or an index") from None
+        idle = None if args.idle_timeout == "never" else parse_duration(args.idle_timeout)
+        with _store(args, create=True) as store:
+            g = store.create_group(args.stream, args.group, start=start, idle_timeout=idle,
+                                   max_deliveries=args.max_deliveries,
+                                   dead_letter=args.dead_letter,
+                                   hold_retention=not args.no_hold_retention)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    print(f"created group {g.name} on {g.stream}, first delivering index {g.next} "
+          f"({_group_settings(g)})")
+    return 0
+
+
+def run_group_ls(args: argparse.Namespace) -> int:
+    if args.group is not None and args.stream is None:
+        return _fail("give the stream of the group")
+    try:
+        with _store(args) as store:
+            if args.group is not None:
+                groups = [store.group_info(args.stream, args.group)]
+                entries = store.group_pending(args.stream, args.group, limit=args.limit)
+            else:
+                groups = store.groups(args.stream)
+                entries = []
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    now = time.time()
+    if args.json:
+        out = [_group_json(g, now) for g in groups]
+        if args.group is not None:
+            out[0]["entries"] = [{"index": p.index, "consumer": p.consumer,
+                                  "deliveries": p.deliveries,
+                                  "idle": max(0.0, now - p.delivered_ns / 1e9)} for p in entries]
+        print(json.dumps(out, ensure_ascii=False))
+        return 0
+    if args.group is not None:
+        g = groups[0]
+        print(f"group       {g.name} of {g.stream}")
+        print(f"position    {g.next} (lag {g.lag}: entries not delivered yet)")
+        print(f"pending     {g.pending}" + (f", oldest {_idle(g.oldest_ns, now)} ago"
+                                             if g.oldest_ns is not None else ""))
+        print(f"settings    {_group_settings(g)}")
+        print(f"created     {_ago(g.created_ns)}")
+        if g.consumers:
+            print("consumers")
+            for c in g.consumers:
+                print(f"  {c.name:<24} pending {c.pending:<8} oldest {_idle(c.oldest_ns, now)}"
+                      f", newest {_idle(c.newest_ns, now)} ago")
+        if entries:
+            print("pending entries" + (f" (the first {len(entries)} of {g.pending})"
+                                       if len(entries) < g.pending else ""))
+            for p in entries:
+                print(f"  {p.index:<12} {p.consumer:<24} delivered {p.deliveries}x, "
+                      f"{_idle(p.delivered_ns, now)} ago")
+        return 0
+    if not groups:
+        where = f" on {args.stream}" if args.stream else ""
+        print(f"no consumer groups{where} yet (dataspace stream group create STREAM GROUP "
+              "makes one)")
+        return 0
+    rows = [("STREAM", "GROUP", "POSITION", "LAG", "PENDING", "CONSUMERS", "OLDEST")]
+    for g in groups:
+        rows.append((g.stream, g.name, str(g.next), str(g.lag), str(g.pending),
+                     str(len(g.consumers)), _idle(g.oldest_ns, now)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def run_group_rm(args: argparse.Namespace) -> int:
+    try:
+        with _store(args) as store:
+            g = store.group_info(args.stream, args.group)
+            store.delete_group(args.stream, args.group)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    print(f"removed group {g.name} of {g.stream}"
+          + (f" ({_plural(g.pending, 'pending entry', 'pending entries')})" if g.pending else ""))
+    return 0
+
+
+def run_group_ack(args: argparse.Namespace) -> int:
+    want = list(dict.fromkeys(args.indices))
+    try:
+        with _store(args) as store:
+            n = store.group(args.stream, args.group, create=False).ack(want)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    rest = len(want) - n
+    print(f"acknowledged {n} of {len(want)}" + (f" ({rest} {'was' if rest == 1 else 'were'} not "
+                                                "pending)" if rest else ""))
+    return 0
+
+
+def run_consume(args: argparse.Namespace) -> int:
+    try:
+        store = _store(args)
+    except (StoreError, OSError, ValueError) as e:
+        return _fail(str(e))
+    shown = acked = 0
+    interrupted = False
+    try:
+        g = store.group(args.name, args.group, create=False)
+        c = g.consumer(args.consumer)
+        with _stop_on_signals():
+            while args.count is None or shown < args.count:
+                want = 100 if args.count is None else min(100, args.count - shown)
+                got = c.read(want, block=args.timeout if args.timeout is not None else 3600.0)
+                if not got:
+                    if args.timeout is not None:
+                        break
+                    continue
+                for d in got:
+                    if args.json:
+                        sys.stdout.write(json.dumps(_delivery_json(d), ensure_ascii=False) + "\n")
+                    else:
+                        _print(d, args)
+                sys.stdout.flush()
+                shown += len(got)
+                if args.ack:
+                    acked += c.ack(got)
+    except KeyboardInterrupt:
+        interrupted = True
+    except StreamNotFound:
+        store.close()
+        return _fail(f"no stream named {args.name!r} (dataspace stream ls lists them)")
+    except GroupNotFound:
+        store.close()
+        return _fail(f"no consumer group {args.group!r} on {args.name!r}; create it: "
+                     f"dataspace stream group create {args.name} {args.group}")
+    except (StoreError, ValueError) as e:
+        store.close()
+        return _fail(str(e))
+    store.close()
+    what = f"{_plural(shown, 'entry', 'entries')} to {args.consumer} of group {args.group}"
+    if args.ack:
+        what += f", {acked} acknowledged"
+    elif shown:
+        what += (", left pending (dataspace stream group ack "
+                 f"{args.name} {args.group} INDEX... acknowledges them)")
+    print(f"dataspace stream: delivered {what}" + (" (interrupted)" if interrupted else ""),
+          file=sys.stderr)
+    return 0
+
+
+def _delivery_json(d: Delivery) -> dict[str, Any]:
+    try:
+        text = stringify(d.value)
+    except Exception as err:
+        text = f"#!undecodable ({err}): {d.data[:32].hex()}"
+    meta = None
+    if d.meta_data is not None:
+        try:
+            meta = stringify(d.meta)
+        except Exception:
+            meta = "#!undecodable"
+    return {"index": d.index, "time": d.time_ns / 1e9, "value": text, "meta": meta,
+            "deliveries": d.deliveries}

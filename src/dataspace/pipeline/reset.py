@@ -20,6 +20,12 @@ What the graph *wrote* is the user's choice, since reprocessing writes it again:
 * ``outputs=None`` (the default): refused (:class:`ResetRefused`) when any output holds
   entries, naming them -- a reset never duplicates or deletes results silently.
 
+Consumer groups (:mod:`dataspace.streams.groups`) are readers of their own, outside any
+graph: a reset leaves those of the graph's sources as they are; those of an output it
+removes go with it (their pending entries too: the plan names them); those of an output
+it keeps stay where they are, so they get the reprocessed results as new entries after
+the old ones (the plan says so).
+
 A sink's own record of delivered steps (:class:`~.sinks.SQLiteSink`'s deliveries table)
 is outside the store: a reprocessed step that reads exactly the messages of an earlier
 one has the same delivery hash and is skipped there; clear the sink's tables to redo its
@@ -78,6 +84,11 @@ class ResetPlan:
     """The streams the graph writes that exist, with their entry counts."""
     spark_dirs: list[Path] = field(default_factory=list)
     """Spark checkpoint directories removed."""
+    groups: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    """The consumer groups of the streams the graph writes, (name, pending entries) by
+    stream: removed with their stream, or left where they are."""
+    source_groups: dict[str, list[str]] = field(default_factory=dict)
+    """The consumer groups of the streams the graph only reads: not touched."""
 
     @property
     def deleted_outputs(self) -> list[str]:
@@ -105,6 +116,18 @@ class ResetPlan:
                 out.append(f"output streams removed: {listed}")
             else:
                 out.append(f"output streams kept (the next run appends after them): {listed}")
+        groups = {s: gs for s, gs in self.groups.items() if s in self.written and gs}
+        if groups:
+            listed = "; ".join(f"{s} ({', '.join(_group(g, n) for g, n in gs)})"
+                               for s, gs in groups.items())
+            if self.outputs == "delete":
+                out.append(f"consumer groups removed with their streams: {listed}")
+            else:
+                out.append("consumer groups of kept outputs, left where they are (they get the "
+                           f"reprocessed results as new entries): {listed}")
+        if self.source_groups:
+            listed = "; ".join(f"{s} ({', '.join(gs)})" for s, gs in self.source_groups.items())
+            out.append(f"consumer groups of its sources, not touched: {listed}")
         return out
 
     @property
@@ -115,6 +138,10 @@ class ResetPlan:
 
 def _entries(n: int) -> str:
     return f"{n:,} {'entry' if n == 1 else 'entries'}"
+
+
+def _group(name: str, pending: int) -> str:
+    return f"{name} with {pending:,} pending" if pending else name
 
 
 def _written(graph: Graph) -> list[str]:
@@ -147,6 +174,9 @@ def plan_reset(store: Store, graph: Graph, *, outputs: str | None = None,
             continue
         if s.name in written:
             plan.written[s.name] = s.count
+            plan.groups[s.name] = [(g.name, g.pending) for g in s.groups]
+        elif s.name in inputs and s.groups:
+            plan.source_groups[s.name] = [g.name for g in s.groups]
         for t in s.tailers:
             if t.name not in ids:
                 continue
