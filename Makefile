@@ -142,11 +142,11 @@ bench-install: wheel
 
 ## The long crash test of the exactly-once engine: 1,000 SIGKILLs (about 7 minutes).
 soak: setup
-	$(BIN)/python -m dataspace.pipeline.crashtest --kills 1000
+	$(BIN)/python -m dataspace.testing.pipeline_crash --kills 1000
 
 ## The long crash test of recording: 500 SIGKILLs of a recording server (about 6 minutes).
 soak-record: setup
-	$(BIN)/python -m dataspace.streams.crashtest --kills 500
+	$(BIN)/python -m dataspace.testing.record_crash --kills 500
 
 ## The long crash test of recording in a cluster: 200 SIGKILLs of members of a three-member
 ## cluster sharing a PostgreSQL store while clients send with syncs (about 25 minutes).
@@ -156,11 +156,11 @@ soak-cluster-record: setup postgresql
 
 ## The long crash test of the Spark engine: 200 SIGKILLs of the whole driver (about an hour).
 soak-spark: setup
-	$(BIN)/python -m dataspace.pipeline.spark.crashtest --kills 200
+	$(BIN)/python -m dataspace.testing.spark_crash --kills 200
 
 ## The broker soak: a real server for 10 minutes under clients, attacks, fuzzing and kill -9.
 soak-broker: setup
-	$(BIN)/python -m dataspace.broker.soak --seconds 600
+	$(BIN)/python -m dataspace.testing.broker_soak --seconds 600
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis test-artifacts

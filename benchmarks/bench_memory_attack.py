@@ -34,8 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from dataspace.broker.soak import MEMORY_SOURCES, Probe, ServerUnderTest, memory_attack
 from dataspace.protocol.sturdy import SturdyRef
+from dataspace.testing.broker_soak import MEMORY_SOURCES, Probe, ServerUnderTest, memory_attack
 
 MIB = 1 << 20
 

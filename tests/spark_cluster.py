@@ -52,13 +52,13 @@ def free_port() -> int:
 
 
 def _kill_session(sid: int) -> None:
-    from dataspace.pipeline.spark.faults import kill_session
+    from dataspace.pipeline.spark.reaper import kill_session
 
     kill_session(sid)
 
 
 def _session_pids(sid: int) -> list[int]:
-    from dataspace.pipeline.spark.faults import session_pids
+    from dataspace.pipeline.spark.reaper import session_pids
 
     return session_pids(sid)
 

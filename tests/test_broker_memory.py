@@ -25,12 +25,12 @@ from broker_support import (
     tcp_address,
 )
 from dataspace.broker.config import ConfigError, ServerConfig, parse_config, parse_size
-from dataspace.broker.soak import memory_attack
 from dataspace.client import connect
 from dataspace.protocol.budget import MemoryBudget, footprint
 from dataspace.protocol.relay import Quota, Relay
 from dataspace.protocol.sturdy import SturdyRef
 from dataspace.protocol.wire import Extension
+from dataspace.testing.broker_soak import memory_attack
 from dataspace.values import Record, Sequence, Symbol, encode, parse
 
 BLOB = "x" * 2048
@@ -401,7 +401,7 @@ def _rss(pid: int) -> int:
 @async_test
 async def test_resident_memory_stays_within_the_budget_under_the_attack(tmp_path):
     """40 connections from 10 loopback addresses assert 2 KB values as fast as the server
-    takes them (dataspace.broker.soak.memory_attack) against a 48 MiB budget: each is
+    takes them (dataspace.testing.broker_soak.memory_attack) against a 48 MiB budget: each is
     refused again and again, the probe is served, and the server's resident memory grows
     by less than the budget."""
     budget = 48 * MIB

@@ -31,10 +31,10 @@ import pytest
 
 from broker_support import PY, Changes, async_test
 from dataspace.broker.cluster import MAX_STRANGERS, make_secret, read_secret
-from dataspace.broker.soak import Notifier, RogueProcess, ServerUnderTest, StrangerFlood
 from dataspace.client import RemoteDataspace, connect
 from dataspace.datadir import KEY_BYTES, ROOT_KEY
 from dataspace.protocol.sturdy import SturdyRef
+from dataspace.testing.broker_soak import Notifier, RogueProcess, ServerUnderTest, StrangerFlood
 from dataspace.values import Record, Symbol, parse
 from test_cluster import free_port
 

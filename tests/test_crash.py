@@ -2,7 +2,7 @@
 in a child process, restarted, repeated; the outputs must be exactly the expected
 multisets -- on the SQLite store (50 kills) and on PostgreSQL (20 kills, a database per
 campaign on the session's server).  The long soak is ``python -m
-dataspace.pipeline.crashtest --kills 1000`` (``make soak``; ``--store postgresql://...``
+dataspace.testing.pipeline_crash --kills 1000`` (``make soak``; ``--store postgresql://...``
 on PostgreSQL); both use the same harness."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sqlite3
 
 import pytest
 
-from dataspace.pipeline.crashtest import STORE_ENV, child, soak, verify
 from dataspace.streams import open_store
+from dataspace.testing.pipeline_crash import STORE_ENV, child, soak, verify
 
 SEED = int(os.environ.get("CRASH_SEED", "20240611"))
 
@@ -56,12 +56,24 @@ def test_the_checker_sees_duplicates_and_losses(tmp_path, store_url, monkeypatch
 
 
 def test_a_passed_run_leaves_nothing_in_the_temporary_directory(tmp_path, monkeypatch, capsys):
-    """python -m dataspace.pipeline.crashtest once left its stores (14 MB) behind."""
+    """python -m dataspace.testing.pipeline_crash once left its stores (14 MB) behind."""
     import tempfile
 
-    from dataspace.pipeline.crashtest import main
+    from dataspace.testing.pipeline_crash import main
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert main(["--kills", "2", "--campaign-kills", "2", "--messages", "200", "--seed", "1"]) == 0
     assert "PASSED: 2 SIGKILLs" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_harness_runs_as_python_m(tmp_path):
+    """``python -m dataspace.testing.pipeline_crash`` (make soak) starts its children as
+    ``python -m`` of its own module, not of ``__main__``."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "dataspace.testing.pipeline_crash", "--kills", "2",
+                        "--campaign-kills", "2", "--messages", "200", "--seed", "1",
+                        "--dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "PASSED: 2 SIGKILLs" in r.stdout, r.stdout + r.stderr

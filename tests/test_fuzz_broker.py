@@ -18,8 +18,8 @@ import random
 from websockets.asyncio.client import connect as ws_connect
 
 from broker_support import Changes, async_test, running_server, tcp_address, wait, ws_address
-from dataspace.broker.soak import fuzz_corpus, mutate
 from dataspace.client import connect
+from dataspace.testing.broker_soak import fuzz_corpus, mutate
 from dataspace.values import encode, parse
 
 SEED = int(os.environ.get("FUZZ_SEED", "20251121"))

@@ -9,7 +9,7 @@ import pytest
 from broker_support import async_test, running_server, tcp_address
 from dataspace.broker.server import SyncGate
 from dataspace.client import connect
-from dataspace.streams.crashtest import run
+from dataspace.testing.record_crash import run
 from dataspace.values import parse
 
 

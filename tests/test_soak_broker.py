@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dataspace.broker.soak import ATTACKS, ServerUnderTest, error_kind
+from dataspace.testing.broker_soak import ATTACKS, ServerUnderTest, error_kind
 from dataspace.values import Symbol
 
 SECONDS = os.environ.get("SOAK_SECONDS", "45")
@@ -39,7 +39,7 @@ EXPECTED = {
 def test_short_soak_passes(tmp_path):
     summary_file = tmp_path / "soak.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "dataspace.broker.soak", "--seconds", SECONDS, "--seed", SEED,
+        [sys.executable, "-m", "dataspace.testing.broker_soak", "--seconds", SECONDS, "--seed", SEED,
          "--quiet", "--json", str(summary_file), "--log", str(tmp_path / "server.log")],
         capture_output=True, text=True, timeout=float(SECONDS) + 150,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

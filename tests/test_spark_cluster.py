@@ -245,7 +245,7 @@ def test_sigkills_of_the_driver_and_of_the_worker_on_the_cluster(spark_cluster, 
     inside a commit, then the Worker with its executor killed in the middle of a batch (a
     new Worker takes over, the driver carries on); the outputs are exactly the expected
     multisets.  (Every point and random moments: the local harness, test_spark_crash.)"""
-    from dataspace.pipeline.spark.crashtest import run_campaign
+    from dataspace.testing.spark_crash import run_campaign
 
     lines: list[str] = []
     before = spark_cluster.workers_started

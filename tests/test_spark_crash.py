@@ -3,7 +3,7 @@ executors, Spark's Python workers -- is killed at each chosen point (a source ca
 planning, an executor read, staging and write, after a sink's side effect, inside our commit,
 between our commit and Spark's commit log), during start-up and at random moments; after
 each kill it restarts; at the end the outputs must be exactly the expected multisets.
-The long run is ``python -m dataspace.pipeline.spark.crashtest --kills 200`` (``make
+The long run is ``python -m dataspace.testing.spark_crash --kills 200`` (``make
 soak-spark``)."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from dataspace.pipeline.spark import faults
-from dataspace.pipeline.spark.crashtest import CHOSEN, run_campaign
+from dataspace.pipeline.spark import faultpoints
+from dataspace.testing import spark_faults
+from dataspace.testing.spark_crash import CHOSEN, run_campaign
 
 pytest.importorskip("pyspark")
 
@@ -34,20 +35,36 @@ def test_ten_sigkills_of_the_spark_driver_and_still_exactly_once(tmp_path):
 def test_fault_points_only_fire_in_their_own_session(tmp_path, monkeypatch):
     """A stray variable cannot kill anything outside the session it names; in the right
     session the N-th arrival (counted across processes) kills the whole session."""
-    monkeypatch.setenv(faults.ENV, "write:2")
-    monkeypatch.setenv(f"{faults.ENV}_DIR", str(tmp_path))
-    monkeypatch.setenv(f"{faults.ENV}_SID", str(os.getsid(0) + 1))
-    monkeypatch.setattr(faults, "_spec", None)
-    faults.point("write")
-    faults.point("write")  # not our session: nothing happens
+    for k, v in spark_faults.environment("write:2", str(tmp_path)).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv(f"{spark_faults.ENV}_SID", str(os.getsid(0) + 1))
+    monkeypatch.setattr(spark_faults, "_spec", None)
+    faultpoints.point("write")
+    faultpoints.point("write")  # not our session: nothing happens
     assert not (tmp_path / "write.count").exists()
     code = ("import os, sys\n"
             "os.environ['DATASPACE_SPARK_FAULT_SID'] = str(os.getsid(0))\n"
-            "from dataspace.pipeline.spark import faults\n"
-            "faults.point('write'); print('first', flush=True)\n"
-            "faults.point('read'); faults.point('write'); print('second', flush=True)\n")
-    env = {k: v for k, v in os.environ.items() if k != f"{faults.ENV}_SID"}
+            "from dataspace.pipeline.spark import faultpoints\n"
+            "faultpoints.point('write'); print('first', flush=True)\n"
+            "faultpoints.point('read'); faultpoints.point('write'); print('second', flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != f"{spark_faults.ENV}_SID"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=60, start_new_session=True)
     assert r.returncode == -9 and r.stdout == "first\n"
     assert (tmp_path / "write.count").read_text().strip() == "2"
+
+
+def test_a_fault_point_without_a_hook_imports_no_harness(tmp_path):
+    """The product names no harness: with the fault's variables but no hook, a fault
+    point does nothing and imports nothing of dataspace.testing."""
+    env = {**os.environ, **spark_faults.environment("write:1", str(tmp_path))}
+    del env[faultpoints.HOOK_ENV]
+    code = ("import os, sys\n"
+            "os.environ['DATASPACE_SPARK_FAULT_SID'] = str(os.getsid(0))\n"
+            "from dataspace.pipeline.spark import faultpoints\n"
+            "faultpoints.point('write')\n"
+            "print(sorted(m for m in sys.modules if m.startswith('dataspace.testing')))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60, start_new_session=True)
+    assert (r.returncode, r.stdout) == (0, "[]\n"), r.stderr
+    assert not (tmp_path / "write.count").exists()

@@ -21,10 +21,10 @@ import pytest
 
 from dataspace.cli import main
 from dataspace.pipeline import Crash, EngineError, Graph, LocalEngine, delivery_hash
-from dataspace.pipeline.crashtest import build_graph, inputs, verify
 from dataspace.pipeline.exactly_once import recover
 from dataspace.pipeline.sinks import SQLiteSink
 from dataspace.streams import open_store
+from dataspace.testing.pipeline_common import build_graph, inputs, verify
 from dataspace.values import Record, Symbol, encode, parse
 
 pytest.importorskip("pyspark")

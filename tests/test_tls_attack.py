@@ -14,7 +14,7 @@ import ssl
 import time
 
 from broker_support import async_test
-from dataspace.broker.soak import ServerUnderTest, TLSFlood
+from dataspace.testing.broker_soak import ServerUnderTest, TLSFlood
 from test_tls import pki  # noqa: F401  (the fixture)
 
 MIB = 1 << 20

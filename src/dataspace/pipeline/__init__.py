@@ -21,7 +21,9 @@
   pipeline reset``).
 * :mod:`.sinks` -- :class:`SQLiteSink`, the idempotent side-effecting sink pattern.
 * :mod:`.loader` -- loading a graph from a Python file (``dataspace pipeline run``).
-* :mod:`.crashtest` -- the SIGKILL crash harness (``python -m dataspace.pipeline.crashtest``).
+
+The SIGKILL crash harnesses are in :mod:`dataspace.testing` (``python -m
+dataspace.testing.pipeline_crash``, ``python -m dataspace.testing.spark_crash``).
 """
 
 from typing import TYPE_CHECKING

@@ -12,7 +12,8 @@
 * :mod:`.route` -- matching a table of values against a table of patterns;
 * :mod:`.classdata`, :mod:`.warmup` -- the JVM's class-data archive: made once, mapped
   by every session's JVM (half the start-up);
-* :mod:`.crashtest` -- the SIGKILL crash harness for the Spark engine;
+* :mod:`.faultpoints` -- the fault points a crash harness arms (the harness itself:
+  :mod:`dataspace.testing.spark_crash`); :mod:`.reaper` -- killing a driver's session;
 * :mod:`.status` -- reading the engine's progress files (no Spark needed).
 
 PySpark is imported lazily: ``import dataspace.pipeline.spark`` does not start or import

@@ -91,7 +91,7 @@ from ..exactly_once import (
     source_metas,
 )
 from ..graph import Graph, Processor
-from . import faults
+from . import faultpoints as faults
 from ._store import location_option, store_for
 from .offsets import KEY, offset_ranges
 

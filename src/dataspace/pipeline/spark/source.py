@@ -73,7 +73,7 @@ except ImportError:
 
 from ...datadir import mask_url
 from ...streams.base import MAX_INDEX, Columns, StoreError, StreamNotFound
-from . import faults
+from . import faultpoints as faults
 from ._store import location_option, store_for
 from .offsets import KEY, make_offset, offset_ranges
 from .placement import read_on

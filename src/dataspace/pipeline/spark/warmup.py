@@ -4,7 +4,7 @@
 
     python -m dataspace.pipeline.spark.warmup
 
-runs a small graph (the crash harness's: join, fork, alts, an SQLite sink, errors) on the
+runs a small graph (a step of each kind: join, fork, alts, an SQLite sink, errors) on the
 Spark engine in a child process whose JVM writes the classes it loaded to an archive as it
 exits; the child then checks that a JVM with the session's classpath starts with it, and
 only then does the archive get its name.  Every later session's JVM maps it.  About a
@@ -29,10 +29,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..._extras import MissingExtra, require
 from . import classdata
-from .faults import reap_session
+from .reaper import reap_session
+
+if TYPE_CHECKING:
+    from ..graph import Graph
 
 __all__ = ["check", "ensure", "expected", "main"]
 
@@ -170,23 +174,47 @@ def _make(tmp: Path, log_path: Path, timeout: float) -> str | None:
 # -- the child ---------------------------------------------------------------------------------
 
 
+def _pair(left: int, right: int) -> int:
+    if left % 5 == 4:
+        raise ValueError(f"pair {left} rejected")  # (the error stream's turn)
+    return left + right
+
+
+def _route(n: int) -> dict[str, int]:
+    return {"even" if n % 2 == 0 else "odd": n}
+
+
+def _graph(directory: str) -> Graph:
+    """A step of each kind (join, fork, alts, an SQLite sink) and errors: the classes a
+    graph's run loads."""
+    from ..graph import Graph
+    from ..sinks import SQLiteSink
+
+    g = Graph("warmup", error_stream="errors")
+    g.source("left", "right", "extra")
+    g.join("pair", ["left", "right"], "pairs", _pair)
+    g.fork("route", "pairs", ["even", "odd"], _route)
+    g.alts("merge", ["odd", "extra"], "merged", lambda v: v)
+    g.sink("store", "even", SQLiteSink(Path(directory) / "sink.db", "pairs", ["n INTEGER"],
+                                       to_row=lambda v: (v,)), batch=True)
+    return g
+
+
 def child(out: str, timeout: float) -> int:
     """Run the graph on Spark with the JVM told to archive its classes at ``out``, stop
     Spark, wait for the JVM to write the archive, and check a JVM starts with it."""
     from pyspark import SparkContext
 
     from ...streams import open_store
-    from ..crashtest import SOURCES, build_graph, inputs
     from .engine import SparkEngine
     from .session import stop_session
 
     classdata._dump_to = out
     with tempfile.TemporaryDirectory(prefix="dataspace-warmup-") as d:
         store = open_store(d)
-        src = inputs(12, 1)
-        for s in SOURCES:
-            store.append_many(s, src[s])
-        engine = SparkEngine(build_graph(d), store, master="local[2]", batch=50,
+        for s in ("left", "right", "extra"):
+            store.append_many(s, list(range(12)))
+        engine = SparkEngine(_graph(d), store, master="local[2]", batch=50,
                              data_dir=d, log_file=os.path.join(d, "spark.log"))
         try:
             engine.run(until_idle=True)

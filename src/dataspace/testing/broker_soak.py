@@ -1,8 +1,8 @@
 """A soak of the broker: a real ``dataspace serve`` under a mix of good and bad peers.
 
-``python -m dataspace.broker.soak --seconds 600`` (``make soak-broker``) starts a server in a
-subprocess (on a free loopback port, in a temporary data directory) and, for the set
-time, runs at once, each on its own schedule:
+``python -m dataspace.testing.broker_soak --seconds 600`` (``make soak-broker``) starts a
+server in a subprocess (on a free loopback port, in a temporary data directory) and, for
+the set time, runs at once, each on its own schedule:
 
 * **well-behaved clients** (:func:`dataspace.client.connect`): each holds
   ``<Present NAME>`` and a ``<Status NAME K>`` it replaces now and then, and sends
@@ -65,6 +65,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import Counter
@@ -73,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..broker.config import ConfigError, parse_size
 from ..client import RemoteDataspace, connect
 from ..dataspace import Entity
 from ..pattern import parse_pattern, to_preserves
@@ -93,7 +95,6 @@ from ..values import (
     parse,
     stringify,
 )
-from .config import ConfigError, parse_size
 
 __all__ = [
     "ATTACKS",
@@ -1886,7 +1887,7 @@ class Soak:
                                                                    self.notifier.notify()))
             await watcher.sync()
             if "cluster-port" in parts:
-                from .cluster import MAX_STRANGERS
+                from ..broker.cluster import MAX_STRANGERS
 
                 flood = StrangerFlood([here, f"127.0.0.1:{port}"], per_port=MAX_STRANGERS,
                                       source=_ATTACK_SOURCE["cluster-port"])
@@ -1934,7 +1935,7 @@ class Soak:
         """A rogue member's gossip for a few seconds: this member keeps its table
         bounded, its route to the second member, and answers (the probe)."""
         assert self.secret is not None
-        from .cluster import read_secret
+        from ..broker.cluster import read_secret
 
         rogue = RogueProcess([here], read_secret(self.secret))
         try:
@@ -2585,7 +2586,7 @@ def run(config: SoakConfig) -> SoakResult:
     args = [*_limit_args(config.limits), *config.server_args]
     secret: Path | None = None
     if set(config.only or PARTS) & set(CLUSTER_PARTS):
-        from .cluster import make_secret
+        from ..broker.cluster import make_secret
 
         secret = tmp / "cluster.secret"
         secret.write_text(make_secret())
@@ -2683,32 +2684,36 @@ def format_summary(s: dict[str, Any]) -> str:
 
 EXAMPLES = """\
 examples:
-  python -m dataspace.broker.soak                      the long soak: 600 s (make soak-broker)
-  python -m dataspace.broker.soak --seconds 45         the short one CI runs
-  python -m dataspace.broker.soak --seconds 300 --clients 8 --seed 42
-  python -m dataspace.broker.soak --seconds 60 --json summary.json --log server.log
-  python -m dataspace.broker.soak --seconds 30 --only work-loop --only fuzz
-                                                       some parts only, to find a culprit
+  the long soak, 600 s (make soak-broker), and the short run of the tests:
+    python -m dataspace.testing.broker_soak
+    python -m dataspace.testing.broker_soak --seconds 45
+  more clients and a seed; the summary as JSON and the server's whole log kept:
+    python -m dataspace.testing.broker_soak --seconds 300 --clients 8 --seed 42
+    python -m dataspace.testing.broker_soak --json s.json --log server.log
+  some parts only, to find a culprit:
+    python -m dataspace.testing.broker_soak --seconds 30 --only tls --only fuzz
 
-The server runs with these limits (besides its defaults), so that each attack reaches its
-limit within seconds:
-  """ + " ".join(_limit_args(SERVER_LIMITS)) + """
+The server runs with these limits (besides its defaults), so that each attack
+reaches its limit within seconds:
+""" + textwrap.fill(" ".join(_limit_args(SERVER_LIMITS)), 78, initial_indent="  ",
+                    subsequent_indent="  ", break_on_hyphens=False) + """
 Pass more `dataspace serve` options with --serve-arg (repeatable).
 
-Exit status: 0 when no probe failed, no check failed, the server answered a new client at
-the end, logged nothing at ERROR or CRITICAL (nor a traceback), its peak RSS grew by less
-than --max-memory, and it exited with status 0 on SIGTERM; 1 otherwise (the last line
-says why); 2 for bad arguments.
+Exit status: 0 when no probe failed, no check failed, the server answered a new
+client at the end, logged nothing at ERROR or CRITICAL (nor a traceback), its
+peak RSS grew by less than --max-memory, and it exited with status 0 on SIGTERM;
+1 otherwise (the last line says why); 2 for bad arguments.
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m dataspace.broker.soak",
-        description="Run a real `dataspace serve` for a set time under well-behaved "
-        "clients (with a round-trip probe), attacks, malformed input and kill -9 of "
-        "clients; print the probe's latencies and failures, the server's peak memory, the "
-        "attacks' outcomes and any error in the server's log.",
+        prog="python -m dataspace.testing.broker_soak",
+        description=textwrap.fill(
+            "Run a real `dataspace serve` for a set time under well-behaved clients (with a "
+            "round-trip probe), attacks, malformed input and kill -9 of clients; print the "
+            "probe's latencies and failures, the server's peak memory, the attacks' "
+            "outcomes and any error in the server's log.", 78),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -2737,7 +2742,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m dataspace.broker.soak``."""
+    """Entry point: ``python -m dataspace.testing.broker_soak``."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.clients < 2:

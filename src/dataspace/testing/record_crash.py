@@ -8,8 +8,8 @@ that every acknowledged message is in it **exactly once** (a message sent but no
 acknowledged may or may not be), restarts the server on the same data directory and
 port, and goes on with the next numbers::
 
-    python -m dataspace.streams.crashtest --kills 500     # the long run (make soak-record)
-    python -m dataspace.streams.crashtest --kills 20      # what the test suite runs
+    python -m dataspace.testing.record_crash --kills 500     # the long run (make soak-record)
+    python -m dataspace.testing.record_crash --kills 20      # what the test suite runs
 
 Exit status 0 when every check held, 1 otherwise (the first problems are printed).
 """
@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -37,8 +38,8 @@ from pathlib import Path
 from ..client import connect
 from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
+from ..streams import open_store
 from ..values import Record, Symbol, parse
-from . import open_store
 
 __all__ = ["CrashResult", "main", "run"]
 
@@ -213,12 +214,13 @@ async def run(kills: int, *, seed: int, base: Path,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m dataspace.streams.crashtest",
-        description="Kill a recording `dataspace serve` with SIGKILL at random moments while "
-        "a client sends numbered messages and waits for sync() after each; check that every "
-        "acknowledged message is in the stream exactly once.",
-        epilog="examples:\n  python -m dataspace.streams.crashtest --kills 500\n"
-        "  python -m dataspace.streams.crashtest --kills 20 --seed 7 --dir /tmp/rec",
+        prog="python -m dataspace.testing.record_crash",
+        description=textwrap.fill(
+            "Kill a recording `dataspace serve` with SIGKILL at random moments while a "
+            "client sends numbered messages and waits for sync() after each; check that "
+            "every acknowledged message is in the stream exactly once.", 78),
+        epilog="examples:\n  python -m dataspace.testing.record_crash --kills 500\n"
+        "  python -m dataspace.testing.record_crash --kills 20 --seed 7 --dir /tmp/rec",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--kills", type=int, default=500, help="how many kills (default 500)")

@@ -1,7 +1,7 @@
 """The SIGKILL crash harness for the Spark engine: a graph killed at chosen and random
 points must still deliver everything exactly once.
 
-The graph and the data are the local harness's (:mod:`dataspace.pipeline.crashtest`):
+The graph and the data are the local harness's (:mod:`.pipeline_common`):
 ``join -> fork -> SQLite sink (idempotent by the delivery hash) + alts``, with errors
 going to the error stream, N seeded messages per source produced while the graph runs.
 A *child* process runs the graph on the Spark engine (``local[2]``: the Python driver,
@@ -10,7 +10,8 @@ the JVM with its executors, Spark's Python workers); the *parent* kills the whol
 again, then lets a last run finish and checks that the sources, ``pairs``, ``merged``,
 the error stream and the sink's table hold exactly the expected multisets.
 
-Kill points (:mod:`.faults`; the N-th time any process of the run gets there):
+Kill points (:mod:`dataspace.pipeline.spark.faultpoints`, armed by :mod:`.spark_faults`;
+the N-th time any process of the run gets there):
 
 =================  ==========================================================
 ``source``         the stream reader's ``latestOffset`` (driver)
@@ -27,13 +28,13 @@ Kill points (:mod:`.faults`; the N-th time any process of the run gets there):
 
 ::
 
-    python -m dataspace.pipeline.spark.crashtest --kills 10     # what CI runs (~2 min)
-    python -m dataspace.pipeline.spark.crashtest --kills 200    # the soak (make soak-spark)
+    python -m dataspace.testing.spark_crash --kills 10     # what CI runs (~2 min)
+    python -m dataspace.testing.spark_crash --kills 200    # the soak (make soak-spark)
 
 The test suite (tests/test_spark_crash.py) calls :func:`run_campaign`.
 
 Every run starts a JVM, so a campaign first makes the JVM's class-data archive
-(:mod:`.warmup`, once per machine), and the children's JVMs run the JIT's first tier
+(:mod:`dataspace.pipeline.spark.warmup`, once per machine), and the children's JVMs run the JIT's first tier
 only (``-XX:TieredStopAtLevel=1`` in ``SPARK_SUBMIT_OPTS``): a JVM that lives seconds
 gains nothing from the optimising compiler, whose threads took the cores from Spark's
 start-up (a start 30% faster on 2 cores).
@@ -58,25 +59,29 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from ..crashtest import (
+from ..pipeline.spark import warmup
+from ..pipeline.spark.classdata import QUICK_JIT
+from ..pipeline.spark.reaper import kill_session, reap_session
+from .pipeline_common import (
     STORE_ENV,
-    _line,
-    _location,
-    _stderr,
+    Campaign,
     build_graph,
+    campaigns,
+    child_stderr,
     drive,
     harness_main,
+    line,
+    location,
     spawn_child,
     verify,
 )
-from . import warmup
-from .classdata import QUICK_JIT
-from .faults import ENV, kill_session, reap_session
+from .spark_faults import ENV, HOOK, HOOK_ENV, POINTS, environment
 
 __all__ = ["CHOSEN", "EXECUTOR_POINTS", "CampaignResult", "child", "main", "run_campaign", "soak"]
 
-CHOSEN = ("source", "partitions", "read", "stage", "write", "sink", "commit-inside", "commit-after")
+CHOSEN = POINTS
 """The chosen kill points (see the module docstring)."""
 
 EXECUTOR_POINTS = ("read", "stage", "write")
@@ -92,40 +97,37 @@ EXECUTOR_SID_ENV = f"{ENV}_EXECUTOR_SID"
 
 def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
     """One run of the graph on Spark: produce and process until everything is done."""
-    from ...streams import open_store
-    from .engine import SparkEngine
+    from ..pipeline.spark.engine import SparkEngine
+    from ..streams import open_store
 
     os.environ[f"{ENV}_SID"] = str(os.getsid(0))  # the fault points may kill this session
     conf = json.loads(os.environ.get(CONF_ENV) or "{}")
     if os.environ.get(ENV) and os.environ.get(EXECUTOR_SID_ENV):
         # A cluster's executors inherit the worker's environment, not ours: the fault goes
         # to them as the application's executorEnv, naming the worker's session to kill.
-        for k, v in ((ENV, os.environ[ENV]), (f"{ENV}_DIR", os.environ.get(f"{ENV}_DIR", "")),
+        for k, v in ((HOOK_ENV, HOOK), (ENV, os.environ[ENV]),
+                     (f"{ENV}_DIR", os.environ.get(f"{ENV}_DIR", "")),
                      (f"{ENV}_SID", os.environ[EXECUTOR_SID_ENV])):
             conf[f"spark.executorEnv.{k}"] = v
-    store = open_store(_location(directory))
+    store = open_store(location(directory))
     engine = SparkEngine(build_graph(directory), store, master=os.environ.get(MASTER_ENV) or "local[2]",
                          batch=batch, partition_rows=max(1, batch // 2), wait_ms=50, conf=conf,
                          data_dir=directory, log_file=os.path.join(directory, "spark.log"))
     return drive(engine, store, directory, n, seed, run,
-                 lambda stats: _line(f"progress {sum(s.steps for s in stats)}"), 0.5)
+                 lambda stats: line(f"progress {sum(s.steps for s in stats)}"), 0.5)
 
 
 # -- the parent ------------------------------------------------------------------------------
 
 
 @dataclass
-class CampaignResult:
-    """What a campaign did: kills per point, runs, problems found."""
+class CampaignResult(Campaign):
+    """A campaign of the Spark engine: also the kills per point."""
 
-    directory: str
-    messages: int
-    seed: int
-    kills: int = 0
-    runs: int = 0
     points: dict[str, int] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+
+    def landed(self) -> str:
+        return f" {self.points}"
 
 
 def _spawn(directory: str, n: int, seed: int, run: int, batch: int, fault: str | None,
@@ -133,15 +135,15 @@ def _spawn(directory: str, n: int, seed: int, run: int, batch: int, fault: str |
            ) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
     env = dict(os.environ)
     env.pop(ENV, None)
+    env.pop(HOOK_ENV, None)
     # A child's JVM lives seconds (it is killed): the JIT's first tier only, whose compiler
     # threads leave the cores to Spark's start-up (30% faster starts on 2 cores).
     if "TieredStopAtLevel" not in env.get("SPARK_SUBMIT_OPTS", ""):
         env["SPARK_SUBMIT_OPTS"] = f"{env.get('SPARK_SUBMIT_OPTS', '')} {QUICK_JIT}".strip()
     env.update(extra_env or {})
     if fault:
-        env[ENV] = fault
-        env[f"{ENV}_DIR"] = fault_dir
-    return spawn_child("dataspace.pipeline.spark.crashtest", directory, n, seed, run, batch,
+        env.update(environment(fault, fault_dir))
+    return spawn_child("dataspace.testing.spark_crash", directory, n, seed, run, batch,
                        env=env, new_session=True)
 
 
@@ -214,24 +216,24 @@ def run_campaign(
                 if ready_at is not None:
                     wait = min(wait, ready_at - time.monotonic())
                 try:
-                    line = lines.get(timeout=max(0.0, wait))
+                    said = lines.get(timeout=max(0.0, wait))
                 except queue.Empty:
                     if ready_at is not None:
                         continue
-                    res.problems.append(f"run {res.runs}: no progress for {timeout}s: {_stderr(proc)}")
+                    res.problems.append(f"run {res.runs}: no progress for {timeout}s: {child_stderr(proc)}")
                     break
-                if line is None:  # the child ended: killed by a fault point, or finished
+                if said is None:  # the child ended: killed by a fault point, or finished
                     rc = proc.wait(timeout)
                     if rc == 0:
                         finished = True
                     elif rc == -9 and fault:
                         killed = True
                     else:
-                        res.problems.append(f"run {res.runs}: child exited with {rc}: {_stderr(proc)}")
+                        res.problems.append(f"run {res.runs}: child exited with {rc}: {child_stderr(proc)}")
                     break
-                if line.startswith("failed"):
-                    res.problems.append(f"run {res.runs}: {line}")
-                if line == "ready" and point == "random":
+                if said.startswith("failed"):
+                    res.problems.append(f"run {res.runs}: {said}")
+                if said == "ready" and point == "random":
                     ready_at = time.monotonic() + rng.uniform(0.5, 8.0)
         finally:
             if not reap_session(proc, 60.0):
@@ -271,45 +273,39 @@ def _fired(fault_dir: str, fault: str) -> bool:
 
 
 def soak(kills: int, *, base: str, seed: int, campaign_kills: int = 20,
-         messages: int | None = None, say: Callable[[str], None] | None = None) -> tuple[int, list[CampaignResult]]:
+         messages: int | None = None, say: Callable[[str], None] | None = None,
+         ) -> tuple[int, list[Any]]:
     """Campaigns of ``campaign_kills`` kills (a fresh store and seed each) until ``kills``
     kills are done or a campaign finds a problem."""
-    done = 0
-    results: list[CampaignResult] = []
-    t0 = time.monotonic()
-    while done < kills:
-        k = min(campaign_kills, kills - done)
-        n = messages or max(600, 150 * k)
-        d = os.path.join(base, f"campaign-{len(results)}")
-        os.makedirs(d, exist_ok=True)
-        if say:
-            say(f"campaign {len(results)}: seed {seed + len(results)}, {n} messages per source, "
-                f"{k} kills")
-        r = run_campaign(d, kills=k, messages=n, seed=seed + len(results), max_nth=3, say=say)
-        results.append(r)
-        done += r.kills
-        if say:
-            say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills {r.points}, "
-                f"{r.runs} runs, {r.seconds:.0f}s; total {done} kills in {time.monotonic() - t0:.0f}s")
-            for p in r.problems:
-                say(f"  problem: {p}")
-        if r.problems:
-            if say:
-                say(f"  the store is kept in {d}")
-            break
-    return done, results
+    def run(directory: str, *, kills: int, messages: int, seed: int, store: str | None,
+            ) -> CampaignResult:
+        return run_campaign(directory, kills=kills, messages=messages, seed=seed,
+                            max_nth=3, say=say, store=store)
+
+    return campaigns(kills, base=base, seed=seed, campaign_kills=campaign_kills,
+                     messages=lambda k: messages or max(600, 150 * k), run=run, say=say)
+
+
+EXAMPLES = """\
+examples:
+  the run of the tests (2 minutes), and the soak (make soak-spark, an hour):
+    python -m dataspace.testing.spark_crash --kills 10
+    python -m dataspace.testing.spark_crash --kills 200
+  a seed, and the stores kept in a directory:
+    python -m dataspace.testing.spark_crash --kills 20 --seed 7 --dir /tmp/crash
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module docstring)."""
     return harness_main(
-        argv, prog="python -m dataspace.pipeline.spark.crashtest",
+        argv, prog="python -m dataspace.testing.spark_crash",
         description="SIGKILL crash test of the Spark engine: kill the driver (Python, JVM, "
         "workers) at chosen and random points, restart, and check every output is there "
         "exactly once.",
         child=child, soak=soak, kills=200, campaign_kills=20, batch=40,
         messages_help="150 per kill, at least 600", tmp_prefix="dataspace-spark-crash-",
-        what="SIGKILLs of the Spark driver")
+        what="SIGKILLs of the Spark driver", examples=EXAMPLES)
 
 
 if __name__ == "__main__":

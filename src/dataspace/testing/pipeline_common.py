@@ -1,5 +1,5 @@
-"""The crash harness: a graph killed with SIGKILL at random moments must still deliver
-everything exactly once.
+"""What the two pipeline crash harnesses share: the graph and its data, the exact
+outputs it must give, the child's life and the parent's plumbing.
 
 The graph (processor ids ``crash/...``)::
 
@@ -10,62 +10,68 @@ The graph (processor ids ``crash/...``)::
     extra ────────────────────────────────┘
     errors: pair raises on some pairs, merge on some extras (the graph's error stream)
 
-A *child* process produces ``N`` seeded messages into each of the three sources (in
-random-sized chunks, resuming by index, so production is exactly-once too) while its
-engine processes them.  The *parent* starts the child, kills it with SIGKILL at a random
-moment -- during start-up/recovery, or after a random number of committed groups plus a
-random delay, so kills land inside steps, inside commits, inside the sink's transaction
--- restarts it, and repeats.  After the last kill it lets a child run to the end and
-checks that the sources, ``pairs``, ``merged``, the error stream and the sink's table
-hold exactly the expected multisets: no duplicate, no loss, errors counted as delivered.
+A *child* process (``python -m HARNESS child ...``) produces ``N`` seeded messages into
+each of the three sources (in random-sized chunks, resuming by index, so production is
+exactly-once too) while its engine processes them, and says what it does in lines on its
+standard output (``ready``, progress, ``failed ...``, ``done``).  The *parent* kills it,
+restarts it, and at the end :func:`verify` checks that the sources, ``pairs``,
+``merged``, the error stream and the sink's table hold exactly :func:`expected`.
 
-``--kills K`` runs campaigns of ``--campaign-kills`` kills each (a fresh store and seed
-per campaign) until K kills are done::
-
-    python -m dataspace.pipeline.crashtest --kills 1000          # the soak (make soak)
-    python -m dataspace.pipeline.crashtest --kills 50 -v         # what CI runs
-    python -m dataspace.pipeline.crashtest --kills 200 --store postgresql://u:pw@host/postgres
-
-The store is the campaign directory's SQLite store, or with ``--store`` a PostgreSQL
-database per campaign, created (and dropped after a pass) on the server of that URL (its
-user needs the CREATEDB privilege).  The children get the store's URL in the environment
-(``DATASPACE_CRASH_STORE``), not on their command line.
-
-The test suite (tests/test_crash.py) calls :func:`run_campaign` from this module.
+:mod:`.pipeline_crash` kills the local engine's child at random moments;
+:mod:`.spark_crash` kills the Spark engine's whole driver at the connector's fault points
+and at random moments.  Both run campaigns (:func:`campaigns`, a fresh store and seed
+each) from one command line (:func:`harness_main`).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import queue
 import random
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..pipeline.graph import Graph
+from ..pipeline.sinks import SQLiteSink
 from ..progress import Progress
 from ..values import Record, Sequence, Symbol, encode
-from .graph import Graph
-from .sinks import SQLiteSink
 
-__all__ = ["CampaignResult", "build_graph", "expected", "inputs", "main", "run_campaign", "verify"]
-
-log = logging.getLogger(__name__)
+__all__ = [
+    "SOURCES",
+    "STORE_ENV",
+    "Campaign",
+    "build_graph",
+    "campaign_databases",
+    "campaigns",
+    "drive",
+    "expected",
+    "harness_main",
+    "inputs",
+    "line",
+    "location",
+    "spawn_child",
+    "verify",
+]
 
 SOURCES = ("left", "right", "extra")
 _L, _R, _X, _P, _M = (Symbol(s) for s in ("L", "R", "X", "P", "M"))
+
+STORE_ENV = "DATASPACE_CRASH_STORE"
+"""The store's URL for the children (not on their command line: it may hold a password)."""
+
+
+# -- the graph and its outputs -----------------------------------------------------------
 
 
 def inputs(n: int, seed: int) -> dict[str, list[Record]]:
@@ -135,10 +141,7 @@ def expected(n: int, seed: int) -> dict[str, Counter[Any]]:
     return {"pairs": pairs, "merged": merged, "table": table, "errors": errors}
 
 
-STORE_ENV = "DATASPACE_CRASH_STORE"
-
-
-def _location(directory: str | os.PathLike[str]) -> str:
+def location(directory: str | os.PathLike[str]) -> str:
     """The store of a run: ``$DATASPACE_CRASH_STORE`` when set, else the directory's."""
     return os.environ.get(STORE_ENV) or os.fspath(directory)
 
@@ -150,17 +153,17 @@ def verify(directory: str | os.PathLike[str], n: int, seed: int, store: str | No
 
     want = expected(n, seed)
     problems: list[str] = []
-    with open_store(store or directory) as store:
+    with open_store(store or directory) as st:
         src = inputs(n, seed)
         for s in SOURCES:
-            got = [e.data for e in store.iter_entries(s)]
+            got = [e.data for e in st.iter_entries(s)]
             if got != [encode(v) for v in src[s]]:
                 problems.append(f"source {s}: {len(got)} entries, expected the {n} seeded ones")
         got_streams = {
-            "pairs": Counter(e.data for e in store.iter_entries("pairs")),
-            "merged": Counter(e.data for e in store.iter_entries("merged")),
+            "pairs": Counter(e.data for e in st.iter_entries("pairs")),
+            "merged": Counter(e.data for e in st.iter_entries("merged")),
             "errors": Counter(
-                (e.value.fields[0], encode(e.value.fields[3])) for e in store.iter_entries("errors")
+                (e.value.fields[0], encode(e.value.fields[3])) for e in st.iter_entries("errors")
             ),
         }
     db = Path(directory) / "sink.db"
@@ -177,14 +180,14 @@ def verify(directory: str | os.PathLike[str], n: int, seed: int, store: str | No
     return problems
 
 
-def _line(text: str) -> None:
-    """One line of this module's command output (the child's lines are read by the
-    parent: this is a protocol, not logging)."""
+# -- the child ---------------------------------------------------------------------------
+
+
+def line(text: str) -> None:
+    """One line of a harness's output (the child's lines are read by the parent: this is
+    a protocol, not logging)."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
-
-
-# -- the child ---------------------------------------------------------------------------
 
 
 def _produce(directory: str, n: int, seed: int, run: int, done: threading.Event) -> None:
@@ -193,7 +196,7 @@ def _produce(directory: str, n: int, seed: int, run: int, done: threading.Event)
     src = inputs(n, seed)
     datas = {s: [encode(v) for v in src[s]] for s in SOURCES}
     rng = random.Random(f"{seed}:producer:{run}")
-    with open_store(_location(directory)) as store:
+    with open_store(location(directory)) as store:
         while True:
             left = [s for s in SOURCES if store.next_index(s) < n]
             if not left:
@@ -206,63 +209,31 @@ def _produce(directory: str, n: int, seed: int, run: int, done: threading.Event)
     done.set()
 
 
-def child(directory: str, n: int, seed: int, run: int, batch: int) -> int:
-    """One run of the graph: produce and process until everything is done."""
-    from ..streams import open_store
-    from .local import LocalEngine
-
-    store = open_store(_location(directory))
-    engine = LocalEngine(build_graph(directory), store, batch=batch, group_ms=5)
-    return drive(engine, store, directory, n, seed, run,
-                 lambda _stats: _line(f"commit {engine.commits}"), 0.0)
-
-
 def drive(engine: Any, store: Any, directory: str, n: int, seed: int, run: int,
           progress: Callable[[Any], None], interval: float) -> int:
     """A child's life, whatever the engine: say ``ready``, produce the run's share of the
     messages in a thread while processing until everything is produced and processed,
     then say ``done`` (``failed ...`` and 1 if a processor failed)."""
     engine.start()
-    _line("ready")
+    line("ready")
     produced = threading.Event()
     threading.Thread(target=_produce, args=(directory, n, seed, run, produced), daemon=True).start()
     while True:
         gen = store.generation()
         engine.run(until_idle=True, on_progress=progress, progress_interval=interval)
         if engine.failed:
-            _line(f"failed {engine.failed}")
+            line(f"failed {engine.failed}")
             return 1
         if produced.is_set() and engine.idle():
             break
         store.wait_change(gen, 1.0)
     engine.close()
     store.close()
-    _line("done")
+    line("done")
     return 0
 
 
 # -- the parent --------------------------------------------------------------------------
-
-
-@dataclass
-class CampaignResult:
-    """What a campaign did: kills, runs, where the kills landed, and problems found."""
-
-    directory: str
-    messages: int
-    seed: int
-    kills: int = 0
-    runs: int = 0
-    kills_before_ready: int = 0
-    commits_seen: int = 0
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def _spawn(directory: str, n: int, seed: int, run: int, batch: int, store: str | None = None,
-           ) -> tuple[subprocess.Popen[str], queue.Queue[str | None]]:
-    env = None if store is None else {**os.environ, STORE_ENV: store}
-    return spawn_child("dataspace.pipeline.crashtest", directory, n, seed, run, batch, env=env)
 
 
 def spawn_child(module: str, directory: str, n: int, seed: int, run: int, batch: int, *,
@@ -281,139 +252,78 @@ def spawn_child(module: str, directory: str, n: int, seed: int, run: int, batch:
 
     def pump() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.strip())
+        for text in proc.stdout:
+            lines.put(text.strip())
         lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
     return proc, lines
 
 
-def _stderr(proc: subprocess.Popen[str]) -> str:
+def child_stderr(proc: subprocess.Popen[str]) -> str:
+    """The end of what a child wrote to its standard error (for a problem's line)."""
     try:
         return (proc.stderr.read() if proc.stderr else "")[-3000:]
     except (OSError, ValueError):
         return ""
 
 
-def run_campaign(
-    directory: str,
-    *,
-    kills: int,
-    messages: int,
-    seed: int,
-    batch: int = 50,
-    max_commits: int = 6,
-    timeout: float = 120.0,
-    say: Callable[[str], None] | None = None,
-    store: str | None = None,
-) -> CampaignResult:
-    """Kill a child ``kills`` times at random moments, then let one finish and verify.
-    ``store``: the store's URL (default: the directory's SQLite store)."""
-    rng = random.Random(f"{seed}:kills")
-    res = CampaignResult(directory, messages, seed)
-    t0 = time.monotonic()
-    finished = False
-    while not finished:
-        kill_now = res.kills < kills
-        proc, lines = _spawn(directory, messages, seed, res.runs, batch, store)
-        res.runs += 1
-        try:
-            if kill_now and rng.random() < 0.1:
-                # Kill during start-up or recovery, at a random moment.
-                try:
-                    proc.wait(timeout=rng.uniform(0.05, 0.4))
-                except subprocess.TimeoutExpired:
-                    pass
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait(timeout)
-                    res.kills += 1
-                    res.kills_before_ready += 1
-                    continue
-            target = rng.randint(0, max_commits) if kill_now else None
-            commits = 0
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    proc.kill()
-                    res.problems.append(f"run {res.runs}: no progress for {timeout}s: {_stderr(proc)}")
-                    return res
-                if line is None:  # the child exited
-                    rc = proc.wait(timeout)
-                    if rc == 0:  # it finished everything (before a planned kill, maybe)
-                        finished = True
-                        break
-                    res.problems.append(f"run {res.runs}: child exited with {rc}: {_stderr(proc)}")
-                    return res
-                if line.startswith("failed"):
-                    res.problems.append(f"run {res.runs}: {line}")
-                if target is None:
-                    continue
-                if line.startswith("commit"):
-                    commits += 1
-                    res.commits_seen += 1
-                if (line == "ready" and target == 0) or (
-                        line.startswith("commit") and commits >= target):
-                    try:  # a random moment a little later: inside a step or a commit
-                        proc.wait(timeout=rng.uniform(0.0, 0.02))
-                    except subprocess.TimeoutExpired:
-                        pass
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGKILL)
-                        proc.wait(timeout)
-                        res.kills += 1
-                    break
-            if say is not None and kill_now:
-                say(f"  kill {res.kills}/{kills} after {commits} commits")
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout)
-    res.problems += verify(directory, messages, seed, store)
-    res.seconds = time.monotonic() - t0
-    return res
+@dataclass
+class Campaign:
+    """What a campaign did: kills, runs and the problems found (each harness adds where
+    its kills landed)."""
+
+    directory: str
+    messages: int
+    seed: int
+    kills: int = 0
+    runs: int = 0
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def landed(self) -> str:
+        """Where the kills landed, for the campaign's line."""
+        return ""
 
 
-def soak(
+def campaigns(
     kills: int,
     *,
     base: str,
     seed: int,
-    campaign_kills: int = 50,
-    messages: int | None = None,
+    campaign_kills: int,
+    messages: Callable[[int], int],
+    run: Callable[..., Campaign],
     say: Callable[[str], None] | None = None,
     stores: Callable[[int], str] | None = None,
     drop: Callable[[int], None] | None = None,
-) -> tuple[int, list[CampaignResult]]:
-    """Campaigns of ``campaign_kills`` kills (fresh store and seed each) until ``kills``
-    kills are done or a campaign finds a problem; returns (kills done, results).
-    ``stores(campaign)`` gives each campaign's store URL (default: an SQLite store in the
-    campaign's directory) and ``drop(campaign)`` removes it after a pass."""
+) -> tuple[int, list[Campaign]]:
+    """Campaigns of ``campaign_kills`` kills until ``kills`` kills are done or a campaign
+    finds a problem; returns (kills done, results).  Campaign ``c`` runs
+    ``run(directory, kills=k, messages=messages(k), seed=seed + c, store=URL)`` in a
+    directory of its own under ``base``; ``stores(c)`` gives its store's URL (default
+    None: an SQLite store in its directory) and ``drop(c)`` removes it after a pass."""
     done = 0
-    results: list[CampaignResult] = []
+    results: list[Campaign] = []
     bar = Progress(total=kills, what="kills", quiet=True)  # its words: count, rate, ETA
     while done < kills:
         campaign = len(results)
         k = min(campaign_kills, kills - done)
-        n = messages or max(2000, 600 * k)
+        n = messages(k)
         d = os.path.join(base, f"campaign-{campaign}")
         os.makedirs(d, exist_ok=True)
         if say:
             say(f"campaign {campaign}: seed {seed + campaign}, {n} messages per source, {k} kills")
         url = stores(campaign) if stores is not None else None
-        r = run_campaign(d, kills=k, messages=n, seed=seed + campaign, say=None, store=url)
+        r = run(d, kills=k, messages=n, seed=seed + campaign, store=url)
         results.append(r)
         if drop is not None and not r.problems:
             drop(campaign)
         done += r.kills
         bar.update(done)
         if say:
-            say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills "
-                f"({r.kills_before_ready} during start-up/recovery), {r.runs} runs, "
-                f"{r.seconds:.1f}s; total {bar.text()}")
+            say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills{r.landed()}, "
+                f"{r.runs} runs, {r.seconds:.1f}s; total {bar.text()}")
             for p in r.problems:
                 say(f"  problem: {p}")
         if r.problems:
@@ -427,25 +337,15 @@ def soak(
     return done, results
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The command line (see the module docstring)."""
-    return harness_main(
-        argv, prog="python -m dataspace.pipeline.crashtest",
-        description="SIGKILL crash test of the exactly-once engine: kill a running graph at "
-        "random moments, restart it, and check the outputs hold exactly the expected "
-        "multisets.",
-        child=child, soak=soak, kills=1000, campaign_kills=50, batch=50,
-        messages_help="600 per kill", tmp_prefix="dataspace-crash-", what="SIGKILLs",
-        store_option=True)
-
-
 def harness_main(argv: list[str] | None, *, prog: str, description: str,
                  child: Callable[..., int], soak: Callable[..., Any], kills: int,
                  campaign_kills: int, batch: int, messages_help: str, tmp_prefix: str,
-                 what: str, store_option: bool = False) -> int:
+                 what: str, examples: str, store_option: bool = False) -> int:
     """The command line of a crash harness: ``child ...`` (one run, internal) or a soak of
     ``--kills`` kills in campaigns of ``--campaign-kills``, each on a fresh store."""
-    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap = argparse.ArgumentParser(prog=prog, description=textwrap.fill(description, 78),
+                                 epilog=examples,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd")
     ch = sub.add_parser("child", help="(internal) one run of the graph")
     ch.add_argument("--dir", required=True)
@@ -453,13 +353,15 @@ def harness_main(argv: list[str] | None, *, prog: str, description: str,
     ch.add_argument("--seed", type=int, required=True)
     ch.add_argument("--run", type=int, default=0)
     ch.add_argument("--batch", type=int, default=batch)
-    ap.add_argument("--kills", type=int, default=kills, help=f"total kills (default {kills})")
-    ap.add_argument("--campaign-kills", type=int, default=campaign_kills,
+    ap.add_argument("--kills", type=int, default=kills, metavar="N",
+                    help=f"total kills (default {kills})")
+    ap.add_argument("--campaign-kills", type=int, default=campaign_kills, metavar="N",
                     help=f"kills per campaign (a fresh store per campaign; default {campaign_kills})")
-    ap.add_argument("--messages", type=int, default=None,
+    ap.add_argument("--messages", type=int, default=None, metavar="N",
                     help=f"messages per source per campaign (default: {messages_help})")
-    ap.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
-    ap.add_argument("--dir", help="keep the stores here (default: a temporary directory)")
+    ap.add_argument("--seed", type=int, default=None, metavar="S",
+                    help="first seed (default: random)")
+    ap.add_argument("--dir", metavar="DIR", help="keep the stores here (default: a temporary directory)")
     if store_option:
         ap.add_argument("--store", metavar="URL",
                         help="run on PostgreSQL: a database per campaign is created on the "
@@ -473,18 +375,18 @@ def harness_main(argv: list[str] | None, *, prog: str, description: str,
     if getattr(args, "store", None):
         extra = campaign_databases(args.store, f"dataspace_crash_{seed}")
     done, results = soak(args.kills, base=base, seed=seed, campaign_kills=args.campaign_kills,
-                         messages=args.messages, say=_line, **extra)
+                         messages=args.messages, say=line, **extra)
     ok = done >= args.kills and not any(r.problems for r in results)
-    _line(f"PASSED: {done} {what}, every output exactly once" if ok
-          else f"FAILED after {done} kills (seed {seed}; the stores are kept in {base})")
+    line(f"PASSED: {done} {what}, every output exactly once" if ok
+         else f"FAILED after {done} kills (seed {seed}; the stores are kept in {base})")
     if ok and not args.dir:
         shutil.rmtree(base, ignore_errors=True)  # a passed run leaves nothing behind
     return 0 if ok else 1
 
 
 def campaign_databases(url: str, prefix: str) -> dict[str, Callable[[int], Any]]:
-    """``stores`` and ``drop`` for :func:`soak`: a database ``PREFIX_N`` per campaign on the
-    PostgreSQL server of ``url`` (created by connecting to the URL's database)."""
+    """``stores`` and ``drop`` for :func:`campaigns`: a database ``PREFIX_N`` per campaign
+    on the PostgreSQL server of ``url`` (created by connecting to the URL's database)."""
     import urllib.parse
 
     import psycopg
@@ -509,7 +411,3 @@ def campaign_databases(url: str, prefix: str) -> dict[str, Callable[[int], Any]]
             c.execute(f'DROP DATABASE IF EXISTS "{name(campaign)}" WITH (FORCE)')
 
     return {"stores": stores, "drop": drop}
-
-
-if __name__ == "__main__":
-    sys.exit(main())
