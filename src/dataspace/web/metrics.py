@@ -11,9 +11,10 @@ ending in ``_total``; labels only where their values are bounded by the configur
 (``dataspace``, a link's address, a recorder's stream, an error's kind from a fixed
 set) or by a cap of this module: the groups of observers and their members
 (:data:`MAX_GROUPS`, :data:`MAX_GROUP_MEMBERS`), the store's streams, their named
-tailers and the pipelines' graphs and processors (:data:`MAX_STREAMS`,
-:data:`MAX_TAILERS`, :data:`MAX_GRAPHS`, :data:`MAX_PROCESSORS`), read at each scrape from the stream rows and
-tailer rows alone (no entry is read), on the port's store threads, within
+tailers and consumer groups and the pipelines' graphs and processors (:data:`MAX_STREAMS`,
+:data:`MAX_TAILERS`, :data:`MAX_CONSUMER_GROUPS`, :data:`MAX_GRAPHS`, :data:`MAX_PROCESSORS`),
+read at each scrape from the rows of streams, tailers and groups and the pending counts
+(no entry is read), on the port's store threads, within
 :data:`STORE_TIMEOUT`.  The whole list, with what each means, is in docs/operations.md.
 
 Access: the root capability (or ``--http-open``); see :mod:`dataspace.web.auth`.
@@ -53,7 +54,8 @@ from .context import WebContext, guarded
 from .dataspaces import WATCHES
 from .scry import SCRY
 
-__all__ = ["MAX_GRAPHS", "MAX_GROUPS", "MAX_GROUP_MEMBERS", "MAX_PROCESSORS", "MAX_STREAMS",
+__all__ = ["MAX_CONSUMER_GROUPS", "MAX_GRAPHS", "MAX_GROUPS", "MAX_GROUP_MEMBERS",
+           "MAX_PROCESSORS", "MAX_STREAMS",
            "MAX_TAILERS", "METRICS",
            "ServerCollector", "StoreCollector", "StoreSnapshot", "make_registry", "setup",
            "store_snapshot"]
@@ -65,6 +67,8 @@ MAX_STREAMS = 100
 own ``__...`` streams never have (their graphs do)."""
 MAX_TAILERS = 500
 """Named tailers with series of their own (``stream``, ``tailer``), of the listed streams."""
+MAX_CONSUMER_GROUPS = 500
+"""Consumer groups with series of their own (``stream``, ``group``), of the listed streams."""
 MAX_GRAPHS = 50
 """Pipeline graphs with series of their own (``graph``), the first by name."""
 MAX_PROCESSORS = 500
@@ -430,12 +434,40 @@ class StoreCollector(Collector):
         lag = _gauge("dataspace_tailer_lag_entries",
                      "Entries appended to a stream that a named tailer has not read yet.",
                      labels=t)
+        gl = ["stream", "group"]
+        gpos = _gauge("dataspace_consumer_group_position",
+                      "The next index a consumer group delivers from its stream.", labels=gl)
+        glag = _gauge("dataspace_consumer_group_lag_entries",
+                      "Entries of its stream a consumer group has not been delivered yet.",
+                      labels=gl)
+        gpending = _gauge("dataspace_consumer_group_pending_entries",
+                          "Entries delivered to a consumer group's consumers and not "
+                          "acknowledged yet.", labels=gl)
+        gold = _gauge("dataspace_consumer_group_oldest_pending_seconds",
+                      "How long the oldest pending entry of a consumer group has waited since "
+                      "it was delivered (absent when none is pending).", labels=gl)
+        gconsumers = _gauge("dataspace_consumer_group_consumers",
+                            "Consumers of a consumer group with entries pending.", labels=gl)
+        groups = 0
+        groups_unlisted = 0
+        now = time.time()
         tailers = 0
         unlisted = 0
         for i in listed:
             if i.damaged is not None:
                 broken.add_metric([i.name], 1)
                 continue
+            for g in i.groups:
+                if groups >= MAX_CONSUMER_GROUPS:
+                    groups_unlisted += 1
+                    continue
+                groups += 1
+                gpos.add_metric([i.name, g.name], g.next)
+                glag.add_metric([i.name, g.name], g.lag)
+                gpending.add_metric([i.name, g.name], g.pending)
+                gconsumers.add_metric([i.name, g.name], len(g.consumers))
+                if g.oldest_ns is not None:
+                    gold.add_metric([i.name, g.name], max(0.0, now - g.oldest_ns / 1e9))
             entries.add_metric([i.name], i.count)
             if i.next > 0:
                 last.add_metric([i.name], i.next - 1)
@@ -453,6 +485,11 @@ class StoreCollector(Collector):
         yield from (entries, last, first, when, broken, position, lag)
         yield _gauge("dataspace_streams_damaged", "Streams whose bookkeeping is damaged (the "
                      "store's own included).", sum(i.damaged is not None for i in snap.streams))
+        yield from (gpos, glag, gpending, gold, gconsumers)
+        yield _gauge("dataspace_consumer_groups_unlisted",
+                     f"Consumer groups without series of their own (beyond "
+                     f"{MAX_CONSUMER_GROUPS}, or of unlisted streams).",
+                     groups_unlisted + sum(len(i.groups) for i in user[MAX_STREAMS:]))
         yield _gauge("dataspace_tailers_unlisted",
                      f"Named tailers without series of their own (beyond {MAX_TAILERS}, or "
                      "on unlisted streams).",

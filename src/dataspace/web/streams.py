@@ -4,8 +4,9 @@ Routes (JSON; the root capability only, see :mod:`dataspace.web.auth`; every sto
 runs on the port's store threads):
 
 ``GET /api/streams`` (``?all=1``: the store's own ``__...`` streams too)
-    Per stream: name, length, first and next index, retention, and its tailers with
-    their position and lag; a stream whose bookkeeping is damaged is listed with the
+    Per stream: name, length, first and next index, retention, its tailers with their
+    position and lag, and its consumer groups (:func:`group_row`: position, lag, pending
+    entries, consumers); a stream whose bookkeeping is damaged is listed with the
     others, with ``damaged`` saying what is wrong (null for the sound ones).
 ``GET /api/pipelines``
     Per graph found in the store (backing streams ``__backing/GRAPH/PROCESSOR``): its
@@ -25,13 +26,13 @@ from typing import Any
 
 from aiohttp import web
 
-from ..streams.base import Entry, Store, StoreError, StreamInfo, check_stream_name
+from ..streams.base import Entry, GroupInfo, Store, StoreError, StreamInfo, check_stream_name
 from ..values import Dictionary, Record, Symbol, decode
 from .auth import Access, ApiError
 from .context import WebContext, guarded, json_response
 from .dataspaces import value_text
 
-__all__ = ["MAX_SCAN", "pipelines", "setup", "stream_row"]
+__all__ = ["MAX_SCAN", "group_row", "pipelines", "setup", "stream_row"]
 
 BACKING = "__backing/"
 MAX_SCAN = 100_000
@@ -47,6 +48,25 @@ def _tailer_rows(info: StreamInfo) -> list[dict[str, Any]]:
              "updated": t.updated_ns / 1e9} for t in info.tailers]
 
 
+def group_row(g: GroupInfo, now: float | None = None) -> dict[str, Any]:
+    """A consumer group as ``GET /api/streams`` shows it (``stream group ls --json``'s
+    fields): its position (``next``), ``lag`` (entries not delivered yet), ``pending``
+    (delivered, not acknowledged), ``oldest_idle`` (seconds the oldest pending entry has
+    waited), its settings, and its consumers with entries pending."""
+    t = time.time() if now is None else now
+    return {
+        "name": g.name, "next": g.next, "lag": g.lag, "pending": g.pending,
+        "first_pending": g.first_pending,
+        "oldest_idle": None if g.oldest_ns is None else max(0.0, t - g.oldest_ns / 1e9),
+        "idle_timeout": g.idle_timeout, "max_deliveries": g.max_deliveries,
+        "dead_letter": g.dead_letter, "hold_retention": g.hold_retention,
+        "created": g.created_ns / 1e9,
+        "consumers": [{"name": c.name, "pending": c.pending,
+                       "oldest_idle": max(0.0, t - c.oldest_ns / 1e9),
+                       "newest_idle": max(0.0, t - c.newest_ns / 1e9)} for c in g.consumers],
+    }
+
+
 def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
     """A stream as ``GET /api/streams`` shows it: ``damaged`` is null, or what is wrong
     with a damaged stream's bookkeeping (its other figures are then null)."""
@@ -54,7 +74,7 @@ def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
         return {"name": info.name, "length": None, "first": None, "next": None,
                 "created": None, "last_time": None, "max_count": None, "max_age": None,
                 "internal": info.internal, "published": published, "tailers": [],
-                "damaged": info.damaged}
+                "groups": [], "damaged": info.damaged}
     return {
         "name": info.name,
         "length": info.count,
@@ -67,6 +87,7 @@ def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
         "internal": info.internal,
         "published": published,
         "tailers": _tailer_rows(info),
+        "groups": [group_row(g) for g in info.groups],
         "damaged": None,
     }
 

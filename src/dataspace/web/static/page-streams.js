@@ -1,12 +1,13 @@
 // Streams: the list, and one stream's tail with search.
-import { h, main, fmtTime, api, every, table, section, pageHead, errorBox, query, setQuery } from "./lib.js";
+import { h, main, fmtTime, fmtAge, api, every, table, section, pageHead, errorBox, query, setQuery } from "./lib.js";
 import { pv } from "./pv.js";
 
 export function pageStreams() {
   const m = main();
   const list = h("div");
+  const groups = h("div", { id: "groups" });
   const tail = h("div", { id: "tail" });
-  m.append(pageHead("Streams", "The durable streams in the server's store, and the tail of one (click its name)."), list, tail);
+  m.append(pageHead("Streams", "The durable streams in the server's store, and the tail of one (click its name)."), list, groups, tail);
   let selected = query().get("stream");
   every(2000, async () => {
     let data;
@@ -16,18 +17,39 @@ export function pageStreams() {
     const broken = data.streams.filter((r) => r.damaged != null);
     list.replaceChildren(section("Streams", table([
       { key: "name", label: "stream", render: (r) => [h("a", { href: "?stream=" + encodeURIComponent(r.name), class: r.name === selected ? "sel" : null,
-        onclick: (ev) => { ev.preventDefault(); selected = r.name; setQuery({ stream: r.name }); showTail(r.name); } }, r.name),
+        onclick: (ev) => { ev.preventDefault(); selected = r.name; setQuery({ stream: r.name }); showTail(r.name); showGroups(r); } }, r.name),
         r.damaged != null ? [" ", h("span", { class: "badge bad", title: r.damaged }, "damaged")] : null] },
       { key: "length", label: "entries", num: true },
       { key: "next", label: "next index", num: true },
       { key: "last_time", label: "last append", render: (r) => fmtTime(r.last_time) },
       { key: "retention", label: "retention", render: (r) => r.damaged != null ? "?" : [r.max_count != null ? `${r.max_count} entries` : null, r.max_age != null ? `${r.max_age} s` : null].filter(Boolean).join(", ") || "all" },
       { key: "tailers", label: "readers (lag)", render: (r) => r.tailers.map((t) => `${t.name} (${t.lag})`).join(", ") || "" },
+      { key: "groups", label: "groups (lag / pending)", title: "consumer groups: entries not delivered yet / delivered and not acknowledged",
+        render: (r) => (r.groups || []).map((g) => `${g.name} (${g.lag} / ${g.pending})`).join(", ") || "" },
       { key: "published", label: "published", render: (r) => r.published ? "yes" : "" },
     ], data.streams, { empty: "No streams yet: record some with dataspace serve --record STREAM:PATTERN." }),
     broken.length ? h("ul", { class: "damaged" }, broken.map((r) => h("li", { class: "run-note bad" },
       h("code", null, r.name), ` is damaged: ${r.damaged} (dataspace stream info ${r.name} --check says more; restore the store from a backup)`))) : null));
+    showGroups(data.streams.find((r) => r.name === selected));
   });
+  // The consumer groups of the selected stream: each one's position, lag, pending entries
+  // and the consumers holding them.
+  const showGroups = (row) => {
+    if (!row || !(row.groups || []).length) { groups.replaceChildren(); return; }
+    groups.replaceChildren(section(h("span", null, "Consumer groups of ", h("code", null, row.name)), table([
+      { key: "name", label: "group" },
+      { key: "next", label: "position", num: true, title: "the next index the group delivers" },
+      { key: "lag", label: "lag", num: true, title: "entries not delivered to the group yet" },
+      { key: "pending", label: "pending", num: true, title: "entries delivered and not acknowledged" },
+      { key: "oldest_idle", label: "oldest pending", render: (g) => g.oldest_idle == null ? "" : fmtAge(g.oldest_idle) },
+      { key: "consumers", label: "consumers (pending)", render: (g) => g.consumers.length
+        ? h("ul", { class: "members consumers" }, g.consumers.map((c) => h("li", { class: "consumer" }, `${c.name}: ${c.pending} pending, oldest ${fmtAge(c.oldest_idle)}`)))
+        : "" },
+      { key: "settings", label: "settings", render: (g) => [g.idle_timeout == null ? "claimed by hand only" : `idle timeout ${g.idle_timeout} s`,
+        g.max_deliveries == null ? null : `at most ${g.max_deliveries} deliveries, then ${g.dead_letter}`,
+        g.hold_retention ? null : "does not hold retention"].filter(Boolean).join(", ") },
+    ], row.groups, { class: "groups", rowAttrs: () => ({ class: "group" }) })));
+  };
   let tailTimer = null;
   const showTail = (name) => {
     if (tailTimer) tailTimer.stop();
