@@ -487,6 +487,29 @@ async def test_links_over_tls_with_mutual_tls(tmp_path, pki):
             assert "is not signed by a CA in the CA file" in msg and str(pki.other_ca) in msg
 
 
+@async_test
+async def test_a_plain_link_to_tls_members_says_use_tls(tmp_path, pki):
+    """A link given several addresses (a cluster's members) without tls:// to servers that
+    speak TLS says so for the address it dialed, not "connection closed by the peer"
+    (the explanation was asked of the whole list parsed as one address)."""
+    async with tls_server(tmp_path / "a", pki) as a, tls_server(tmp_path / "b", pki) as b:
+        first, second = (parse_address(address(s, "tls")).host_port for s in (a, b))
+        spec = f"{first},{second}"
+        async with tls_server(tmp_path / "plain", pki, tls_cert=None, tls_key=None,
+                              link=[(spec, str(a.sturdyref))]) as plain:
+            hub = plain.links["root"]
+
+            async def reason() -> str:
+                while "speaks TLS" not in hub.last_error.get(spec, ""):
+                    await asyncio.sleep(0.05)
+                return hub.last_error[spec]
+
+            msg = await asyncio.wait_for(reason(), FAIL_WITHIN)
+            assert "connection closed by the peer" not in msg
+            assert re.search(rf"the server at ({re.escape(first)}|{re.escape(second)}) speaks "
+                             rf"TLS: use tls://({re.escape(first)}|{re.escape(second)})", msg), msg
+
+
 def test_link_tls_settings_in_the_config_file(pki):
     cfg = parse_config(f'''{{
         tls-cert: "{pki.cert}" tls-key: "{pki.key}" tls-ca: "{pki.ca}"

@@ -1491,8 +1491,9 @@ class LinkDialer:
         try:
             ref = await self._wait(fut, conn, "resolving the capability")
         except ConnectionError:
-            why = await explain_early_close(parse_address(self.spec.address), conn,
-                                            self.spec.tls) if conn.closed else None
+            # (the address dialed: the spec may list several, a cluster's members)
+            why = await explain_early_close(parse_address(self.current, default_kind="tcp"),
+                                            conn, self.spec.tls) if conn.closed else None
             if why is not None:
                 raise ConnectionError(why) from None
             raise
