@@ -510,6 +510,62 @@ async def test_a_plain_link_to_tls_members_says_use_tls(tmp_path, pki):
                              rf"TLS: use tls://({re.escape(first)}|{re.escape(second)})", msg), msg
 
 
+@async_test
+async def test_a_flood_of_idle_tls_clients_is_one_warning(tmp_path, pki, caplog):
+    """100 clients that finish the TLS handshake and resolve nothing: the server closes
+    each after --handshake-timeout, with one warning for the cause (the rest at DEBUG,
+    then a count a minute), not a warning each."""
+    caplog.set_level(logging.DEBUG, logger="dataspace")
+    async with tls_server(tmp_path, pki, handshake_timeout=0.3, connect_rate=0.0) as server:
+        host, port = parse_address(address(server, "tls")).host_port.rsplit(":", 1)
+        ctx = ssl.create_default_context(cafile=str(pki.ca))
+
+        async def idle_client() -> bytes:
+            r, w = await asyncio.open_connection(host, int(port), ssl=ctx)
+            try:
+                return await r.read()  # until the server closes it
+            finally:
+                w.close()
+
+        closed = await asyncio.wait_for(asyncio.gather(*(idle_client() for _ in range(100))),
+                                        60.0)
+        assert all(b"handshake-timeout" in c for c in closed)  # each told why
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in said if "no sturdyref resolved" in m]) == 1, said
+    closing = {r.getMessage() for r in caplog.records
+               if r.getMessage().endswith(": closing: no sturdyref resolved within 0.3 s")}
+    assert len(closing) == 100  # (each still said, at DEBUG)
+
+
+@async_test
+async def test_idle_clients_closed_for_idleness_are_one_warning(tmp_path, pki, caplog):
+    """20 clients that resolve their capability and then hold and send nothing: each is
+    closed after --idle-timeout, with one warning for the cause, not one each."""
+    caplog.set_level(logging.DEBUG, logger="dataspace")
+    async with tls_server(tmp_path, pki, idle_timeout=0.3, connect_rate=0.0) as server:
+        clients = [await connect(address(server, "tls"), server.sturdyref, tls_ca=str(pki.ca),
+                                 reconnect=False) for _ in range(20)]
+        await asyncio.wait_for(asyncio.gather(*(c.wait_closed() for c in clients)), 30.0)
+    said = [r.getMessage() for r in caplog.records
+            if r.levelno >= logging.WARNING and r.name.startswith("dataspace")]
+    assert len([m for m in said if "idle: the connection held nothing" in m]) == 1, said
+
+
+def test_counted_warnings_say_a_cause_once_then_a_count_a_minute(caplog):
+    from dataspace.broker.cluster import SAY_AGAIN, CountedWarnings
+
+    said = CountedWarnings(logging.getLogger("test.counted"))
+    with caplog.at_level(logging.DEBUG, logger="test.counted"):
+        for i in range(100):
+            said.say("timeout", f"closing {i}", i * 0.5)  # 100 in 50 s
+        said.say("other", "another cause", 50.0)
+        said.say("timeout", "closing 100", SAY_AGAIN + 1.0)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["closing 0", "another cause",
+                        f"closing 100 (99 more like it in the last {SAY_AGAIN + 1:.0f} s)"]
+    assert len(caplog.records) == 102
+
+
 def test_link_tls_settings_in_the_config_file(pki):
     cfg = parse_config(f'''{{
         tls-cert: "{pki.cert}" tls-key: "{pki.key}" tls-ca: "{pki.ca}"

@@ -160,14 +160,17 @@ class ClusterSpec:
 
 SAY_AGAIN = 60.0
 """Seconds between two lines of one cause that is counted rather than logged each time
-(gossip beyond the table, dials of members only gossip named)."""
+(gossip beyond the table, dials of members only gossip named, connections the server
+closes for a timeout)."""
 
 
-class _Counted:
+class CountedWarnings:
     """One warning per cause, then a count: a line saying how many more, at most every
-    :data:`SAY_AGAIN` seconds (so a flood of one cause writes a few lines, not one each)."""
+    :data:`SAY_AGAIN` seconds (so a flood of one cause writes a few lines, not one each);
+    the others go to ``logger`` at DEBUG.  Time comes in as an argument."""
 
-    def __init__(self) -> None:
+    def __init__(self, logger: logging.Logger = log) -> None:
+        self.log = logger
         self._causes: dict[str, list[float]] = {}  # cause -> [more since last line, when]
 
     def say(self, cause: str, text: str, now: float) -> None:
@@ -176,15 +179,15 @@ class _Counted:
             if len(self._causes) >= 64:  # (causes are few; never a table a peer grows)
                 self._causes.clear()
             self._causes[cause] = [0, now]
-            log.warning("%s", text)
+            self.log.warning("%s", text)
             return
         c[0] += 1
         if now - c[1] >= SAY_AGAIN:
-            log.warning("%s (%d more like it in the last %.0f s)", text, int(c[0]) - 1,
-                        now - c[1])
+            self.log.warning("%s (%d more like it in the last %.0f s)", text, int(c[0]) - 1,
+                             now - c[1])
             c[0], c[1] = 0, now
         else:
-            log.debug("%s", text)
+            self.log.debug("%s", text)
 
 
 # ---------------------------------------------------------------------------------------
@@ -348,7 +351,7 @@ class Cluster:
         network address."""
         self._dialing: dict[str, asyncio.Task[None]] = {}
         self._failures: dict[str, int] = {}
-        self._said = _Counted()
+        self._said = CountedWarnings()
         self._server: asyncio.AbstractServer | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0

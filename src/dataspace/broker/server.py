@@ -48,7 +48,7 @@ from ..protocol.relay import Quota, Relay
 from ..protocol.route import MessageRouter
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
-from .cluster import CLUSTER_STATUS_FILE, Cluster
+from .cluster import CLUSTER_STATUS_FILE, Cluster, CountedWarnings
 from .config import ConfigError, ServerConfig
 from .link import STATUS_FILE, LinkDialer, LinkHub, load_server_id, write_status_file
 
@@ -279,6 +279,9 @@ class Server:
         self.quota = Quota(self.config.max_total_assertions, self.memory)
         self._per_address: dict[str, int] = {}
         self._arrivals = _Arrivals(self.config.connect_rate)
+        # Connections closed for a timeout: one warning per cause, then a count a minute
+        # (a flood of idle clients is a few lines, not one each).
+        self._timeouts = CountedWarnings(log)
         self._gatekeepers: dict[Connection, Gatekeeper] = {}
         self._sweeper: asyncio.TimerHandle | None = None
         self._reclaim_timer: asyncio.TimerHandle | None = None
@@ -727,19 +730,18 @@ class Server:
                 continue
             if relay.stats()["assertions_in"] > gk.pending:
                 continue  # it holds assertions (or observers): not idle
-            conn.fail(
-                f"idle: the connection held nothing and sent nothing for {t:g} s",
-                Symbol("idle-timeout"),
-            )
+            why = f"idle: the connection held nothing and sent nothing for {t:g} s"
+            self._timeouts.say("idle-timeout", f"{conn.name}: closing: {why}", now)
+            conn.fail(why, Symbol("idle-timeout"), quiet=True)
         if not self._stopping:
             self._schedule_sweep()
 
     def _handshake_check(self, conn: Connection, gk: Gatekeeper) -> None:
         if not conn.closed and gk.accepted == 0:
-            conn.fail(
-                f"no sturdyref resolved within {self.flow.handshake_timeout:g} s",
-                Symbol("handshake-timeout"),
-            )
+            why = f"no sturdyref resolved within {self.flow.handshake_timeout:g} s"
+            self._timeouts.say("handshake-timeout", f"{conn.name}: closing: {why}",
+                               time.monotonic())
+            conn.fail(why, Symbol("handshake-timeout"), quiet=True)
 
     # -- running and stopping ------------------------------------------------------------
 
