@@ -457,12 +457,14 @@ class Run:
     """A real `dataspace pipeline run` (its own JVM) of the gated graph, in a session of
     its own so that Ctrl-C goes to its process group, as a terminal sends it."""
 
-    def __init__(self, env, *extra: str, crash: bool = False) -> None:
+    def __init__(self, env, *extra: str, crash: bool = False, master: str | None = None) -> None:
         self.gate = env / "gate"
         (env / "gated.py").write_text(GATED.format(gate=str(self.gate), crash=crash))
+        if master is None:
+            master = "local[1,2]" if crash else "local[1]"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "gated.py"),
-             "--master", "local[1,2]" if crash else "local[1]", *extra],
+             "--master", master, *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.lines: list[str] = []
@@ -525,6 +527,28 @@ def test_cli_process_is_quiet_and_ctrl_c_mid_batch_finishes_the_batch(env):
     assert any("interrupted: 2 messages in, 2 out" in x for x in run.lines), run.lines
     with open_store(env / "data") as s:
         assert [e.value for e in s.read("loud")] == ["X", "SLOW"]
+
+
+def test_a_worker_lost_under_a_batch_is_said_as_such_not_as_the_functions_error(env):
+    """local[1]: Spark tries a task once, so a worker that dies under a batch (killed, or
+    the kernel's out-of-memory killer) stops the processor.  The last line says that the
+    batch was lost with the worker and to run again (and how Spark retries it by itself)
+    -- it said "fix the function or configure an error stream", about a function that
+    did nothing wrong."""
+    main(["stream", "append", "chat", '"slow"'])
+    run = Run(env, "--until-idle", crash=True, master="local[1]")
+    try:
+        assert run.proc.wait(LONG) == 1
+        err = run.proc.stderr.read()
+    finally:
+        run.close()
+    line = [x for x in err.splitlines() if x.startswith("dataspace pipeline: processor upper")]
+    assert line, err
+    assert "Spark lost the worker running its batch" in line[-1], line
+    assert "run again and the batch is retried, exactly once" in line[-1], line
+    assert "--master 'local[1,4]'" in line[-1], line
+    assert "fix the function" not in line[-1] and "Consider setting" not in line[-1], line
+    assert (env / "gate.crashed").exists()  # (the worker did die)
 
 
 def _children(pid: int) -> list[int]:

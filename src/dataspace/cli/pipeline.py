@@ -527,11 +527,38 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
               f"in {hms(took)}")
     verbose = getattr(args, "verbose", 0)
     for s in failed:
-        print(f"dataspace pipeline: processor {s.name} stopped: {s.error} (its input is kept; "
-              "fix the function or configure an error stream, then run again"
-              + ("" if verbose or not s.detail else "; -v shows the traceback") + ")",
-              file=sys.stderr)
+        print(stopped_line(s.name, s.error or "", s.detail, verbose,
+                           args.master if spark else None), file=sys.stderr)
     return 1 if failed else 0
+
+
+_LOST_WORKER = ("Python worker exited unexpectedly", "ExecutorLostFailure", "Lost executor",
+                "Executor heartbeat timed out", "Worker lost")
+"""What Spark says when a task's worker or executor went away under it (killed, out of
+memory): nothing the function did, nothing to fix."""
+
+
+def stopped_line(name: str, error: str, detail: str | None, verbose: int = 0,
+                 master: str | None = None) -> str:
+    """The line for a processor that stopped: its function failed (fix it, or give the
+    graph an error stream), or -- no traceback of the function, Spark's words for a lost
+    worker or executor -- the batch was lost with it (run again: it is retried, exactly
+    once)."""
+    if detail is None and any(m in error for m in _LOST_WORKER):
+        why = error.split(" Consider setting ", 1)[0].rstrip(". ")  # (a faulthandler hint)
+        if ": Job aborted due to stage failure: " in f": {why}":
+            why = why.split("Job aborted due to stage failure: ", 1)[1]
+        retry = ""
+        if master is not None and master.startswith("local[") and "," not in master:
+            retry = (f"; --master '{master[:-1]},4]' lets Spark retry a lost task by itself, "
+                     "as a cluster does")
+        return (f"dataspace pipeline: processor {name} stopped: Spark lost the worker running "
+                f"its batch ({why}) -- not its function's doing: nothing of the batch was "
+                f"committed and its input is kept; run again and the batch is retried, exactly "
+                f"once{retry}")
+    return (f"dataspace pipeline: processor {name} stopped: {error} (its input is kept; "
+            "fix the function or configure an error stream, then run again"
+            + ("" if verbose or not detail else "; -v shows the traceback") + ")")
 
 
 def _stopped_before_start(args: argparse.Namespace, live: LiveLine | None = None) -> int:
