@@ -162,5 +162,13 @@ soak-spark: setup
 soak-broker: setup
 	$(BIN)/python -m dataspace.testing.broker_soak --seconds 600
 
+## The long crash test of consumer groups: 200 SIGKILLs of four consumers while entries are
+## appended, acknowledgements in the results' transaction then plain, on SQLite then on a
+## throwaway PostgreSQL server (about 10 minutes).
+.PHONY: soak-groups
+soak-groups: setup postgresql
+	$(BIN)/python -m dataspace.testing.group_crash --kills 200
+	$(BIN)/python -m dataspace.testing.group_crash --kills 200 --postgres
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis test-artifacts

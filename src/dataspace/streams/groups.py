@@ -211,18 +211,21 @@ class PendingEntry:
 
 class Delivery(Entry):
     """An entry as a consumer group delivered it: the entry (``index``, ``value``, ...)
-    with its ``group``, the ``consumer`` it is pending with and ``deliveries``, how many
-    times it has been delivered (1 the first time).  Acknowledge it with
+    with its ``group``, the ``consumer`` it is pending with, ``deliveries``, how many
+    times it has been delivered (1 the first time), and when (``delivered_ns``: its idle
+    time counts from there).  Acknowledge it with
     :meth:`Consumer.ack` or, with results, :meth:`~.base.Transaction.ack`."""
 
-    __slots__ = ("consumer", "deliveries", "group")
+    __slots__ = ("consumer", "delivered_ns", "deliveries", "group")
 
     def __init__(self, stream: str, index: int, data: bytes, meta_data: bytes | None,
-                 time_ns: int, seq: int, group: str, consumer: str, deliveries: int) -> None:
+                 time_ns: int, seq: int, group: str, consumer: str, deliveries: int,
+                 delivered_ns: int = 0) -> None:
         super().__init__(stream, index, data, meta_data, time_ns, seq)
         self.group = group
         self.consumer = consumer
         self.deliveries = deliveries
+        self.delivered_ns = delivered_ns
 
     def __repr__(self) -> str:
         return (f"Delivery({self.stream!r}, {self.index}, group={self.group!r}, "

@@ -142,6 +142,7 @@ from .integrity import (
     damaged,
     digest_of,
     ends_problem,
+    group_problem,
     pending_checksum,
     pending_top_problem,
     plural,
@@ -1173,8 +1174,8 @@ class PostgresStore(Store):
                 srow.name, srow.first, srow.next, g, [c[:5] for c in cons]))
         return out
 
-    def _stream_group(self, conn: Any, stream: str, group: str, lock: bool = False
-                      ) -> tuple[StreamRow, GroupRow]:
+    def _stream_group(self, conn: Any, stream: str, group: str, lock: bool = False,
+                      again: bool = True) -> tuple[StreamRow, GroupRow]:
         """The verified rows of ``stream`` and its group ``group`` on ``conn`` (one
         statement); ``lock``: the group's row ``FOR UPDATE``."""
         cur = conn.cursor(binary=True)
@@ -1188,6 +1189,11 @@ class PostgresStore(Store):
                                 f"{self._display} (dataspace stream group ls {stream} lists them)")
         srow = self._check_row(r[:10])
         g = GroupRow(*r[10:], stream=stream)
+        if lock and again and group_problem(g, srow.next) is not None:
+            # A lock waited for: PostgreSQL gives the group's row as the consumer before
+            # committed it, the stream's as of the statement's start -- before the appends
+            # that consumer took.  Read both again (the row is ours now: no wait).
+            return self._stream_group(conn, stream, group, lock, again=False)
         return srow, verify_group(self._display, stream, g, srow.next)
 
     def create_group(self, stream: str, name: str, *, start: int | str = "earliest",
@@ -1415,7 +1421,7 @@ class PostgresStore(Store):
                     "u(i, d, c) WHERE p.grp = %s AND p.idx = u.i",
                     (consumer, now, want, [r[2] + 1 for r in again],
                      [pending_checksum(g.id, r[0], consumer, r[2] + 1, now) for r in again], g.id))
-        out.deliveries += [Delivery(srow.name, i, v, m, t, q, g.name, consumer, r[2] + 1)
+        out.deliveries += [Delivery(srow.name, i, v, m, t, q, g.name, consumer, r[2] + 1, now)
                            for (i, q, t, v, m, _c, _f), r in zip(got, again)]
         return len(again)
 
@@ -1459,7 +1465,7 @@ class PostgresStore(Store):
                 idxs = idxs[len(gone):]
         verify_indices(self._display, srow.name, srow.first, srow.next, a, b, b - a, t[0])
         verify_checksums(self._display, srow.name, t[0], t[3], t[4], t[5])
-        out.deliveries += [Delivery(srow.name, i, v, m, tm, q, g.name, consumer, 1)
+        out.deliveries += [Delivery(srow.name, i, v, m, tm, q, g.name, consumer, 1, now)
                            for i, q, tm, v, m in zip(t[0], t[1], t[2], t[3], t[4])]
 
     def group_ack(self, stream: str, group: str, items: Sequence[Delivery | int]) -> int:

@@ -982,7 +982,7 @@ class SQLiteStore(Store):
             "WHERE grp = ? AND idx = ?",
             [(consumer, r[2] + 1, now, pending_checksum(g.id, r[0], consumer, r[2] + 1, now),
               g.id, r[0]) for r in again])
-        out.deliveries += [Delivery(srow.name, i, v, m, t, q, g.name, consumer, r[2] + 1)
+        out.deliveries += [Delivery(srow.name, i, v, m, t, q, g.name, consumer, r[2] + 1, now)
                            for (i, q, t, v, m, _c), r in zip(got, again)]
         return len(again)
 
@@ -1011,7 +1011,8 @@ class SQLiteStore(Store):
             raise damaged(str(self.path), srow.name, f"its consumer group {g.name!r} has an "
                           f"entry pending at index {a} or after, never delivered") from None
         out.deliveries += [Delivery(e.stream, e.index, e.data, e.meta_data, e.time_ns, e.seq,
-                                    g.name, consumer, 1) for e in _read(self, srow.name, a, b - a, b)]
+                                    g.name, consumer, 1, now)
+                           for e in _read(self, srow.name, a, b - a, b)]
 
     def group_ack(self, stream: str, group: str, items: Sequence[Delivery | int]) -> int:
         with self._quiet() as tx:
