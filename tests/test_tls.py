@@ -510,6 +510,81 @@ async def test_a_plain_link_to_tls_members_says_use_tls(tmp_path, pki):
                              rf"TLS: use tls://({re.escape(first)}|{re.escape(second)})", msg), msg
 
 
+def _rewrite_unseen(path: Path, source: Path, size: int = 16384) -> None:
+    """Put ``source``'s content in ``path`` so that a look at the file (its size,
+    modification time and inode: what a handshake's check compares) sees no change: the
+    same inode written in place, padded (blank lines, which PEM readers skip) to the same
+    size, its modification time put back."""
+    data = source.read_bytes()
+    assert len(data) < size
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.write(data + b"\n" * (size - len(data)))
+        f.truncate()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (st.st_size, st.st_mtime_ns,
+                                                               st.st_ino)
+
+
+@async_test
+async def test_sighup_reloads_the_cluster_ports_and_the_routes_certificate(tmp_path, pki):
+    """SIGHUP's reload (Server.reload_tls) reaches the cluster port and the routes this
+    member dials, not only the client listeners: a member renewed in a way the
+    handshake's look at the files cannot see serves and shows the new certificate from
+    the reload on (the cluster port had a TLS of its own that only that look reloaded,
+    and the certificate shown when dialing was never reloaded)."""
+    from dataspace.broker.cluster import make_secret
+
+    cert, key = tmp_path / "live.crt", tmp_path / "live.key"
+    first, second = pki.issue("member first"), pki.issue("member second")
+    cert.write_bytes(first[0].read_bytes().ljust(16384, b"\n"))
+    key.write_bytes(first[1].read_bytes().ljust(16384, b"\n"))
+    secret = tmp_path / "cluster.secret"
+    secret.write_text(make_secret())
+    secret.chmod(0o600)
+    # A member this one dials (its seed), asking for a client certificate: it says which
+    # one each dial showed, and closes.
+    shown: asyncio.Queue[str] = asyncio.Queue()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(pki.ca))
+    ctx.load_cert_chain(str(pki.cert), str(pki.key))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+
+    async def dialed(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        subject = w.get_extra_info("peercert")["subject"]
+        shown.put_nowait(next(v for rdn in subject for k, v in rdn if k == "commonName"))
+        w.close()
+
+    seed = await asyncio.start_server(dialed, "127.0.0.1", 0, ssl=ctx)
+    seed_port = seed.sockets[0].getsockname()[1]
+
+    async def next_shown(name: str) -> None:
+        while await asyncio.wait_for(shown.get(), FAIL_WITHIN) != name:
+            pass
+
+    try:
+        async with tls_server(tmp_path, pki, tls_cert=str(cert), tls_key=str(key),
+                              tls_ca=str(pki.ca), cluster="127.0.0.1:0",
+                              cluster_secret=str(secret), routes=[f"127.0.0.1:{seed_port}"]
+                              ) as server:
+            assert server.cluster is not None
+            host, port = server.cluster.address.rsplit(":", 1)
+            a = parse_address(address(server, "tls"))
+            assert await served_cn(host, int(port), pki.ca) == "member first"
+            await next_shown("member first")
+
+            _rewrite_unseen(cert, second[0])
+            _rewrite_unseen(key, second[1])
+            assert await served_cn(host, int(port), pki.ca) == "member first"  # (unseen)
+            info = server.reload_tls()
+            assert info is not None and info.subject == "CN=member second"
+            assert await served_cn(a.host, a.port, pki.ca) == "member second"
+            assert await served_cn(host, int(port), pki.ca) == "member second"
+            await next_shown("member second")
+    finally:
+        seed.close()
+
+
 @async_test
 async def test_a_flood_of_idle_tls_clients_is_one_warning(tmp_path, pki, caplog):
     """100 clients that finish the TLS handshake and resolve nothing: the server closes

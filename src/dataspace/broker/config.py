@@ -310,20 +310,26 @@ class ServerConfig:
         except TLSConfigError as e:
             raise ConfigError(str(e)) from None
 
-    def route_tls(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-        """The contexts of a member's routes: with a certificate (``tls_cert``) its cluster
-        port speaks TLS (the server's context: mutual when ``tls_client_ca`` is given) and
-        it dials members with TLS, checking their certificates against ``tls_ca`` (default:
-        the system's trust store) and showing its own; without one, (None, None).  One
+    def route_tls(self) -> tuple[ServerTLS | None, ssl.SSLContext | None]:
+        """The TLS of a member's routes: with a certificate (``tls_cert``) its cluster port
+        speaks TLS (a :class:`ServerTLS` of its own -- its handshakes and buffers are
+        counted apart from the listeners' -- mutual when ``tls_client_ca`` is given) and it
+        dials members with TLS (:meth:`route_client_tls`); without one, (None, None).  One
         rule for the whole cluster: give every member a certificate, or none."""
         server = self.server_tls()
         if server is None:
             return None, None
         try:
-            client = ClientTLS(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key).ssl_context()
+            client = self.route_client_tls()
         except TLSConfigError as e:
             raise ConfigError(f"routes: {e}") from None
-        return server.context, client
+        return server, client
+
+    def route_client_tls(self) -> ssl.SSLContext:
+        """The context a member dials other members with: it checks their certificates
+        against ``tls_ca`` (default: the system's trust store) and shows its own.  Raises
+        :class:`TLSConfigError` for files that cannot be used."""
+        return ClientTLS(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key).ssl_context()
 
     def clear_text_warning(self) -> str | None:
         """What crosses a network in clear with these settings (listeners on an address

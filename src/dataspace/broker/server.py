@@ -40,7 +40,7 @@ from ..groups import Groups
 from ..net.address import Address
 from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
-from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS, TLSConfigError
+from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS
 from ..net.websocket import listen_ws
 from ..protocol.budget import MemoryBudget, format_bytes
 from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
@@ -320,6 +320,9 @@ class Server:
         self.tls: ServerTLS | None = None
         """The certificate every TCP, WebSocket and HTTP listener serves (None: no TLS);
         made by :meth:`start`, reloaded by :meth:`reload_tls`."""
+        self.route_tls: ServerTLS | None = None
+        """The same certificate for the cluster port (its own connections' accounts); made
+        by :meth:`start` on a cluster member with a certificate, reloaded with the others."""
         self._listeners: list[Any] = []
         self._unix_paths: list[str] = []
         self._turn: Callable[[], AbstractContextManager[Any]] | None = None
@@ -426,17 +429,24 @@ class Server:
         log.info("listening on %s", self.addresses[-1])
 
     def reload_tls(self) -> CertInfo | None:
-        """Read the certificate, key and client CA files again (SIGHUP): connections made
+        """Read the certificate, key and CA files again (SIGHUP) for every listener that
+        serves them -- TCP, WebSocket, HTTP and the cluster port -- and for the routes
+        this member dials (the certificate it shows, the CA it checks): connections made
         from now on get them, open ones keep theirs.  Raises
-        :class:`~dataspace.net.tls.TLSConfigError` (and keeps the previous certificate)
-        when the files cannot be used; does nothing without TLS."""
+        :class:`~dataspace.net.tls.TLSConfigError` (saying why; every previous
+        certificate stays in service) when the files cannot be used; does nothing without
+        TLS."""
         if self.tls is None:
             return None
-        try:
-            return self.tls.reload()
-        except TLSConfigError as e:
-            log.warning("TLS: %s; still serving the previous certificate", e)
-            raise
+        # (The routes' client context first: it reads the CA file too, and if it cannot
+        # be made nothing has changed yet.)
+        dial = self.config.route_client_tls() if self.route_tls is not None else None
+        info = self.tls.reload()
+        if self.route_tls is not None:
+            self.route_tls.reload()
+        if self.cluster is not None and dial is not None:
+            self.cluster.ssl_client = dial
+        return info
 
     # -- links to other servers ---------------------------------------------------------
 
@@ -464,7 +474,8 @@ class Server:
         spec = self.config.cluster_spec(self.data_dir)
         if spec is None:
             return
-        ssl_server, ssl_client = self.config.route_tls()
+        self.route_tls, ssl_client = self.config.route_tls()
+        ssl_server = self.route_tls.context if self.route_tls is not None else None
         root = self.links["root"]
         self.cluster = Cluster(root, spec, self.hub, turn=root.route_turn(self._turn),
                                ssl_server=ssl_server, ssl_client=ssl_client)

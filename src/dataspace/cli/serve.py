@@ -329,11 +329,12 @@ def _say_tls(server: Server) -> None:
 
 
 def _reload_tls(server: Server) -> None:
-    """SIGHUP: read the certificate files again (new connections get them).  What
-    happened is said once, here (not also by the server's log)."""
+    """SIGHUP: read the certificate files again for every listener, the cluster port
+    and the routes this member dials (new connections get them).  What happened is said
+    once, here (not also by the server's log)."""
     assert server.tls is not None
     try:
-        info = server.tls.reload()
+        info = server.reload_tls()
     except TLSConfigError as e:
         _say_not_reloaded(str(e), "SIGHUP")
         return
