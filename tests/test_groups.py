@@ -831,6 +831,10 @@ def test_join_errors() -> None:
      "the options must be a dictionary"),
     (Record(OBSERVE_GROUP, ["g", to_preserves(JOB_PATTERN), Embedded(Worker("x")),
                             Dictionary({Symbol("weight"): 0})]), "weight must be an integer"),
+    # A client claims at most 100 (a server's stand-ins count more, but never as records).
+    (Record(OBSERVE_GROUP, ["g", to_preserves(JOB_PATTERN), Embedded(Worker("x")),
+                            Dictionary({Symbol("weight"): 101})]),
+     "weight must be an integer from 1 to 100, not 101"),
     (Record(OBSERVE_GROUP, ["g", to_preserves(JOB_PATTERN), Embedded(Worker("x")),
                             Dictionary({Symbol("rebalance"): 1})]), "rebalance must be #t or #f"),
     (Record(OBSERVE_GROUP, ["", to_preserves(JOB_PATTERN), Embedded(Worker("x"))]), "empty"),
@@ -862,7 +866,7 @@ def test_record_round_trip_and_options() -> None:
     assert parse_member_record(r2).weight == 1
     with pytest.raises(GroupRecordError, match="3 or 4 fields"):
         parse_member_record(Record(OBSERVE_GROUP, ["g"]))
-    # A weighted member (a server standing for members behind it) gets its share.
+    # A weighted member (it counts as that many) gets its share.
     ds = Dataspace()
     Groups.of(ds)
     w1, w3 = Worker("w1"), Worker("w3")
@@ -887,7 +891,7 @@ def test_fair_spread_of_messages() -> None:
 
 
 def test_docs_sharing_work(tmp_path, monkeypatch) -> None:
-    """docs/broker.md's "Sharing work" runs as written (its coming parts are skipped)."""
+    """docs/broker.md's "Sharing work" runs as written."""
     from test_docs_examples import _run
 
     _run("docs/broker.md", tmp_path, monkeypatch, section="Sharing work")

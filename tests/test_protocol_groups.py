@@ -25,7 +25,8 @@ class System:
     announcements exchanged until nothing changes (settle), every node seeing the plain
     copies of every job held in its connected part."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: bool = True) -> None:
+        self.seed = seed  # neighbours' ranks known as they come up (as servers do)
         self.nodes: dict[str, GroupNode] = {}
         self.started = 0
         self.members: dict[str, str] = {}  # live member -> its node
@@ -47,8 +48,10 @@ class System:
             if x in pair:
                 (y,) = pair - {x}
                 if y in self.nodes:
-                    self.run(x, self.nodes[x].neighbour_up(y, kind))
-                    self.run(y, self.nodes[y].neighbour_up(x, kind))
+                    ry, rx = ((self.nodes[y].rank, self.nodes[x].rank) if self.seed
+                              else (None, None))
+                    self.run(x, self.nodes[x].neighbour_up(y, kind, ry))
+                    self.run(y, self.nodes[y].neighbour_up(x, kind, rx))
         self.refresh()
 
     def kill(self, x: str) -> None:
@@ -234,9 +237,11 @@ class ClusterModel(RuleBasedStateMachine):
     coordinator per part, the best ranked; assignments sticky except where a member
     went or the servers changed."""
 
+    SEED = True
+
     def __init__(self) -> None:
         super().__init__()
-        self.sys = System()
+        self.sys = System(self.SEED)
         self.before: dict[tuple[frozenset[str], Any], str] = {}
         self.may_move: set[Any] = set()
         self.all_move = False
@@ -321,6 +326,33 @@ class ClusterModel(RuleBasedStateMachine):
 TestClusterModel = ClusterModel.TestCase
 TestClusterModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+class UnseededModel(ClusterModel):
+    """The same, neighbours' ranks learned from their announcements only (a link to a
+    server that does not say its rank as it comes up)."""
+
+    SEED = False
+
+
+TestUnseededModel = UnseededModel.TestCase
+TestUnseededModel.settings = settings(max_examples=40, stateful_step_count=40, deadline=None,
+                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_node_that_knows_a_better_neighbour_never_assigns_meanwhile() -> None:
+    """Seeded with its neighbour's rank (from the route's handshake), a server whose
+    first member joins does not assign the jobs it sees before the coordinator has
+    heard of it: its member is not told a job it will be told again."""
+    b = GroupNode(Rank(False, 2.0, "B"))
+    b.neighbour_up("A", ROUTE, Rank(False, 1.0, "A"))
+    assert not b.coordinating
+    assert b.join("w") == [] and b.job_seen("j") == []
+    alone = GroupNode(Rank(False, 2.0, "B"))
+    alone.neighbour_up("A", ROUTE)  # (unseeded: it coordinates until A announces)
+    alone.join("w")
+    assert alone.job_seen("j") == [(ASSIGN, ("member", "w"), "j")]
+    assert alone.announced("A", 0, Rank(False, 1.0, "A")) == [(UNASSIGN, ("member", "w"), "j")]
 
 
 # ---------------------------------------------------------------------------------------

@@ -48,10 +48,12 @@ observer is told (so a Syndicate client handles both with the same code): a job 
 asserted to it as the sequence of the captures (``[capture ...]``) and retracted under
 that handle, a message is sent to it as the sequence of the captures.  Options, all
 optional: ``rebalance: #t`` (this member takes a share of the jobs already assigned when
-it joins, see below), ``weight: N`` (a positive integer, default 1: the member counts as
-N members; a server joins its neighbour's group on behalf of N members behind it, see
-"Across links and a cluster").  Unknown option keys are ignored (later versions may add
-some); a record of the wrong shape is ignored with a one-line warning in the log.
+it joins, see below), ``weight: N`` (an integer from 1 to :data:`MAX_MEMBER_WEIGHT`,
+100, default 1: the member counts as N members -- a larger claim would let one client
+take nearly all of a busy group's work).  Unknown option keys are ignored (later
+versions may add some); a record of the wrong shape is ignored with a one-line warning
+in the log.  A member that joins through a capability with caveats is told through
+them, as an ``<Observe>`` observer is (:class:`~dataspace.protocol.sturdy.AttenuatedEntity`).
 
 Plain ``<Observe ...>`` assertions are unchanged.  A group's *dispatcher* observes its
 pattern once, with a plain ``<Observe PATTERN #:dispatcher>``, while the group has
@@ -87,12 +89,14 @@ unassigned, for the first one.  In one process all of this happens within the tu
 caused it: a member that leaves has its jobs moved before anything else happens, and no
 job is ever assigned to two members at once.
 
-**Across links and a cluster** (:mod:`dataspace.protocol.groups` holds these rules,
-sans-IO, tested on a simulated three-member cluster with a leaf; the servers do not use
-them yet).  "Once per group across the whole system", not once per server:
+**Across links and a cluster** ("once per group across the whole system", not once per
+server).  :mod:`dataspace.protocol.groups` holds the rules, sans-IO, as
+:class:`~dataspace.protocol.groups.GroupNode` (a :class:`Node` with neighbours);
+:mod:`dataspace.broker.grouplinks` carries them over a server's links and routes (a
+:class:`Wire`: :attr:`Groups.wire`).  ``<ObserveGroup>`` records never cross:
 
-* *Members across servers.*  A server's group machinery joins each neighbour's group
-  (over each route and link) as one member of weight N, N being the members reachable
+* *Members across servers.*  On each server each neighbour (a route or link) is a
+  *stand-in* in the group's pool, of weight N: the members reachable
   through it on the side of that neighbour's traffic (its own members, plus for a link
   everything behind its other routes and links, for a route only what is behind its
   links: routes forward one hop).  With the weights a message or job that crosses the
@@ -129,12 +133,11 @@ captures as they came in (the dispatcher is one of the message router's sinks, s
 records are retracted (a peer holding many assertions has them retracted in chunks).
 A member's connection found closed when its turn comes is skipped.
 
-What is not built yet: the cross-server rules in the broker (links and a cluster run
-each server's groups on their own: a group is once per server, not once per system).
-
 This module is the dataspace layer: :class:`Pool` is the sharing rule as a pure state
 machine (no dataspace, no clock, no randomness: members and jobs are opaque keys, and
-each call returns what to tell whom), and :class:`Groups` runs pools on a
+each call returns what to tell whom), :class:`Node` one server's share of a group (a
+pool of slots: its members, and across servers its neighbours' stand-ins), and
+:class:`Groups` runs nodes on a
 :class:`~dataspace.dataspace.Dataspace` through its public API (and two of its
 internals: the facet current at a join, and ``_run_callback``, which runs a callback as
 its own turn, isolated as the dataspace runs an observer's).
@@ -165,7 +168,9 @@ from .values import Dictionary, Embedded, Record, Sequence, Symbol, Value, decod
 __all__ = [
     "ASSIGN",
     "MAX_GROUP_NAME",
+    "MAX_MEMBER_WEIGHT",
     "MAX_WEIGHT",
+    "MEMBER",
     "OBSERVE_GROUP",
     "UNASSIGN",
     "Effect",
@@ -173,7 +178,10 @@ __all__ = [
     "GroupRecord",
     "GroupRecordError",
     "Groups",
+    "Node",
     "Pool",
+    "Wire",
+    "check_group_name",
     "member_record",
     "parse_member_record",
     "subscribe_group",
@@ -186,7 +194,11 @@ OBSERVE_GROUP = Symbol("ObserveGroup")
 MAX_GROUP_NAME = 256
 """Longest group name accepted, in bytes of UTF-8."""
 MAX_WEIGHT = 1_000_000
-"""Largest weight a member may claim."""
+"""Largest weight of a pool's member (a server's stand-in for the members behind a link
+or route counts them: see :mod:`dataspace.protocol.groups`)."""
+MAX_MEMBER_WEIGHT = 100
+"""Largest weight an ``<ObserveGroup>`` record may claim: a client's member counts as at
+most 100 (a larger claim would take nearly every message and job of a busy group)."""
 
 _REBALANCE = Symbol("rebalance")
 _WEIGHT = Symbol("weight")
@@ -587,6 +599,88 @@ def _check_weight(weight: int) -> None:
                          f"not {weight!r}")
 
 
+MEMBER = "member"
+"""The kind of a :class:`Node`'s slot that is a member on this server."""
+
+
+class Node:
+    """One server's share of one (group, pattern): its own members and the jobs it
+    sees, as a :class:`Pool` whose members are *slots*: ``(MEMBER, member)`` for a
+    member here (:class:`dataspace.protocol.groups.GroupNode` adds ``("node", ID)``,
+    a neighbouring server's stand-in).  The :data:`Effect` lists it returns name slots.
+
+    Alone, a node *coordinates*: it assigns every job it sees.  A pure state machine,
+    as :class:`Pool` is."""
+
+    def __init__(self) -> None:
+        self.pool = Pool()
+        self._members: dict[Hashable, int] = {}  # local member -> its weight
+        self._seen: dict[Hashable, int] = {}  # copies of each job seen here
+        self.coordinating = True
+
+    # -- local members -------------------------------------------------------------------
+
+    def join(self, member: Hashable, weight: int = 1, rebalance: bool = False) -> list[Effect]:
+        """A member here joined with ``weight`` (see :meth:`Pool.join`)."""
+        effects = self.pool.join((MEMBER, member), weight, rebalance)
+        self._members[member] = weight
+        return self._recheck(effects)
+
+    def leave(self, member: Hashable, tell: bool = True) -> list[Effect]:
+        """A member here left (``tell``: it can still hear) or died."""
+        if self._members.pop(member, None) is None:
+            return []
+        return self._recheck(self.pool.leave((MEMBER, member), tell))
+
+    def members(self) -> list[Any]:
+        """The members here, in join order."""
+        return [s[1] for s in self.pool.members() if s[0] == MEMBER]
+
+    def local_weight(self) -> int:
+        """What the members here weigh together."""
+        return sum(self._members.values())
+
+    def idle(self) -> bool:
+        """Nothing for this node to do: no member here (or, across servers, behind it)."""
+        return not self._members
+
+    # -- messages and jobs ---------------------------------------------------------------
+
+    def message(self, came_from: Any = None) -> tuple[str, Any] | None:
+        """The slot a message goes to (None: no member; dropped)."""
+        return self.pool.pick()  # type: ignore[no-any-return]
+
+    def job_seen(self, job: Hashable) -> list[Effect]:
+        """One more plain copy of ``job`` is held (here, or on another server)."""
+        n = self._seen.get(job, 0)
+        self._seen[job] = n + 1
+        if n == 0 and self.coordinating:
+            return self.pool.add(job)
+        return []
+
+    def job_gone(self, job: Hashable) -> list[Effect]:
+        """One plain copy of ``job`` fewer."""
+        n = self._seen.get(job, 0)
+        if n == 0:
+            return []
+        if n > 1:
+            self._seen[job] = n - 1
+            return []
+        del self._seen[job]
+        return self.pool.remove(job) if self.coordinating else []
+
+    def seen(self) -> list[Any]:
+        """The jobs this node sees held."""
+        return list(self._seen)
+
+    def has(self, job: Hashable) -> bool:
+        """Whether this node still knows ``job`` (seen held, or given to it)."""
+        return job in self._seen or self.pool.holders(job) > 0
+
+    def _recheck(self, effects: list[Effect]) -> list[Effect]:
+        return effects
+
+
 def _as_set(exclude: Iterable[Any] | None) -> Any:
     if not exclude:
         return None
@@ -615,9 +709,12 @@ class GroupRecord:
 def member_record(group: str, pattern: Pattern | str | Value, observer: Any, *,
                   weight: int = 1, rebalance: bool = False) -> Record:
     """The record that makes ``observer`` a member of ``group`` for ``pattern`` (a
-    Pattern, concise pattern text, or the wire form) when asserted."""
+    Pattern, concise pattern text, or the wire form) when asserted; ``weight`` from 1 to
+    :data:`MAX_MEMBER_WEIGHT`."""
     _check_group(group)
-    _check_weight(weight)
+    if type(weight) is not int or not 1 <= weight <= MAX_MEMBER_WEIGHT:
+        raise ValueError(f"a member's weight is an integer from 1 to {MAX_MEMBER_WEIGHT}, "
+                         f"not {weight!r}")
     fields: list[Value] = [group, to_preserves(as_pattern(pattern)), Embedded(observer)]
     opts: dict[Value, Value] = {}
     if rebalance:
@@ -657,8 +754,8 @@ def parse_member_record(value: Value) -> GroupRecord:
         if type(opts) is not Dictionary:
             raise GroupRecordError(f"the options must be a dictionary, not {_short(opts)}")
         w = opts.get(_WEIGHT, 1)
-        if type(w) is not int or not 1 <= w <= MAX_WEIGHT:
-            raise GroupRecordError(f"weight must be an integer from 1 to {MAX_WEIGHT}, "
+        if type(w) is not int or not 1 <= w <= MAX_MEMBER_WEIGHT:
+            raise GroupRecordError(f"weight must be an integer from 1 to {MAX_MEMBER_WEIGHT}, "
                                    f"not {_short(w)}")
         weight = w
         r = opts.get(_REBALANCE, False)
@@ -666,6 +763,11 @@ def parse_member_record(value: Value) -> GroupRecord:
             raise GroupRecordError(f"rebalance must be #t or #f, not {_short(r)}")
         rebalance = r
     return GroupRecord(group, pattern, f[2].value, weight, rebalance)
+
+
+def check_group_name(group: str) -> None:
+    """``ValueError`` (saying why) unless ``group`` is a valid group name."""
+    _check_group(group)
 
 
 def _check_group(group: str) -> None:
@@ -800,25 +902,33 @@ class _Dispatcher(Entity):
         if job is not None and self.live:
             self.groups._job_removed(self.g, job)
 
-    # -- messages, decoded or as bytes
+    # -- messages, decoded or as bytes (those that entered the system here only: one
+    # that came over a link or route as plain data was dispatched where it entered)
+
+    def _here(self, n: int) -> bool:
+        groups = self.groups
+        if groups.wire.origin() is None:
+            return True
+        groups.crossed += n
+        return False
 
     def on_message(self, value: Value) -> None:
-        if self.live:
+        if self.live and self._here(1):
             self.groups._message(self.g, value, None, None, 0, False)
 
     def send_body(self, body: bytes) -> None:
         """A message's captures as the encoding of their sequence (queued by a router)."""
-        if self.live:
+        if self.live and self._here(1):
             self.groups._message(self.g, None, body, None, 0, False)
 
     def emit_captures(self, head: bytes, parts: tuple[bytes, ...], size: int) -> None:
         """A message's captures as their encodings (a router delivering at once)."""
-        if self.live:
+        if self.live and self._here(1):
             self.groups._message(self.g, None, None, parts, size, True)
 
     def emit_run(self, head: bytes, parts: list[bytes]) -> None:
         """Messages of one capture each, in order (a router delivering a run at once)."""
-        if self.live:
+        if self.live and self._here(len(parts)):
             message = self.groups._message
             g = self.g
             for part in parts:
@@ -829,22 +939,66 @@ class _Dispatcher(Entity):
 
 
 class _Group:
-    """One (group, pattern) on a dataspace: the pool and its dispatcher."""
+    """One (group, pattern) on a dataspace: its node (the pool) and its dispatcher."""
 
-    __slots__ = ("caps", "disp", "handle", "members", "name", "pattern", "pool", "reaping")
+    __slots__ = ("caps", "disp", "handle", "members", "name", "node", "pattern", "reaping",
+                 "wire")
 
-    def __init__(self, name: str, pattern: Pattern) -> None:
+    def __init__(self, name: str, pattern: Pattern, node: Node) -> None:
         self.name = name
         self.pattern = pattern
-        self.pool = Pool()
+        self.node = node
         self.members = 0  # _Members (live or gone) whose record is asserted
         self.caps: dict[Hashable, tuple[Any, ...]] = {}  # job -> its captures
         self.disp: _Dispatcher | None = None
         self.handle: Any = None  # of the dispatcher's <Observe>
         self.reaping = False  # a reap is queued (a dead member met while routing)
+        self.wire: Any = None  # what the wire keeps of it (see Groups.wire)
+
+    @property
+    def pool(self) -> Pool:
+        return self.node.pool
 
 
 _attached: weakref.WeakValueDictionary[int, Groups] = weakref.WeakValueDictionary()
+
+
+class Wire:
+    """What carries a dataspace's groups to other servers: the broker's links and routes
+    set one (:meth:`Groups.set_wire`, :mod:`dataspace.broker.grouplinks`).  This base is
+    a server alone: its nodes are plain :class:`Node`\\ s and nothing crosses."""
+
+    def node(self, name: str, pattern: Pattern) -> Node:
+        """A node for a new (group, pattern)."""
+        return Node()
+
+    def opened(self, g: Any) -> None:
+        """``g`` (a group, with the node :meth:`node` made) is new."""
+
+    def closed(self, g: Any) -> None:
+        """``g`` is gone: no member here, none behind a neighbour."""
+
+    def changed(self, g: Any) -> None:
+        """What ``g``'s node stands for changed (a member here came, went or died)."""
+
+    def message(self, g: Any, to: Any, value: Any, body: bytes | None,
+                parts: tuple[bytes, ...] | None) -> None:
+        """Give a message of ``g`` to the neighbour ``to`` (its node's slot
+        ``("node", to)`` was picked): its captures as a sequence (``value``), the
+        encoding of that sequence (``body``) or the encodings of the captures
+        (``parts``)."""
+
+    def job(self, g: Any, what: str, to: Any, job: Hashable, caps: tuple[Any, ...]) -> None:
+        """``what`` (:data:`ASSIGN` or :data:`UNASSIGN`) ``job`` (``caps``, its
+        captures) to or from the neighbour ``to``."""
+
+    def origin(self) -> Any:
+        """The neighbour whose plain data is being delivered now (None: what is
+        delivered now entered the system here)."""
+        return None
+
+
+_ALONE = Wire()
 
 
 class Groups:
@@ -877,6 +1031,11 @@ class Groups:
         self._members: dict[tuple[str, Pattern, int], _Member] = {}
         self.malformed = 0
         """<ObserveGroup> records ignored because they were not well formed."""
+        self.crossed = 0
+        """Messages matching a group's pattern that came over a link or route as plain
+        data: not dispatched here (the server where each entered the system did)."""
+        self.wire: Wire = _ALONE
+        """What carries the groups to other servers (see :meth:`set_wire`)."""
         _attached[id(dataspace)] = self
         self._watch: Subscription | None = dataspace.observe_hidden(
             _WATCH, on_assert=self._record_added, on_retract=self._record_removed)
@@ -896,6 +1055,13 @@ class Groups:
         if g is not None and g.dataspace is dataspace and g._watch is not None:
             return g
         return None
+
+    def set_wire(self, wire: Wire) -> None:
+        """Carry the groups to other servers through ``wire`` (before any group exists:
+        a server sets it as it starts)."""
+        if self._groups:
+            raise RuntimeError(f"{self.dataspace.name}: set the wire before any group exists")
+        self.wire = wire
 
     def close(self) -> None:
         """Stop: the dispatchers stop observing, members hear nothing more."""
@@ -963,7 +1129,7 @@ class Groups:
     def _reap_group(self, g: _Group) -> int:
         g.reaping = False
         n = 0
-        for m in g.pool.members():
+        for m in g.node.members():
             if not _alive(m):
                 self._dead(g, m)
                 n += 1
@@ -973,19 +1139,29 @@ class Groups:
 
     def stats(self, describe: Callable[[Any], dict[str, Any]] | None = None
               ) -> list[dict[str, Any]]:
-        """Each (group, pattern) that has members, for monitoring: its members (in join
-        order: the observer, its weight, the messages given to it, the jobs it holds,
-        whether it can still hear -- a member found dead is taken out when its turn
-        comes, or by :meth:`reap`),
-        messages given and dropped, jobs, jobs waiting, reassignments.  ``describe``:
-        more fields for a member, from its observer (a server adds its connection)."""
+        """Each (group, pattern) that has members (here or on other servers), for
+        monitoring: its members here (in join order: the observer, its weight, the
+        messages given to it, the jobs it holds, whether it can still hear -- a member
+        found dead is taken out when its turn comes, or by :meth:`reap`), messages
+        given and dropped, jobs, jobs waiting, reassignments; across servers, its
+        ``neighbours`` (each neighbouring server's stand-in: its id, the members it
+        stands for as its weight, the messages and jobs given to it) and whether this
+        server ``coordinates`` its jobs.  ``describe``: more fields for a member, from
+        its observer (a server adds its connection)."""
         out = []
         for g in self._groups.values():
             p = g.pool
             members = []
-            for m in p.members():
-                row = {"observer": repr(m.observer), "weight": p.weight(m),
-                       "messages": p.messages_of(m), "jobs": len(p.jobs_of(m)),
+            neighbours = []
+            for slot in p.members():
+                if slot[0] != MEMBER:
+                    neighbours.append({"server": slot[1], "weight": p.weight(slot),
+                                       "messages": p.messages_of(slot),
+                                       "jobs": len(p.jobs_of(slot))})
+                    continue
+                m = slot[1]
+                row = {"observer": repr(m.observer), "weight": p.weight(slot),
+                       "messages": p.messages_of(slot), "jobs": len(p.jobs_of(slot)),
                        "alive": _alive(m)}
                 if describe is not None:
                     try:
@@ -1002,6 +1178,8 @@ class Groups:
                 "jobs": len(g.caps),
                 "pending": len(p.pending()),
                 "reassigned": p.reassigned,
+                **({} if type(g.node) is Node else
+                   {"neighbours": neighbours, "coordinates": g.node.coordinating}),
             })
         out.sort(key=lambda d: (d["group"], d["pattern"]))
         return out
@@ -1019,7 +1197,7 @@ class Groups:
         m = self._members.get((observer.group, observer.pattern, id(observer)))
         if g is None or m is None:
             return []
-        return [g.caps[job] for job in g.pool.jobs_of(m)]
+        return [g.caps[job] for job in g.pool.jobs_of((MEMBER, m))]
 
     # -- the watch -----------------------------------------------------------------------
 
@@ -1050,21 +1228,43 @@ class Groups:
         if m is not None:
             m.count += 1
             return
-        gk = (rec.group, rec.pattern)
-        g = self._groups.get(gk)
-        if g is None:
-            g = self._groups[gk] = _Group(rec.group, rec.pattern)
+        g = self._open(rec.group, rec.pattern)
         m = self._members[mk] = _Member(obs, kind)
         g.members += 1
         self._observing(m)
         if not _alive(m):
             m.gone = True  # (dead before it joined: it never takes part)
         else:
-            self._tell(g, g.pool.join(m, rec.weight, rec.rebalance))
+            self._tell(g, g.node.join(m, rec.weight, rec.rebalance))
+        self._start(g)
+        self._settle(g)
+
+    def _open(self, name: str, pattern: Pattern) -> _Group:
+        """The group of (name, pattern), made (its node from the wire) if it is new."""
+        gk = (name, pattern)
+        g = self._groups.get(gk)
+        if g is None:
+            g = self._groups[gk] = _Group(name, pattern, self.wire.node(name, pattern))
+            self.wire.opened(g)
+        return g
+
+    def _start(self, g: _Group) -> None:
+        """Observe the group's pattern (once), for its dispatcher."""
         if g.disp is None:
             g.disp = _Dispatcher(self, g)
             g.handle = self.dataspace.assert_(
                 Record(OBSERVE, [to_preserves(g.pattern), Embedded(g.disp)]))
+
+    def _settle(self, g: _Group) -> None:
+        """After a change: the wire tells the neighbours; a group with nothing left to do
+        (no member here, none behind a neighbour) goes."""
+        gk = (g.name, g.pattern)
+        if self._groups.get(gk) is not g:
+            return  # (gone already)
+        self.wire.changed(g)
+        if g.members == 0 and g.node.idle():
+            del self._groups[gk]
+            self._stop(g)
 
     def _record_removed(self, value: Value) -> None:
         try:
@@ -1082,14 +1282,42 @@ class Groups:
         self._unobserving(m)
         g = self._groups[(rec.group, rec.pattern)]
         if not m.gone:
-            self._tell(g, g.pool.leave(m, tell=m.kind == _ENTITY and _alive(m)))
+            self._tell(g, g.node.leave(m, tell=m.kind == _ENTITY and _alive(m)))
             m.gone = True
         g.members -= 1
-        if g.members == 0:
-            del self._groups[(rec.group, rec.pattern)]
-            self._stop(g)
+        self._settle(g)
+
+    # -- for the wire (dataspace.broker.grouplinks) ------------------------------------
+
+    def group(self, name: str, pattern: Pattern, create: bool = False) -> _Group | None:
+        """The group of (name, pattern), or None; with ``create``, made (observing its
+        pattern) if it is new: a neighbour has members of it."""
+        g = self._groups.get((name, pattern))
+        if g is None and create and self._watch is not None:
+            g = self._open(name, pattern)
+            self._start(g)
+        return g
+
+    def groups(self) -> list[_Group]:
+        """Every group (for the wire)."""
+        return list(self._groups.values())
+
+    def apply(self, g: _Group, effects: list[Effect], jobs: Iterable[Hashable] = ()) -> None:
+        """Carry out what ``g``'s node returned (the wire called it); then forget the
+        captures of those of ``jobs`` the node no longer knows, tell the neighbours, and
+        end the group if it has nothing left to do."""
+        self._tell(g, effects)
+        for job in jobs:
+            self._forget(g, job)
+        self._settle(g)
+
+    def directed_message(self, g: _Group, came_from: Any, body: bytes) -> None:
+        """A neighbour gave ``g``'s node one of its messages (the encoding of its
+        captures' sequence): to a member here or on to another neighbour."""
+        self._message(g, None, body, None, 0, False, came_from)
 
     def _stop(self, g: _Group) -> None:
+        self.wire.closed(g)
         d = g.disp
         if d is not None:
             d.live = False
@@ -1121,32 +1349,42 @@ class Groups:
     def _dead(self, g: _Group, m: _Member) -> None:
         m.gone = True
         m.handles.clear()
-        self._tell(g, g.pool.leave(m, tell=False))
+        self._tell(g, g.node.leave(m, tell=False))
+        self.wire.changed(g)
 
     # -- the dispatcher ------------------------------------------------------------------
 
     def _job_added(self, g: _Group, job: Hashable, caps: tuple[Any, ...]) -> None:
         g.caps[job] = caps
-        self._tell(g, g.pool.add(job))
+        self._tell(g, g.node.job_seen(job))
 
     def _job_removed(self, g: _Group, job: Hashable) -> None:
-        effects = g.pool.remove(job)
-        self._tell(g, effects)
-        if not g.pool.holders(job):
+        self._tell(g, g.node.job_gone(job))
+        self._forget(g, job)
+
+    def _forget(self, g: _Group, job: Hashable) -> None:
+        if not g.node.has(job):
             g.caps.pop(job, None)
 
     def _message(self, g: _Group, value: Any, body: bytes | None,
-                 parts: tuple[bytes, ...] | None, size: int, direct: bool) -> None:
+                 parts: tuple[bytes, ...] | None, size: int, direct: bool,
+                 came_from: Any = None) -> None:
         """Give one message to the next live member: its captures as a sequence
         (``value``), as the encoding of that sequence (``body``) or as the encodings of
         the captures (``parts``, ``size`` bytes in all).  ``direct``: a router
         delivering at once, inside the dataspace's turn: callbacks are queued, and a
-        dead member is skipped and taken out after the turn."""
-        pool = g.pool
-        for _ in range(len(pool) + 1):
-            m = pool.pick()
-            if m is None:
+        dead member is skipped and taken out after the turn.  ``came_from``: the
+        neighbour that gave it to this server (None: it entered here).  The member may
+        be a neighbour's stand-in: the wire takes it there."""
+        node = g.node
+        for _ in range(len(node.pool) + 1):
+            t = node.message(came_from)
+            if t is None:
                 return
+            if t[0] != MEMBER:
+                self.wire.message(g, t[1], value, body, parts)
+                return
+            m = t[1]
             relay = m.relay
             if relay is not None:
                 if m.gone or relay.closed:
@@ -1189,7 +1427,10 @@ class Groups:
             self.dataspace._queue.append(("x", (self._reap_group,), (g,)))
 
     def _tell(self, g: _Group, effects: list[Effect]) -> None:
-        for what, m, job in effects:
+        for what, (kind, m), job in effects:
+            if kind != MEMBER:  # a neighbour's stand-in
+                self.wire.job(g, what, m, job, g.caps[job])
+                continue
             if m.gone:
                 continue  # (found dead while these were told: its jobs moved then)
             if not _alive(m):

@@ -66,6 +66,7 @@ from ..protocol.cluster import (
     route_oid,
 )
 from ..protocol.gatekeeper import ACCEPTED, REJECTED, RESOLVE, Bindings, Gatekeeper
+from ..protocol.groups import Rank
 from ..protocol.relay import Quota, Relay
 from ..protocol.sturdy import mint
 from ..values import Embedded, Record, Symbol, Value, stringify
@@ -551,6 +552,7 @@ class Cluster:
                                  else f"{h}:{port}", info.incarnation, info.dialer, info.nonce)
         s = LinkSession(self.hub, f"from {info.address or conn.name}", info.peer, relay,
                         dialed=False, route=True)
+        s.peer_rank = Rank(False, info.incarnation[0], info.peer)  # (for groups)
         s.ctl_out, s.data_out = ctl_ref, data_ref
         s.conn = conn
         s.control_hook = self._control
@@ -692,6 +694,7 @@ class Cluster:
             return
         s = LinkSession(self.hub, f"to {attempt.address}", info.peer, conn.relay, dialed=True,
                         route=True)
+        s.peer_rank = Rank(False, info.incarnation[0], info.peer)  # (for groups)
         s.ctl_in = attempt.ctl  # type: ignore[assignment]
         s.data_in = attempt.data  # type: ignore[assignment]
         attempt.data.attach(s)

@@ -53,6 +53,7 @@ from typing import Any
 
 from ..dataspace import OBSERVE, Dataspace, Encoded, Entity, Subscription, fresh_handle
 from ..dataspace import _decoded as _values_of  # Encoded runs decoded, in order
+from ..groups import OBSERVE_GROUP
 from ..net.address import Address, parse_address
 from ..net.connection import Connection
 from ..net.dial import dial, explain_early_close
@@ -77,6 +78,17 @@ from ..protocol.upstream import (
 )
 from ..values import Dictionary, Embedded, Record, Symbol, Value, decode, key, stringify
 from ..values.model import _PLAIN
+from .grouplinks import (
+    GROUP_JOB,
+    GROUP_MESSAGE,
+    GROUP_RANK,
+    GROUP_WEIGHT,
+    GroupLinks,
+    directed_at,
+    group_messages_in,
+    parse_rank,
+    rank_value,
+)
 
 __all__ = ["LinkHub", "LinkSpec", "load_server_id"]
 
@@ -154,8 +166,10 @@ class LinkSpec:
 
 def _forwardable(v: Value) -> bool:
     """Assertions that never cross a link: subscriptions (interest crosses as the seed's
-    requests) and the links' own handshakes."""
-    return not (type(v) is Record and (v.label == OBSERVE or v.label == LINK_REQUEST))
+    requests), memberships of groups (a group's members cross only as the weights of
+    :mod:`dataspace.broker.grouplinks`) and the links' own handshakes."""
+    return not (type(v) is Record and (v.label == OBSERVE or v.label == OBSERVE_GROUP
+                                       or v.label == LINK_REQUEST))
 
 
 def _head(v: Value) -> Any:
@@ -264,6 +278,9 @@ class LinkSession:
         arrives over it goes on to local observers and links, never to another route."""
         self.conn: Connection | None = None
         """The connection, when the host knows it (routes)."""
+        self.peer_rank: Any = None
+        """The peer server's rank for groups (:class:`dataspace.protocol.groups.Rank`),
+        once known: a route's from its handshake, a link's from its ``<group-rank>``."""
         self.control_hook: Callable[[LinkSession, Value], bool] | None = None
         """Control messages the link protocol does not know go here first (the cluster's
         route messages); True: handled."""
@@ -376,6 +393,8 @@ class LinkSession:
                 return
             elif lab == LINK_ACCEPT:
                 return  # a duplicate
+            elif lab == GROUP_WEIGHT or lab == GROUP_RANK:
+                self._group_control(v)
             elif self.control_hook is not None and self.control_hook(self, v):
                 if self.closed:
                     return
@@ -386,25 +405,43 @@ class LinkSession:
             return
         self.flush_control()
 
+    def _group_control(self, v: Record) -> None:
+        """``<group-weight ...>`` (a neighbour's members of a group) or ``<group-rank
+        RANK>`` (the peer's rank for groups, sent as a link comes up)."""
+        wire = self.hub.groups
+        try:
+            if v.label == GROUP_RANK:
+                if len(v.fields) != 1:
+                    raise ValueError("<group-rank RANK> has one field")
+                rank = parse_rank(v.fields[0])
+                if self.peer_rank is None:
+                    self.peer_rank = rank
+            elif wire is not None:
+                wire.control(self, v)
+        except ValueError as e:
+            raise UpstreamError(f"bad group message: {e}") from None
+
     # -- data from the peer -------------------------------------------------------------
 
     def on_data_message(self, v: Value) -> None:
-        if self.route:  # (who delivered it is known while its callbacks run)
-            hub = self.hub
-            prev, hub.route_peer = hub.route_peer, self
-            try:
-                self._data_message(v)
-            finally:
-                if not hub.route_turns:
-                    hub.route_peer = prev
-        else:
+        # Who delivered it is known while its callbacks run (LinkHub.peer).
+        hub = self.hub
+        prev, hub.peer = hub.peer, self
+        try:
             self._data_message(v)
+        finally:
+            if not hub.route_turns:
+                hub.peer = prev
 
     def _data_message(self, v: Value) -> None:
         if self.closed or not self.ready:
             return
         if type(v) is Encoded:
             self.on_data_messages([v])
+            return
+        if type(v) is Record and v.label == GROUP_MESSAGE:  # (directed to a group here)
+            if self.hub.groups is not None:
+                self.hub.groups.message_value(self, v)
             return
         self.counters["messages_received"] += 1
         hub = self.hub
@@ -420,16 +457,13 @@ class LinkSession:
 
     def on_data_messages(self, vs: list[Value]) -> None:
         """The messages of one packet from the peer (see :meth:`on_data_message`)."""
-        if self.route:
-            hub = self.hub
-            prev, hub.route_peer = hub.route_peer, self
-            try:
-                self._data_messages(vs)
-            finally:
-                if not hub.route_turns:
-                    hub.route_peer = prev
-        else:
+        hub = self.hub
+        prev, hub.peer = hub.peer, self
+        try:
             self._data_messages(vs)
+        finally:
+            if not hub.route_turns:
+                hub.peer = prev
 
     def _data_messages(self, vs: list[Value]) -> None:
         if self.closed or not self.ready:
@@ -444,17 +478,53 @@ class LinkSession:
         echo = hub.route_echo if self.route else self.echo
         skip = self.skip
         send = hub.ds.send
+        groups = hub.groups
         for v in vs:
             if type(v) is Encoded:
+                if groups is not None and group_messages_in(v.buf, v.msgs):
+                    self._directed_run(v, skip)
+                    continue
                 # Routed on its bytes: the router's forwarders, not the tap, hear it,
                 # and this link's (a route's: every route's) are told to skip it.
                 v.skip = skip
+            elif type(v) is Record and v.label == GROUP_MESSAGE:
+                if groups is not None:
+                    groups.message_value(self, v)
+                continue
             elif tapping:  # the tap hears it, and must know it as ours
                 echo.append(v)
             send(v)
 
+    def _directed_run(self, v: Encoded, skip: Any) -> None:
+        """A run of encoded messages holding ``<group-message ...>``\\ s (directed to a
+        group here): those go to the groups, the others into the dataspace, in order."""
+        buf = v.buf
+        send = self.hub.ds.send
+        groups = self.hub.groups
+        assert groups is not None
+        plain: list[list[int]] = []
+        for m in v.msgs:
+            d = directed_at(buf, m)
+            if d is None:
+                plain.append(m)
+                continue
+            if plain:
+                e = Encoded(buf, plain)
+                e.skip = skip
+                send(e)
+                plain = []
+            groups.message_in(self, d[0], body=d[1])
+        if plain:
+            e = Encoded(buf, plain)
+            e.skip = skip
+            send(e)
+
     def on_data_assert(self, v: Value, handle: int) -> None:
         if self.closed or handle in self.injected:
+            return
+        if type(v) is Record and v.label == GROUP_JOB:  # (a job directed to a group here)
+            if self.hub.groups is not None:
+                self.hub.groups.job_in(self, v, handle)
             return
         if type(v) not in _PLAIN:
             return  # not a Preserves value we can hold
@@ -474,6 +544,8 @@ class LinkSession:
     def on_data_retract(self, handle: int) -> None:
         rec = self.injected.pop(handle, None)
         if rec is None:
+            if self.hub.groups is not None:  # (a job directed to a group here, maybe)
+                self.hub.groups.job_out(self, handle)
             return
         local, v = rec
         k = key(v)
@@ -635,12 +707,14 @@ class LinkHub:
         """Copies of each assertion held here for the peers of routes (all routes)."""
         self.route_echo: deque[Value] = deque()
         """Messages that arrived over routes, to recognise in the tap (one hop)."""
-        self.route_peer: LinkSession | None = None
-        """The route whose messages are being delivered here (while their callbacks run:
-        a recorder in a cluster records only what originates with this member), or
-        None: what is delivered now entered the cluster here."""
+        self.peer: LinkSession | None = None
+        """The session -- route or link -- whose messages are being delivered here
+        (while their callbacks run: a group's dispatcher leaves them to the server where
+        they entered), or None: what is delivered now entered this server here."""
         self.route_turns = 0
-        """Turns of route connections under way (see :meth:`route_turn`)."""
+        """Turns of route and link connections under way (see :meth:`route_turn`)."""
+        self.groups: GroupLinks | None = None
+        """The dataspace's groups across this hub's sessions (set by the server)."""
         self._route_exempt: dict[Any, int] = {}  # see exempt_from_routes
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
@@ -654,24 +728,33 @@ class LinkHub:
                                 on_retract=self._observe_removed)
         self._subs = [req, obs]
 
+    @property
+    def route_peer(self) -> LinkSession | None:
+        """The route whose messages are being delivered here (while their callbacks run:
+        a recorder in a cluster records only what originates with this member), or
+        None: what is delivered now entered the cluster here (a link's messages too:
+        they enter the cluster at the member the link is attached to)."""
+        p = self.peer
+        return p if p is not None and p.route else None
+
     def route_turn(self, turn: Callable[[], Any] | None) -> Callable[[], Any] | None:
-        """The turn context for the relays of route connections: ``turn`` (the
-        server's), keeping :attr:`route_peer` set until the turn's callbacks have run
-        (a turn's deliveries are dispatched when it ends, after the route's entity has
-        returned)."""
+        """The turn context for the relays of route and link connections: ``turn``
+        (the server's), keeping :attr:`peer` set until the turn's callbacks have run
+        (a turn's deliveries are dispatched when it ends, after the session's entity
+        has returned)."""
         if turn is None:
             return None
 
         @contextlib.contextmanager
         def route_turn() -> Any:
-            prev = self.route_peer
+            prev = self.peer
             self.route_turns += 1
             try:
                 with turn():
                     yield
             finally:
                 self.route_turns -= 1
-                self.route_peer = prev
+                self.peer = prev
 
         return route_turn
 
@@ -966,6 +1049,10 @@ class LinkHub:
                     s.flush_control()
         for k, v in list(self._present.items()):
             session.reassess(k, v, self.ds.count(v))
+        if self.groups is not None:  # groups: the peer is a neighbour now
+            if not session.route:  # (a route's rank came with its handshake)
+                session.send_control(Record(GROUP_RANK, [rank_value(self.groups.rank)]))
+            self.groups.session_up(session)
         log.info("%s %s: up (peer %s)", "route" if session.route else "link", session.name,
                  session.peer_id)
         self.write_status()
@@ -1014,6 +1101,8 @@ class LinkHub:
         session.closed = True
         if session in self.sessions:
             self.sessions.remove(session)
+        if self.groups is not None:  # what it directed to groups here goes, ours moves
+            self.groups.session_down(session)
         if session.fw is not None:
             if self.ds.router is not None:
                 self.ds.router.remove_forwarder(session.fw)
@@ -1089,6 +1178,10 @@ class LinkHub:
         s = LinkSession(self, name, str(peer_id), relay, dialed=False)
         s.ctl_out, s.data_out = ctl_ref, data_ref
         self._requests[key(req)] = s
+        if relay is not None:
+            # Its turns keep the session known while their deliveries run (see peer):
+            # the link's connection is a client's, whose turns are the server's.
+            relay._turn = self.route_turn(relay._turn)
         ctl_ref.on_message(Record(LINK_ACCEPT, [
             Dictionary({_ID: self.server_id, _VERSION: VERSION, _NAME: self.name}),
             Embedded(s.ctl_in), Embedded(s.data_in)]))
@@ -1472,7 +1565,7 @@ class LinkDialer:
 
         def session(conn: Connection) -> Relay:
             return Relay(limits=LINK_RELAY_LIMITS, name=f"link:{self.spec.address}",
-                         turn=self.turn, quota=self.quota)
+                         turn=self.hub.route_turn(self.turn), quota=self.quota)
 
         return await dial(a, self.net_hub, LINK_FLOW, session, LINK_RELAY_LIMITS.max_packet_size,
                           tls=self.spec.tls, coalesce=False)

@@ -44,12 +44,14 @@ from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS
 from ..net.websocket import listen_ws
 from ..protocol.budget import MemoryBudget, format_bytes
 from ..protocol.gatekeeper import Binding, Bindings, Gatekeeper
+from ..protocol.groups import Rank
 from ..protocol.relay import Quota, Relay
 from ..protocol.route import MessageRouter
 from ..protocol.sturdy import SturdyRef, mint
 from ..values import Symbol
 from .cluster import CLUSTER_STATUS_FILE, Cluster, CountedWarnings
 from .config import ConfigError, ServerConfig
+from .grouplinks import GroupLinks
 from .link import STATUS_FILE, LinkDialer, LinkHub, load_server_id, write_status_file
 
 __all__ = ["ERROR_KINDS", "DurableSource", "ListenError", "Server", "SyncGate", "error_kind",
@@ -453,10 +455,16 @@ class Server:
     def _start_links(self, loop: asyncio.AbstractEventLoop) -> None:
         assert self.data_dir is not None and self.hub is not None
         self.server_id = load_server_id(self.data_dir)
+        # Groups across links and routes: this server's rank to coordinate a group's jobs
+        # (a cluster member before a leaf, then the older: its start, which is also its
+        # routes' incarnation, then its id).
+        assert self.started_at is not None
+        rank = Rank(not self.config.cluster, self.started_at, self.server_id)
         for name, ent in self._entities.items():
             h = LinkHub(ent.dataspace, server_id=self.server_id, bindings=self.bindings,
                         loop=loop, name=name, connections=lambda: list(self.connections))
             h.status_writer = self._links_changed
+            h.groups = GroupLinks(h, Groups.of(ent.dataspace), rank)
             self.links[name] = h
         root = self.links["root"]
         for spec in self.config.link_specs():
@@ -479,6 +487,8 @@ class Server:
         root = self.links["root"]
         self.cluster = Cluster(root, spec, self.hub, turn=root.route_turn(self._turn),
                                ssl_server=ssl_server, ssl_client=ssl_client)
+        assert self.started_at is not None  # (the incarnation is the groups' rank too)
+        self.cluster.incarnation = (self.started_at, self.cluster.incarnation[1])
         if self.memory is not None:  # what other members assert here is held for clients
             self.cluster.quota = Quota(sys.maxsize, self.memory)
         self.memory_sources.append(self.cluster.held_bytes)  # (strangers on its port)

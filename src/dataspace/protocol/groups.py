@@ -6,8 +6,10 @@ them, and the rule is "once per group across the whole system" -- a cluster (a f
 of routes, forwarding one hop) and the trees of links hanging off it -- not once per
 server.  :class:`GroupNode` is one server's part of that for one (group, pattern): no
 sockets, no clocks, no randomness; its host tells it what happens and carries out what it
-returns.  The servers do not run it yet (see the report of issue 31's first phase); its
-tests run a simulated three-member cluster with a leaf.
+returns.  The broker runs one per (dataspace, group, pattern) on each server
+(:mod:`dataspace.broker.grouplinks`: announcements on a session's control entity,
+directed messages and jobs on its data entity); its own tests run a simulated
+three-member cluster with a leaf against a model.
 
 **Slots.**  A node's pool holds its *local members* (weight 1 each) and one *stand-in*
 per neighbour (route or link) that has members behind it, weighted by how many: the
@@ -62,14 +64,17 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from ..groups import ASSIGN, MAX_WEIGHT, UNASSIGN, Effect, Pool
+from ..groups import ASSIGN, MAX_WEIGHT, MEMBER, UNASSIGN, Effect, Node
 
-__all__ = ["ASSIGN", "LINK", "ROUTE", "UNASSIGN", "Effect", "GroupNode", "Rank"]
+__all__ = ["ASSIGN", "LINK", "MEMBER", "NODE", "ROUTE", "UNASSIGN", "Effect", "GroupNode",
+           "Rank"]
 
 ROUTE = "route"
 """A neighbour in the same cluster: what comes from it goes on to links only."""
 LINK = "link"
 """A linked neighbour: what comes from it goes on to every other neighbour."""
+NODE = "node"
+"""The kind of a slot that is a neighbour's stand-in: ``(NODE, ID)``."""
 
 
 @dataclass(frozen=True, order=True)
@@ -95,51 +100,41 @@ class _Neighbour:
         self.said: tuple[int, Rank] | None = None  # what we last announced to it
 
 
-class GroupNode:
+class GroupNode(Node):
     """One server's part of one (group, pattern) across servers (module docstring).
 
-    Slots in the pool are ``("member", MEMBER)`` for local members and ``("node", ID)``
-    for a neighbour's stand-in; the :data:`Effect` lists returned name them: assigning a
-    job to ``("node", ID)`` means asserting a directed assignment to that neighbour,
-    unassigning means retracting it.
+    Slots in the pool are ``(MEMBER, member)`` for local members (joined, left and given
+    jobs as in :class:`~dataspace.groups.Node`) and ``(NODE, ID)`` for a neighbour's
+    stand-in; the :data:`Effect` lists returned name them: assigning a job to ``(NODE,
+    ID)`` means asserting a directed assignment to that neighbour, unassigning means
+    retracting it.
     """
 
     def __init__(self, rank: Rank) -> None:
+        super().__init__()
         self.rank = rank
-        self.pool = Pool()
-        self._members: set[Hashable] = set()
         self._nbrs: dict[str, _Neighbour] = {}
         self._routes: set[Any] = set()  # route slots: excluded for traffic from a route
-        self._seen: dict[Hashable, int] = {}  # plain copies of jobs seen here
         # (from, job) -> [count, the exclusion its copies came with]
         self._directed: dict[tuple[str, Hashable], list[Any]] = {}
-        self.coordinating = True  # (alone, a node is its own coordinator)
         self.dropped = 0
         """Messages directed here that found no slot (weights were changing)."""
 
-    # -- local members -------------------------------------------------------------------
-
-    def join(self, member: Hashable, rebalance: bool = False) -> list[Effect]:
-        """A local member joined."""
-        self._members.add(member)
-        return self._recheck(self.pool.join(("member", member), 1, rebalance))
-
-    def leave(self, member: Hashable, tell: bool = True) -> list[Effect]:
-        """A local member left (``tell``: it can still hear) or died."""
-        self._members.discard(member)
-        return self._recheck(self.pool.leave(("member", member), tell))
-
     # -- neighbours ----------------------------------------------------------------------
 
-    def neighbour_up(self, node: str, kind: str) -> list[Effect]:
-        """A route (``ROUTE``) or link (``LINK``) to ``node`` is up."""
+    def neighbour_up(self, node: str, kind: str, rank: Rank | None = None) -> list[Effect]:
+        """A route (``ROUTE``) or link (``LINK``) to ``node`` is up.  ``rank``: that
+        server's own, if known (from the route's or link's handshake): the best rank
+        behind it is no worse, so a node that is not the coordinator knows it before the
+        neighbour has announced anything (and does not assign jobs meanwhile)."""
         if kind not in (ROUTE, LINK):
             raise ValueError(f"a neighbour is a {ROUTE} or a {LINK}, not {kind!r}")
         if node in self._nbrs:
             raise ValueError(f"{node} is a neighbour already")
-        self._nbrs[node] = _Neighbour(kind)
+        nb = self._nbrs[node] = _Neighbour(kind)
+        nb.rank = rank
         if kind == ROUTE:
-            self._routes.add(("node", node))
+            self._routes.add((NODE, node))
         return self._recheck([])
 
     def neighbour_down(self, node: str) -> list[Effect]:
@@ -153,8 +148,8 @@ class GroupNode:
             n, ex = self._directed.pop(fk)
             for _ in range(n):
                 effects += self.pool.remove(fk[1], ex)
-        effects += self.pool.leave(("node", node), tell=False)
-        self._routes.discard(("node", node))
+        effects += self.pool.leave((NODE, node), tell=False)
+        self._routes.discard((NODE, node))
         return self._recheck(effects)
 
     def announced(self, node: str, weight: int, rank: Rank | None) -> list[Effect]:
@@ -162,7 +157,7 @@ class GroupNode:
         best rank there."""
         nb = self._nbrs[node]
         nb.rank = rank
-        slot = ("node", node)
+        slot = (NODE, node)
         effects: list[Effect] = []
         weight = min(weight, MAX_WEIGHT)
         if weight > 0:
@@ -178,7 +173,7 @@ class GroupNode:
     def announcement(self, node: str) -> tuple[int, Rank]:
         """What to announce to ``node``: the members reachable through here for its
         traffic, and the best rank of this side (this node included)."""
-        weight = len(self._members)
+        weight = self.local_weight()
         best = self.rank
         from_route = self._nbrs[node].kind == ROUTE
         for nid, nb in self._nbrs.items():
@@ -210,12 +205,22 @@ class GroupNode:
 
     def weight(self) -> int:
         """Members reachable from here for a message entering here."""
-        return len(self._members) + sum(nb.weight for nb in self._nbrs.values())
+        return self.local_weight() + sum(nb.weight for nb in self._nbrs.values())
+
+    def idle(self) -> bool:
+        """No member here, none behind any neighbour, no job given to this node: its
+        host may forget it (its last announcements, all of weight 0, sent first)."""
+        return (not self._members and not self._directed
+                and not any(nb.weight for nb in self._nbrs.values()))
+
+    def neighbours(self) -> list[str]:
+        """The neighbours' ids."""
+        return list(self._nbrs)
 
     # -- messages ------------------------------------------------------------------------
 
-    def message(self, came_from: str | None = None) -> tuple[str, Any] | None:
-        """Where a message goes: ``("member", MEMBER)``, ``("node", ID)`` (send it on;
+    def message(self, came_from: Any = None) -> tuple[str, Any] | None:
+        """Where a message goes: ``(MEMBER, member)``, ``(NODE, ID)`` (send it on;
         that node is asked with ``came_from`` = this node), or None (no member: dropped).
         ``came_from``: None for a message that entered here, else the neighbour that
         directed it here."""
@@ -226,26 +231,7 @@ class GroupNode:
             self.dropped += 1
         return t
 
-    # -- jobs ----------------------------------------------------------------------------
-
-    def job_seen(self, job: Hashable) -> list[Effect]:
-        """One more plain copy of ``job`` is held (here or on another server)."""
-        n = self._seen.get(job, 0)
-        self._seen[job] = n + 1
-        if n == 0 and self.coordinating:
-            return self.pool.add(job)
-        return []
-
-    def job_gone(self, job: Hashable) -> list[Effect]:
-        """One plain copy of ``job`` fewer."""
-        n = self._seen.get(job, 0)
-        if n == 0:
-            return []
-        if n > 1:
-            self._seen[job] = n - 1
-            return []
-        del self._seen[job]
-        return self.pool.remove(job) if self.coordinating else []
+    # -- jobs (plain copies: job_seen and job_gone, as a Node) ------------------------------
 
     def job_directed(self, came_from: str, job: Hashable) -> list[Effect]:
         """``came_from`` assigned ``job`` to this node's stand-in there."""
@@ -267,15 +253,11 @@ class GroupNode:
             del self._directed[fk]
         return self.pool.remove(job, d[1])
 
-    def seen(self) -> list[Any]:
-        """The jobs this node sees held."""
-        return list(self._seen)
-
     # -- internals -----------------------------------------------------------------------
 
     def _exclude(self, came_from: str) -> set[Any]:
         nb = self._nbrs.get(came_from)
-        ex = {("node", came_from)}
+        ex = {(NODE, came_from)}
         if nb is not None and nb.kind == ROUTE:
             ex |= self._routes
         return ex
