@@ -103,6 +103,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dataspace import OBSERVE, Entity
+from ..groups import OBSERVE_GROUP
 from ..values import (
     Dictionary,
     Embedded,
@@ -956,7 +957,8 @@ class AttenuatedEntity(Entity):
     memory used is proportional to the assertions currently forwarded.
 
     What the holder learns through its subscriptions is attenuated too: the observer of
-    an ``<Observe P #:observer>`` that passes the caveats is wrapped (see
+    an ``<Observe P #:observer>`` -- or of an ``<ObserveGroup G P #:observer>``, a
+    member of a group (:mod:`dataspace.groups`) -- that passes the caveats is wrapped (see
     :class:`_Revealing`), so that every reference the dataspace shows it carries the same
     caveats (it cannot deliver through them what it could not assert or send here), and
     the observer references of other subscriptions are :class:`Opaque` (it can see and
@@ -985,24 +987,31 @@ class AttenuatedEntity(Entity):
         if r is None:
             log.debug("attenuated entity: assertion dropped by its caveats")
             return
-        if type(r) is Record and r.label == OBSERVE and not self.attenuation.is_identity:
-            r = self._reveal_through(r)
+        if type(r) is Record and not self.attenuation.is_identity:
+            lab = r.label
+            if lab == OBSERVE:
+                if len(r.fields) == 2:
+                    r = self._reveal_through(r, 1)
+            elif lab == OBSERVE_GROUP and len(r.fields) in (3, 4):
+                # A member of a group is told what an observer is: through the caveats.
+                r = self._reveal_through(r, 2)
         self._forwarded.add(handle)
         self.target.on_assert(r, handle)
 
-    def _reveal_through(self, observe: Record) -> Record:
-        """``<Observe P #:observer>`` with its observer wrapped in :class:`_Revealing`."""
-        if len(observe.fields) != 2 or type(observe.fields[1]) is not Embedded:
+    def _reveal_through(self, observe: Record, at: int) -> Record:
+        """``<Observe P #:observer>`` (``at`` 1) or ``<ObserveGroup G P #:observer ...>``
+        (``at`` 2) with its observer wrapped in :class:`_Revealing`."""
+        if type(observe.fields[at]) is not Embedded:
             return observe
-        obs = observe.fields[1].value
+        obs = observe.fields[at].value
         if type(obs) is AttenuatedRef and isinstance(obs.target, Entity):
             # A caveat's <attenuate> template restricts what the holder is told.
             obs = AttenuatedEntity(obs.target, obs.attenuation)
         if not isinstance(obs, Entity):
             return observe
-        return Record._make(
-            observe.label, (observe.fields[0], Embedded(_Revealing(obs, self)))
-        )
+        fields = list(observe.fields)
+        fields[at] = Embedded(_Revealing(obs, self))
+        return Record._make(observe.label, tuple(fields))
 
     def on_retract(self, handle: int) -> None:
         try:
