@@ -637,13 +637,14 @@ class Store(ABC):
     @abstractmethod
     def group_read(self, stream: str, group: str, consumer: str, count: int, *,
                    now_ns: int, recover: tuple[int, int] | None = None,
-                   claim_idle: bool = True) -> GroupRead:
+                   claim_idle: bool = True, ack: Sequence[Delivery | int] = ()) -> GroupRead:
         """The primitive of :meth:`~.groups.Consumer.read`, one transaction: up to
         ``count`` entries for ``consumer`` -- with ``recover`` (cursor, born): its own
         pending entries above index ``cursor`` delivered before ``born``; with
         ``claim_idle``: other consumers' entries idle past the group's idle timeout at
         ``now_ns``; then entries not yet delivered.  Pending entries already delivered
-        ``max_deliveries`` times come back in ``over``, undelivered."""
+        ``max_deliveries`` times come back in ``over``, undelivered.  ``ack``: entries to
+        acknowledge first, in the same (then durable) transaction."""
 
     @abstractmethod
     def group_claim(self, stream: str, group: str, consumer: str, *, now_ns: int,

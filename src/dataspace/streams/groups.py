@@ -79,6 +79,7 @@ __all__ = [
     "check_group_name",
     "dead_letter_meta",
     "dead_meta_data",
+    "delivery_runs",
     "same_group",
     "default_dead_letter",
     "resolve_start",
@@ -240,10 +241,13 @@ class GroupRead:
     consumer's own earlier entries are all delivered again (``recovered``) and the highest
     index looked at (``cursor``); a time before which no pending entry of another
     consumer becomes idle enough to claim (``expiry_ns``; None: not looked at); how many
-    entries retention removed before they could be delivered (``lost``)."""
+    entries retention removed before they could be delivered (``lost``); how many of the
+    entries the read was given to acknowledge were pending (``acked``)."""
 
     deliveries: list[Delivery] = field(default_factory=list)
     over: list[PendingEntry] = field(default_factory=list)
+    acked: int = 0
+    fetch: Any = None  # (a store's own: entries to read once its transaction is over)
     recovered: bool = True
     cursor: int = -1
     expiry_ns: int | None = None
@@ -430,20 +434,23 @@ class Consumer:
         self.born_ns = group.clock()
         self._recovering = True  # own entries from before this handle come first
         self._cursor = -1
+        self.acked = 0
+        """How many entries the last :meth:`read` with ``ack`` acknowledged."""
         self._expiry: int | None = None  # no other consumer's entry is claimable before
 
     @property
     def stream(self) -> str:
         return self.group.stream
 
-    def _once(self, count: int) -> GroupRead:
+    def _once(self, count: int, ack: Sequence[Delivery | int] = ()) -> GroupRead:
         g = self.group
         now = g.clock()
         claim = self._expiry is None or now >= self._expiry
         got = g.store.group_read(
             g.stream, g.name, self.name, count, now_ns=now,
             recover=(self._cursor, self.born_ns) if self._recovering else None,
-            claim_idle=claim)
+            claim_idle=claim, **({"ack": ack} if ack else {}))
+        self.acked = got.acked
         if self._recovering:
             self._cursor = max(self._cursor, got.cursor)
             self._recovering = not got.recovered
@@ -451,18 +458,25 @@ class Consumer:
             self._expiry = got.expiry_ns
         return got
 
-    def read(self, count: int = 1, block: float | None = None) -> list[Delivery]:
+    def read(self, count: int = 1, block: float | None = None, *,
+             ack: Delivery | int | Iterable[Delivery | int] = ()) -> list[Delivery]:
         """Up to ``count`` entries: this consumer's own from before its handle was made,
         then other consumers' idle past the group's ``idle_timeout`` (claimed), then new
         ones.  Without ``block`` (or 0), what is there now (possibly nothing); else wait up
         to ``block`` seconds for some -- woken by appends, and by the time the oldest
-        pending entry of another consumer becomes claimable."""
+        pending entry of another consumer becomes claimable.
+
+        ``ack``: entries to acknowledge (as :meth:`ack` takes them) in the same
+        transaction as the read -- a worker's "done with these, give me the next" in one
+        durable commit instead of two; :attr:`acked` then says how many were pending."""
         _count(count)
+        acks = indices_of(ack) if ack != () else []
         deadline = None if not block else time.monotonic() + block
         store = self.group.store
         while True:
             gen = store.generation()
-            got = self._once(count)
+            got = self._once(count, acks)
+            acks = []
             if got.over:
                 self.group.dead_letter(got.over)
                 if not got.deliveries:
@@ -554,6 +568,37 @@ def same_group(d: Delivery, stream: str, group: str) -> None:
     if d.stream != stream or d.group != group:
         raise ValueError(f"a delivery of group {d.group!r} of {d.stream!r} acknowledged as "
                          f"one of group {group!r} of {stream!r}")
+
+
+def delivery_runs(gid: int, stream: str, group: str, deliveries: Sequence[Delivery]
+                  ) -> list[tuple[int, int, int, str, int]]:
+    """Deliveries to acknowledge as runs ``(gid, first, last, consumer, deliveries)`` of
+    consecutive indices with one consumer and one count of deliveries (what one read
+    gives): a run's rows are deleted by one statement, ``idx BETWEEN first AND last AND
+    consumer = ... AND deliveries = ...`` -- the rows each delivery alone would delete."""
+    runs: list[tuple[int, int, int, str, int]] = []
+    if not deliveries:
+        return runs
+    if {(d.stream, d.group) for d in deliveries} != {(stream, group)}:
+        for d in deliveries:
+            same_group(d, stream, group)
+    ds = sorted(deliveries, key=_index)
+    first = last = ds[0].index
+    who, n = ds[0].consumer, ds[0].deliveries
+    for d in ds[1:]:
+        i = d.index
+        if i == last + 1 and d.deliveries == n and d.consumer == who:
+            last = i
+            continue
+        runs.append((gid, first, last, who, n))
+        first = last = i
+        who, n = d.consumer, d.deliveries
+    runs.append((gid, first, last, who, n))
+    return runs
+
+
+def _index(d: Delivery) -> int:
+    return d.index
 
 
 def dead_meta_data(stream: str, group: str, p: PendingEntry, why: str,

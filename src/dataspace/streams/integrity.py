@@ -145,6 +145,7 @@ __all__ = [
     "group_checksum",
     "group_problem",
     "pending_checksum",
+    "pending_checksums",
     "pending_problem",
     "pending_top_problem",
     "verify_group",
@@ -310,6 +311,16 @@ def pending_checksum(gid: int, idx: int, consumer: str, deliveries: int,
     """The checksum of a pending entry's row (the module docstring has the formula)."""
     return zlib.crc32(consumer.encode("utf-8", "surrogatepass"),
                       zlib.crc32(_PENDING_ROW.pack(gid, idx, deliveries, delivered_ns)))
+
+
+def pending_checksums(gid: int, a: int, b: int, consumer: str, delivered_ns: int,
+                      deliveries: int = 1) -> list[int]:
+    """:func:`pending_checksum` of the rows of indices ``a <= i < b``, all delivered
+    ``deliveries`` times to ``consumer`` at ``delivered_ns``: one read's new rows."""
+    pack = _PENDING_ROW.pack
+    crc = zlib.crc32
+    name = consumer.encode("utf-8", "surrogatepass")
+    return [crc(name, crc(pack(gid, i, deliveries, delivered_ns))) for i in range(a, b)]
 
 
 class GroupRow:

@@ -18,8 +18,7 @@ database shared with other applications is fine)::
     dataspace.consumer_groups (id identity, stream, name, next_index, created_ns, idle_ms,
                             max_deliveries, dead_letter, hold, checksum, UNIQUE (stream, name))
     dataspace.pending      (grp, idx, consumer, deliveries, delivered_ns, checksum,
-                            PRIMARY KEY (grp, idx))        -- and by (grp, delivered_ns),
-                                                           -- (grp, consumer, idx)
+                            PRIMARY KEY (grp, idx))
 
 * **Commit order.**  ``seq`` must follow commit order across streams (``alts`` processors
   take "whichever input has one first" by it, and a reader that sees ``seq`` q must
@@ -195,8 +194,6 @@ CREATE TABLE {SCHEMA}.pending (
     checksum bigint,
     PRIMARY KEY (grp, idx)
 );
-CREATE INDEX pending_by_time ON {SCHEMA}.pending (grp, delivered_ns);
-CREATE INDEX pending_by_consumer ON {SCHEMA}.pending (grp, consumer, idx);
 """
 
 _DDL = f"""
@@ -1301,7 +1298,7 @@ class PostgresStore(Store):
         return [PendingEntry(i, cn, d, t) for i, cn, d, t, _k in rows]
 
     @contextlib.contextmanager
-    def _claiming(self) -> Iterator[Any]:
+    def _claiming(self, durable: bool = False) -> Iterator[Any]:
         """A connection in a transaction of its own for a consumer group's read or claim:
         ``synchronous_commit`` off, never the commit-order lock (see the module
         docstring); committed at the end of the block, rolled back if it raises."""
@@ -1313,7 +1310,7 @@ class PostgresStore(Store):
                              "beginning the transaction that writes its results")
         with self._conn() as conn:
             try:
-                conn.execute("BEGIN; SET LOCAL synchronous_commit TO OFF")
+                conn.execute("BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit TO OFF")
                 yield conn
                 conn.execute("COMMIT")
             except BaseException as e:
@@ -1329,12 +1326,14 @@ class PostgresStore(Store):
 
     def group_read(self, stream: str, group: str, consumer: str, count: int, *,
                    now_ns: int, recover: tuple[int, int] | None = None,
-                   claim_idle: bool = True) -> GroupRead:
+                   claim_idle: bool = True, ack: Sequence[Delivery | int] = ()) -> GroupRead:
         out = GroupRead()
-        with self._claiming() as conn:
+        with self._claiming(durable=bool(ack)) as conn:
             cur = conn.cursor(binary=True)
             early = recover is not None or claim_idle
             srow, g = self._stream_group(conn, stream, group, lock=not early)
+            if ack:
+                out.acked = _ack_rows(cur, g.id, stream, group, ack)
             left = count
             if recover is not None:
                 after, born = recover
@@ -1470,24 +1469,10 @@ class PostgresStore(Store):
 
     def group_ack(self, stream: str, group: str, items: Sequence[Delivery | int]) -> int:
         self._check_open()
-        ints = [x for x in items if not isinstance(x, Delivery)]
-        dels = [x for x in items if isinstance(x, Delivery)]
-        for d in dels:
-            same_group(d, stream, group)
-        n = 0
         gid = (f"(SELECT g.id FROM {_G} g JOIN {_S} s ON s.id = g.stream WHERE s.name = %s AND "
                "g.name = %s)")
         with self._conn() as c, c.transaction():
-            if ints:
-                n += len(c.execute(f"DELETE FROM {_P} WHERE grp = {gid} AND idx = ANY(%s) "
-                                   "RETURNING idx", (stream, group, ints)).fetchall())
-            if dels:
-                n += len(c.execute(
-                    f"DELETE FROM {_P} p USING unnest(%s::bigint[], %s::text[], %s::bigint[]) AS "
-                    f"u(i, c, d) WHERE p.grp = {gid} AND p.idx = u.i AND p.consumer = u.c AND "
-                    "p.deliveries = u.d RETURNING p.idx",
-                    ([d.index for d in dels], [d.consumer for d in dels],
-                     [d.deliveries for d in dels], stream, group)).fetchall())
+            n = _ack_rows(c.cursor(), gid, stream, group, items, (stream, group))
             if n == 0 and c.execute(gid[1:-1], (stream, group)).fetchone() is None:
                 raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
                                     f"{self._display} (dataspace stream group ls {stream} lists "
@@ -1805,6 +1790,31 @@ def _retain(conn: Any, row: StreamRow, now_ns: int, where: str) -> int:
         return 0
     n = max(conn.execute(f"DELETE FROM {_E} WHERE stream = %s AND idx < %s", (row.id, cut)).rowcount, 0)
     row.first = cut
+    return n
+
+
+def _ack_rows(cur: Any, gid: Any, stream: str, group: str, items: Sequence[Delivery | int],
+              gid_params: tuple[Any, ...] = ()) -> int:
+    """Delete the pending rows of ``items`` of the group ``gid`` (its id, or a subquery
+    with ``gid_params``); how many went.  Rows are taken in index order (``= ANY`` of an
+    index scan): two acknowledgements never wait for each other in a cycle."""
+    ints = [x for x in items if not isinstance(x, Delivery)]
+    dels = [x for x in items if isinstance(x, Delivery)]
+    for d in dels:
+        same_group(d, stream, group)
+    sub = gid if isinstance(gid, str) else "%s"
+    params = gid_params if isinstance(gid, str) else (gid,)
+    n = 0
+    if ints:
+        n += len(cur.execute(f"DELETE FROM {_P} WHERE grp = {sub} AND idx = ANY(%s) RETURNING idx",
+                             (*params, ints)).fetchall())
+    if dels:
+        n += len(cur.execute(
+            f"DELETE FROM {_P} p USING unnest(%s::bigint[], %s::text[], %s::bigint[]) AS "
+            f"u(i, c, d) WHERE p.grp = {sub} AND p.idx = u.i AND p.consumer = u.c AND "
+            "p.deliveries = u.d RETURNING p.idx",
+            ([d.index for d in dels], [d.consumer for d in dels], [d.deliveries for d in dels],
+             *params)).fetchall())
     return n
 
 
