@@ -351,3 +351,41 @@ def test_memberships_cross_as_weights_never_as_records(tmp_path: Path) -> None:
             await net.reset()
 
     asyncio.run(asyncio.wait_for(main(), 90))
+
+
+def test_only_the_coordinator_asks_for_plain_copies_and_a_new_one_asks_at_once(
+        tmp_path: Path) -> None:
+    """A message entering at C for a group whose workers are on B and C crosses a route
+    only to the coordinator (A, which must see every job) as plain data, and to B only
+    when given to B's worker (directed): B's dispatcher asks its neighbours for nothing.
+    When A goes, B (the next oldest) coordinates: it asks for the group's pattern then,
+    and C's jobs come to it and are assigned."""
+    async def main() -> None:
+        async with cluster_with_leaf(tmp_path) as net:
+            a, b, c, _leaf = net.servers
+            await net.join(1)
+            await net.join(2)
+            for j in range(6):
+                await net.hold(j, 2)
+            await net.settle()
+            routes = {s.peer_id: s for s in c.links["root"].sessions}
+            before = {p: s.counters["messages_forwarded"] for p, s in routes.items()}
+            await net.send(2, 30)
+            plain = {p: s.counters["messages_forwarded"] - before[p]
+                     for p, s in routes.items()}
+            assert plain == {a.server_id: 30, b.server_id: 0}, plain
+            assert [sum(w.got.values()) for w in net.workers] == [15, 15]
+            # A goes (its routes close, as for kill -9): B coordinates and pulls C's jobs.
+            await a.close()
+
+            def reassigned() -> bool:
+                gb = net.groups(b).group("g", PATTERN)
+                held = sorted(j for w in net.workers for (j,) in w.changes.present)
+                return gb is not None and gb.node.coordinating and held == list(range(6))
+
+            await net.until(reassigned, "B coordinates C's jobs")
+            assert sorted(len(w.changes.present) for w in net.workers) == [3, 3]
+            for w in net.workers:
+                await w.client.close()
+
+    asyncio.run(asyncio.wait_for(main(), 90))

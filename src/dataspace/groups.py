@@ -111,8 +111,8 @@ server).  :mod:`dataspace.protocol.groups` holds the rules, sans-IO, as
   message can reach no member of the group, but never two.
 * *Jobs: one coordinator decides.*  An assertion may be held on several servers at once
   (bag semantics across the system), so the server that holds it cannot decide alone.
-  Every server that knows of the group observes its pattern and so sees every job; the
-  *coordinator* alone assigns them: of the connected servers, a cluster member before a
+  The *coordinator* sees every job (its dispatcher alone asks the neighbours for the
+  group's pattern; a server that becomes coordinator asks then) and alone assigns them: of the connected servers, a cluster member before a
   leaf, then the one that started first, then the smallest server id -- learned, like
   the weights, from what each neighbour announces.  It depends on no client, so members
   coming and going never change it.  Its directed assignments are assertions, so a route
@@ -1317,7 +1317,6 @@ class Groups:
         self._message(g, None, body, None, 0, False, came_from)
 
     def _stop(self, g: _Group) -> None:
-        self.wire.closed(g)
         d = g.disp
         if d is not None:
             d.live = False
@@ -1326,6 +1325,7 @@ class Groups:
             h, g.handle = g.handle, None
             if h is not None:
                 self.dataspace.retract(h)
+        self.wire.closed(g)
 
     def _observing(self, m: _Member) -> None:
         # A member's reference counts as an observer's: a peer whose capability is

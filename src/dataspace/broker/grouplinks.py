@@ -26,7 +26,10 @@ What crosses a session for groups, beside the link protocol's own:
 Messages that cross a session as plain data (for plain observers) are never dispatched
 to groups again: the link hub marks what it delivers with its session
 (:attr:`~dataspace.broker.link.LinkHub.peer`), and a group's dispatcher ignores what a
-session delivers (:meth:`GroupLinks.origin`).  ``<ObserveGroup>`` records never cross.
+session delivers (:meth:`GroupLinks.origin`).  Only the coordinator's dispatcher asks
+the neighbours for the group's pattern (it must see every job held anywhere); the
+others' interest is exempt from the sessions, so they are sent no plain copies for the
+group.  ``<ObserveGroup>`` records never cross.
 """
 
 from __future__ import annotations
@@ -77,12 +80,13 @@ def parse_rank(v: Any) -> Rank:
 class _Wired:
     """What the wire keeps of one group."""
 
-    __slots__ = ("id", "pattern", "peer_ids")
+    __slots__ = ("exempt", "id", "pattern", "peer_ids")
 
     def __init__(self, gid: int, pattern: Value) -> None:
         self.id = gid
-        self.pattern = pattern  # (its wire form, for announcements)
+        self.pattern = pattern  # (its wire form, for announcements and interest)
         self.peer_ids: dict[str, int] = {}  # neighbour -> its ID for this group
+        self.exempt = False  # its dispatcher's interest kept off the sessions
 
 
 class GroupLinks(Wire):
@@ -122,11 +126,28 @@ class GroupLinks(Wire):
         self._next_id += 1
         g.wire = _Wired(self._next_id, to_preserves(g.pattern))
         self._ids[self._next_id] = g
+        self._interest(g)  # (before its dispatcher observes: no interest comes and goes)
+
+    def _interest(self, g: Any) -> None:
+        """Only the coordinator's dispatcher asks the neighbours for the group's pattern:
+        it must see every job held anywhere; the others need no plain copies (a message
+        is given to the group where it enters, and directed on), so theirs is exempt
+        from the sessions (:meth:`LinkHub.exempt_from_sessions`) -- a message crossing
+        to a member costs one directed copy, not one plain copy per server.  A server
+        that takes over as coordinator asks then, and is sent what is held."""
+        w = g.wire
+        exempt = not g.node.coordinating
+        if exempt != w.exempt:
+            w.exempt = exempt
+            self.hub.exempt_from_sessions(w.pattern, 1 if exempt else -1)
 
     def closed(self, g: Any) -> None:
         w = g.wire
         if w is None:
             return
+        if w.exempt:
+            w.exempt = False
+            self.hub.exempt_from_sessions(w.pattern, -1)
         g.wire = None
         self._ids.pop(w.id, None)
         for nid, out in self._out.items():
@@ -140,6 +161,7 @@ class GroupLinks(Wire):
         w = g.wire
         if w is None:
             return
+        self._interest(g)
         for nid, weight, rank in g.node.take_announcements():
             s = self.sessions.get(nid)
             if s is not None:

@@ -716,6 +716,7 @@ class LinkHub:
         self.groups: GroupLinks | None = None
         """The dataspace's groups across this hub's sessions (set by the server)."""
         self._route_exempt: dict[Any, int] = {}  # see exempt_from_routes
+        self._exempt: dict[Any, int] = {}  # see exempt_from_sessions
         self._requests: dict[Any, LinkSession] = {}   # key of a link request -> session
         self.status_writer: Callable[[], None] | None = None
         self.on_change: list[Callable[[], Any]] = []
@@ -779,31 +780,31 @@ class LinkHub:
         e = self._interest.get(k)
         if e is None:
             self._interest[k] = [chain, 1]
-            routes = self._routes_want(k)
+            routes, links = self._wants(k)
             for s in self.sessions:
-                if routes or not s.route:
+                if routes if s.route else links:
                     s.sub.add_interest(chain, time.monotonic())
                     s.flush_control()
         else:
-            before = self._routes_want(k)
+            before = self._wants(k)
             e[1] += 1
-            self._route_interest(k, before)
+            self._session_interest(k, before)
 
     def _observe_removed(self, pattern: Value, observer: Value) -> None:
         k = key(pattern)
         e = self._interest.get(k)
         if e is None:
             return
-        before = self._routes_want(k)
+        before = self._wants(k)
         e[1] -= 1
         if e[1] <= 0:
             del self._interest[k]
             for s in self.sessions:
-                if before or not s.route:
+                if before[0] if s.route else before[1]:
                     s.sub.remove_interest(e[0], time.monotonic())
                     s.flush_control()
         else:
-            self._route_interest(k, before)
+            self._session_interest(k, before)
 
     def exempt_from_routes(self, pattern: Value, delta: int) -> None:
         """``delta`` (+1 or -1) observers of ``pattern`` (an ``<Observe>``'s pattern)
@@ -811,22 +812,41 @@ class LinkHub:
         in a cluster: a route's messages are recorded by the member they entered
         through).  Routes are asked for ``pattern`` only while more observers want it
         than are exempt."""
+        self._exempt_change(self._route_exempt, pattern, delta)
+
+    def exempt_from_sessions(self, pattern: Value, delta: int) -> None:
+        """``delta`` (+1 or -1) observers of ``pattern`` want nothing from routes or
+        links (a group's dispatcher on a server that does not coordinate the group's
+        jobs: messages are given to groups where they enter, and directed on).  Neither
+        is asked for ``pattern`` while no more observers want it than are exempt."""
+        self._exempt_change(self._exempt, pattern, delta)
+
+    def _exempt_change(self, table: dict[Any, int], pattern: Value, delta: int) -> None:
         k = key(pattern)
-        before = self._routes_want(k)
-        n = self._route_exempt.get(k, 0) + delta
+        before = self._wants(k)
+        n = table.get(k, 0) + delta
         if n > 0:
-            self._route_exempt[k] = n
+            table[k] = n
         else:
-            self._route_exempt.pop(k, None)
-        self._route_interest(k, before)
+            table.pop(k, None)
+        self._session_interest(k, before)
 
     def _routes_want(self, k: Any) -> bool:
         e = self._interest.get(k)
-        return e is not None and e[1] > self._route_exempt.get(k, 0)
+        return e is not None and e[1] > self._route_exempt.get(k, 0) + self._exempt.get(k, 0)
 
-    def _route_interest(self, k: Any, before: bool) -> None:
-        """Ask the routes for pattern ``k`` or stop, when whether they are asked changed."""
-        after = self._routes_want(k)
+    def _links_want(self, k: Any) -> bool:
+        e = self._interest.get(k)
+        return e is not None and e[1] > self._exempt.get(k, 0)
+
+    def _wants(self, k: Any) -> tuple[bool, bool]:
+        """Whether routes, and whether links, are asked for pattern ``k``."""
+        return self._routes_want(k), self._links_want(k)
+
+    def _session_interest(self, k: Any, before: tuple[bool, bool]) -> None:
+        """Ask the routes or links for pattern ``k`` or stop, where whether they are
+        asked changed."""
+        after = self._wants(k)
         if after == before:
             return
         chain = self._interest[k][0] if k in self._interest else None
@@ -834,19 +854,22 @@ class LinkHub:
             return
         now = time.monotonic()
         for s in self.sessions:
-            if s.route:
-                if after:
-                    s.sub.add_interest(chain, now)
-                else:
-                    s.sub.remove_interest(chain, now)
-                s.flush_control()
+            i = 0 if s.route else 1
+            if after[i] == before[i]:
+                continue
+            if after[i]:
+                s.sub.add_interest(chain, now)
+            else:
+                s.sub.remove_interest(chain, now)
+            s.flush_control()
 
     def interest_for(self, session: LinkSession) -> list[Chain]:
         """What ``session`` wants from its peer: local observers' prefixes and what the
         other links want from here (and, for a link, what the routes want; for a route,
         not what the other routes want: what comes over a route goes to no route)."""
-        if session.route and self._route_exempt:
-            out = [e[0] for k, e in self._interest.items() if self._routes_want(k)]
+        if self._exempt or (session.route and self._route_exempt):
+            want = self._routes_want if session.route else self._links_want
+            out = [e[0] for k, e in self._interest.items() if want(k)]
         else:
             out = [e[0] for e in self._interest.values()]
         for s in self.sessions:

@@ -30,9 +30,9 @@ member of the group, and exactly one when the weights are settled.  A message th
 crossed a link or route as plain data (for plain observers) is never given to
 :meth:`GroupNode.message`: its origin already chose.
 
-**Jobs: one coordinator decides.**  Every node sees the group's job assertions (it
-observes the pattern while the group has members anywhere), held on any node: several
-holders on several servers are one job.  Only the *coordinator* assigns them: the node of
+**Jobs: one coordinator decides.**  A node is told of the group's job assertions
+(:meth:`GroupNode.job_seen`) held on any node its host hears of -- the coordinator's
+host asks for every one: several holders on several servers are one job.  Only the *coordinator* assigns them: the node of
 best :class:`Rank` in the connected system -- a cluster member before a leaf, then the
 one that started first, then the smallest id -- which every node learns from its
 neighbours' announcements (the same split horizon: settled, all agree).  The rank of a
