@@ -416,3 +416,14 @@ def test_postgresql_concurrent_consumers_deliver_each_entry_once(pg_url: str) ->
     with open_store(pg_url) as s:
         info = s.group_info("jobs", "g")
         assert (info.next, info.pending) == (n, 0)
+
+
+def test_a_read_can_carry_the_acknowledgement_of_the_last(store: Any) -> None:
+    jobs(store, 5)
+    c = store.group("jobs", "g").consumer("a")
+    got = c.read(2)
+    nxt = c.read(2, ack=got)
+    assert idx(nxt) == [2, 3] and c.acked == 2
+    assert [p.index for p in c.pending()] == [2, 3]
+    assert idx(c.read(5, ack=[2, 9])) == [4] and c.acked == 1  # indices too; 9 was not pending
+    assert c.read(5, ack=[3, 4]) == [] and c.acked == 2 and c.pending() == []

@@ -767,6 +767,20 @@ def _stop_on_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def _on_signals(handler: Any) -> Iterator[None]:
+    """``handler`` for Ctrl-C and SIGTERM (in the main thread) while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
 def run_create(args: argparse.Namespace) -> int:
     try:
         max_age = None if args.max_age is None else parse_duration(args.max_age)
@@ -1138,8 +1152,8 @@ def _register_groups(ss: Any, common: argparse.ArgumentParser) -> None:
         "--timeout).  With --ack each entry is acknowledged once printed (in batches): it is "
         "not delivered again; without, entries stay pending with CONSUMER (acknowledge them "
         "with 'stream group ack', or they go to another consumer once idle).  Ctrl-C stops "
-        "cleanly: an entry delivered but not printed, or printed but not acknowledged, is "
-        "delivered again (at least once).",
+        "cleanly, after the batch being printed and acknowledged; an entry delivered but not "
+        "printed (Ctrl-C in the middle of a read) is delivered again (at least once).",
         epilog="examples:\n"
         "  dataspace stream consume jobs --group workers --consumer w1 --ack\n"
         "  dataspace stream consume jobs -g workers -c w1 -n 10        ten, left pending\n"
@@ -1333,18 +1347,28 @@ def run_consume(args: argparse.Namespace) -> int:
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
     shown = acked = 0
+    busy = [False]  # printing and acknowledging a batch: Ctrl-C waits for its end
+    stop = [False]
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        if busy[0]:
+            stop[0] = True
+        else:
+            raise KeyboardInterrupt
+
     interrupted = False
     try:
         g = store.group(args.name, args.group, create=False)
         c = g.consumer(args.consumer)
-        with _stop_on_signals():
-            while args.count is None or shown < args.count:
+        with _on_signals(on_signal):
+            while (args.count is None or shown < args.count) and not stop[0]:
                 want = 100 if args.count is None else min(100, args.count - shown)
                 got = c.read(want, block=args.timeout if args.timeout is not None else 3600.0)
                 if not got:
                     if args.timeout is not None:
                         break
                     continue
+                busy[0] = True
                 for d in got:
                     if args.json:
                         sys.stdout.write(json.dumps(_delivery_json(d), ensure_ascii=False) + "\n")
@@ -1354,6 +1378,8 @@ def run_consume(args: argparse.Namespace) -> int:
                 shown += len(got)
                 if args.ack:
                     acked += c.ack(got)
+                busy[0] = False
+        interrupted = stop[0]
     except KeyboardInterrupt:
         interrupted = True
     except StreamNotFound:
