@@ -34,7 +34,7 @@ from dataspace.values import Record, Symbol
 PATTERN = parse_pattern("<Job $id>")
 SERVERS = ("A", "B", "C", "L")
 SETTLE = 20.0
-EXAMPLES = 10
+EXAMPLES = 25
 
 
 def job(i: int) -> Record:
