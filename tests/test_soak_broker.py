@@ -1,8 +1,9 @@
 """The broker soak, short (issue 9, item 7; the memory attack of issue 21; the cluster
 port's and TLS's attackers of issue 29): `make soak-broker` runs it for 10 minutes; the
 suite runs it for 45 s and fails on a probe failure, a failed check, an attack the server
-did not stop, an error in the server's log, or resident memory grown past the memory
-budget."""
+did not stop, an error in the server's log, resident memory grown past what the memory
+budget allows, or not given back once the attacks ended (a server with a leak put into it
+fails)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import sys
 
 import pytest
 
-from dataspace.testing.broker_soak import ATTACKS, ServerUnderTest, error_kind
+from dataspace.testing.broker_soak import (
+    ATTACKS,
+    PEAK_ALLOWANCE,
+    SETTLE_MIB,
+    ServerUnderTest,
+    error_kind,
+)
 from dataspace.values import Symbol
 
 SECONDS = os.environ.get("SOAK_SECONDS", "45")
@@ -86,9 +93,55 @@ def test_short_soak_passes(tmp_path):
     assert "0 error lines" in out
     assert server["answered_at_end"] and server["exit_status"] == 0, server
     assert server["peak_rss_mib"] > 0 and server["rss_mib"]["samples"] > 0, server
-    # The memory attack filled the budget (refusals above) and the server's resident
-    # memory grew by less than it (the run fails otherwise).
-    assert 0 < server["rss_growth_mib"] < server["memory_budget_mib"], server
+    # The memory attack filled the budget (refusals above); the server's resident memory
+    # grew by less than the budget allows (PEAK_ALLOWANCE: what it counts beyond what it
+    # refuses), and came back once the attacks ended (the run fails otherwise).
+    assert 0 < server["rss_growth_mib"] < server["rss_growth_limit_mib"], server
+    assert server["rss_growth_limit_mib"] == server["memory_budget_mib"] * PEAK_ALLOWANCE
+    assert server["rss_settled_mib"] is not None, server
+    assert server["rss_settled_mib"] < server["settle_limit_mib"] == SETTLE_MIB, server
+
+
+# A leak, put into the server for the test (sitecustomize runs in every process started
+# with this directory on PYTHONPATH): every closed connection is kept, with 256 KiB.
+LEAK = """
+import dataspace.broker.server as _server
+
+_kept = []
+_released = _server.Server._released
+
+
+def _leaky(self, conn):
+    _kept.append((conn, bytearray(256 << 10)))
+    _released(self, conn)
+
+
+_server.Server._released = _leaky
+"""
+
+
+@pytest.mark.slow
+def test_a_server_that_leaks_fails_the_soak(tmp_path):
+    """The memory checks catch a leak: a server that keeps what each closed connection
+    held (here with 256 KiB) fails a 12-second soak of malformed input: once the attacks
+    end, its RSS does not come back."""
+    (tmp_path / "leak").mkdir()
+    (tmp_path / "leak" / "sitecustomize.py").write_text(LEAK)
+    path = os.pathsep.join(p for p in (str(tmp_path / "leak"), os.environ.get("PYTHONPATH"))
+                           if p)
+    summary_file = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dataspace.testing.broker_soak", "--seconds", "12", "--seed",
+         SEED, "--only", "fuzz", "--quiet", "--json", str(summary_file)],
+        capture_output=True, text=True, timeout=200,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path},
+    )
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    s = json.loads(summary_file.read_text())
+    server = s["server"]
+    assert server["rss_settled_mib"] >= server["settle_limit_mib"], server
+    assert any("was not given back (a leak?)" in f for f in s["checks"]["failed"]), s["checks"]
+    assert "result: FAIL" in proc.stdout
 
 
 def test_server_log_errors_are_found_with_their_tracebacks(tmp_path):

@@ -171,6 +171,13 @@ the operating system once they are gone (a full garbage collection, then ``mallo
 RECLAIM_BYTES = 32 << 20
 """So do connections closing when what the memory budget counts has fallen by this much
 (or an eighth of the budget, if more) since its high point."""
+RECLAIM_CLOSES = 64
+"""And so do this many connections closing, however little each held, or one the server
+closed for an error (at most every 10 s, as for TLS connections): a connection's objects
+hold each other in cycles (an error's traceback holds the input that caused it), which the
+collector, tuned to run seldom (``cli/serve.py``), frees only at a full collection --
+under a churn of short connections (malformed input, reconnect loops, attackers closed for
+a limit) that garbage grew a server by 17-22 MB before one came."""
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -278,6 +285,7 @@ class Server:
         self._memory_timer: asyncio.TimerHandle | None = None
         self._held_high = 0  # the most the budget's relays held since memory was given back
         self._reclaimed_at = 0.0
+        self._closes = 0  # connections closed since memory was last given back
         self.quota = Quota(self.config.max_total_assertions, self.memory)
         self._per_address: dict[str, int] = {}
         self._arrivals = _Arrivals(self.config.connect_rate)
@@ -577,6 +585,7 @@ class Server:
         refusal = self._refusal(conn)
         if refusal is not None:
             self.refused += 1
+            conn.on_released.append(self._released)  # (its garbage counts too)
             relay.fail(*refusal)
             return relay
         self.accepted += 1
@@ -660,14 +669,21 @@ class Server:
                 g.reap()
 
     def _released(self, conn: Connection) -> None:
+        self._closes += 1
         if self._reclaim_timer is not None:
             return
         delay = 0.5 if conn.held_at_close > RECLAIM_AFTER else None
         b = self.memory
-        if delay is None and b is not None and (
-                self._held_high - b.held > max(RECLAIM_BYTES, b.limit >> 3)):
-            # Many smaller ones went, a large part of the budget: not more often than
-            # every 10 s (a collection stalls the server for a moment).
+        many = self._closes >= RECLAIM_CLOSES
+        fallen = b is not None and self._held_high - b.held > max(RECLAIM_BYTES, b.limit >> 3)
+        # One the server closed for an error (a limit, malformed input): what it made the
+        # server hold (its output refused, its observers' matches, the input that failed)
+        # waits in cycles too -- 3 catch-all attackers left 14 MB until a collection.
+        failed = conn.relay is not None and conn.relay.error is not None
+        if delay is None and (many or fallen or failed):
+            # Many smaller ones went (a large part of the budget, or many connections), or
+            # an offender: not more often than every 10 s (a collection stalls the server
+            # for a moment).
             delay = max(0.5, self._reclaimed_at + 10.0 - time.monotonic())
         if delay is not None:
             self._reclaim_timer = asyncio.get_running_loop().call_later(delay, self._reclaim)
@@ -675,6 +691,7 @@ class Server:
     def _reclaim(self) -> None:
         """Give memory back: what a large peer held is retracted by now."""
         self._reclaim_timer = None
+        self._closes = 0
         t0 = time.perf_counter()
         for ent in self._entities.values():
             ent.compact()

@@ -19,7 +19,8 @@ the set time, runs at once, each on its own schedule:
   learns (``observe-only-cap``), and 40 connections from 10 addresses asserting 2 KB
   values as fast as the server takes them (``memory``: refused once the server's memory
   budget is full, ``--max-memory 64M`` here; the server's RSS must grow by less than
-  it over the whole run);
+  :data:`PEAK_ALLOWANCE` times it over the whole run, and be back within
+  :data:`SETTLE_MIB` of its start once the attacks have ended);
 * **malformed input** on fresh connections: random bytes, mutated packets, truncated
   packets, oversized declared lengths, deep nesting, valid packets with wrong events;
 * **kill -9 of clients**: ``dataspace assert '<Victim NAME>'`` subprocesses killed with
@@ -40,8 +41,9 @@ At the end it prints the probe's count, p50/p99 and failures, the checks that fa
 the server's peak RSS, the attacks' outcomes by kind (the detail of the server's
 ``<error ...>`` packet), the fuzz cases, the kills, and every line of the server's log at
 level ERROR or CRITICAL or holding a traceback.  The exit status is 0 only when no probe
-failed, no check failed, the server still answered at the end, logged no error, its peak
-RSS grew by less than its memory budget, and it exited with status 0 on SIGTERM.
+failed, no check failed (its RSS back near its start after the attacks is one), the
+server still answered at the end, logged no error, its peak RSS grew by less than
+:data:`PEAK_ALLOWANCE` times its memory budget, and it exited with status 0 on SIGTERM.
 
 Everything is bounded in count and time; checks wait on events with timeouts (delays are
 used only to pace actions).  Randomness is seeded (``--seed``; the seed is printed).
@@ -133,6 +135,27 @@ SERVER_LIMITS: dict[str, float] = {
     "handshake-timeout": 5.0,
     "max-memory": 64 << 20,
 }
+
+PEAK_ALLOWANCE = 1.25
+"""The server's RSS may grow, at its peak, by its memory budget times this.  The budget
+counts what clients make the server hold, and beyond what it refuses (assertions) what it
+cannot refuse: each connection's buffers, the strangers on the cluster port (32 KiB each,
+256 at once: 8 MiB), output on its way; so what it counted reached 74 MiB of a 64 MiB
+budget at the memory attack's peak here, with the RSS 57-67 MiB above its start (the check
+at 1.0 failed one run in three, a flake once the cluster port's attackers were added).
+What a leak keeps is caught by :data:`SETTLE_MIB` (tests/test_soak_broker.py: a server
+that keeps 256 KiB for each closed connection fails it)."""
+
+SETTLE_MIB = 20.0
+"""Once the attacks have ended, the server's RSS must come back to within this many MiB
+of where it started (what the well-behaved clients and the cluster's member hold, and the
+allocator's fragments: 7.4 MiB, 4 s after the attacks, in a run watched for the whole
+time), within :data:`SETTLE_SECONDS`: memory that attackers made it hold and it never gave
+back is a leak."""
+
+SETTLE_SECONDS = 20.0
+"""How long the server has to give memory back after the attacks (it does at most every
+10 s, after connections close)."""
 
 ATTACKS = (
     "catch-all-observers",
@@ -232,6 +255,8 @@ class Tally:
         self.kill_latencies: list[float] = []
         self.rss_kib: list[int] = []
         self.hwm_kib = 0
+        self.settled_kib: int | None = None  # the RSS once the attacks ended (and after)
+        self.settle_s = 0.0
         self.rejoins: list[float] = []  # seconds for a restarted member to be seen again
         self.stranger_flood: dict[str, int] = {}
         self.rogue_runs: list[dict[str, Any]] = []
@@ -1659,6 +1684,8 @@ class Soak:
             await self._mix()
             if self.abort is None:
                 await self._final_checks()
+            if self.abort is None:
+                await self._memory_back()
         finally:
             await self._teardown()
 
@@ -2045,6 +2072,32 @@ class Soak:
             if self._server_gone():
                 return
             await _pause(self.stop, 1.0)
+
+    async def _memory_back(self) -> None:
+        """The attacks have ended: within :data:`SETTLE_SECONDS` the server's RSS must come
+        back within :data:`SETTLE_MIB` of where it started (a leak keeps it up).  It is
+        watched until it is within half of that, or for the whole time (the lowest seen
+        counts: the server gives memory back on its own timer)."""
+        t = self.tally
+        if not t.rss_kib:
+            return
+        start = t.rss_kib[0]
+        t0 = time.monotonic()
+        while True:
+            mem = self.server.memory_kib()
+            if mem is None:
+                return
+            if t.settled_kib is None or mem[0] < t.settled_kib:
+                t.settled_kib, t.settle_s = mem[0], time.monotonic() - t0
+            if (t.settled_kib - start) / 1024 < SETTLE_MIB / 2 or \
+                    time.monotonic() - t0 >= SETTLE_SECONDS:
+                break
+            await asyncio.sleep(0.5)  # (sampling: the server gives memory back on its own)
+        grown = (t.settled_kib - start) / 1024
+        t.check(grown < SETTLE_MIB,
+                f"memory: {SETTLE_SECONDS:g} s after the attacks ended the server's RSS was "
+                f"still {grown:.0f} MiB above its start (at most {SETTLE_MIB:g}): what they "
+                "made it hold was not given back (a leak?)")
 
     def rss_growth(self) -> int | None:
         """Bytes the server's peak RSS (VmHWM) is above its first sample, if sampled."""
@@ -2519,6 +2572,12 @@ class Soak:
                 "peak_rss_mib": round(t.hwm_kib / 1024, 1),
                 "rss_growth_mib": round((self.rss_growth() or 0) / MIB, 1),
                 "memory_budget_mib": round(self.limit.get("max-memory", 0) / MIB, 1),
+                "rss_growth_limit_mib": round(
+                    self.limit.get("max-memory", 0) * PEAK_ALLOWANCE / MIB, 1),
+                "rss_settled_mib": (round((t.settled_kib - t.rss_kib[0]) / 1024, 1)
+                                    if t.settled_kib is not None and t.rss_kib else None),
+                "settled_after_s": round(t.settle_s, 1),
+                "settle_limit_mib": SETTLE_MIB,
                 "rss_mib": {
                     "first": round(t.rss_kib[0] / 1024, 1) if rss else 0.0,
                     "median": round(_pct(rss, 0.5) / 1024, 1) if rss else 0.0,
@@ -2560,10 +2619,11 @@ def verdict(summary: dict[str, Any], abort: str | None) -> tuple[bool, str]:
         return False, "the probe made no round trip"
     if server["error_lines"]:
         return False, f"the server logged an error: {server['error_lines'][0]}"
-    budget = server.get("memory_budget_mib")
-    if budget and server["rss_growth_mib"] >= budget:
+    budget, limit = server.get("memory_budget_mib"), server.get("rss_growth_limit_mib")
+    if budget and limit and server["rss_growth_mib"] >= limit:
         return False, (f"the server's RSS grew by {server['rss_growth_mib']:.0f} MiB during the "
-                       f"run, more than its memory budget ({budget:.0f} MiB, --max-memory)")
+                       f"run, more than {PEAK_ALLOWANCE:g} times its memory budget "
+                       f"({budget:.0f} MiB, --max-memory)")
     if failed:
         return False, f"{len(failed)} failed check(s): {failed[0]}"
     if not server["answered_at_end"]:
@@ -2649,8 +2709,13 @@ def format_summary(s: dict[str, Any]) -> str:
                  f"{rss['first']:.1f}, median {rss['median']:.1f}, max {rss['max']:.1f}, last "
                  f"{rss['last']:.1f} MiB ({rss['samples']} samples)")
     if srv.get("memory_budget_mib"):
-        lines.append(f"  grown by {srv['rss_growth_mib']:.1f} MiB at its peak; memory budget "
-                     f"{srv['memory_budget_mib']:.0f} MiB (--max-memory: it must stay below)")
+        lines.append(f"  grown by {srv['rss_growth_mib']:.1f} MiB at its peak (at most "
+                     f"{srv['rss_growth_limit_mib']:.0f}: {PEAK_ALLOWANCE:g} x the memory budget, "
+                     f"{srv['memory_budget_mib']:.0f} MiB)")
+    if srv.get("rss_settled_mib") is not None:
+        lines.append(f"  {srv['rss_settled_mib']:.1f} MiB above its start "
+                     f"{srv['settled_after_s']:.0f} s after the attacks ended (at most "
+                     f"{srv['settle_limit_mib']:g}: what they made it hold is given back)")
     lines.append("attacks (runs, stopped by the server, outcomes by error kind):")
     for name, a in s["attacks"].items():
         outcomes = ", ".join(f"{kind} {n}" for kind, n in sorted(a["outcomes"].items()))
@@ -2699,10 +2764,12 @@ reaches its limit within seconds:
                     subsequent_indent="  ", break_on_hyphens=False) + """
 Pass more `dataspace serve` options with --serve-arg (repeatable).
 
-Exit status: 0 when no probe failed, no check failed, the server answered a new
-client at the end, logged nothing at ERROR or CRITICAL (nor a traceback), its
-peak RSS grew by less than --max-memory, and it exited with status 0 on SIGTERM;
-1 otherwise (the last line says why); 2 for bad arguments.
+Exit status: 0 when no probe failed, no check failed (the server's RSS back
+within """ + f"{SETTLE_MIB:g}" + """ MiB of its start once the attacks ended is one), the server
+answered a new client at the end, logged nothing at ERROR or CRITICAL (nor a
+traceback), its peak RSS grew by less than """ + f"{PEAK_ALLOWANCE:g}" + """ x --max-memory, and it
+exited with status 0 on SIGTERM; 1 otherwise (the last line says why); 2 for bad
+arguments.
 """
 
 
