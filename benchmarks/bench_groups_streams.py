@@ -3,7 +3,7 @@
 (1) Entries/s consumed and acknowledged by a group of 1 and of 4 consumers: N entries
     (``<job N>``; for Redis a field ``v`` holding the same text) appended before, then
     the consumers -- each a process of its own, released together -- read batches of
-    --batch and acknowledge what they read every --ack-every entries (fsynced
+    --batch (100, then 1000) and acknowledge what they read every --ack-every entries (fsynced
     acknowledgements in batches: a crash redelivers at most that many) until the group is
     drained; the rate is N over the time from the release to the last consumer's end.
     Each side acknowledges with its next read, its own way: ours ``read(B, ack=held)``
@@ -267,7 +267,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, default=100_000, help="entries per run (default 100,000)")
-    ap.add_argument("--batch", type=int, default=100, help="entries per read (default 100)")
+    ap.add_argument("--batch", type=int, default=0,
+                    help="entries per read (default: reads of 100, then of 1000)")
     ap.add_argument("--ack-every", type=int, default=1000, metavar="N",
                     help="acknowledge once N entries are read (default 1000; --batch: each read's)")
     ap.add_argument("--repeat", type=int, default=2, help="runs per figure, the best kept (default 2)")
@@ -277,8 +278,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.entries, args.repeat, args.kills = 5_000, 1, 2
-    n, rep, batch, every = args.entries, args.repeat, args.batch, max(args.ack_every, args.batch)
-    start_steps(2 * 3 + 3)
+    n, rep = args.entries, args.repeat
+    batches = [args.batch] if args.batch else [100, 1000]
+    start_steps(len(batches) * 2 * 3 + 3)
     red = RedisServer().start()
     with contextlib.ExitStack() as stack:
         stack.callback(red.stop)
@@ -290,27 +292,25 @@ def main() -> None:
 
             server = stack.enter_context(TempPostgres())
             pg = server.create_database("bench")
-        say(f"consumer groups: {n:,} entries, reads of {batch}, acknowledged every {every:,} "
-            f"with the next read, best of {rep}; Redis through redis-py (no persistence), ours "
-            "fsyncing each acknowledgement")
+        say(f"consumer groups: {n:,} entries, reads of {' and '.join(map(str, batches))}, "
+            f"acknowledged every {max(args.ack_every, max(batches)):,} or so with the next read, "
+            f"best of {rep}; Redis through redis-py (no persistence), ours fsyncing each "
+            "acknowledgement")
         say("(1) entries/s consumed and acknowledged")
-        figures: dict[str, Any] = {}
-        for consumers in (1, 4):
-            theirs = best(rep, lambda c=consumers: redis_rate(red.port, n, c, batch, every))
+        for batch, consumers in ((b, c) for b in batches for c in (1, 4)):
+            every = max(args.ack_every, batch)
+            theirs = best(rep, lambda c=consumers, b=batch, e=every: redis_rate(red.port, n, c, b, e))
             step(f"redis, {consumers} consumers")
-            ours = best(rep, lambda c=consumers: ours_rate(sqlite, n, c, batch, every))
+            ours = best(rep, lambda c=consumers, b=batch, e=every: ours_rate(sqlite, n, c, b, e))
             step(f"sqlite, {consumers} consumers")
-            line = (f"  {consumers} consumer{'s' if consumers > 1 else ' '}   SQLite {ours:>9,.0f}"
-                    f"   Redis {theirs:>9,.0f}   ({ours / theirs:.2f}x)")
+            line = (f"  reads of {batch:<5} {consumers} consumer{'s' if consumers > 1 else ' '}   "
+                    f"SQLite {ours:>9,.0f}   Redis {theirs:>9,.0f}   ({ours / theirs:.2f}x)")
             if pg is not None:
-                theirs_pg = best(rep, lambda c=consumers: ours_rate(pg, n, c, batch, every))
+                theirs_pg = best(rep, lambda c=consumers, b=batch, e=every: ours_rate(pg, n, c, b, e))
                 step(f"postgresql, {consumers} consumers")
                 line += f"   PostgreSQL {theirs_pg:>9,.0f} ({theirs_pg / theirs:.2f}x)"
-                figures[f"postgresql_{consumers}"] = theirs_pg
             else:
                 skip(1)
-            figures[f"sqlite_{consumers}"] = ours
-            figures[f"redis_{consumers}"] = theirs
             say(line)
         say(f"(2) kill -9 to redelivery, idle timeout 1 s, {args.kills} kills: median / worst")
         red_times = redis_redelivery(red.port, args.kills)

@@ -143,6 +143,7 @@ from .integrity import (
     ends_problem,
     group_problem,
     pending_checksum,
+    pending_checksums,
     pending_top_problem,
     plural,
     salvage_rows,
@@ -1364,6 +1365,13 @@ class PostgresStore(Store):
                 if early:  # now the position: its row locked, read again
                     srow, g = self._stream_group(conn, stream, group, lock=True)
                 self._deliver_new(cur, srow, g, consumer, left, now_ns, out)
+        if out.fetch is not None:
+            a, b, gname, cname, now = out.fetch
+            out.fetch = None
+            t = self._range(stream, "e.idx, e.seq, e.time_ns", a, b, b - a)
+            if t is not None:
+                out.deliveries += [Delivery(stream, i, v, m, tm, q, gname, cname, 1, now)
+                                   for i, q, tm, v, m in zip(t[0], t[1], t[2], t[3], t[4])]
         return out
 
     def group_claim(self, stream: str, group: str, consumer: str, *, now_ns: int,
@@ -1438,6 +1446,17 @@ class PostgresStore(Store):
         g.next = max(a, b)
         g.seal()
         idxs = list(range(a, b))
+        if g.hold and b > a:
+            # Their pending rows hold retention back: read them after the commit, with the
+            # group's row no longer locked (the next consumer's read goes on meanwhile).
+            cur.execute(
+                f"WITH u AS (UPDATE {_G} SET next_index = %s, checksum = %s WHERE id = %s) "
+                f"INSERT INTO {_P} (grp, idx, consumer, deliveries, delivered_ns, checksum) "
+                "SELECT %s, i, %s, 1, %s, c FROM unnest(%b::bigint[], %b::bigint[]) AS x(i, c)",
+                (g.next, g.checksum, g.id, g.id, consumer, now, idxs,
+                 pending_checksums(g.id, a, b, consumer, now)))
+            out.fetch = (a, b, g.name, consumer, now)
+            return
         rows = cur.execute(
             f"WITH u AS (UPDATE {_G} SET next_index = %s, checksum = %s WHERE id = %s), "
             f"p AS (INSERT INTO {_P} (grp, idx, consumer, deliveries, delivered_ns, checksum) "
@@ -1445,7 +1464,7 @@ class PostgresStore(Store):
             f"SELECT e.idx, e.seq, e.time_ns, e.value, e.meta, {_SUM} FROM {_E} e WHERE "
             "e.stream = %s AND e.idx >= %s AND e.idx < %s ORDER BY e.idx",
             (g.next, g.checksum, g.id, g.id, consumer, now, idxs,
-             [pending_checksum(g.id, i, consumer, 1, now) for i in idxs], srow.id, a, b)
+             pending_checksums(g.id, a, b, consumer, now), srow.id, a, b)
         ).fetchall()
         if b <= a:
             return
