@@ -501,7 +501,9 @@ class Cluster:
             (log.warning if self.heard_tls == 1 else log.debug)(
                 "route from %s: %s", conn.peer_host or conn.name, HEARS_TLS)
         self._handshaking.pop(conn, None)
-        self._strangers.pop(conn, None)
+        if (self._strangers.pop(conn, None) is not None and conn.max_input is not None
+                and conn.bytes_in > conn.max_input):
+            self.strangers_closed += 1  # (closed for sending too much: see data_received)
         if conn.relay is not None:
             self._relay_conn.pop(conn.relay, None)
         s = self._of_conn.pop(conn, None)
