@@ -153,3 +153,52 @@ def test_acknowledged_messages_survive_kill_9_of_a_recording_server(tmp_path, ba
     assert result.kills == kills
     assert result.acknowledged > 0
     assert result.problems == []
+
+
+@async_test
+async def test_a_sync_the_store_could_not_honour_says_the_servers_reason(tmp_path):
+    """The server closes a connection whose sync it cannot honour with its reason (the
+    store failed): sync() says that reason, not only 'lost'; so do later calls on the
+    closed client, and `dataspace send` (which syncs before it exits)."""
+    import subprocess
+    import sys
+
+    from dataspace.streams import Recorder, open_store
+
+    async with running_server(tmp_path) as server:
+        store = open_store(tmp_path / "store")
+
+        def on_fire(*args, **kwargs):
+            raise OSError("disk on fire")
+
+        rec = Recorder(server.dataspaces["root"], "<Says $who $text>", store, "chat")
+        store.transaction = on_fire
+        rec.on_progress = server.sync_gate.progress
+        server.add_durable_source(rec)
+        ds = await connect(tcp_address(server), server.sturdyref, reconnect=False)
+        try:
+            ds.send(parse('<Says "a" 0>'))
+            with pytest.raises(ConnectionError) as e:
+                await ds.sync(timeout=20)
+            why = ("the stream store failed (disk on fire); what this connection sent may "
+                   "not be recorded")
+            assert str(e.value) == f"{tcp_address(server)} closed the connection during " \
+                                   f"sync: {why}"
+            with pytest.raises(ConnectionError) as e:
+                await ds.sync(timeout=20)
+            assert str(e.value) == f"not connected to {tcp_address(server)}: it closed the " \
+                                   f"connection: {why}"
+            with pytest.raises(ConnectionError, match="it closed the connection: the stream"):
+                await ds.query("<Says $who $text>")
+        finally:
+            await ds.close()
+        cmd = [sys.executable, "-m", "dataspace.cli", "send", '<Says "b" 1>', "--server",
+               tcp_address(server), "--data-dir", str(tmp_path / "data")]
+        r = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True,
+                                    timeout=60)
+        assert r.returncode == 1
+        assert r.stderr.splitlines() == [
+            f"dataspace send: {tcp_address(server)} closed the connection during sync: "
+            f"{why}; the messages may not have been delivered"], r.stderr
+        rec.close()
+        store.close()

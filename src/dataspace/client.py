@@ -318,6 +318,9 @@ class RemoteDataspace(_DataspaceBase):
         self._closed = asyncio.Event()
         self.error: BaseException | None = None
         """Why the client stopped for good (e.g. the capability was rejected)."""
+        self.lost: str | None = None
+        """Why the last connection was lost (the server's reason when it gave one, e.g.
+        ``"it closed the connection: the stream store failed ..."``), or None."""
         self.dropped_messages = 0
         self.reconnects = 0
         self.on_disconnect: list[Callable[[], Any]] = []
@@ -443,6 +446,7 @@ class RemoteDataspace(_DataspaceBase):
             conn.close("bad answer")
             raise ConnectionError(f"{self.address} answered the resolve with a non-reference")
         self._conn, self._relay, self._ref = conn, relay, ref
+        self.lost = None
         # Re-assert what we hold (subscriptions included), as one packet.
         for h, v in self._values.items():
             ref.on_assert(v, h)
@@ -482,10 +486,23 @@ class RemoteDataspace(_DataspaceBase):
         reason = conn.close_reason if conn.closed else None
         return f"{a} did not accept the capability: {reason or 'timed out'}"
 
+    @staticmethod
+    def _why_closed(conn: Connection, relay: Relay | None) -> str:
+        """Why ``conn`` closed, for an error: the server's own reason when it sent one
+        (an ``<error>`` packet: the store failed, a limit ...), else the connection's."""
+        if relay is not None and relay.peer_error:
+            return f"it closed the connection: {relay.peer_error[0]}"
+        return conn.close_reason or "the connection closed"
+
+    def _not_connected(self) -> ConnectionError:
+        why = f": {self.lost}" if self.lost else ""
+        return ConnectionError(f"not connected to {self.address}{why}")
+
     def _lost(self, conn: Connection) -> None:
         if conn is not self._conn:
             return
-        log.info("%s: disconnected: %s", self.address, conn.close_reason)
+        self.lost = self._why_closed(conn, self._relay)
+        log.info("%s: disconnected: %s", self.address, self.lost)
         self._conn = self._relay = self._ref = None
         self._connected.clear()
         # The relay has retracted what the server asserted to our observers; make sure
@@ -686,9 +703,9 @@ class RemoteDataspace(_DataspaceBase):
 
         Raises ``ConnectionError`` if the connection is lost first.
         """
-        ref, relay, conn = self._ref, self._relay, self._conn
+        ref, relay, conn, address = self._ref, self._relay, self._conn, self.address
         if ref is None or relay is None or conn is None:
-            raise ConnectionError(f"not connected to {self.address}")
+            raise self._not_connected()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         relay.send_sync(ref, _SyncPeer(fut))
@@ -701,8 +718,12 @@ class RemoteDataspace(_DataspaceBase):
         if not fut.done():
             fut.cancel()
             if conn.closed:
-                raise ConnectionError(f"connection to {self.address} lost during sync")
-            raise TimeoutError(f"no answer to sync from {self.address} within {timeout} s")
+                if relay.peer_error:  # the server said why: say it (e.g. the store failed)
+                    raise ConnectionError(f"{address} closed the connection during sync: "
+                                          f"{relay.peer_error[0]}")
+                raise ConnectionError(f"connection to {address} lost during sync "
+                                      f"({self._why_closed(conn, relay)})")
+            raise TimeoutError(f"no answer to sync from {address} within {timeout:g} s")
 
     async def _barrier(self, timeout: float | None) -> None:
         await self.sync(timeout)
@@ -710,7 +731,7 @@ class RemoteDataspace(_DataspaceBase):
     def _check_ready(self, what: str) -> None:
         super()._check_ready(what)
         if self._ref is None:
-            raise ConnectionError(f"not connected to {self.address}")
+            raise self._not_connected()
 
     async def drain(self) -> None:
         """Wait while the connection's send buffer is over its limit (back-pressure)."""

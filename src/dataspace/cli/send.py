@@ -260,7 +260,8 @@ class Sender:
     async def _flush(self, batch: list[tuple[int | None, Value, bool]]) -> None:
         ds = self.ds
         if not ds.connected:
-            raise ConnectionError(f"not connected to {ds.address}")
+            why = f": {ds.lost}" if ds.lost else ""  # (the server's reason, if it gave one)
+            raise ConnectionError(f"not connected to {ds.address}{why}")
         with ds.turn():
             for _n, v, ok in batch:
                 if ok:
@@ -363,7 +364,8 @@ class Sender:
                 await ds.wait_connected(timeout=10)
             except (TimeoutError, OSError, ConnectionError):
                 what = f"line {lineno}" if lineno is not None else stringify(v)
-                print(f"{PROG}: {what} not sent: not connected to the server",
+                why = f" ({ds.lost})" if ds.lost else ""
+                print(f"{PROG}: {what} not sent: not connected to the server{why}",
                       file=sys.stderr, flush=True)
                 self.failed += 1
                 return
