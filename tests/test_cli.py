@@ -89,6 +89,52 @@ def test_every_help_fits_an_80_column_terminal(monkeypatch):
     assert "  dataspace observe '<Says \"alice\" $text>'          alice's messages\n" in observe
 
 
+COUNTED_NOUNS = {
+    "assertions", "attempts", "batches", "bytes", "clients", "connections", "consumers",
+    "deliveries", "entries", "errors", "events", "files", "graphs", "groups", "jobs", "lines",
+    "links", "matches", "members", "messages", "observers", "patterns", "processors",
+    "replies", "requests", "routes", "rows", "streams", "subscriptions", "tailers", "times",
+    "turns", "users", "values"}
+
+
+def test_counts_in_messages_agree_with_their_nouns():
+    """"server gone (connection refused, 1 attempts)": no f-string of the CLI puts a
+    count straight before a plural noun (say it with plural(): 1 attempt, 2 attempts);
+    constants (MAX_..., always many) are left alone.  Then a few of the lines seen."""
+    import ast
+    import re
+    from pathlib import Path
+
+    import dataspace.cli as cli_pkg
+    from dataspace.cli.info import format_summary
+    from dataspace.cli.top import Reconnect
+
+    found = []
+    for f in sorted(Path(cli_pkg.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, ast.JoinedStr):
+                continue
+            for a, b in zip(node.values, node.values[1:]):
+                if isinstance(a, ast.FormattedValue) and isinstance(b, ast.Constant):
+                    m = re.match(r" (?:of \S+ )?(?:[a-z]+ )?([a-z]+)\b", str(b.value))
+                    said = ast.unparse(a.value)
+                    if m and m.group(1) in COUNTED_NOUNS and not re.fullmatch(r"[A-Z_]+", said):
+                        found.append(f"{f.name}:{node.lineno}: {{{said}}}{b.value[:20]}")
+    assert not found, found
+    r = Reconnect("connection refused", 0.0)
+    r.failed("connection refused", 0.0)
+    assert r.notice(0.0).startswith("server gone (connection refused, 1 attempt), ")
+    r.failed("connection refused", 0.0)
+    assert r.notice(0.0).startswith("server gone (connection refused, 2 attempts), ")
+    text = "\n".join(format_summary({
+        "turns": 1, "dataspaces": {"root": {"assertions": 1, "observers": 1}},
+        "memory_budget": {"used": 1, "limit": 10, "refused": 1},
+        "groups": [{"group": "g", "pattern": "_", "member_count": 1, "messages": 1,
+                    "jobs": 1, "reassigned": 0}]}, "http://x"))
+    for said in ("1 turn;", "(1 observer)", "1 assertion refused", "1 member, 1 message, 1 job,"):
+        assert said in text, (said, text)
+
+
 def test_a_misspelt_option_is_reported_by_its_command_with_a_guess(capsys):
     """`send --sever x` was reported by the top-level parser ("dataspace: error:", the
     usage of `dataspace`), with no hint of --server."""

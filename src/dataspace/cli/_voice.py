@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["speak_as"]
+__all__ = ["plural", "speak_as"]
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """A count and its noun, agreeing: ``1 attempt``, ``2 attempts``, ``1,000 entries``
+    (``many`` for nouns that do not just take an s)."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 class _Voice(logging.Formatter):

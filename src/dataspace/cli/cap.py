@@ -22,6 +22,7 @@ from ..protocol.sturdy import (
 from ..values import PreservesError, Record, Sequence, Symbol, Value, parse, stringify
 from ._client import ArgumentError, read_capability_arg
 from ._json import to_json
+from ._voice import plural
 
 FALLBACK_OID = "root"
 """The root oid of a server with the default configuration (``ServerConfig.root_oid``)."""
@@ -285,7 +286,7 @@ def _load_key(args: argparse.Namespace) -> bytes:
         raise _Fail(f"cannot read the key {path}: {e.strerror}") from None
     if len(key) != KEY_BYTES:
         raise _Fail(
-            f"{path} is not a dataspace key ({len(key)} bytes, expected {KEY_BYTES}); "
+            f"{path} is not a dataspace key ({plural(len(key), 'byte')}, expected {KEY_BYTES}); "
             "use --key-file for a key of another length"
         )
     return key

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..broker.cluster import CLUSTER_STATUS_FILE, SECRET_FILE, make_secret
 from ..datadir import DATA_DIR_HELP, resolve_data_dir
+from ._voice import plural
 from .link import STALE, _age
 
 EXAMPLES = f"""\
@@ -115,7 +116,7 @@ def print_status(doc: dict[str, Any], running: bool = True) -> None:
     members = doc.get("members", [])
     up = [m for m in members if m.get("up")]
     print(f"cluster {doc.get('cluster')}: member {doc.get('id')} at {doc.get('address')}; "
-          f"{1 + len(up)} of {1 + len(members)} members up"
+          f"{1 + len(up)} of {plural(1 + len(members), 'member')} up"
           + ("" if running else " (when the server last wrote its status)"))
     rec = doc.get("recording")
     if isinstance(rec, dict):

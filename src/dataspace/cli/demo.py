@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         if args.delay:
             time.sleep(args.delay)
 
-    say(f"dataspace demo: {args.users} simulated users in one in-process dataspace")
+    say(f"dataspace demo: {args.users} simulated user{'' if args.users == 1 else 's'} in "
+        "one in-process dataspace")
     # The room monitor: presence and messages.
     ds.observe("<Present $who>",
                on_assert=lambda who: say(f"  [room]     + {who} is present"),

@@ -35,6 +35,11 @@ def _n(x: Any) -> str:
     return f"{x:,}" if isinstance(x, int) else "-" if x is None else str(x)
 
 
+def _of(x: Any, one: str) -> str:
+    """A count and its noun, agreeing (``1 turn``, ``2 turns``; ``- turns`` unknown)."""
+    return f"{_n(x)} {one if x == 1 else one + 's'}"
+
+
 MAX_GROUP_LINES = 10
 """Groups of observers listed by ``info`` (the busiest first)."""
 
@@ -44,10 +49,9 @@ def group_line(g: dict[str, Any]) -> str:
     ds = "" if g.get("dataspace") in (None, "root") else f" in {g['dataspace']}"
     waiting = f" ({_n(g['pending'])} waiting)" if g.get("pending") else ""
     dropped = f", {_n(g['dropped'])} to no member" if g.get("dropped") else ""
-    n = g.get("member_count", 0)
-    return (f"group        {g['group']} {g['pattern']}{ds}: {_n(n)} member"
-            f"{'' if n == 1 else 's'}, {_n(g['messages'])} messages{dropped}, "
-            f"{_n(g['jobs'])} jobs{waiting}, {_n(g['reassigned'])} moved")
+    return (f"group        {g['group']} {g['pattern']}{ds}: "
+            f"{_of(g.get('member_count', 0), 'member')}, {_of(g['messages'], 'message')}"
+            f"{dropped}, {_of(g['jobs'], 'job')}{waiting}, {_n(g['reassigned'])} moved")
 
 
 def format_summary(s: dict[str, Any], url: str) -> list[str]:
@@ -63,10 +67,10 @@ def format_summary(s: dict[str, Any], url: str) -> list[str]:
         lines.append(f"core         {s['core'].get('describe')}")
     lines.append(f"connections  {_n(s.get('connections'))} open, {_n(s.get('connections_accepted'))} "
                  f"accepted, {_n(s.get('connections_refused'))} refused")
-    dss = ", ".join(f"{name} {_n(d['assertions'])} ({_n(d['observers'])} observers)"
+    dss = ", ".join(f"{name} {_n(d['assertions'])} ({_of(d['observers'], 'observer')})"
                     for name, d in sorted(s.get("dataspaces", {}).items()))
     lines.append(f"assertions   {_n(s.get('assertions'))} held by peers; distinct values: {dss}")
-    lines.append(f"traffic      {_n(s.get('turns'))} turns; messages {_n(s.get('messages_in'))} "
+    lines.append(f"traffic      {_of(s.get('turns'), 'turn')}; messages {_n(s.get('messages_in'))} "
                  f"in, {_n(s.get('messages_out'))} out; {size(s.get('bytes_in'))} in, "
                  f"{size(s.get('bytes_out'))} out")
     errs = {k: v for k, v in (s.get("errors") or {}).items() if v}
@@ -78,7 +82,7 @@ def format_summary(s: dict[str, Any], url: str) -> list[str]:
     if mb and mb.get("limit"):
         lines.append(f"budget       {size(mb['used'])} of {size(mb['limit'])} held for clients "
                      f"({100 * mb['used'] // mb['limit']}%, --max-memory); "
-                     f"{_n(mb['refused'])} assertions refused")
+                     f"{_of(mb['refused'], 'assertion')} refused")
     elif mb is not None:
         lines.append("budget       off (--max-memory off): clients' memory is not bounded")
     if s.get("links", {}).get("count"):

@@ -207,9 +207,9 @@ def _n(x: int) -> str:
     return f"{x:,}"
 
 
-def _count(n: int, one: str) -> str:
+def _count(n: int, one: str, many: str | None = None) -> str:
     """``1 processor``, ``4 processors``."""
-    return f"{n:,} {one if n == 1 else one + 's'}"
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
 
 
 def format_progress(stats: list[ProcStats], rate: float | None = None,
@@ -336,7 +336,7 @@ def run_check(args: argparse.Namespace) -> int:
         }, indent=2, ensure_ascii=False))
         return 0
     print(f"{args.graph}: graph {g.name!r} is valid: {_count(len(g.processors), 'processor')}, "
-          f"{len(g.streams())} streams")
+          f"{_count(len(g.streams()), 'stream')}")
     for p in g.order():
         outs = ", ".join(p.outputs) or "(side effects)"
         print(f"  {p.kind:<9} {p.name:<20} {', '.join(p.inputs)} -> {outs}")
@@ -523,7 +523,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
     if not args.quiet:
         why = "interrupted" if stop.is_set() else "idle" if args.until_idle else "stopped"
         took = time.monotonic() - t0
-        print(f"dataspace pipeline: {why}: {_n(total_in)} messages in, {_n(total_out)} out "
+        print(f"dataspace pipeline: {why}: {_count(total_in, 'message')} in, {_n(total_out)} out "
               f"in {hms(took)}")
     verbose = getattr(args, "verbose", 0)
     for s in failed:
@@ -730,12 +730,13 @@ def _spark_line(sp: dict[str, Any]) -> str:
         parts.append("no batch yet")
     if sp["in_flight"] is not None:
         msgs = sp["in_flight_messages"]
-        parts.append(f"batch {sp['in_flight']} in flight" + (f" ({_n(msgs)} messages)" if msgs else "")
+        parts.append(f"batch {sp['in_flight']} in flight" + (f" ({_count(msgs, 'message')})" if msgs else "")
                      if sp["live"] else f"batch {sp['in_flight']} unfinished (the next run retries it)")
     t = sp["totals"]
     if t:
-        parts.append(f"{_n(t['batches'])} batches, {_n(t['in'])} in, {_n(t['out'])} out"
-                     + (f", {_n(t['errors'])} errors" if t["errors"] else ""))
+        parts.append(f"{_count(t['batches'], 'batch', 'batches')}, {_n(t['in'])} in, "
+                     f"{_n(t['out'])} out"
+                     + (f", {_count(t['errors'], 'error')}" if t["errors"] else ""))
     when = None
     if sp["time"] is not None:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.strptime(sp["time"][:19], "%Y-%m-%dT%H:%M:%S"))
@@ -768,7 +769,7 @@ def run_route(args: argparse.Namespace) -> int:
 
     t0 = time.monotonic()
     live = LiveLine(sys.stdout, prefix="dataspace pipeline route: ")
-    live.echo(f"dataspace pipeline route: {len(patterns):,} patterns, values {args.values}, "
+    live.echo(f"dataspace pipeline route: {_count(len(patterns), 'pattern')}, values {args.values}, "
               f"starting Spark ({args.master}) ...")
     created = False
     try:
@@ -786,7 +787,7 @@ def run_route(args: argparse.Namespace) -> int:
         if created:
             with contextlib.suppress(Exception):
                 stop_session()
-    print(f"dataspace pipeline route: {n_values:,} values, {n_matches:,} matches -> "
+    print(f"dataspace pipeline route: {_count(n_values, 'value')}, {_count(n_matches, 'match', 'matches')} -> "
           f"{args.out} ({time.monotonic() - t0:.1f}s)")
     return 0
 

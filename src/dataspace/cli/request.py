@@ -19,6 +19,7 @@ from ._client import (
     stop_event,
     warn_dropped,
 )
+from ._voice import plural
 from .observe import event_line
 
 EXAMPLES = """\
@@ -178,6 +179,6 @@ async def _gather(args: argparse.Namespace, ds: Any, value: Value, pattern: Patt
               "running? its reply must be a message matching --reply)", file=sys.stderr)
         return 1
     if args.wait is None and want and got < want:
-        print(f"{PROG}: {got} of {want} replies within {window:g} s", file=sys.stderr)
+        print(f"{PROG}: {got} of {plural(want, 'reply', 'replies')} within {window:g} s", file=sys.stderr)
         return 1
     return 0

@@ -364,7 +364,7 @@ def _ago(ns: int | None) -> str:
 def _retention(s: StreamInfo) -> str:
     parts = []
     if s.max_count is not None:
-        parts.append(f"{s.max_count} entries")
+        parts.append(_plural(s.max_count, 'entry', 'entries'))
     if s.max_age is not None:
         parts.append(_duration(s.max_age))
     return ", ".join(parts) or "keep all"
@@ -803,8 +803,8 @@ def run_create(args: argparse.Namespace) -> int:
             s = store.stream_info(args.name)
     except (StoreError, OSError, ValueError) as e:
         return _fail(str(e))
-    print(f"{s.name}: {s.count} entries, retention {_retention(s)}"
-          + (f" ({removed} old entries removed)" if removed else ""))
+    print(f"{s.name}: {_plural(s.count, 'entry', 'entries')}, retention {_retention(s)}"
+          + (f" ({_plural(removed, 'old entry', 'old entries')} removed)" if removed else ""))
     return 0
 
 
@@ -903,9 +903,12 @@ def run_copy(args: argparse.Namespace) -> int:
               "(run it again with --replace)", file=sys.stderr)
         return 130
     print(f"dataspace stream: copied {_plural(len(r.streams), 'stream')}, "
-          f"{_plural(r.entries, 'entry', 'entries')}, {_plural(r.tailers, 'tailer')}" + (f" (replaced {', '.join(r.replaced)})" if r.replaced else ""))
+          f"{_plural(r.entries, 'entry', 'entries')}, {_plural(r.tailers, 'tailer')}"
+          + (f" (replaced {', '.join(r.replaced)})" if r.replaced else ""))
     if r.appended_meanwhile:
-        print(f"dataspace stream: {r.appended_meanwhile:,} entries were appended to {src_text} "
+        n = r.appended_meanwhile
+        were = f"{_plural(n, 'entry was', 'entries were')}"
+        print(f"dataspace stream: {were} appended to {src_text} "
               "during the copy and are not in the copy; stop its writers and copy again "
               "with --replace", file=sys.stderr)
     return 0
@@ -1232,7 +1235,7 @@ def _group_settings(g: GroupInfo) -> str:
     idle = "never claimed by a read" if g.idle_timeout is None else \
         f"idle timeout {_duration(g.idle_timeout)}"
     dead = ("no delivery limit" if g.max_deliveries is None else
-            f"after {g.max_deliveries} deliveries to {g.dead_letter}")
+            f"after {_plural(g.max_deliveries, 'delivery', 'deliveries')} to {g.dead_letter}")
     hold = "holds retention" if g.hold_retention else "does not hold retention"
     return f"{idle}, {dead}, {hold}"
 

@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from ._http import HTTP_HELP, Api, HttpFail, add_http_args, duration
+from ._voice import plural
 
 SORTS = {
     "c": ("id", "connection id"),
@@ -761,7 +762,7 @@ class Reconnect:
         self.next_at = now + BACKOFF[min(self.attempts, len(BACKOFF) - 1)]
 
     def notice(self, now: float) -> str:
-        tried = f", {self.attempts} attempts" if self.attempts else ""
+        tried = f", {plural(self.attempts, 'attempt')}" if self.attempts else ""
         return (f"server gone ({self.why}{tried}), reconnecting in "
                 f"{max(0.0, self.next_at - now):.0f}s; q quits")
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .base import MAX_INDEX, Store, StoreError, StreamInfo, StreamNotFound
-from .integrity import StreamDigest
+from .integrity import StreamDigest, plural
 
 __all__ = ["CopyMismatch", "CopyRefused", "CopyResult", "copy_streams", "plan_copy"]
 
@@ -103,9 +103,10 @@ def copy_streams(
         if dst.has_stream(s.name):
             d = dst.stream_info(s.name)
             if d.next > 0 or d.tailers:
-                what = f"{d.count} entries" if d.count else f"next index {d.next}"
+                what = plural(d.count, "entry", "entries") if d.count else \
+                    f"next index {d.next}"
                 if d.tailers:
-                    what += f", {len(d.tailers)} tailers"
+                    what += f", {plural(len(d.tailers), 'tailer')}"
                 busy.append(f"{s.name} ({what})")
                 result.replaced.append(s.name)
     if busy and not replace:

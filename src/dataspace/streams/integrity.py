@@ -730,7 +730,7 @@ def digest_of(where: str, stream: str, first: int, nxt: int, start: int, end: in
     n, lo, hi, sealed, total = got
     if n != len(want) or (n and (lo != want[0] or hi != want[-1])):
         asked = _span(max(start, 0), min(end, nxt)) if min(end, nxt) > max(start, 0) else "none"
-        raise damaged(where, stream, f"a read of {asked} found {n} entries"
+        raise damaged(where, stream, f"a read of {asked} found {plural(n, 'entry', 'entries')}"
                       + (f" ({_span(lo, hi + 1)})" if n else "")
                       + f" where the stream holds {_span(want[0], want[-1] + 1) if want else 'none'}")
     if sealed != n:

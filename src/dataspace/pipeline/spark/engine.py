@@ -454,7 +454,7 @@ class SparkEngine(Engine):
                 q.activity_t0 -= max(0.0, min(age, 3600.0))
         msgs = sum(b - a for a, b in ranges.values()) if ranges else 0
         what = ("finishing " if self._finishing else "") + f"batch {n}" + (
-            f": {msgs:,} messages" if msgs else "")
+            f": {msgs:,} message{'' if msgs == 1 else 's'}" if msgs else "")
         tasks = self._tasks(q)
         if tasks is not None:
             what += f", tasks {tasks[0]}/{tasks[1]}"
