@@ -711,6 +711,30 @@ async def test_members_given_the_same_routes_itself_included_settle_without_phan
 
 
 @async_test
+async def test_a_route_replaced_by_a_newer_one_is_no_warning(tmp_path, secret, root_key,
+                                                             caplog):
+    """Two routes to one member (two members dialing each other at start, a restarted
+    member's new route): the one not kept is closed with INFO on both ends, whichever
+    it is -- the peer is still reached over the other, so nothing calls for an operator.
+    Forced here: the member with the smaller id dials again with the greatest nonce,
+    so its new route is kept at both ends and the one that was up is replaced."""
+    async with cluster(tmp_path, 2, secret, root_key) as ms:
+        low, high = sorted(ms, key=lambda m: m.server_id)
+        watch = ClusterWatch(*ms)
+        before = {m.server_id: m.cluster.established for m in ms}
+        caplog.set_level(logging.INFO, logger="dataspace.broker.cluster")
+        caplog.clear()
+        low.cluster._dial(high.cluster.address, "f" * 20)
+        await watch.until(lambda: all(m.cluster.established > before[m.server_id]
+                                      for m in ms) and watch.meshed())
+        await watch.until(lambda: all(len(m.cluster.connections) == 1 for m in ms))
+        said = [(r.levelname, r.getMessage()) for r in caplog.records
+                if r.name == "dataspace.broker.cluster" and "closed:" in r.getMessage()]
+        assert [m for _lv, m in said if "replaced by a newer route" in m], said
+        assert all(lv == "INFO" for lv, _m in said), said
+
+
+@async_test
 async def test_a_leaf_linked_to_the_cluster_sees_all_of_it_and_follows_its_members(
         tmp_path, secret, root_key):
     async with cluster(tmp_path, 3, secret, root_key) as ms:

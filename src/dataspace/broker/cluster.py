@@ -790,8 +790,16 @@ class Cluster:
             else:
                 log.debug("route %s: closed: %s", s.name, why)
         else:
-            (log.info if tell and not was else log.warning)("route %s: closed: %s", s.name,
-                                                            why)
+            # A route not taken (never ready), or one closed while another to the same
+            # member is up -- replaced by a newer one: the race of two members dialing
+            # each other, a restarted member's new route -- loses nothing: INFO.  A
+            # warning is for a member no longer reached this way.
+            m = self.membership
+            kept = m.by_peer.get(s.peer_id) if m is not None else None
+            other = m.routes.get(kept) if m is not None and kept is not s else None
+            replaced = other is not None and other.ready
+            (log.info if (tell and not was) or replaced else log.warning)(
+                "route %s: closed: %s", s.name, why)
         conn = s.conn
         if conn is None or conn.closed:
             return
