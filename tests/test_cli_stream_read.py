@@ -122,7 +122,7 @@ def test_ls_and_info_json(chat, capsys):
     assert {k: info[k] for k in s if k not in ("created", "last_time")} == {
         k: s[k] for k in s if k not in ("created", "last_time")}
     assert info["integrity"] == {"ok": True, "streams": 1, "entries": 30, "tailers": 1,
-                                 "unsealed": 0, "problems": []}
+                                 "groups": 0, "pending": 0, "unsealed": 0, "problems": []}
     with open_store(chat) as st:
         st.create_stream("empty")
     code, out, _ = run(capsys, "stream", "ls", "--json", *where)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dataspace.streams import StoreCorrupt, open_store
-from dataspace.streams.base import AckLost, GroupNotFound, StreamNotFound
+from dataspace.streams.base import AckLost, GroupNotFound, StoreError, StreamNotFound
 from dataspace.streams.groups import Group
 from dataspace.values import Symbol, parse
 from store_damage import Raw
@@ -427,3 +427,12 @@ def test_a_read_can_carry_the_acknowledgement_of_the_last(store: Any) -> None:
     assert [p.index for p in c.pending()] == [2, 3]
     assert idx(c.read(5, ack=[2, 9])) == [4] and c.acked == 1  # indices too; 9 was not pending
     assert c.read(5, ack=[3, 4]) == [] and c.acked == 2 and c.pending() == []
+
+
+def test_a_read_inside_a_transaction_says_what_to_do(store: Any) -> None:
+    jobs(store, 1)
+    c = store.group("jobs", "g").consumer("a")
+    with pytest.raises(StoreError, match="read before beginning the transaction"):
+        with store.transaction():
+            c.read(1)
+    assert idx(c.read(1)) == [0]

@@ -1307,8 +1307,9 @@ class PostgresStore(Store):
 
         self._check_open()
         if getattr(self._local, "tx", None) is not None:
-            raise StoreError("a consumer group's read inside a transaction: read before "
-                             "beginning the transaction that writes its results")
+            raise StoreError("a consumer group's read, claim or acknowledgement inside a "
+                             "transaction: read before beginning the transaction that writes "
+                             "its results, and acknowledge in it with Transaction.ack")
         with self._conn() as conn:
             try:
                 conn.execute("BEGIN" if durable else "BEGIN; SET LOCAL synchronous_commit TO OFF")

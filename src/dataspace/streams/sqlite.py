@@ -680,6 +680,10 @@ class SQLiteStore(Store):
             except OSError as e:
                 raise StoreError(f"cannot open {self.path}-groups: {e.strerror}") from e
             self._groups_fd = fd
+        if self._in_tx and self._tx is not None:
+            raise StoreError("a consumer group's read, claim or acknowledgement inside a "
+                             "transaction: read before beginning the transaction that writes "
+                             "its results, and acknowledge in it with Transaction.ack")
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             tx = self._begin(durable=durable, quiet=True)
