@@ -250,6 +250,32 @@ def test_the_commands_refuse_each_case(damaged_store, case, capsys, tmp_path):
     assert CHECK_SAYS[case] in out, out
 
 
+def test_info_check_of_a_damaged_stream_says_what_to_do_next(store_url, capsys, tmp_path):
+    """`stream info ab --check` on a damaged stream: the report, then one error line that
+    says what to do next -- restore, or export what is intact -- not "run `dataspace
+    stream info ab --check`", the command just run; the salvage it names works."""
+    build(store_url)
+    raw = Raw(store_url)
+    raw.flip_column("streams", "next_index", 5, "ab")
+    raw.close()
+    for extra in ([], ["--json"]):
+        code, out, err = run(capsys, "stream", "info", "ab", "--check", *extra,
+                             "--store", store_url)
+        assert code == 1 and ("integrity   PROBLEMS" in out or '"ok": false' in out), out
+        (line,) = err.splitlines()
+        assert_damaged(line)
+        assert "--check" not in line, line
+        assert line.endswith("(restore the store from a backup, or save what is intact "
+                             "with `dataspace stream export ab FILE --skip-damaged`)"), line
+    saved = tmp_path / "saved.pr"
+    code, _out, err = run(capsys, "stream", "export", "ab", str(saved), "--skip-damaged",
+                          "--store", store_url)
+    assert code == 1 and f"exported the {N} intact entries of ab" in err, err
+    # Any other command refused by the damage advises the check.
+    code, _out, err = run(capsys, "stream", "info", "ab", "--store", store_url)
+    assert code == 1 and "run `dataspace stream info ab --check`" in err, err
+
+
 def test_append_to_a_damaged_stream_is_the_one_line_error_not_a_traceback(store_url, capsys):
     """Issue 28 §3: `stream append` gave sqlite3.IntegrityError (UNIQUE constraint
     failed) where next_index had been lowered under stored entries."""

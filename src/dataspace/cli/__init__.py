@@ -51,7 +51,7 @@ examples:
                                           answer requests until Ctrl-C
   dataspace cap mint                      print the server's root capability
   dataspace clients                       list the server's connections
-  dataspace top                           live connections and rates (serve --http)
+  dataspace top                           live connections, rates (serve --http)
   dataspace demo                          simulated users chatting, in process
   dataspace COMMAND --help                help on one command
 """

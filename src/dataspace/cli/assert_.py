@@ -23,7 +23,7 @@ EXAMPLES = """\
 examples:
   dataspace assert '<Present "alice">'              present until Ctrl-C
   dataspace assert '<Present "bob">' '<Status "bob" "busy">'
-  dataspace assert '<Lease "job-7">' --for 30       hold for 30 seconds, then retract
+  dataspace assert '<Lease "job-7">' --for 30       hold for 30 s, then retract
 
 The assertion lasts while the command runs: Ctrl-C (or SIGTERM, or the process dying)
 retracts it.  If the server restarts, the command reconnects and asserts it again.

@@ -29,17 +29,18 @@ FALLBACK_OID = "root"
 
 EPILOG = """\
 examples:
-  dataspace cap mint                          the server's root capability, signed with
-                                              the data directory's root.key
+  dataspace cap mint                          the server's root capability,
+                                              signed with DATA_DIR/root.key
   dataspace cap mint --oid '"chat"' --key-file chat.key
   dataspace cap attenuate @root.sturdyref --only '<Says "alice" _>'
                                               only <Says "alice" X> may pass
-  dataspace cap attenuate @root.sturdyref --only '<rec Says [<lit "alice"> String]>'
+  dataspace cap attenuate @root.sturdyref \\
+      --only '<rec Says [<lit "alice"> String]>'
                                               the same, and X must be a string
   dataspace cap attenuate @ref.pr --reject '<rec Observe [<_> <_>]>'
                                               everything except subscriptions
   dataspace cap mint | dataspace cap attenuate - --only '<rec Present [String]>'
-  dataspace cap check @ref.pr                 exit 0 if the signature is valid, 1 if not
+  dataspace cap check @ref.pr                 exit 0 if its signature is valid
   dataspace cap show @ref.pr                  the oid and caveats, one per line
 
 REF is Preserves text <ref {oid: ... sig: ...}>, @FILE to read it from a file, or - for
@@ -51,11 +52,11 @@ Syndicate's sturdy.prs: see docs/capabilities.md.
 
 MINT_EPILOG = f"""\
 examples:
-  dataspace cap mint                          the root ref of the server using DATA_DIR
-  dataspace cap mint --data-dir ./state       ... of the server run with that data dir
+  dataspace cap mint                          the root ref of DATA_DIR's server
+  dataspace cap mint --data-dir ./state       ... of the server run with ./state
   dataspace cap mint --oid '"chat"' --key-hex 00112233...
   dataspace cap mint --oid '"syndicate"' --key-hex ''
-                                              the ref syndicate-py's examples use
+                                              the ref of syndicate-py's examples
 
 The default oid is the server's root oid: the oid of DATA_DIR/{ROOT_STURDYREF} (which
 the server writes when it starts), else "{FALLBACK_OID}" (the server's default).  So with
@@ -66,12 +67,12 @@ a string, chat a symbol.
 ATTENUATE_EPILOG = """\
 examples:
   dataspace cap attenuate @root.sturdyref --only '<Says "alice" _>'
-  dataspace cap attenuate @root.sturdyref --only '<rec Says [<lit "alice"> String]>'
+  dataspace cap attenuate @ref.pr --only '<rec Says [<lit "alice"> String]>'
   dataspace cap attenuate @ref.pr --only '<rec Present [String]>' \\
       --only '<rec Observe [<_> <_>]>'           either kind may pass
   dataspace cap attenuate @ref.pr --reject '<rec Secret [<_>]>'
   dataspace cap attenuate @ref.pr \\
-      '<rewrite <rec Says [<_> <bind String>]> <rec Says [<lit "guest"> <ref 0>]>>'
+    '<rewrite <rec Says [<_> <bind String>]> <rec Says [<lit "anon"> <ref 0>]>>'
 
 PATTERN is written in the attenuation language (<rec Says [<lit "alice"> String]>) or
 in the concise pattern syntax of observe (<Says "alice" _>, translated with the arity
@@ -88,7 +89,8 @@ CHECK_EPILOG = f"""\
 examples:
   dataspace cap check @ref.pr                 with DATA_DIR/{ROOT_KEY}
   dataspace cap check @ref.pr --key-file other.key
-  dataspace cap check @ref.pr --json          as `show --json`, with "valid" and "problems"
+  dataspace cap check @ref.pr --json          as `show --json`, with "valid"
+                                              and "problems"
 
 Exit status: 0 when the signature matches the key and every caveat is valid, 1 when it
 does not, 2 when the ref or the key cannot be read.

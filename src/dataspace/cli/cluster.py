@@ -18,11 +18,11 @@ from .link import STALE, _age
 
 EXAMPLES = f"""\
 examples:
-  dataspace cluster secret ./cluster.secret   a new cluster secret: copy it to every member
-  dataspace cluster status                    members and routes of the server using the
-                                              data directory
-  dataspace cluster status --data-dir ./a     the member started with --data-dir ./a
-  dataspace cluster status --json             the same as JSON (what the server writes)
+  dataspace cluster secret ./cluster.secret   a new secret, for every member
+  dataspace cluster status                    members and routes of the server
+                                              using the data directory
+  dataspace cluster status --data-dir ./a     the member run with --data-dir ./a
+  dataspace cluster status --json             as JSON (what the server writes)
 
 A member (`dataspace serve --cluster HOST:PORT ...`) writes its cluster's status to
 DATA_DIR/{CLUSTER_STATUS_FILE} every 2 seconds; `status` reads it.  Without

@@ -11,9 +11,9 @@ from ._http import HTTP_HELP, Api, HttpFail, add_http_args, duration, size
 
 EXAMPLES = """\
 examples:
-  dataspace info                               the server at http://127.0.0.1:7480
+  dataspace info                               the server at 127.0.0.1:7480
   dataspace info --url http://10.0.0.2:7480 --token @admin.sturdyref
-  dataspace info --json                        the summary as JSON (GET /api/server)
+  dataspace info --json                        as JSON (GET /api/server)
 
 """ + HTTP_HELP
 

@@ -14,9 +14,10 @@ from ..datadir import DATA_DIR_HELP, resolve_data_dir
 
 EXAMPLES = """\
 examples:
-  dataspace link status                    every link of the server using the data directory
-  dataspace link status --data-dir ./a     the server started with --data-dir ./a
-  dataspace link status --json             the same as JSON (what the server writes)
+  dataspace link status                    every link of the server using the
+                                           data directory
+  dataspace link status --data-dir ./a     the server run with --data-dir ./a
+  dataspace link status --json             as JSON (what the server writes)
 
 A server started with --link (and any server a link reaches) writes its links' status to
 DATA_DIR/links.json every 2 seconds; this command reads it.  See docs/links.md.

@@ -30,12 +30,12 @@ examples:
   dataspace observe '<Says "alice" $text>'          alice's messages
   dataspace observe '$v'                            everything asserted and sent
   dataspace observe '<Says $who $text>' --captures  just the captured fields
-  dataspace observe '<Present _>' --count 1         wait for the first match, then exit
+  dataspace observe '<Present _>' --count 1         the first match, then exit
   dataspace observe '<Says $who $text>' --json | jq -r '.values[1]'
-  dataspace observe '<Present $who>' --timestamps   each line with the local time
+  dataspace observe '<Present $who>' --timestamps   each line with its time
   dataspace observe '<Job $id $file>' --group resize
-                               a worker of group resize: its share of the messages,
-                               and the jobs assigned to it (run several)
+                               a worker of group resize: its share of the
+                               messages, the jobs assigned to it (run several)
 
 output (one line per event, values in Preserves text):
   + VALUE    a match appeared (those present at start come first)

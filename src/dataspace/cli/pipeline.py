@@ -35,15 +35,15 @@ from ._store import CREATE_HINT, add_store_argument, open_data_store, spark_data
 
 EPILOG = """\
 examples:
-  dataspace pipeline run graph.py                 run on Spark (local[*]) until Ctrl-C
-  dataspace pipeline run graph.py --until-idle    stop once every input is processed
-  dataspace pipeline run graph.py --master spark://host:7077    on a Spark cluster
-  dataspace pipeline run graph.py --store postgresql://app@db.example/app   a PostgreSQL store
-  dataspace pipeline run graph.py --engine local --guarantee at-most-once --batch 5000
-  dataspace pipeline status graph.py              positions, lag, Spark batches and rows/s
-  dataspace pipeline status graph.py --json       the same as one JSON object (for jq)
-  dataspace pipeline check graph.py               validate the graph without running it
-  dataspace pipeline reset graph.py --delete-outputs   reprocess from the start next run
+  dataspace pipeline run graph.py                  Spark local[*], until Ctrl-C
+  dataspace pipeline run graph.py --until-idle     stop once all input is done
+  dataspace pipeline run graph.py --master spark://host:7077   a Spark cluster
+  dataspace pipeline run graph.py --store postgresql://db/app   on PostgreSQL
+  dataspace pipeline run graph.py --engine local --guarantee at-most-once
+  dataspace pipeline status graph.py               position, lag, batches, rate
+  dataspace pipeline status graph.py --json        the same as JSON (for jq)
+  dataspace pipeline check graph.py                validate, without running it
+  dataspace pipeline reset graph.py --delete-outputs   from the start next run
   dataspace pipeline route --patterns p.txt --values chat --out matches.parquet
 
 A graph file is Python that defines `graph` (see docs/pipelines.md); this one
@@ -137,9 +137,10 @@ def register(sub: Any) -> None:
         "number is its id).  The skeleton index of the patterns is built once per worker "
         "from a broadcast; the output has one row per match: pattern, index, captures "
         "(canonical binary) and captures_text.",
-        epilog="examples:\n  dataspace pipeline route --patterns patterns.txt --values chat "
-        "--out matches.parquet\n  dataspace pipeline route --patterns p.txt --values "
-        "events.parquet --out matches.json --format json",
+        epilog="examples:\n"
+        "  dataspace pipeline route --patterns p.txt --values chat --out matches.parquet\n"
+        "  dataspace pipeline route --patterns p.txt --values events.parquet \\\n"
+        "      --out matches.json --format json",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rt.add_argument("--patterns", required=True, metavar="FILE",
                     help="patterns, one per line (blank lines and ; comments skipped)")
@@ -180,9 +181,9 @@ def register(sub: Any) -> None:
         "stream start at its end).  A sink's own delivery records (SQLiteSink's "
         "deliveries table) are outside the store and kept: clear them to redo its effects.",
         epilog="examples:\n"
-        "  dataspace pipeline reset shout.py --dry-run          what a reset would remove\n"
+        "  dataspace pipeline reset shout.py --dry-run          what a reset removes\n"
         "  dataspace pipeline reset shout.py --delete-outputs   start over, outputs too\n"
-        "  dataspace pipeline reset shout.py --keep-outputs     reprocess, appending again",
+        "  dataspace pipeline reset shout.py --keep-outputs     reprocess, append again",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     what = rs.add_mutually_exclusive_group()
     what.add_argument("--delete-outputs", action="store_true",

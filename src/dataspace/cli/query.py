@@ -15,7 +15,7 @@ EXAMPLES = """\
 examples:
   dataspace query '<Present $who>'                  who is present now
   dataspace query '<Present $who>' --captures       just the captured fields
-  dataspace query '<Lease $job $owner>' --json      one JSON object per match, for jq
+  dataspace query '<Lease $job $owner>' --json      a JSON object per match
   dataspace query '$v'                              every assertion
 
 output: one line per distinct match, in Preserves order: the pattern with each $ filled

@@ -14,12 +14,14 @@ from ._json import to_json
 
 EXAMPLES = """\
 examples:
-  dataspace scry follow udp://127.0.0.1:7413/chat               from the next entry on
-  dataspace scry follow udp://127.0.0.1:7413/chat --from start  from the oldest kept
+  dataspace scry follow udp://127.0.0.1:7413/chat     from the next entry on
+  dataspace scry follow udp://127.0.0.1:7413/chat --from start
+                                                    from the oldest kept
   dataspace scry follow udp://127.0.0.1:7413/chat --from 34 --count 10
-  dataspace scry follow udp://10.0.0.2:7413/chat --poll fixed:1 a naive poller, for comparison
-  dataspace scry follow udp://a:7413,b:7413/chat  a cluster's members: the next when one goes
-  dataspace scry get udp://127.0.0.1:7413/chat/34               one entry, waiting for it
+  dataspace scry follow udp://10.0.0.2:7413/chat --poll fixed:1
+                                                    a naive poller, to compare
+  dataspace scry follow udp://a:7413,b:7413/chat      members: next if one goes
+  dataspace scry get udp://127.0.0.1:7413/chat/34     one entry, waiting for it
   dataspace scry follow udp://127.0.0.1:7413/chat --json | jq .value
 
 Each entry is printed once, in order, as `INDEX VALUE-TEXT` on its own line (stdout);

@@ -28,33 +28,40 @@ from ._store import add_store_argument, open_data_store
 
 EXAMPLES = f"""\
 examples:
-  dataspace serve                              TCP on {DEFAULT_HOST}:{DEFAULT_PORT} (the default)
-  dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT}          every interface (mind your firewall)
+  dataspace serve                              TCP on {DEFAULT_HOST}:{DEFAULT_PORT} (default)
+  dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT}           every interface: mind firewalls
   dataspace serve --unix /tmp/ds.sock --ws 127.0.0.1:7412
-  dataspace serve --config server.pr -v        settings from a file, with info logging
-  dataspace serve --data-dir ./state           keep root.key and root.sturdyref in ./state
+  dataspace serve --config server.pr -v        settings from a file, info logs
+  dataspace serve --data-dir ./state           root.key, root.sturdyref there
   dataspace serve --record 'chat:<Says $who $text>'
-                                               record every <Says ...> message into stream chat
+                                               every <Says ...> message into
+                                               the stream chat
   dataspace serve --record 'presence,events=all,max-age=7d:<Present _>'
-                                               presence messages, assertions and retractions
-  dataspace serve --record 'chat:<Says $who $text>' --store postgresql://app@db.example/app
-                                               record into a PostgreSQL store
-  dataspace serve --http 127.0.0.1:7480        the web inspector on http://127.0.0.1:7480/, metrics
-                                               and JSON endpoints (`dataspace top`)
+                                               presence messages, assertions
+                                               and retractions
+  dataspace serve --record 'chat:<Says $who $text>' --store postgresql://db/app
+                                               into a PostgreSQL store
+  dataspace serve --http 127.0.0.1:7480        the web inspector, metrics and
+                                               JSON endpoints (`dataspace top`)
   dataspace serve --link 10.0.0.2:7411 --link-cap @peer.sturdyref
-                                               share the root dataspace with another server
+                                               share the root dataspace with
+                                               another server
   dataspace serve --tcp 0.0.0.0:{DEFAULT_PORT} --tls-cert server.crt --tls-key server.key
-                                               TLS for every client (they connect to
-                                               tls://HOST:{DEFAULT_PORT}; SIGHUP reloads the files)
-  dataspace serve --tls-cert server.crt --tls-key server.key --tls-client-ca ca.crt
-                                               mutual TLS: clients need a certificate signed by
-                                               ca.crt
-  dataspace serve --link tls://10.0.0.2:7411 --link-cap @peer.sturdyref --tls-ca ca.crt
-                                               a link over TLS, checking the peer's certificate
+                                               TLS for every client (they dial
+                                               tls://HOST:{DEFAULT_PORT}; SIGHUP reloads
+                                               the files)
+  dataspace serve --tls-cert server.crt --tls-key server.key \\
+      --tls-client-ca ca.crt                   mutual TLS: clients need a
+                                               certificate signed by ca.crt
+  dataspace serve --link tls://10.0.0.2:7411 --link-cap @peer.sturdyref \\
+      --tls-ca ca.crt                          a link over TLS, checking the
+                                               peer's certificate
   dataspace serve --cluster 0.0.0.0:7422 --routes 10.0.0.1:7422,10.0.0.2:7422
-                                               a member of a cluster (each member listens
-                                               for routes; one route address is enough;
-                                               <data-dir>/cluster.secret on every member)
+                                               a member of a cluster (each
+                                               member listens for routes; one
+                                               route address is enough;
+                                               <data-dir>/cluster.secret on
+                                               every member)
 
 At start the server prints one line, `sturdyref: <ref {{...}}>`, the capability of its root
 dataspace, and writes it to <data-dir>/root.sturdyref, where `dataspace observe`, `assert`

@@ -35,27 +35,27 @@ from ._store import add_store_argument, open_data_store
 
 EPILOG = """\
 examples:
-  dataspace stream ls                               streams, sizes and retention
+  dataspace stream ls                                streams, sizes, retention
   dataspace stream append chat '<Says "alice" "hi">' '<Says "bob" "yo">'
-  printf '<n 1>\\n<n 2>\\n' | dataspace stream append nums -      values from stdin
-  dataspace stream tail chat                        the last 10 entries
-  dataspace stream tail chat -f                     ... and follow new ones (Ctrl-C stops)
-  dataspace stream read chat --from 100 --count 20  entries 100..119
-  dataspace stream ls --json | jq '.[].name'        machine-readable (info --json too)
-  dataspace stream tail chat -f --tailer me         resume as the named tailer "me"
-  dataspace stream info chat                        details, tailers and their lag
+  printf '<n 1>\\n<n 2>\\n' | dataspace stream append nums -   values from stdin
+  dataspace stream tail chat                         the last 10 entries
+  dataspace stream tail chat -f                      then follow; Ctrl-C stops
+  dataspace stream read chat --from 100 --count 20   entries 100..119
+  dataspace stream ls --json | jq '.[].name'         as JSON (info --json too)
+  dataspace stream tail chat -f --tailer me          resume as the tailer "me"
+  dataspace stream info chat                         details, tailers, their lag
   dataspace stream create logs --max-count 100000 --max-age 7d   set retention
-  dataspace stream ls --store postgresql://app@db.example/app     a PostgreSQL store
-  dataspace stream copy ~/.local/share/dataspace postgresql://app@db.example/app
-                                                    move every stream to PostgreSQL
-  dataspace stream export chat chat.pr              a stream to a file (text; --format binary)
-  dataspace stream export chat --from 100 --to 199  entries 100..199 to stdout
-  dataspace stream import chat2 chat.pr             append an export's (or plain) values
-  dataspace stream rm chat2                         remove a stream, its entries and tailers
-  dataspace stream group create jobs workers        a consumer group: workers share entries
+  dataspace stream ls --store postgresql://db/app    a PostgreSQL store
+  dataspace stream copy ~/.local/share/dataspace postgresql://db/app
+                                                     every stream to PostgreSQL
+  dataspace stream export chat chat.pr               to a file (--format binary)
+  dataspace stream export chat --from 100 --to 199   entries 100..199 to stdout
+  dataspace stream import chat2 chat.pr              append an export's values
+  dataspace stream rm chat2                          with entries and tailers
+  dataspace stream group create jobs workers         workers share its entries
   dataspace stream consume jobs --group workers --consumer w1 --ack
-                                                    take entries as worker w1, acknowledged
-  dataspace stream group ls                         groups: position, lag, pending entries
+                                                     take and acknowledge as w1
+  dataspace stream group ls                          position, lag, pending
 
 Every subcommand takes --store URL: a data directory or .sqlite3 file, sqlite:PATH, or
 postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (the password also from PGPASSWORD or
@@ -193,7 +193,7 @@ def register(sub: Any) -> None:
         "terminal; otherwise a line every few seconds.",
         epilog="examples:\n"
         "  dataspace stream copy ~/.local/share/dataspace postgresql://app@db.example/app\n"
-        "  dataspace stream copy postgresql://app@db.example/app /tmp/backup --streams chat,orders\n"
+        "  dataspace stream copy postgresql://app@db/app ./backup --streams chat,orders\n"
         "  dataspace stream copy sqlite:old.sqlite3 sqlite:new.sqlite3 --replace",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     cp.add_argument("src", metavar="SRC", help="the store to copy from")
@@ -218,11 +218,12 @@ def register(sub: Any) -> None:
         "standard output holds only the export.  A FILE is written whole or not at all "
         "(FILE.part, renamed at the end).",
         epilog="examples:\n"
-        "  dataspace stream export chat chat.pr                  the whole stream, as text\n"
-        "  dataspace stream export chat --from 100 --to 199      entries 100..199 to stdout\n"
+        "  dataspace stream export chat chat.pr                   the whole stream, text\n"
+        "  dataspace stream export chat --from 100 --to 199       100..199 to stdout\n"
         "  dataspace stream export chat chat.bin --format binary\n"
-        "  dataspace stream export chat saved.pr --skip-damaged  what is intact of a damaged stream\n"
-        "  dataspace stream export chat - | dataspace stream import chat2 --store postgresql://app@db/app",
+        "  dataspace stream export chat saved.pr --skip-damaged   what is intact of it\n"
+        "  dataspace stream export chat - | \\\n"
+        "      dataspace stream import chat2 --store postgresql://app@db/app",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ex.add_argument("name", metavar="STREAM")
     ex.add_argument("file", nargs="?", default="-", metavar="FILE",
@@ -253,9 +254,9 @@ def register(sub: Any) -> None:
         "it stay, nothing of the batch that holds it is written, and the message says what "
         "was imported.  Progress goes to standard error.  The stream is created if needed.",
         epilog="examples:\n"
-        "  dataspace stream import chat chat.pr                  append an export's values\n"
-        "  dataspace stream import chat chat.pr --keep-indices   ...at their own indices\n"
-        "  printf '<n 1>\\n<n 2>\\n' | dataspace stream import nums    plain values from stdin\n"
+        "  dataspace stream import chat chat.pr                   an export's values\n"
+        "  dataspace stream import chat chat.pr --keep-indices    ...at their own indices\n"
+        "  printf '<n 1>\\n<n 2>\\n' | dataspace stream import nums   values from stdin\n"
         "  dataspace stream import chat chat.bin --store postgresql://app@db.example/app\n"
         "\nexit status: 0 imported; 1 bad input or a store error (one line on stderr, with "
         "what was imported);\n2 bad arguments; 130 interrupted (Ctrl-C)",
@@ -288,7 +289,7 @@ def register(sub: Any) -> None:
         "  dataspace stream rm chat2                      remove one stream\n"
         "  dataspace stream rm tmp1 tmp2                  several (all or none)\n"
         "  dataspace stream rm chat --force               even though a graph reads it\n"
-        "  dataspace stream rm __backing/old/p --force    a backing stream left by an old graph",
+        "  dataspace stream rm __backing/old/p --force    an old graph's backing stream",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     rm.add_argument("names", nargs="+", metavar="NAME")
     rm.add_argument("--force", action="store_true",
@@ -445,6 +446,7 @@ def _damaged_streams(where: str, broken: list[StreamInfo]) -> int:
 
 def run_info(args: argparse.Namespace) -> int:
     s: StreamInfo | None
+    damage: StoreCorrupt | None = None
     try:
         with _store(args) as store:
             try:
@@ -452,9 +454,9 @@ def run_info(args: argparse.Namespace) -> int:
             except StoreCorrupt as e:
                 if not args.check:
                     raise
-                # The check says what else is damaged (and this, in its words).
-                _fail(str(e))
-                s = None
+                # The check says what else is damaged (and this, in its words); the
+                # error comes after it, saying what to do next.
+                damage, s = e, None
             report = store.check_report() if args.check else None
             path = store.display
     except (StoreError, OSError, ValueError) as e:
@@ -469,6 +471,8 @@ def run_info(args: argparse.Namespace) -> int:
                                 "groups": report.groups, "pending": report.pending,
                                 "unsealed": report.unsealed, "problems": report.problems}
         print(json.dumps(out, ensure_ascii=False))
+        if damage is not None:
+            _damaged_after_check(damage, args.name, path)
         return 1 if s is None or (report is not None and report.problems) else 0
     if s is not None:
         print(f"stream      {s.name}")
@@ -502,9 +506,24 @@ def run_info(args: argparse.Namespace) -> int:
             print(f"integrity   PROBLEMS ({what}):")
             for pr in report.problems:
                 print(f"  {pr}")
-            return 1
-        print(f"integrity   ok ({what})")
-    return 0 if s is not None else 1
+        else:
+            print(f"integrity   ok ({what})")
+    if damage is not None:
+        _damaged_after_check(damage, args.name, path)
+    return 0 if s is not None and (report is None or not report.problems) else 1
+
+
+def _damaged_after_check(e: StoreCorrupt, name: str, where: str) -> None:
+    """The damaged stream's one-line error after ``info --check``'s report: what to do
+    next (not the check just run, which the error of any other command advises)."""
+    if e.reason is None:  # (the store's damage as a whole: its own words)
+        _fail(str(e))
+        return
+    stream = e.stream or name
+    sys.stdout.flush()
+    _fail(f"stream {stream!r} in {where} is damaged: {e.reason} (restore the store from a "
+          f"backup, or save what is intact with `dataspace stream export {stream} FILE "
+          "--skip-damaged`)")
 
 
 def _read_stdin_batches(stream: Any) -> Any:
@@ -1062,12 +1081,12 @@ def run_import(args: argparse.Namespace) -> int:
 
 _GROUP_EPILOG = """\
 examples:
-  dataspace stream group create jobs workers                 from the first stored entry
-  dataspace stream group create jobs late --start latest     only entries appended from now
+  dataspace stream group create jobs workers               from the first entry
+  dataspace stream group create jobs late --start latest   only new entries
   dataspace stream group create jobs w --max-deliveries 5 --idle-timeout 2m
-  dataspace stream group ls                                  every stream's groups
-  dataspace stream group ls jobs workers                     its consumers, pending entries
-  dataspace stream group ack jobs workers 17 18              acknowledge by index
+  dataspace stream group ls                                every stream's groups
+  dataspace stream group ls jobs workers                   consumers, pending
+  dataspace stream group ack jobs workers 17 18            acknowledge by index
   dataspace stream group rm jobs workers"""
 
 

@@ -43,12 +43,12 @@ SORTS = {
 
 EXAMPLES = """\
 examples:
-  dataspace top                                the server at http://127.0.0.1:7480, live
+  dataspace top                                live, from http://127.0.0.1:7480
   dataspace top --sort o                       busiest receivers first
   dataspace top --url http://10.0.0.2:7480 --token @admin.sturdyref
-  dataspace top | cat                          not a terminal: one snapshot, then exit
-  dataspace top --once --json | jq .server     the screen's figures as one JSON object
-  dataspace top --json --interval 5            a JSON object every 5 s, one per line
+  dataspace top | cat                          not a terminal: one snapshot
+  dataspace top --once --json | jq .server     the screen's figures as JSON
+  dataspace top --json --interval 5            a JSON line every 5 s
 
 A server that goes away (a restart) is waited for: top says "server gone,
 reconnecting" and carries on when it is back; q or Ctrl-C quits at once.
