@@ -51,8 +51,8 @@ def test_create_consume_ack_ls_info_rm(data_dir: Any, capsys: pytest.CaptureFixt
                          "--timeout", "0.2", "--json")
     assert code == 0
     got = [json.loads(line) for line in out.splitlines()]
-    assert [(r["index"], r["value"], r["deliveries"]) for r in got] == [
-        (2, "<job 2>", 1), (3, "<job 3>", 1), (4, "<job 4>", 1)]
+    assert [(r["index"], r["text"], r["value"], r["deliveries"]) for r in got] == [
+        (i, f"<job {i}>", {"@record": "job", "@fields": [i]}, 1) for i in (2, 3, 4)]
     assert "delivered 3 entries to w2 of group workers, 3 acknowledged" in err
     code, out, _ = run(capsys, "stream", "group", "ls")
     assert code == 0

@@ -59,9 +59,17 @@ def test_read_prints_from_an_index_as_tail_does(chat, capsys):
     assert out == '<Says "user-1" "m10">  meta {n: 10}\n'
     code, out, _ = run(capsys, "stream", "read", "chat", "--from", "9", "-n", "2", "--json", *where)
     rows = [json.loads(x) for x in out.splitlines()]
-    assert [(r["index"], r["value"], r["meta"]) for r in rows] == [
-        (9, '<Says "user-0" "m9">', None), (10, '<Says "user-1" "m10">', "{n: 10}")]
-    assert all(set(r) == {"index", "time", "value", "meta"} and r["time"] > 1e9 for r in rows)
+    # As send, scry and observe --json give values (for jq): `text` the Preserves text,
+    # `value` (and `meta`) mapped to JSON; `meta_text` the metadata's text.
+    assert [(r["index"], r["text"], r["value"], r["meta"], r["meta_text"]) for r in rows] == [
+        (9, '<Says "user-0" "m9">', {"@record": "Says", "@fields": ["user-0", "m9"]}, None,
+         None),
+        (10, '<Says "user-1" "m10">', {"@record": "Says", "@fields": ["user-1", "m10"]},
+         {"n": 10}, "{n: 10}")]
+    assert all(set(r) == {"index", "time", "text", "value", "meta", "meta_text"}
+               and r["time"] > 1e9 for r in rows)
+    code, out, _ = run(capsys, "stream", "tail", "chat", "-n", "1", "--json", *where)
+    assert json.loads(out)["value"] == {"@record": "Says", "@fields": ["user-2", "m29"]}, out
 
 
 def test_read_says_where_the_stream_starts_and_ends(chat, capsys):

@@ -31,6 +31,7 @@ from ..streams.copy import CopyRefused, copy_streams
 from ..streams.transfer import ImportStopped, Input, export_stream, import_stream, text_values
 from ..values import ParseError, stringify
 from ..values.text import parse_many
+from ._json import to_json
 from ._store import add_store_argument, open_data_store
 
 EPILOG = """\
@@ -304,9 +305,10 @@ def register(sub: Any) -> None:
 _READ_EPILOG = """\
 examples:
   dataspace stream CMD chat --meta --time      with metadata and append times
-  dataspace stream CMD chat --json | jq -r .value
-      one JSON object per line: index, time (seconds since the epoch), value
-      and meta (Preserves text; meta null when none)
+  dataspace stream CMD chat --json | jq -r .text
+      one JSON object per line: index, time (seconds since the epoch), text
+      (the value in Preserves text), value (mapped to JSON as `dataspace
+      observe --json` maps values), meta and meta_text (null when none)
 
 exit status: 0 printed; 1 no such stream, a bad index, a store error or damage
 (named on standard error); 2 bad arguments"""
@@ -333,7 +335,7 @@ def _count(text: str) -> int:
 
 
 def _print_arguments(p: argparse.ArgumentParser, json_help: str = "one JSON object per line: "
-                     "index, time, value, meta (always all four)") -> None:
+                     "index, time, text, value, meta, meta_text (always all six)") -> None:
     p.add_argument("--meta", action="store_true", help="also print each entry's metadata")
     p.add_argument("--time", action="store_true", help="also print each entry's append time")
     p.add_argument("--no-index", action="store_true", help="print values only")
@@ -585,7 +587,30 @@ def _one(text: str) -> list[Any]:
     return vals
 
 
+def _entry_json(e: Entry | Delivery) -> dict[str, Any]:
+    """An entry as ``--json`` prints it, as the other commands print values (``send``,
+    ``scry``): ``text`` the value in Preserves text (exact), ``value`` mapped to JSON
+    (null when it does not decode), ``meta`` mapped and ``meta_text`` (null when none)."""
+    try:
+        v = e.value
+        text, value = stringify(v), to_json(v)
+    except Exception as err:  # intact, but not a value (appended as raw bytes): say so
+        text, value = f"#!undecodable ({err}): {e.data[:32].hex()}", None
+    meta = meta_text = None
+    if e.meta_data is not None:
+        try:
+            m = e.meta
+            meta_text, meta = stringify(m), to_json(m)
+        except Exception:
+            meta_text = "#!undecodable"
+    return {"index": e.index, "time": e.time_ns / 1e9, "text": text, "value": value,
+            "meta": meta, "meta_text": meta_text}
+
+
 def _print(e: Entry, args: argparse.Namespace) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(_entry_json(e), ensure_ascii=False) + "\n")
+        return
     try:
         text = stringify(e.value)
     except Exception as err:  # intact, but not a value (appended as raw bytes): say so
@@ -596,10 +621,6 @@ def _print(e: Entry, args: argparse.Namespace) -> None:
             meta = stringify(e.meta)
         except Exception:
             meta = "#!undecodable"
-    if args.json:
-        sys.stdout.write(json.dumps({"index": e.index, "time": e.time_ns / 1e9, "value": text,
-                                     "meta": meta}, ensure_ascii=False) + "\n")
-        return
     parts = []
     if not args.no_index:
         parts.append(str(e.index))
@@ -1195,8 +1216,9 @@ def _register_groups(ss: Any, common: argparse.ArgumentParser) -> None:
                     help="stop after N entries (default: go on until Ctrl-C)")
     co.add_argument("--timeout", type=_seconds, metavar="SECONDS",
                     help="stop when nothing came for this long (default: wait for ever)")
-    _print_arguments(co, "one JSON object per line: index, time, value, meta and deliveries "
-                     "(how many times the entry was delivered, this time included)")
+    _print_arguments(co, "one JSON object per line: index, time, text, value, meta, "
+                     "meta_text (as 'stream tail --json') and deliveries (how many times the "
+                     "entry was delivered, this time included)")
     co.set_defaults(func=run_consume)
 
 
@@ -1427,15 +1449,4 @@ def run_consume(args: argparse.Namespace) -> int:
 
 
 def _delivery_json(d: Delivery) -> dict[str, Any]:
-    try:
-        text = stringify(d.value)
-    except Exception as err:
-        text = f"#!undecodable ({err}): {d.data[:32].hex()}"
-    meta = None
-    if d.meta_data is not None:
-        try:
-            meta = stringify(d.meta)
-        except Exception:
-            meta = "#!undecodable"
-    return {"index": d.index, "time": d.time_ns / 1e9, "value": text, "meta": meta,
-            "deliveries": d.deliveries}
+    return {**_entry_json(d), "deliveries": d.deliveries}
