@@ -67,6 +67,24 @@ def test_a_bar_on_a_terminal_cut_to_its_width_and_closed_at_the_end():
     assert out.text.count("\n") == 1
 
 
+def test_an_estimated_total_is_said_as_one_until_the_end():
+    """An import's total is estimated from the share of the file read: it was shown as
+    exact ("imported 10,000/21,016 entries" for a 19,999-entry file)."""
+    now = [0.0]
+    out = Out(False)
+    p = Progress(out, what="entries", verb="imported", interval=1.0, clock=lambda: now[0])
+    for t, done, total in [(1, 5_000, 21_893), (2, 10_000, 21_016), (3, 15_000, 20_123)]:
+        now[0] = t
+        p(done, total, estimated=True)
+    now[0] = 4.0
+    p(19_999, 19_999)  # the end: counted
+    assert out.text.splitlines() == [
+        "imported 5,000 of about 22,000 entries (23%), 5,000/s, ETA 0:03",
+        "imported 10,000 of about 21,000 entries (48%), 5,000/s, ETA 0:02",
+        "imported 15,000 of about 20,000 entries (75%), 5,000/s, ETA 0:01",
+        "imported 19,999/19,999 entries (100%), 5,000/s, 0:04"]
+
+
 def test_without_a_total_quiet_and_the_words():
     now = [0.0]
     out = Out(False)

@@ -16,6 +16,9 @@ soaks and crash tests, the benchmarks)::
   1,200/s, ETA 0:06``.
 
 Without a total (``total=None``) the line has the count, the rate and the time spent.
+A total that is an estimate (``p(done, total, estimated=True)``: an import's, from the
+share of the file read) is said as one, rounded: ``imported 10,000 of about 21,000
+entries (48%)``.
 ``rate=False`` leaves the rate out (a soak's progress is its clock).
 
 Work that is not a count -- starting Spark, a micro-batch of unknown length -- shows in a
@@ -89,6 +92,8 @@ class Progress:
         self.t0 = self.clock()
         self.done = 0
         self.note = ""
+        self.estimated = False
+        """Whether :attr:`total` is an estimate (said ``of about N``)."""
         self._last = -1.0
         self._last_text = ""
         self._width = 0
@@ -112,7 +117,11 @@ class Progress:
         if total is not None:
             final = done >= total
             frac = done / total if total else 1.0
-            parts.append(f"{done:,}/{total:,} {self.what} ({min(frac, 1.0):.0%})")
+            if self.estimated and not final:
+                parts.append(f"{done:,} of about {_about(total):,} {self.what} "
+                             f"({min(frac, 1.0):.0%})")
+            else:
+                parts.append(f"{done:,}/{total:,} {self.what} ({min(frac, 1.0):.0%})")
             if self.show_rate:
                 parts.append(f"{rate:,.0f}/s")
             if final:
@@ -139,14 +148,18 @@ class Progress:
 
     # -- updates -------------------------------------------------------------------------
 
-    def __call__(self, done: int, total: int | None = None, *, note: str | None = None) -> None:
-        """``done`` items so far (of ``total``, if it is given or changed)."""
-        self.update(done, total, note=note)
+    def __call__(self, done: int, total: int | None = None, *, note: str | None = None,
+                 estimated: bool = False) -> None:
+        """``done`` items so far (of ``total``, if it is given or changed; ``estimated``:
+        that total is an estimate)."""
+        self.update(done, total, note=note, estimated=estimated)
 
-    def update(self, done: int, total: int | None = None, *, note: str | None = None) -> None:
+    def update(self, done: int, total: int | None = None, *, note: str | None = None,
+               estimated: bool = False) -> None:
         self.done = done
         if total is not None:
             self.total = total
+            self.estimated = estimated
         if note is not None:
             self.note = note
         if self.quiet:
@@ -232,6 +245,11 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.finish()
+
+
+def _about(n: int) -> int:
+    """``n`` to two significant digits (21,016 -> 21,000), as an estimate is said."""
+    return n if n < 100 else round(n, 2 - len(str(n)))
 
 
 def _columns(out: Any) -> int:

@@ -1065,7 +1065,8 @@ def run_import(args: argparse.Namespace) -> int:
             if not size:
                 progress(done)
             elif inp.consumed < size:  # the total, estimated from the share read so far
-                progress(done, max(round(done * size / max(inp.consumed, 1)), done + 1))
+                progress(done, max(round(done * size / max(inp.consumed, 1)), done + 1),
+                         estimated=True)
 
         with _store(args, create=True) as store:
             r = import_stream(store, args.name, inp, batch_size=args.batch_size,
