@@ -124,9 +124,18 @@ def test_failing_processor_without_error_stream(env, capsys):
     capsys.readouterr()
     assert main(["pipeline", "run", str(env / "g.py"), "--until-idle", "--batch", "1", "--engine", "local"]) == 1
     err = capsys.readouterr().err
-    # Which processor, which entry, which line of the user's code, what it raised.
-    assert ("processor inv stopped: map 'inv' failed on entry in/1: g.py:4: ZeroDivisionError: "
+    # Which processor, which entry, which line of the user's code, what it raised: said
+    # once, by its full name (the engine's log said "g/inv stopped", then the command
+    # "inv stopped" again).
+    assert ("processor g/inv stopped: map 'inv' failed on entry in/1: g.py:4: ZeroDivisionError: "
             "integer division or modulo by zero (its input is kept") in err
+    assert err.count("stopped") == 1, err
+    main(["stream", "append", "in", "0"])
+    r = subprocess.run([sys.executable, "-m", "dataspace.cli", "pipeline", "run", str(env / "g.py"),
+                        "--until-idle", "--batch", "1", "--engine", "local"],
+                       capture_output=True, text=True, timeout=LONG)
+    assert r.returncode == 1 and r.stderr.count(" stopped: ") == 1, r.stderr
+    assert r.stderr.startswith("dataspace pipeline: processor g/inv stopped: "), r.stderr
     assert "-v shows the traceback" in err and "Traceback" not in err
     with open_store(env / "data") as s:
         assert [e.value for e in s.read("out")] == [1]

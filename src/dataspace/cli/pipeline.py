@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -467,9 +469,27 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
             store.close()
             return _fail(str(e))
     progress = _Progress(sys.stdout, args.quiet, live=live, gap=LOG_GAP * args.interval)
+    verbose = getattr(args, "verbose", 0)
+    master = args.master if spark else None
+    said: set[str] = set()
+
+    def say_stopped(stats: list[ProcStats], echo: Callable[[str], None]) -> None:
+        """Each processor that stopped, once, when it is seen stopped: GRAPH/PROCESSOR
+        and what to do (the engine's own log record of it is left out: see _Stops)."""
+        for s in stats:
+            if s.state == "failed" and s.name not in said:
+                said.add(s.name)
+                echo(stopped_line(f"{g.name}/{s.name}", s.error or "", s.detail, verbose,
+                                  master))
+
+    def on_progress(stats: list[ProcStats]) -> None:
+        progress(stats)
+        say_stopped(stats, lambda line: live.echo(line, sys.stderr))
+
     engine = None
     stats: list[ProcStats] = []
     t0 = time.monotonic()
+    stops = _Stops()
     try:
         if stop.is_set():
             return _stopped_before_start(args, live)
@@ -502,7 +522,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
                           "/DATABASE) lets the executors do it", sys.stderr)
             t0 = time.monotonic()
             progress.begin()
-            stats = engine.run(stop, until_idle=args.until_idle, on_progress=progress,
+            stats = engine.run(stop, until_idle=args.until_idle, on_progress=on_progress,
                                progress_interval=args.interval)
         progress.end()
     except KeyboardInterrupt:
@@ -512,6 +532,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
         progress.end()
         return _fail(str(e))
     finally:
+        stops.close()
         store.close()
         if spark and getattr(engine, "created_session", False):
             from ..pipeline.spark.session import stop_session
@@ -526,11 +547,27 @@ def _run(args: argparse.Namespace, stop: threading.Event, stores: list[Any],
         took = time.monotonic() - t0
         print(f"dataspace pipeline: {why}: {_count(total_in, 'message')} in, {_n(total_out)} out "
               f"in {hms(took)}")
-    verbose = getattr(args, "verbose", 0)
-    for s in failed:
-        print(stopped_line(s.name, s.error or "", s.detail, verbose,
-                           args.master if spark else None), file=sys.stderr)
+    say_stopped(failed, lambda line: print(line, file=sys.stderr))  # (not shown yet)
     return 1 if failed else 0
+
+
+class _Stops(logging.Filter):
+    """While ``pipeline run`` runs, the engines' log records of a processor that stopped
+    (marked ``processor_stopped``) are left out: the command says each stop itself, once,
+    with the processor's full name and what to do (it said it twice, in two words)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handlers = list(logging.getLogger().handlers)
+        for h in self.handlers:
+            h.addFilter(self)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return getattr(record, "processor_stopped", None) is None
+
+    def close(self) -> None:
+        for h in self.handlers:
+            h.removeFilter(self)
 
 
 _LOST_WORKER = ("Python worker exited unexpectedly", "ExecutorLostFailure", "Lost executor",

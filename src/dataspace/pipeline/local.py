@@ -414,8 +414,10 @@ class _Proc:
     def _fail(self, u: _Unhandled) -> None:
         self.failed = u.line
         self.detail = u.detail
+        # (extra: a caller that reports the stop itself -- `pipeline run` -- leaves it out.)
         log.error("processor %s stopped: %s (the graph has no error stream; the input is kept "
-                  "and retried after a restart)", self.id, self.failed)
+                  "and retried after a restart)", self.id, self.failed,
+                  extra={"processor_stopped": self.id})
         log.info("%s: the function's traceback:\n%s", self.id, u.detail)
 
     # -- step 5: running the function ---------------------------------------------------

@@ -506,7 +506,10 @@ class SparkEngine(Engine):
             if damage is not None:  # a read found the store damaged: stop, as locally
                 raise StoreCorrupt(damage)
             q.failed, q.detail = _failure(exc)
-            log.error("processor %s stopped: %s", q.id, q.failed)
+            # (extra: a caller that reports the stop itself -- `pipeline run` -- leaves it
+            # out.)
+            log.error("processor %s stopped: %s", q.id, q.failed,
+                      extra={"processor_stopped": q.id})
             if q.detail:
                 log.info("%s: the function's traceback:\n%s", q.id, q.detail)
 
