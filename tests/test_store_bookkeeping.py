@@ -301,6 +301,25 @@ def test_a_tailer_of_no_stream_is_reported_by_the_check(store_url, capsys):
     assert code == 1 and "  1 tailer of no stream" in out, out
 
 
+def test_copy_refuses_a_tailer_of_no_stream(store_url, capsys, tmp_path):
+    """A tailer whose row names no stream (its stream id changed: no read by name finds
+    it) was dropped by `stream copy` without a word ("copied 3 streams, ..., 0
+    tailers", exit 0) while --check said "1 tailer of no stream": the copy refuses, in
+    one line, and copies nothing."""
+    build(store_url)
+    raw = Raw(store_url)
+    raw.flip_column("tailers", "stream", 20, "ab", "copy/m")
+    raw.close()
+    dst = tmp_path / "copy"
+    code, out, err = run(capsys, "stream", "copy", store_url, str(dst))
+    assert code == 1 and "copied" not in out, (out, err)
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("dataspace stream: copy: ") and "\n" not in last.strip(), err
+    assert " is damaged: 1 tailer of no stream " in last and "restore" in last, last
+    with open_store(str(dst)) as d:
+        assert d.streams(include_internal=True) == []
+
+
 @async_test
 async def test_the_scry_publisher_serves_nothing_of_a_stream_whose_bookkeeping_is_damaged(
         tmp_path, caplog):

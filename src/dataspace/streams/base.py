@@ -567,6 +567,12 @@ class Store(ABC):
     def delete_tailer(self, stream: str, tailer: str) -> None:
         """Forget a named tailer."""
 
+    @abstractmethod
+    def lost_tailers(self) -> int:
+        """How many tailer rows name no stream (damage: a changed stream id makes a
+        tailer unfindable by any read by name; ``check`` says "N tailers of no stream").
+        Cheap (the tailers' table only): ``stream copy`` refuses a store that has any."""
+
     def tailer(
         self,
         stream: str,

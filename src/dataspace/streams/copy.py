@@ -27,7 +27,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .base import MAX_INDEX, Store, StoreError, StreamInfo, StreamNotFound
+from .base import MAX_INDEX, Store, StoreCorrupt, StoreError, StreamInfo, StreamNotFound
 from .integrity import StreamDigest, plural
 
 __all__ = ["CopyMismatch", "CopyRefused", "CopyResult", "copy_streams", "plan_copy"]
@@ -95,6 +95,13 @@ def copy_streams(
 ) -> CopyResult:
     """Copy streams from ``src`` to ``dst`` (see the module docstring).  ``progress(done,
     total)`` is called after each destination transaction (entries)."""
+    lost = src.lost_tailers()
+    if lost:  # (their streams would be copied without them, and nothing said)
+        raise StoreCorrupt(
+            f"{src.display} is damaged: {plural(lost, 'tailer')} of no stream (a tailer's row "
+            "names a stream that is not there: changed behind the store's back); nothing was "
+            "copied (`dataspace stream info STREAM --check` lists the damage; restore the "
+            "store from a backup)")
     plan = plan_copy(src, names)
     result = CopyResult(streams=[s.name for s in plan])
     total = sum(s.count for s in plan)

@@ -1520,6 +1520,11 @@ class PostgresStore(Store):
     def tailers(self, stream: str) -> list[TailerInfo]:
         return list(self.stream_info(stream).tailers)
 
+    def lost_tailers(self) -> int:
+        self._check_open()
+        row = self._one(f"SELECT count(*) FROM {_T} WHERE stream NOT IN (SELECT id FROM {_S})")
+        return 0 if row is None else int(row[0])
+
     def delete_tailer(self, stream: str, tailer: str) -> None:
         with self.transaction() as tx:
             row = tx._conn.execute(f"SELECT id FROM {_S} WHERE name = %s", (stream,)).fetchone()

@@ -1302,6 +1302,12 @@ class SQLiteStore(Store):
     def tailers(self, stream: str) -> list[TailerInfo]:
         return list(self.stream_info(stream).tailers)
 
+    def lost_tailers(self) -> int:
+        with self._lock:
+            self._check_open()
+            return int(self._one("SELECT count(*) FROM tailers WHERE stream NOT IN "
+                                 "(SELECT id FROM streams)")[0])
+
     def delete_tailer(self, stream: str, tailer: str) -> None:
         with self.transaction():
             sid = self._stream_id(stream)
