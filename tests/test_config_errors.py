@@ -46,7 +46,7 @@ def test_a_misspelt_key_gets_the_likely_one():
         'tcp: ...); the settings are: ')
     assert error('{cluster: {lisen: "0.0.0.0:7422"}}') == (
         "unknown key lisen in cluster (did you mean listen?); it has: listen, routes, name, "
-        "secret, advertise, ping, dead")
+        "secret, advertise, ping, dead, max-members")
     assert error('{link: [{adress: "h:7411" cap: "@f"}]}') == (
         "unknown key adress in a link (did you mean address?); a link has address and cap, "
         "and may have tls-ca, tls-cert, tls-key, tls-server-name")

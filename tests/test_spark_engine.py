@@ -404,7 +404,7 @@ def test_cli_runs_on_spark_by_default_and_status_shows_the_queries(spark, env, c
     out = capsys.readouterr().out
     assert "last step delivered (1d+3a)" in out
     assert re.search(r"\n      last Spark run \(until \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\): batch 0 "
-                     r"committed; 1 batches, 2 in, 1 out, 1 errors\n", out), out
+                     r"committed; 1 batch, 2 in, 1 out, 1 error\n", out), out
     # While the local engine runs the graph, status says so, and Spark's figures (stale
     # by then) are not shown.
     from dataspace.pipeline.loader import load_graph
@@ -510,11 +510,11 @@ def test_cli_process_is_quiet_and_ctrl_c_mid_batch_finishes_the_batch(env):
             assert s.wait_until(lambda: s.next_index("loud") == 1, timeout=LONG)
             run.wait_line(lambda x: "upper in 1 out 1" in x)
             s.append("chat", "slow")
-        at = run.wait_line(lambda x: "[batch 1: 1 messages" in x)  # the batch runs (and waits)
+        at = run.wait_line(lambda x: "[batch 1: 1 message" in x)  # the batch runs (and waits)
         at = run.wait_line(lambda x: "1 failed and retried" in x and "estimating ETA" in x, at)
         run.ctrl_c()
         at = run.wait_line(lambda x: x == STOPPING, at)
-        run.wait_line(lambda x: "[finishing batch 1: 1 messages" in x, at)
+        run.wait_line(lambda x: "[finishing batch 1: 1 message" in x, at)
         assert run.proc.poll() is None  # it waits for the batch
         run.gate.touch()
         assert run.proc.wait(LONG) == 0
@@ -567,7 +567,7 @@ def test_cli_second_ctrl_c_mid_batch_stops_at_once_in_one_line(env):
     main(["stream", "append", "chat", '"slow"'])
     run = Run(env, "--interval", "0.2")
     try:
-        at = run.wait_line(lambda x: "[batch 0: 1 messages" in x)
+        at = run.wait_line(lambda x: "[batch 0: 1 message" in x)
         jvms = _children(run.proc.pid)
         assert jvms
         run.ctrl_c()

@@ -161,7 +161,7 @@ def test_route_command_reads_a_store_by_url(spark, pg_url, tmp_path, capsys):
     argv = ["pipeline", "route", "--patterns", str(tmp_path / "p.txt"), "--store", pg_url,
             "--out", str(out)]
     assert main([*argv, "--values", "chat"]) == 0
-    assert "2 values, 1 matches" in capsys.readouterr().out
+    assert "2 values, 1 match" in capsys.readouterr().out
     assert [r["captures_text"] for r in spark.read.parquet(str(out)).collect()] == [['"alice"']]
     assert main([*argv, "--values", "chta"]) == 2
     err = capsys.readouterr().err

@@ -52,6 +52,9 @@ export function fmtNum(n) {
   return Number.isInteger(n) ? String(n) : n.toFixed(n < 10 ? 2 : 1);
 }
 
+// "1 route", "2 routes": a count and the word that agrees with it.
+export const plural = (n, one, many) => `${fmtNum(n)} ${n === 1 ? one : many}`;
+
 export function fmtBytes(n) {
   if (n == null) return "–";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];

@@ -1,5 +1,5 @@
 // The dataspace browser: the current assertions matching a pattern, live.
-import { h, $, main, api, patternError, every, watch, table, section, pageHead, errorBox, patternForm, fmtNum } from "./lib.js";
+import { h, $, main, api, patternError, every, watch, table, section, pageHead, errorBox, patternForm, fmtNum, plural } from "./lib.js";
 import { pv } from "./pv.js";
 
 export async function pageDataspace() {
@@ -123,7 +123,7 @@ export async function pageDataspace() {
 function groupsTable(rows) {
   const member = (m) => h("li", { class: "member" + (m.alive ? "" : " gone") },
     h("span", { class: "who" }, m.connection == null ? (m.client || "in process") : `${m.client ?? "connection"} #${m.connection}`),
-    `: ${fmtNum(m.messages)} messages, ${fmtNum(m.jobs)} jobs`);
+    `: ${plural(m.messages, "message", "messages")}, ${plural(m.jobs, "job", "jobs")}`);
   return table([
     { key: "group", label: "group", render: (r) => [h("strong", null, r.group), " ", h("a", {
       href: "#", class: "pick",

@@ -1,5 +1,5 @@
 // Links: the links of this server to other brokers, one row each, and every counter.
-import { h, main, fmtAge, fmtBytes, fmtNum, fmtTime, api, every, table, section, pageHead, errorBox } from "./lib.js";
+import { h, main, fmtAge, fmtBytes, fmtNum, fmtTime, plural, api, every, table, section, pageHead, errorBox } from "./lib.js";
 
 // up, down or refused (the peer answered and said no: a capability it rejects), and why.
 export function linkState(l) {
@@ -8,8 +8,6 @@ export function linkState(l) {
   const why = (typeof refused === "string" ? refused : null) ?? l.refused_reason ?? l.reason ?? l.last_error ?? null;
   return { state: refused ? "refused" : "down", reason: why };
 }
-
-const plural = (n, one, many) => `${fmtNum(n)} ${n === 1 ? one : many}`;
 
 // Every field of a row, formatted: counts as numbers, bytes as bytes, times as times.
 function facts(l, now) {
