@@ -105,6 +105,21 @@ def test_every_help_fits_an_80_column_terminal(monkeypatch):
     assert "  dataspace observe '<Says \"alice\" $text>'          alice's messages\n" in observe
 
 
+
+def test_the_harnesses_help_fits_an_80_column_terminal():
+    """The fault harnesses (`python -m dataspace.testing.X --help`) are read at the same
+    terminals: cluster_record's example was one 103-column line."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "80"}
+    for name in ("broker_soak", "cluster_record", "group_crash", "pipeline_crash",
+                 "record_crash", "spark_crash"):
+        out = subprocess.run([sys.executable, "-m", f"dataspace.testing.{name}", "--help"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0 and "usage:" in out.stdout, (name, out.stderr)
+        wide = [line for line in out.stdout.splitlines() if len(line) > 80]
+        assert not wide, (name, wide)
+
 COUNTED_NOUNS = {
     "assertions", "attempts", "batches", "bytes", "clients", "connections", "consumers",
     "deliveries", "entries", "errors", "events", "files", "graphs", "groups", "jobs", "lines",

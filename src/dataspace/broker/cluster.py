@@ -168,13 +168,14 @@ closes for a timeout)."""
 class CountedWarnings:
     """One warning per cause, then a count: a line saying how many more, at most every
     :data:`SAY_AGAIN` seconds (so a flood of one cause writes a few lines, not one each);
-    the others go to ``logger`` at DEBUG.  Time comes in as an argument."""
+    the others go to ``logger`` at DEBUG (unless ``debug=False``: a caller that says each
+    at DEBUG itself, as a quiet ``Connection.fail`` does).  Time comes in as an argument."""
 
     def __init__(self, logger: logging.Logger = log) -> None:
         self.log = logger
         self._causes: dict[str, list[float]] = {}  # cause -> [more since last line, when]
 
-    def say(self, cause: str, text: str, now: float) -> None:
+    def say(self, cause: str, text: str, now: float, *, debug: bool = True) -> None:
         c = self._causes.get(cause)
         if c is None:
             if len(self._causes) >= 64:  # (causes are few; never a table a peer grows)
@@ -187,7 +188,7 @@ class CountedWarnings:
             self.log.warning("%s (%d more like it in the last %.0f s)", text, int(c[0]) - 1,
                              now - c[1])
             c[0], c[1] = 0, now
-        else:
+        elif debug:
             self.log.debug("%s", text)
 
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import gc
 import logging
@@ -40,6 +38,7 @@ from ..groups import Groups
 from ..net.address import Address
 from ..net.connection import Connection, listen_tcp, listen_unix
 from ..net.flow import Hub
+from ..net.reclaim import malloc_trim
 from ..net.tls import HANDSHAKE_TIMEOUT, CertInfo, ServerTLS
 from ..net.websocket import listen_ws
 from ..protocol.budget import MemoryBudget, format_bytes
@@ -178,14 +177,6 @@ hold each other in cycles (an error's traceback holds the input that caused it),
 collector, tuned to run seldom (``cli/serve.py``), frees only at a full collection --
 under a churn of short connections (malformed input, reconnect loops, attackers closed for
 a limit) that garbage grew a server by 17-22 MB before one came."""
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim  # type: ignore[no-any-return]
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        return None
 
 
 ERROR_KINDS = ("protocol", "limit", "slow_consumer", "timeout", "capability", "store",
@@ -696,7 +687,7 @@ class Server:
         for ent in self._entities.values():
             ent.compact()
         gc.collect()
-        trim = _malloc_trim()
+        trim = malloc_trim()
         if trim is not None:
             trim(0)
         self.reclaimed += 1
@@ -769,7 +760,8 @@ class Server:
             if relay.stats()["assertions_in"] > gk.pending:
                 continue  # it holds assertions (or observers): not idle
             why = f"idle: the connection held nothing and sent nothing for {t:g} s"
-            self._timeouts.say("idle-timeout", f"{conn.name}: closing: {why}", now)
+            self._timeouts.say("idle-timeout", f"{conn.name}: closing: {why}", now,
+                               debug=False)  # (conn.fail says each at DEBUG)
             conn.fail(why, Symbol("idle-timeout"), quiet=True)
         if not self._stopping:
             self._schedule_sweep()
@@ -778,7 +770,7 @@ class Server:
         if not conn.closed and gk.accepted == 0:
             why = f"no sturdyref resolved within {self.flow.handshake_timeout:g} s"
             self._timeouts.say("handshake-timeout", f"{conn.name}: closing: {why}",
-                               time.monotonic())
+                               time.monotonic(), debug=False)  # (conn.fail: at DEBUG)
             conn.fail(why, Symbol("handshake-timeout"), quiet=True)
 
     # -- running and stopping ------------------------------------------------------------

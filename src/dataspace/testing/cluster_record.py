@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         "sync() after each batch; check that every acknowledged message is in the\n"
         "shared stream exactly once and that presence events are recorded once.",
         epilog="examples:\n  python -m dataspace.testing.cluster_record --kills 200\n"
-        "  python -m dataspace.testing.cluster_record --kills 20 --store "
-        "postgresql://app@localhost/app --seed 7",
+        "  python -m dataspace.testing.cluster_record --kills 20 --seed 7 \\\n"
+        "      --store postgresql://app@localhost/app",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--kills", type=int, default=200, help="how many kills (default 200)")
