@@ -52,6 +52,7 @@ from .groups import (
     GroupNotFound,
     GroupRead,
     PendingEntry,
+    no_group,
 )
 from .integrity import CheckReport, Salvaged, StreamDigest
 from .tailer import Tailer
@@ -637,8 +638,7 @@ class Store(ABC):
         for g in self.groups(stream):
             if g.name == name:
                 return g
-        raise GroupNotFound(f"no consumer group {name!r} on stream {stream!r} in "
-                            f"{self.display} (dataspace stream group ls {stream} lists them)")
+        raise no_group(self.display, stream, name)
 
     @abstractmethod
     def group_read(self, stream: str, group: str, consumer: str, count: int, *,

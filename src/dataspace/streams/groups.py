@@ -58,8 +58,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..values import Dictionary, Symbol, Value
-from .entry import Entry, check_name
+from .entry import Entry, check_name, check_stream_name
 from .errors import MAX_INDEX, StoreError
+from .integrity import damaged, pending_top_problem
 
 if TYPE_CHECKING:
     from .base import Store
@@ -148,6 +149,37 @@ def check_options(idle_timeout: float | None, max_deliveries: int | None) -> Non
     if max_deliveries is not None and (type(max_deliveries) is not int
                                        or not 1 <= max_deliveries <= 1_000_000):
         raise ValueError("max_deliveries must be an integer from 1 to 1,000,000, or None")
+
+
+def group_settings(stream: str, name: str, idle_timeout: float | None,
+                   max_deliveries: int | None, dead_letter: str | None
+                   ) -> tuple[int | None, str | None]:
+    """The settings of a new group ``name`` of ``stream`` as a store keeps them: its idle
+    timeout in milliseconds and its dead-letter stream (``STREAM.dead`` when it has
+    ``max_deliveries`` and names none); ``ValueError`` saying which one is wrong."""
+    check_stream_name(stream)
+    check_group_name(name)
+    check_options(idle_timeout, max_deliveries)
+    if dead_letter is None and max_deliveries is not None:
+        dead_letter = default_dead_letter(stream)
+    if dead_letter is not None:
+        check_name(dead_letter, "dead-letter stream")
+        if dead_letter == stream:
+            raise ValueError("a group's dead-letter stream cannot be its own stream")
+    idle_ms = None if idle_timeout is None else max(1, round(idle_timeout * 1000))
+    return idle_ms, dead_letter
+
+
+def group_exists(stream: str, name: str) -> ValueError:
+    """The error of creating a group that exists (without ``exist_ok``)."""
+    return ValueError(f"stream {stream!r} has a consumer group {name!r} already "
+                      f"(dataspace stream group ls {stream} lists them)")
+
+
+def no_group(where: str, stream: str, group: str) -> GroupNotFound:
+    """The error of a group ``group`` that ``stream`` in the store ``where`` does not have."""
+    return GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in {where} "
+                         f"(dataspace stream group ls {stream} lists them)")
 
 
 @dataclass(frozen=True)
@@ -267,6 +299,61 @@ def group_info_of(stream: str, first: int, nxt: int, g: Any,
         lag=max(0, nxt - max(g.next, first)), pending=sum(c.pending for c in cons),
         first_pending=min((int(r[4]) for r in consumers), default=None),
         oldest_ns=min((c.oldest_ns for c in cons), default=None), consumers=cons)
+
+
+def checked_info(where: str, stream: str, first: int, nxt: int, g: Any,
+                 consumers: Sequence[Sequence[Any]]) -> GroupInfo:
+    """:func:`group_info_of` from pending counts per consumer that also give each one's
+    highest pending index (a sixth column), cross-checked against the group's ``next``
+    (:class:`~.errors.StoreCorrupt` if one is at or beyond it)."""
+    what = pending_top_problem(g, max((c[5] for c in consumers), default=None))
+    if what is not None:
+        raise damaged(where, stream, what)
+    return group_info_of(stream, first, nxt, g, [c[:5] for c in consumers])
+
+
+def hold_cut(where: str, stream: str, cut: int, holds: Iterable[tuple[Any, Any]]) -> int:
+    """``cut`` lowered to the lowest index a consumer group holding retention has not
+    acknowledged, with a warning once: ``holds`` gives each such group's verified row
+    and its lowest pending index (None: nothing pending)."""
+    low = cut
+    holder = None
+    for g, top in holds:
+        floor = g.next if top is None else min(int(top), g.next)
+        if floor < low:
+            low, holder = floor, g.name
+    if holder is not None:
+        warn_once("retention", f"{where}|{stream}|{holder}",
+                  "stream %r in %s: retention held back at index %d by consumer group %r, "
+                  "which has not acknowledged the entries from there (remove the group, or "
+                  "create it with hold_retention=False, to let retention go on)",
+                  stream, where, low, holder)
+    return low
+
+
+def move_dead(tx: Any, where: str, stream: str, g: Any, entries: Iterable[PendingEntry],
+              why: str | None, take: Callable[[PendingEntry], bool],
+              get: Callable[[int], Entry | None]) -> int:
+    """Move ``entries`` pending with the group of verified row ``g`` to its dead-letter
+    stream in the transaction ``tx``, each one that ``take`` removes from the pending
+    list (False: acknowledged or claimed meanwhile), its entry read with ``get``; how
+    many moved."""
+    target = g.dead_letter or default_dead_letter(stream)
+    moved = 0
+    for p in entries:
+        if not take(p):
+            continue
+        e = get(p.index)
+        if e is None:
+            warn_lost(where, stream, g.name, p.index, p.index + 1)
+            continue
+        reason = why or too_many(p, g.max_deliveries or p.deliveries)
+        tx.append_encoded(target, [e.data], [dead_meta_data(stream, g.name, p, reason,
+                                                            e.meta_data)])
+        log.warning("consumer group %r of stream %r: entry %d %s; moved to stream %r",
+                    g.name, stream, p.index, reason, target)
+        moved += 1
+    return moved
 
 
 def split_over(rows: Sequence[Sequence[Any]], max_deliveries: int | None

@@ -99,7 +99,6 @@ from .base import (
     TailerInfo,
     Transaction,
     check_lock_name,
-    check_name,
     check_stream_name,
     check_tailer_name,
     encode_value,
@@ -111,22 +110,20 @@ from .groups import (
     AckLost,
     Delivery,
     GroupInfo,
-    GroupNotFound,
     GroupRead,
     PendingEntry,
     ack_args,
-    check_group_name,
-    check_options,
-    dead_meta_data,
-    default_dead_letter,
-    group_info_of,
+    checked_info,
+    group_exists,
+    group_settings,
+    hold_cut,
     lost_message,
+    move_dead,
+    no_group,
     resolve_start,
     same_group,
     split_over,
-    too_many,
     warn_lost,
-    warn_once,
 )
 from .integrity import (
     CheckReport,
@@ -144,7 +141,6 @@ from .integrity import (
     group_problem,
     pending_checksum,
     pending_checksums,
-    pending_top_problem,
     plural,
     salvage_rows,
     staged_checksums,
@@ -1159,17 +1155,14 @@ class PostgresStore(Store):
             try:
                 g = verify_group(self._display, srow.name, GroupRow(*r, stream=srow.name),
                                  srow.next)
-                cons = counts.get(g.id, [])
-                what = pending_top_problem(g, max((c[5] for c in cons), default=None))
-                if what is not None:
-                    raise damaged(self._display, srow.name, what)
+                info = checked_info(self._display, srow.name, srow.first, srow.next, g,
+                                    counts.get(g.id, []))
             except StoreCorrupt as e:
                 if not with_damaged:
                     raise
                 out[srow.id] = e
                 continue
-            out[srow.id] = (*out.get(srow.id, ()), group_info_of(
-                srow.name, srow.first, srow.next, g, [c[:5] for c in cons]))
+            out[srow.id] = (*out.get(srow.id, ()), info)
         return out
 
     def _stream_group(self, conn: Any, stream: str, group: str, lock: bool = False,
@@ -1183,8 +1176,7 @@ class PostgresStore(Store):
         if r is None:
             if cur.execute(f"SELECT 1 FROM {_S} WHERE name = %s", (stream,)).fetchone() is None:
                 raise StreamNotFound(f"no stream named {stream!r} in {self._display}")
-            raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
-                                f"{self._display} (dataspace stream group ls {stream} lists them)")
+            raise no_group(self._display, stream, group)
         srow = self._check_row(r[:10])
         g = GroupRow(*r[10:], stream=stream)
         if lock and again and group_problem(g, srow.next) is not None:
@@ -1198,25 +1190,16 @@ class PostgresStore(Store):
                      idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
                      max_deliveries: int | None = None, dead_letter: str | None = None,
                      hold_retention: bool = True, exist_ok: bool = False) -> GroupInfo:
-        check_stream_name(stream)
-        check_group_name(name)
-        check_options(idle_timeout, max_deliveries)
-        if dead_letter is None and max_deliveries is not None:
-            dead_letter = default_dead_letter(stream)
-        if dead_letter is not None:
-            check_name(dead_letter, "dead-letter stream")
-            if dead_letter == stream:
-                raise ValueError("a group's dead-letter stream cannot be its own stream")
+        idle_ms, dead_letter = group_settings(stream, name, idle_timeout, max_deliveries,
+                                              dead_letter)
         with self.transaction() as tx:
             srow = tx._writable(stream)
             if tx._q(f"SELECT id FROM {_G} WHERE stream = %s AND name = %s",
                      (srow.id, name)).fetchone() is not None:
                 if not exist_ok:
-                    raise ValueError(f"stream {stream!r} has a consumer group {name!r} already "
-                                     f"(dataspace stream group ls {stream} lists them)")
+                    raise group_exists(stream, name)
             else:
                 nxt = resolve_start(start, srow.first, srow.next, stream)
-                idle_ms = None if idle_timeout is None else max(1, round(idle_timeout * 1000))
                 now = time.time_ns()
                 gid = int(tx._q(
                     f"INSERT INTO {_G} (stream, name, next_index, created_ns, idle_ms, "
@@ -1236,9 +1219,7 @@ class PostgresStore(Store):
             if r is None:
                 if tx._q(f"SELECT 1 FROM {_S} WHERE name = %s", (stream,)).fetchone() is None:
                     raise StreamNotFound(f"no stream named {stream!r} in {self._display}")
-                raise GroupNotFound(f"no consumer group {name!r} on stream {stream!r} in "
-                                    f"{self._display} (dataspace stream group ls {stream} lists "
-                                    "them)")
+                raise no_group(self._display, stream, name)
             tx._q(f"DELETE FROM {_P} WHERE grp = %s", (r[0],))
             tx._q(f"DELETE FROM {_G} WHERE id = %s", (r[0],))
 
@@ -1278,10 +1259,7 @@ class PostgresStore(Store):
             cons = c.execute(f"SELECT consumer, count(*), min(delivered_ns), max(delivered_ns), "
                              f"min(idx), max(idx) FROM {_P} WHERE grp = %s GROUP BY consumer "
                              "ORDER BY consumer COLLATE \"C\"", (g.id,)).fetchall()
-        what = pending_top_problem(g, max((c[5] for c in cons), default=None))
-        if what is not None:
-            raise damaged(self._display, stream, what)
-        return group_info_of(stream, srow.first, srow.next, g, [c[:5] for c in cons])
+        return checked_info(self._display, stream, srow.first, srow.next, g, cons)
 
     def group_pending(self, stream: str, group: str, *, consumer: str | None = None,
                       start: int = 0, limit: int = 100) -> list[PendingEntry]:
@@ -1494,9 +1472,7 @@ class PostgresStore(Store):
         with self._conn() as c, c.transaction():
             n = _ack_rows(c.cursor(), gid, stream, group, items, (stream, group))
             if n == 0 and c.execute(gid[1:-1], (stream, group)).fetchone() is None:
-                raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
-                                    f"{self._display} (dataspace stream group ls {stream} lists "
-                                    "them)")
+                raise no_group(self._display, stream, group)
         return n
 
     # -- tailers --------------------------------------------------------------------------
@@ -1846,22 +1822,11 @@ def _ack_rows(cur: Any, gid: Any, stream: str, group: str, items: Sequence[Deliv
 def _held(conn: Any, row: StreamRow, cut: int, where: str) -> int:
     """``cut`` lowered to the lowest index a consumer group of ``row`` holding retention
     has not acknowledged (each such group's row verified), with a warning once."""
-    low = cut
-    holder = None
-    for r in conn.execute(f"SELECT {_GROUP_COLS}, (SELECT min(idx) FROM {_P} p WHERE p.grp = "
-                          f"g.id) FROM {_G} g WHERE g.stream = %s AND g.hold",
-                          (row.id,)).fetchall():
-        g = verify_group(where, row.name, GroupRow(*r[:10], stream=row.name), row.next)
-        floor = g.next if r[10] is None else min(int(r[10]), g.next)
-        if floor < low:
-            low, holder = floor, g.name
-    if holder is not None:
-        warn_once("retention", f"{where}|{row.name}|{holder}",
-                  "stream %r in %s: retention held back at index %d by consumer group %r, "
-                  "which has not acknowledged the entries from there (remove the group, or "
-                  "create it with hold_retention=False, to let retention go on)",
-                  row.name, where, low, holder)
-    return low
+    rows = conn.execute(f"SELECT {_GROUP_COLS}, (SELECT min(idx) FROM {_P} p WHERE p.grp = "
+                        f"g.id) FROM {_G} g WHERE g.stream = %s AND g.hold", (row.id,)).fetchall()
+    return hold_cut(where, row.name, cut, (
+        (verify_group(where, row.name, GroupRow(*r[:10], stream=row.name), row.next), r[10])
+        for r in rows))
 
 
 def _seal_rows(conn: Any) -> None:
@@ -2009,9 +1974,7 @@ class PostgresTransaction(Transaction):
         srow = self._need(stream)
         r = self._q(_GROUP + " WHERE g.stream = %s AND g.name = %s", (srow.id, group)).fetchone()
         if r is None:
-            raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
-                                f"{self._store.display} (dataspace stream group ls {stream} "
-                                "lists them)")
+            raise no_group(self._store.display, stream, group)
         return verify_group(self._store.display, stream, GroupRow(*r, stream=stream), srow.next)
 
     def ack(self, deliveries: Delivery | Iterable[Delivery]) -> int:
@@ -2037,25 +2000,18 @@ class PostgresTransaction(Transaction):
     def dead_letter(self, stream: str, group: str, entries: Sequence[PendingEntry],
                     why: str | None = None) -> int:
         g = self._group(stream, group)
-        target = g.dead_letter or default_dead_letter(stream)
-        moved = 0
-        for p in sorted(entries, key=lambda p: p.index):
+
+        def take(p: PendingEntry) -> bool:
             if self._q(f"DELETE FROM {_P} WHERE grp = %s AND idx = %s AND consumer = %s AND "
                        "deliveries = %s RETURNING idx",
                        (g.id, p.index, p.consumer, p.deliveries)).fetchone() is None:
-                continue  # acknowledged or claimed meanwhile
+                return False
             self._dirty = True
-            e = self._store.get(stream, p.index)
-            if e is None:
-                warn_lost(self._store.display, stream, group, p.index, p.index + 1)
-                continue
-            reason = why or too_many(p, g.max_deliveries or p.deliveries)
-            self.append_encoded(target, [e.data],
-                                [dead_meta_data(stream, group, p, reason, e.meta_data)])
-            log.warning("consumer group %r of stream %r: entry %d %s; moved to stream %r",
-                        group, stream, p.index, reason, target)
-            moved += 1
-        return moved
+            return True
+
+        return move_dead(self, self._store.display, stream, g,
+                         sorted(entries, key=lambda p: p.index), why, take,
+                         lambda i: self._store.get(stream, i))
 
     # -- the interface ----------------------------------------------------------------
 

@@ -79,7 +79,6 @@ from .base import (
     TailerInfo,
     Transaction,
     check_lock_name,
-    check_name,
     check_stream_name,
     check_tailer_name,
     encode_value,
@@ -91,22 +90,20 @@ from .groups import (
     AckLost,
     Delivery,
     GroupInfo,
-    GroupNotFound,
     GroupRead,
     PendingEntry,
     ack_args,
-    check_group_name,
-    check_options,
-    dead_meta_data,
-    default_dead_letter,
+    checked_info,
     delivery_runs,
-    group_info_of,
+    group_exists,
+    group_settings,
+    hold_cut,
     lost_message,
+    move_dead,
+    no_group,
     resolve_start,
     split_over,
-    too_many,
     warn_lost,
-    warn_once,
 )
 from .integrity import (
     CheckReport,
@@ -123,7 +120,6 @@ from .integrity import (
     ends_problem,
     pending_checksum,
     pending_checksums,
-    pending_top_problem,
     plural,
     salvage_rows,
     staged_checksums,
@@ -787,46 +783,32 @@ class SQLiteStore(Store):
         out = []
         for r in rows:
             g = verify_group(where, srow.name, GroupRow(*r, stream=srow.name), srow.next)
-            cons = counts.get(g.id, [])
-            what = pending_top_problem(g, max((c[5] for c in cons), default=None))
-            if what is not None:
-                raise damaged(where, srow.name, what)
-            out.append(group_info_of(srow.name, srow.first, srow.next, g,
-                                     [c[:5] for c in cons]))
+            out.append(checked_info(where, srow.name, srow.first, srow.next, g,
+                                    counts.get(g.id, [])))
         return tuple(out)
 
     def _group_row(self, srow: StreamRow, name: str) -> GroupRow:
         """The verified row of group ``name`` of ``srow`` (:class:`GroupNotFound`)."""
         r = self._one(_GROUP + " WHERE stream = ? AND name = ?", (srow.id, name))
         if r is None:
-            raise GroupNotFound(f"no consumer group {name!r} on stream {srow.name!r} in "
-                                f"{self.path} (dataspace stream group ls {srow.name} lists them)")
+            raise no_group(str(self.path), srow.name, name)
         return verify_group(str(self.path), srow.name, GroupRow(*r, stream=srow.name), srow.next)
 
     def create_group(self, stream: str, name: str, *, start: int | str = "earliest",
                      idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
                      max_deliveries: int | None = None, dead_letter: str | None = None,
                      hold_retention: bool = True, exist_ok: bool = False) -> GroupInfo:
-        check_stream_name(stream)
-        check_group_name(name)
-        check_options(idle_timeout, max_deliveries)
-        if dead_letter is None and max_deliveries is not None:
-            dead_letter = default_dead_letter(stream)
-        if dead_letter is not None:
-            check_name(dead_letter, "dead-letter stream")
-            if dead_letter == stream:
-                raise ValueError("a group's dead-letter stream cannot be its own stream")
+        idle_ms, dead_letter = group_settings(stream, name, idle_timeout, max_deliveries,
+                                              dead_letter)
         with self._quiet() as tx:
             srow = tx._load(stream, create=True)
             assert srow is not None
             if self._one("SELECT id FROM consumer_groups WHERE stream = ? AND name = ?",
                          (srow.id, name)) is not None:
                 if not exist_ok:
-                    raise ValueError(f"stream {stream!r} has a consumer group {name!r} already "
-                                     f"(dataspace stream group ls {stream} lists them)")
+                    raise group_exists(stream, name)
             else:
                 nxt = resolve_start(start, srow.first, srow.next, stream)
-                idle_ms = None if idle_timeout is None else max(1, round(idle_timeout * 1000))
                 now = time.time_ns()
                 gid = self._exec(
                     "INSERT INTO consumer_groups (stream, name, next_index, created_ns, idle_ms, "
@@ -847,8 +829,7 @@ class SQLiteStore(Store):
             if r is None:
                 if self._stream_id(stream) is None:
                     raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
-                raise GroupNotFound(f"no consumer group {name!r} on stream {stream!r} in "
-                                    f"{self.path} (dataspace stream group ls {stream} lists them)")
+                raise no_group(str(self.path), stream, name)
             self._exec("DELETE FROM pending WHERE grp = ?", (r[0],))
             self._exec("DELETE FROM consumer_groups WHERE id = ?", (r[0],))
 
@@ -880,10 +861,7 @@ class SQLiteStore(Store):
                 cons = self._all("SELECT consumer, count(*), min(delivered_ns), max(delivered_ns), "
                                  "min(idx), max(idx) FROM pending WHERE grp = ? GROUP BY consumer "
                                  "ORDER BY consumer", (g.id,))
-        what = pending_top_problem(g, max((c[5] for c in cons), default=None))
-        if what is not None:
-            raise damaged(str(self.path), stream, what)
-        return group_info_of(stream, srow.first, srow.next, g, [c[:5] for c in cons])
+        return checked_info(str(self.path), stream, srow.first, srow.next, g, cons)
 
     def group_pending(self, stream: str, group: str, *, consumer: str | None = None,
                       start: int = 0, limit: int = 100) -> list[PendingEntry]:
@@ -910,8 +888,7 @@ class SQLiteStore(Store):
             raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
         srow = self._check_row(StreamRow(*r[:8]), r[8], r[9])
         if r[10] is None:
-            raise GroupNotFound(f"no consumer group {group!r} on stream {stream!r} in "
-                                f"{self.path} (dataspace stream group ls {stream} lists them)")
+            raise no_group(str(self.path), stream, group)
         g = GroupRow(*r[10:], stream=stream)
         return srow, verify_group(str(self.path), stream, g, srow.next)
 
@@ -1762,21 +1739,13 @@ def _held(store: SQLiteStore, row: StreamRow, cut: int) -> int:
     """``cut`` lowered to the lowest index a consumer group of ``row`` holding retention
     has not acknowledged (each such group's row verified), with a warning once."""
     where = str(store.path)
-    low = cut
-    holder = None
-    for r in store._all(_GROUP + " WHERE stream = ? AND hold", (row.id,)):
-        g = verify_group(where, row.name, GroupRow(*r, stream=row.name), row.next)
-        p = store._one("SELECT min(idx) FROM pending WHERE grp = ?", (g.id,))[0]
-        floor = g.next if p is None else min(int(p), g.next)
-        if floor < low:
-            low, holder = floor, g.name
-    if holder is not None:
-        warn_once("retention", f"{where}|{row.name}|{holder}",
-                  "stream %r in %s: retention held back at index %d by consumer group %r, "
-                  "which has not acknowledged the entries from there (remove the group, or "
-                  "create it with hold_retention=False, to let retention go on)",
-                  row.name, where, low, holder)
-    return low
+
+    def holds() -> Iterator[tuple[GroupRow, Any]]:
+        for r in store._all(_GROUP + " WHERE stream = ? AND hold", (row.id,)):
+            g = verify_group(where, row.name, GroupRow(*r, stream=row.name), row.next)
+            yield g, store._one("SELECT min(idx) FROM pending WHERE grp = ?", (g.id,))[0]
+
+    return hold_cut(where, row.name, cut, holds())
 
 
 class SQLiteTransaction(Transaction):
@@ -1896,23 +1865,14 @@ class SQLiteTransaction(Transaction):
                     why: str | None = None) -> int:
         store = self._store
         g = store._group_row(self._need(stream), group)
-        target = g.dead_letter or default_dead_letter(stream)
-        moved = 0
-        for p in entries:
-            cur = store._exec("DELETE FROM pending WHERE grp = ? AND idx = ? AND consumer = ? "
-                              "AND deliveries = ?", (g.id, p.index, p.consumer, p.deliveries))
-            if cur.rowcount != 1:
-                continue  # acknowledged or claimed meanwhile
-            e = _get(store, stream, p.index)
-            if e is None:
-                warn_lost(str(store.path), stream, group, p.index, p.index + 1)
-                continue
-            reason = why or too_many(p, g.max_deliveries or p.deliveries)
-            self.append_encoded(target, [e.data], [dead_meta_data(stream, group, p, reason, e.meta_data)])
-            log.warning("consumer group %r of stream %r: entry %d %s; moved to stream %r",
-                        group, stream, p.index, reason, target)
-            moved += 1
-        return moved
+
+        def take(p: PendingEntry) -> bool:
+            return store._exec("DELETE FROM pending WHERE grp = ? AND idx = ? AND consumer = ? "
+                               "AND deliveries = ?",
+                               (g.id, p.index, p.consumer, p.deliveries)).rowcount == 1
+
+        return move_dead(self, str(store.path), stream, g, entries, why, take,
+                         lambda i: _get(store, stream, i))
 
     # -- the interface ----------------------------------------------------------------
 
