@@ -566,16 +566,11 @@ class Consumer:
             acks = []
             if got.over:
                 self.group.dead_letter(got.over)
-                if not got.deliveries:
-                    continue
-            if got.deliveries:
-                return got.deliveries
-            if deadline is None:
-                return []
-            wait = self._wait(deadline)
-            if wait is None:
-                return []
-            store.wait_change(gen, wait)
+            out, wait = self._then(got, deadline)
+            if out is not None:
+                return out
+            if wait is not None:
+                store.wait_change(gen, wait)
 
     async def read_async(self, count: int = 1, block: float | None = None) -> list[Delivery]:
         """:meth:`read` for asyncio (the store calls run in a thread)."""
@@ -588,16 +583,27 @@ class Consumer:
             got = await loop.run_in_executor(None, self._once, count)
             if got.over:
                 await loop.run_in_executor(None, self.group.dead_letter, got.over)
-                if not got.deliveries:
-                    continue
-            if got.deliveries:
-                return got.deliveries
-            if deadline is None:
-                return []
-            wait = self._wait(deadline)
-            if wait is None:
-                return []
-            await store.wait_change_async(gen, wait)
+            out, wait = self._then(got, deadline)
+            if out is not None:
+                return out
+            if wait is not None:
+                await store.wait_change_async(gen, wait)
+
+    def _then(self, got: GroupRead, deadline: float | None
+              ) -> tuple[list[Delivery] | None, float | None]:
+        """What a read does after one try that gave ``got`` (its entries over
+        ``max_deliveries`` moved to the dead-letter stream): return a list (what was
+        delivered, or nothing when ``deadline`` is None or has passed), or wait up to
+        a time for a change, or (both None) try again at once -- it found only entries
+        it moved."""
+        if got.deliveries:
+            return got.deliveries, None
+        if got.over:
+            return None, None
+        if deadline is None:
+            return [], None
+        wait = self._wait(deadline)
+        return ([], None) if wait is None else (None, wait)
 
     def _wait(self, deadline: float) -> float | None:
         """How long to wait for a change: until ``deadline`` or until another consumer's
