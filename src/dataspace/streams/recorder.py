@@ -277,11 +277,8 @@ class Recorder:
 
     def _presence(self, v: Value, delta: int) -> None:
         """An assertion event in a cluster: kept, and recorded while leading."""
-        try:
-            data = encode(v)
-        except (TypeError, ValueError) as e:
-            self.dropped += 1
-            log.error("recorder %s: cannot encode a matching value (%s); dropped", self.stream, e)
+        data = self._encoded(v)
+        if data is None:
             return
         with self._cond:
             present = self._present
@@ -298,19 +295,13 @@ class Recorder:
             if term is None or kind not in self.events:
                 return
             wrapped = (_ASSERT_HEAD if delta > 0 else _RETRACT_HEAD) + data + _END
-            if len(wrapped) > MAX_VALUE_SIZE:
-                self.dropped += 1
-                log.error("recorder %s: a %d-byte value exceeds the entry limit; dropped",
-                          self.stream, len(wrapped))
+            if not self._fits(len(wrapped)):
                 return
             self._put(_Led(wrapped, term, delta, data))
 
     def _enqueue_led(self, value: Value) -> None:
-        try:
-            data = encode(value)
-        except (TypeError, ValueError) as e:
-            self.dropped += 1
-            log.error("recorder %s: cannot encode a matching value (%s); dropped", self.stream, e)
+        data = self._encoded(value)
+        if data is None:
             return
         with self._cond:
             term = self._term
@@ -350,19 +341,30 @@ class Recorder:
         self._cond.notify_all()
 
     def _enqueue(self, value: Value) -> None:
-        try:
-            data = encode(value)
-        except (TypeError, ValueError) as e:
-            self.dropped += 1
-            log.error("recorder %s: cannot encode a matching value (%s); dropped", self.stream, e)
-            return
-        if len(data) > MAX_VALUE_SIZE:
-            self.dropped += 1
-            log.error("recorder %s: a %d-byte value exceeds the entry limit; dropped",
-                      self.stream, len(data))
+        data = self._encoded(value)
+        if data is None or not self._fits(len(data)):
             return
         with self._cond:
             self._put(data)
+
+    def _encoded(self, value: Value) -> bytes | None:
+        """``value`` encoded, or None: it cannot be (dropped: counted, and logged)."""
+        try:
+            return encode(value)
+        except (TypeError, ValueError) as e:
+            self.dropped += 1
+            log.error("recorder %s: cannot encode a matching value (%s); dropped", self.stream, e)
+            return None
+
+    def _fits(self, size: int) -> bool:
+        """Whether an entry of ``size`` bytes fits in the stream; if not, it is dropped
+        (counted, and logged)."""
+        if size <= MAX_VALUE_SIZE:
+            return True
+        self.dropped += 1
+        log.error("recorder %s: a %d-byte value exceeds the entry limit; dropped",
+                  self.stream, size)
+        return False
 
     # -- the writer thread ---------------------------------------------------------------
 
