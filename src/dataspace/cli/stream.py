@@ -400,8 +400,7 @@ def _stream_json(s: StreamInfo) -> dict[str, Any]:
         "max_count": s.max_count,
         "max_age": s.max_age,
         "internal": s.internal,
-        "tailers": [{"name": t.name, "position": t.position, "lag": max(0, s.next - t.position),
-                     "updated": t.updated_ns / 1e9} for t in s.tailers],
+        "tailers": [t.as_json(s.next) for t in s.tailers],
         "groups": [_group_json(g) for g in s.groups],
         "damaged": None,
     }
@@ -1244,18 +1243,7 @@ def _idle(ns: int | None, now: float | None = None) -> str:
 
 def _group_json(g: GroupInfo, now: float | None = None) -> dict[str, Any]:
     """A consumer group as ``stream group ls --json`` (and ``stream ls --json``) give it."""
-    t = time.time() if now is None else now
-    return {
-        "stream": g.stream, "name": g.name, "next": g.next, "lag": g.lag, "pending": g.pending,
-        "first_pending": g.first_pending,
-        "oldest_idle": None if g.oldest_ns is None else max(0.0, t - g.oldest_ns / 1e9),
-        "idle_timeout": g.idle_timeout, "max_deliveries": g.max_deliveries,
-        "dead_letter": g.dead_letter, "hold_retention": g.hold_retention,
-        "created": g.created_ns / 1e9,
-        "consumers": [{"name": c.name, "pending": c.pending,
-                       "oldest_idle": max(0.0, t - c.oldest_ns / 1e9),
-                       "newest_idle": max(0.0, t - c.newest_ns / 1e9)} for c in g.consumers],
-    }
+    return {"stream": g.stream, **g.as_json(now)}
 
 
 def _held_back(s: StreamInfo) -> str | None:

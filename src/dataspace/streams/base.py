@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..values import Value, encode
 from .entry import Entry, check_name, check_stream_name, check_tailer_name
@@ -192,6 +192,12 @@ class TailerInfo:
     name: str
     position: int
     updated_ns: int
+
+    def as_json(self, nxt: int) -> dict[str, Any]:
+        """The tailer as ``stream ls --json`` and ``GET /api/streams`` give it, on a stream
+        whose next index is ``nxt`` (``lag``: entries it has not read)."""
+        return {"name": self.name, "position": self.position,
+                "lag": max(0, nxt - self.position), "updated": self.updated_ns / 1e9}
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,26 @@ class GroupInfo:
         """The lowest index the group has not acknowledged: where it holds retention."""
         return self.next if self.first_pending is None else min(self.first_pending, self.next)
 
+    def as_json(self, now: float | None = None) -> dict[str, Any]:
+        """The group as ``stream group ls --json`` and ``GET /api/streams`` give it (but
+        its stream): its position (``next``), ``lag`` (entries not delivered yet),
+        ``pending`` (delivered, not acknowledged), ``oldest_idle`` (seconds the oldest
+        pending entry has waited at ``now``, by default the time now), its settings, and
+        its consumers with entries pending."""
+        t = time.time() if now is None else now
+        return {
+            "name": self.name, "next": self.next, "lag": self.lag, "pending": self.pending,
+            "first_pending": self.first_pending,
+            "oldest_idle": None if self.oldest_ns is None else max(0.0, t - self.oldest_ns / 1e9),
+            "idle_timeout": self.idle_timeout, "max_deliveries": self.max_deliveries,
+            "dead_letter": self.dead_letter, "hold_retention": self.hold_retention,
+            "created": self.created_ns / 1e9,
+            "consumers": [{"name": c.name, "pending": c.pending,
+                           "oldest_idle": max(0.0, t - c.oldest_ns / 1e9),
+                           "newest_idle": max(0.0, t - c.newest_ns / 1e9)}
+                          for c in self.consumers],
+        }
+
 
 @dataclass(frozen=True)
 class PendingEntry:

@@ -43,28 +43,10 @@ BACKING_WINDOW = 64
 """Recent backing records read per processor (its last step, its outputs)."""
 
 
-def _tailer_rows(info: StreamInfo) -> list[dict[str, Any]]:
-    return [{"name": t.name, "position": t.position, "lag": max(0, info.next - t.position),
-             "updated": t.updated_ns / 1e9} for t in info.tailers]
-
-
 def group_row(g: GroupInfo, now: float | None = None) -> dict[str, Any]:
-    """A consumer group as ``GET /api/streams`` shows it (``stream group ls --json``'s
-    fields): its position (``next``), ``lag`` (entries not delivered yet), ``pending``
-    (delivered, not acknowledged), ``oldest_idle`` (seconds the oldest pending entry has
-    waited), its settings, and its consumers with entries pending."""
-    t = time.time() if now is None else now
-    return {
-        "name": g.name, "next": g.next, "lag": g.lag, "pending": g.pending,
-        "first_pending": g.first_pending,
-        "oldest_idle": None if g.oldest_ns is None else max(0.0, t - g.oldest_ns / 1e9),
-        "idle_timeout": g.idle_timeout, "max_deliveries": g.max_deliveries,
-        "dead_letter": g.dead_letter, "hold_retention": g.hold_retention,
-        "created": g.created_ns / 1e9,
-        "consumers": [{"name": c.name, "pending": c.pending,
-                       "oldest_idle": max(0.0, t - c.oldest_ns / 1e9),
-                       "newest_idle": max(0.0, t - c.newest_ns / 1e9)} for c in g.consumers],
-    }
+    """A consumer group as ``GET /api/streams`` shows it: ``stream group ls --json``'s
+    fields (:meth:`~dataspace.streams.groups.GroupInfo.as_json`)."""
+    return g.as_json(now)
 
 
 def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
@@ -86,7 +68,7 @@ def stream_row(info: StreamInfo, published: bool = False) -> dict[str, Any]:
         "max_age": info.max_age,
         "internal": info.internal,
         "published": published,
-        "tailers": _tailer_rows(info),
+        "tailers": [t.as_json(info.next) for t in info.tailers],
         "groups": [group_row(g) for g in info.groups],
         "damaged": None,
     }
