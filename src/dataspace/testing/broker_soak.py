@@ -97,6 +97,7 @@ from ..values import (
     parse,
     stringify,
 )
+from .common import free_port
 
 __all__ = [
     "ATTACKS",
@@ -1627,12 +1628,6 @@ async def _wait_for(fn: Callable[[], Any], timeout: float) -> Any:
         await asyncio.sleep(0.1)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Soak:
     """One run against one server (see the module docstring)."""
 
@@ -1893,7 +1888,7 @@ class Soak:
         if here is None:
             self.tally.fail("cluster: the server did not say where it listens for routes")
             return
-        port = _free_port()
+        port = free_port()
         # One root key: the soak's capability works on both members.
         from ..datadir import ROOT_KEY
 

@@ -37,8 +37,6 @@ import json
 import os
 import random
 import shutil
-import signal
-import socket
 import sys
 import tempfile
 import time
@@ -55,6 +53,7 @@ from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
 from ..streams import open_store
 from ..values import Record, Symbol, parse
+from .common import ServerProcess, free_port, once_problems, say
 
 __all__ = ["ClusterCrashResult", "main", "run"]
 
@@ -80,13 +79,7 @@ class ClusterCrashResult:
     problems: list[str] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Member:
+class Member(ServerProcess):
     """One member in a subprocess (restartable on the same ports); its output goes to
     files, read for its start lines only (a member says more: routes going up and down)."""
 
@@ -108,7 +101,6 @@ class Member:
         self.extra = extra
         self.cluster = cluster
         """False: a server alone (no cluster options), for comparisons."""
-        self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
 
     @property
@@ -118,10 +110,6 @@ class Member:
     @property
     def cluster_address(self) -> str:
         return f"127.0.0.1:{self.cluster_port}"
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> None:
         args = [sys.executable, "-m", "dataspace.cli", "serve", "--data-dir", str(self.dir),
@@ -147,22 +135,6 @@ class Member:
             if self.proc.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"member {self.dir.name} did not start: {text.strip()[-600:]}")
             await asyncio.sleep(0.05)
-
-    async def kill(self) -> None:
-        p = self.proc
-        if p is not None and p.returncode is None:
-            p.send_signal(signal.SIGKILL)
-            await p.wait()
-
-    async def stop(self) -> None:
-        p = self.proc
-        if p is not None and p.returncode is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(p.wait(), 30)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
 
 
 def start_cluster(base: Path, n: int, store: str | None,
@@ -305,13 +277,8 @@ async def run(kills: int, *, seed: int, base: Path, store: str | None = None,
 
         def check(when: str) -> bool:
             counts = chat_counts(read_stream(url, CHAT))
-            missing = [(s.name, i) for s in senders for i in s.acked if counts[(s.name, i)] == 0]
-            twice = sorted(k for k, c in counts.items() if c > 1)
-            if missing:
-                result.problems.append(f"{when}: {len(missing)} acknowledged message(s) "
-                                       f"missing, e.g. {missing[:5]}")
-            if twice:
-                result.problems.append(f"{when}: recorded more than once: {twice[:5]}")
+            result.problems += once_problems(
+                when, [(s.name, i) for s in senders for i in s.acked], counts)
             result.acknowledged = sum(len(s.acked) for s in senders)
             result.recorded = sum(counts.values())
             return not result.problems
@@ -401,11 +368,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--kills and --clients must be at least 1, --members at least 2")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dataspace-clusterrec-"))
-
-    def say(s: str) -> None:  # the command's own output, not logging
-        sys.stdout.write(s + "\n")
-        sys.stdout.flush()
-
     say(f"cluster recording crash test: {args.members} members, {args.clients} clients, "
         f"{args.kills} kills, seed {seed}, data in {base}")
     with contextlib.ExitStack() as stack:

@@ -53,6 +53,7 @@ from pathlib import Path
 from ..streams import open_store
 from ..streams.base import AckLost
 from ..values import Record, Symbol
+from .common import say
 
 __all__ = ["GroupCrashResult", "main", "run"]
 
@@ -326,11 +327,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.kills < 1 or args.consumers < 1 or args.idle <= 0:
         ap.error("--kills and --consumers must be at least 1, --idle above 0")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-
-    def say(s: str) -> None:  # the command's own output, not logging
-        sys.stdout.write(s + "\n")
-        sys.stdout.flush()
-
     modes = ("tx", "plain") if args.mode == "both" else (args.mode,)
     failed = False
     with contextlib.ExitStack() as stack:

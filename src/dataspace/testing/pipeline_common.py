@@ -46,6 +46,7 @@ from ..pipeline.graph import Graph
 from ..pipeline.sinks import SQLiteSink
 from ..progress import Progress
 from ..values import Record, Sequence, Symbol, encode
+from .common import say as line
 
 __all__ = [
     "SOURCES",
@@ -181,13 +182,6 @@ def verify(directory: str | os.PathLike[str], n: int, seed: int, store: str | No
 
 
 # -- the child ---------------------------------------------------------------------------
-
-
-def line(text: str) -> None:
-    """One line of a harness's output (the child's lines are read by the parent: this is
-    a protocol, not logging)."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def _produce(directory: str, n: int, seed: int, run: int, done: threading.Event) -> None:

@@ -25,7 +25,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import textwrap
@@ -40,6 +39,7 @@ from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
 from ..streams import open_store
 from ..values import Record, Symbol, parse
+from .common import ServerProcess, once_problems, say
 
 __all__ = ["CrashResult", "main", "run"]
 
@@ -60,14 +60,13 @@ class CrashResult:
     problems: list[str] = field(default_factory=list)
 
 
-class _Server:
+class _Server(ServerProcess):
     """``dataspace serve --record ...`` in a subprocess, restartable on the same port."""
 
     def __init__(self, data_dir: Path, store: str | None = None) -> None:
         self.data_dir = data_dir
         self.store = store
         self.port = 0
-        self.proc: asyncio.subprocess.Process | None = None
         self.sturdyref: SturdyRef | None = None
 
     async def start(self) -> None:
@@ -103,22 +102,6 @@ class _Server:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    async def kill(self) -> None:
-        p = self.proc
-        if p is not None and p.returncode is None:
-            p.send_signal(signal.SIGKILL)
-            await p.wait()
-
-    async def stop(self) -> None:
-        p = self.proc
-        if p is not None and p.returncode is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(p.wait(), 30)
-            except TimeoutError:
-                p.kill()
-                await p.wait()
 
 
 def _recorded(location: Path | str) -> Counter[int]:
@@ -189,14 +172,7 @@ async def run(kills: int, *, seed: int, base: Path,
             n = await _round(server, n, rng, acked)
             result.kills = k + 1
             counts = _recorded(store or server.data_dir)
-            missing = [i for i in acked if counts[i] == 0]
-            twice = sorted(i for i, c in counts.items() if c > 1)
-            if missing:
-                result.problems.append(
-                    f"kill {k + 1}: {len(missing)} acknowledged message(s) missing, e.g. "
-                    f"{missing[:5]}")
-            if twice:
-                result.problems.append(f"kill {k + 1}: recorded more than once: {twice[:5]}")
+            result.problems += once_problems(f"kill {k + 1}", acked, counts)
             result.acknowledged = len(acked)
             result.recorded = sum(counts.values())
             if result.problems:
@@ -234,11 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dataspace-reccrash-"))
     base.mkdir(parents=True, exist_ok=True)
-
-    def say(s: str) -> None:  # the command's own output, not logging
-        sys.stdout.write(s + "\n")
-        sys.stdout.flush()
-
     say(f"recording crash test: {args.kills} kills, seed {seed}, data in {base}")
     result = asyncio.run(run(args.kills, seed=seed, base=base, say=say, store=args.store))
     ok = not result.problems and result.kills == args.kills

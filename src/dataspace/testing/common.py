@@ -1,0 +1,72 @@
+"""What the harnesses share: their lines of output, a free loopback port, a server they
+run in a subprocess and kill, and the exactly-once check of acknowledged messages."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from typing import TypeVar
+
+__all__ = ["ServerProcess", "free_port", "once_problems", "say"]
+
+K = TypeVar("K")
+
+
+def say(text: str) -> None:
+    """One line of a harness's own output on standard output, flushed at once: the
+    command's report, or a child's line its parent reads (not logging)."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A server in an asyncio subprocess (``proc``, set by the subclass's ``start``):
+    killed with SIGKILL, or stopped with SIGTERM and then SIGKILL."""
+
+    proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def kill(self) -> None:
+        p = self.proc
+        if p is not None and p.returncode is None:
+            p.send_signal(signal.SIGKILL)
+            await p.wait()
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, and SIGKILL if it has not ended ``timeout`` seconds later."""
+        p = self.proc
+        if p is not None and p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(p.wait(), timeout)
+            except TimeoutError:
+                p.kill()
+                await p.wait()
+
+
+def once_problems(when: str, acked: Iterable[K], counts: Counter[K]) -> list[str]:
+    """What breaks "every acknowledged message recorded exactly once": ``acked`` the
+    acknowledged messages' keys, ``counts`` how many times each key is in the stream (a
+    key in it twice is a problem even if it was not acknowledged)."""
+    missing = [k for k in acked if counts[k] == 0]
+    twice = sorted(k for k, c in counts.items() if c > 1)  # type: ignore[type-var]
+    out = []
+    if missing:
+        out.append(f"{when}: {len(missing)} acknowledged message(s) missing, e.g. {missing[:5]}")
+    if twice:
+        out.append(f"{when}: recorded more than once: {twice[:5]}")
+    return out
