@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..datadir import DATA_DIR_HELP, STREAMS_DB
@@ -314,24 +314,23 @@ exit status: 0 printed; 1 no such stream, a bad index, a store error or damage
 (named on standard error); 2 bad arguments"""
 
 
-def _index(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an index: {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"an index is 0 or more, not {n}")
-    return n
+def _whole(noun: str, least: int) -> Callable[[str], int]:
+    """An argument type: a whole number ``least`` or more (``noun`` names it in errors)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        if n < least:
+            raise argparse.ArgumentTypeError(f"{noun} is {least} or more, not {n}")
+        return n
+
+    return parse
 
 
-def _count(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"a count is 1 or more, not {n}")
-    return n
+_index = _whole("an index", 0)
+_count = _whole("a count", 1)
 
 
 def _print_arguments(p: argparse.ArgumentParser, json_help: str = "one JSON object per line: "
@@ -795,15 +794,8 @@ def _stop_on_signals() -> Iterator[None]:
     def stop(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
 
-    if threading.current_thread() is not threading.main_thread():
+    with _on_signals(stop):
         yield
-        return
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
