@@ -2181,53 +2181,53 @@ class Soak:
             f"attack {name}: the server did not stop it"
             + (f" (expected {expect})" if expect else ""))
 
-    async def _attack_catch_all(self, rng: random.Random) -> bool:
-        """(a) thousands of catch-all observers, one per packet, from one connection."""
-        raw = await self._open(_ATTACK_SOURCE["catch-all-observers"])
+    async def _flood_attack(self, name: str, packets: Callable[[int], list[bytes]],
+                            timeout: float, expect: str) -> bool:
+        """Open an attack connection from the attack's address, resolve the capability,
+        flood it with ``packets(ref.oid)`` and count how it ended (refused at the
+        resolve counts too)."""
+        raw = await self._open(_ATTACK_SOURCE[name])
         try:
             ref = await raw.resolve(self.cap)
-            n = rng.randint(2000, 4000)
-            packets = [_turn([_observe_event(ref.oid, 100 + i, 10 + i)]) for i in range(n)]
-            outcome = await self._flood(raw, packets, 60.0)
-            return self._record("catch-all-observers", outcome, "too-many-matches")
+            outcome = await self._flood(raw, packets(ref.oid), timeout)
+            return self._record(name, outcome, expect)
         except Refused as e:
-            return self._record("catch-all-observers", e.outcome)
+            return self._record(name, e.outcome)
         finally:
             raw.close()
+
+    async def _attack_catch_all(self, rng: random.Random) -> bool:
+        """(a) thousands of catch-all observers, one per packet, from one connection."""
+        def packets(oid: int) -> list[bytes]:
+            n = rng.randint(2000, 4000)
+            return [_turn([_observe_event(oid, 100 + i, 10 + i)]) for i in range(n)]
+
+        return await self._flood_attack("catch-all-observers", packets, 60.0,
+                                        "too-many-matches")
 
     async def _attack_big_turn(self, rng: random.Random) -> bool:
         """(b) the same batched in one turn: refused as a whole (turn-too-large); the
         ``<Present "mallory-b">`` it also holds must never be seen."""
-        raw = await self._open(_ATTACK_SOURCE["big-turn"])
-        try:
-            ref = await raw.resolve(self.cap)
+        def packets(oid: int) -> list[bytes]:
             n = rng.randint(300, 600)
-            events = [_assert_event(ref.oid, Record(PRESENT, [f"{POISON}-b"]), 2)]
-            events += [_observe_event(ref.oid, 100 + i, 10 + i) for i in range(n)]
-            outcome = await self._flood(raw, [_turn(events)], 30.0)
-            return self._record("big-turn", outcome, "turn-too-large")
-        except Refused as e:
-            return self._record("big-turn", e.outcome)
-        finally:
-            raw.close()
+            events = [_assert_event(oid, Record(PRESENT, [f"{POISON}-b"]), 2)]
+            events += [_observe_event(oid, 100 + i, 10 + i) for i in range(n)]
+            return [_turn(events)]
+
+        return await self._flood_attack("big-turn", packets, 30.0, "turn-too-large")
 
     async def _attack_work_loop(self, rng: random.Random) -> bool:
         """(c) catch-all observers, then assertions and retractions: each costs events
         back to the same connection (the work budget)."""
-        raw = await self._open(_ATTACK_SOURCE["work-loop"])
-        try:
-            ref = await raw.resolve(self.cap)
-            packets = [_turn([_observe_event(ref.oid, 10 + i, 10 + i)]) for i in range(10)]
+        def packets(oid: int) -> list[bytes]:
+            out = [_turn([_observe_event(oid, 10 + i, 10 + i)]) for i in range(10)]
             for i in range(rng.randint(20_000, 30_000)):
                 h = 1000 + i
-                packets.append(_turn([_assert_event(ref.oid, Record(Symbol("n"), [i]), h)]))
-                packets.append(_turn([Sequence([ref.oid, Record(Symbol("R"), [h])])]))
-            outcome = await self._flood(raw, packets, 60.0)
-            return self._record("work-loop", outcome, "work-limit")
-        except Refused as e:
-            return self._record("work-loop", e.outcome)
-        finally:
-            raw.close()
+                out.append(_turn([_assert_event(oid, Record(Symbol("n"), [i]), h)]))
+                out.append(_turn([Sequence([oid, Record(Symbol("R"), [h])])]))
+            return out
+
+        return await self._flood_attack("work-loop", packets, 60.0, "work-limit")
 
     async def _attack_per_address(self, rng: random.Random) -> bool:
         """(d) connections from one address up to the per-address limit, then one more
