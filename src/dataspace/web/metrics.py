@@ -244,19 +244,23 @@ class ServerCollector(Collector):
         yield _gauge("dataspace_groups_unlisted", f"Groups without series of their own "
                      f"(beyond the first {MAX_GROUPS}).", len(rows) - len(listed))
         g = ["dataspace", "group", "pattern"]
-        members = _gauge("dataspace_group_members", "Members of a group now.", labels=g)
-        given = _counter("dataspace_group_messages_total",
-                         "Messages given to a member of a group (one member each).", labels=g)
-        dropped = _counter("dataspace_group_messages_dropped_total",
-                           "Messages that found no live member of a group.", labels=g)
-        jobs = _gauge("dataspace_group_jobs",
-                      "Jobs (distinct matching assertions) of a group now.", labels=g)
-        waiting = _gauge("dataspace_group_jobs_waiting",
-                         "Jobs of a group assigned to no member (none could take them).",
-                         labels=g)
-        moved = _counter("dataspace_group_reassignments_total",
-                         "Jobs of a group assigned again (their member left or died, or a "
-                         "rebalance moved them).", labels=g)
+        per_group = {  # a group row's field: its series
+            "member_count": _gauge("dataspace_group_members", "Members of a group now.",
+                                   labels=g),
+            "messages": _counter("dataspace_group_messages_total",
+                                 "Messages given to a member of a group (one member each).",
+                                 labels=g),
+            "dropped": _counter("dataspace_group_messages_dropped_total",
+                                "Messages that found no live member of a group.", labels=g),
+            "jobs": _gauge("dataspace_group_jobs",
+                           "Jobs (distinct matching assertions) of a group now.", labels=g),
+            "pending": _gauge("dataspace_group_jobs_waiting",
+                              "Jobs of a group assigned to no member (none could take them).",
+                              labels=g),
+            "reassigned": _counter("dataspace_group_reassignments_total",
+                                   "Jobs of a group assigned again (their member left or died, "
+                                   "or a rebalance moved them).", labels=g),
+        }
         m = [*g, "member"]
         m_given = _counter("dataspace_group_member_messages_total",
                            "Messages given to one member of a group.", labels=m)
@@ -266,12 +270,8 @@ class ServerCollector(Collector):
         unlisted = 0
         for r in listed:
             lv = [r["dataspace"], _label(r["group"]), _label(r["pattern"])]
-            members.add_metric(lv, r["member_count"])
-            given.add_metric(lv, r["messages"])
-            dropped.add_metric(lv, r["dropped"])
-            jobs.add_metric(lv, r["jobs"])
-            waiting.add_metric(lv, r["pending"])
-            moved.add_metric(lv, r["reassigned"])
+            for key, fam in per_group.items():
+                fam.add_metric(lv, r[key])
             for i, mem in enumerate(r["members"]):
                 if shown >= MAX_GROUP_MEMBERS:
                     unlisted += 1
@@ -282,7 +282,7 @@ class ServerCollector(Collector):
                        else f"{mem.get('client')}#{i}")
                 m_given.add_metric([*lv, who], mem["messages"])
                 m_jobs.add_metric([*lv, who], mem["jobs"])
-        yield from (members, given, dropped, jobs, waiting, moved, m_given, m_jobs)
+        yield from (*per_group.values(), m_given, m_jobs)
         yield _gauge("dataspace_group_members_unlisted",
                      f"Group members without series of their own (beyond {MAX_GROUP_MEMBERS}, "
                      "or of unlisted groups).",
@@ -641,10 +641,7 @@ def _session_metrics(kind: str, rows: list[dict[str, Any]], labels: list[str],
         up.add_metric(lv, 1 if row.get("connected") else 0)
         if isinstance(row.get("since"), int | float):
             since.add_metric(lv, row["since"])
-        for k, fam in gauges.items():
-            if isinstance(row.get(k), int):
-                fam.add_metric(lv, row[k])
-        for k, fam in cfams.items():
+        for k, fam in (*gauges.items(), *cfams.items()):
             if isinstance(row.get(k), int):
                 fam.add_metric(lv, row[k])
     yield up
