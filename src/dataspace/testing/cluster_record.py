@@ -36,7 +36,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -53,7 +52,7 @@ from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
 from ..streams import open_store
 from ..values import Record, Symbol, parse
-from .common import ServerProcess, free_port, once_problems, say
+from .common import CrashResult, ServerProcess, free_port, once_problems, report, say
 
 __all__ = ["ClusterCrashResult", "main", "run"]
 
@@ -66,17 +65,13 @@ START_TIMEOUT = 60.0
 
 
 @dataclass
-class ClusterCrashResult:
+class ClusterCrashResult(CrashResult):
     """What a run did and found."""
 
-    kills: int = 0
-    acknowledged: int = 0
-    recorded: int = 0
     batches: int = 0
     failovers: list[float] = field(default_factory=list)
     """Seconds from a member's death to each of its clients' next acknowledged batch."""
     sync_latencies: list[float] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
 
 
 class Member(ServerProcess):
@@ -384,20 +379,13 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             say(f"interrupted (data kept in {base})")
             return 130
-    ok = not result.problems and result.kills == args.kills
-    for p in result.problems[:10]:
-        say(f"PROBLEM: {p}")
-    if ok:
-        lat = result.sync_latencies
-        say(f"PASSED: {result.kills} kills, {result.acknowledged} acknowledged messages, each "
-            f"in the stream exactly once; presence events once; sync p50 {_ms(lat, 0.5)}, "
-            f"p99 {_ms(lat, 0.99)}; failover to the next acknowledged batch: median "
-            f"{_ms(result.failovers, 0.5)} ({len(result.failovers)} seen)")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    else:
-        say(f"FAILED after {result.kills} kills (seed {seed}; data kept in {base})")
-    return 0 if ok else 1
+    lat = result.sync_latencies
+    return report(
+        result, args.kills, f"{result.kills} kills, {result.acknowledged} acknowledged "
+        f"messages, each in the stream exactly once; presence events once; sync p50 "
+        f"{_ms(lat, 0.5)}, p99 {_ms(lat, 0.99)}; failover to the next acknowledged batch: "
+        f"median {_ms(result.failovers, 0.5)} ({len(result.failovers)} seen)",
+        seed=seed, base=base, keep=bool(args.dir))
 
 
 if __name__ == "__main__":

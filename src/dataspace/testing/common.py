@@ -4,14 +4,17 @@ run in a subprocess and kill, and the exactly-once check of acknowledged message
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import socket
 import sys
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["ServerProcess", "free_port", "once_problems", "say"]
+__all__ = ["CrashResult", "ServerProcess", "free_port", "once_problems", "report", "say"]
 
 K = TypeVar("K")
 
@@ -56,6 +59,32 @@ class ServerProcess:
             except TimeoutError:
                 p.kill()
                 await p.wait()
+
+
+@dataclass
+class CrashResult:
+    """What a run of kills did and found."""
+
+    kills: int = 0
+    acknowledged: int = 0
+    recorded: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def report(result: CrashResult, kills: int, passed: str, *, seed: int, base: Path,
+           keep: bool) -> int:
+    """Say a run's end -- its first problems, then ``PASSED: {passed}`` or where its data
+    was kept -- and give the exit status; the data goes after a pass unless ``keep``."""
+    ok = not result.problems and result.kills == kills
+    for p in result.problems[:10]:
+        say(f"PROBLEM: {p}")
+    if ok:
+        say(f"PASSED: {passed}")
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
+    else:
+        say(f"FAILED after {result.kills} kills (seed {seed}; data kept in {base})")
+    return 0 if ok else 1
 
 
 def once_problems(when: str, acked: Iterable[K], counts: Counter[K]) -> list[str]:

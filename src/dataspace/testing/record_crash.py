@@ -24,14 +24,12 @@ import logging
 import os
 import random
 import re
-import shutil
 import sys
 import tempfile
 import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..client import connect
@@ -39,7 +37,7 @@ from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
 from ..streams import open_store
 from ..values import Record, Symbol, parse
-from .common import ServerProcess, once_problems, say
+from .common import CrashResult, ServerProcess, once_problems, report, say
 
 __all__ = ["CrashResult", "main", "run"]
 
@@ -48,16 +46,6 @@ log = logging.getLogger(__name__)
 STREAM = "chat"
 _SAYS = Symbol("Says")
 START_TIMEOUT = 60.0
-
-
-@dataclass
-class CrashResult:
-    """What a run did and found."""
-
-    kills: int = 0
-    acknowledged: int = 0
-    recorded: int = 0
-    problems: list[str] = field(default_factory=list)
 
 
 class _Server(ServerProcess):
@@ -212,17 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=True)
     say(f"recording crash test: {args.kills} kills, seed {seed}, data in {base}")
     result = asyncio.run(run(args.kills, seed=seed, base=base, say=say, store=args.store))
-    ok = not result.problems and result.kills == args.kills
-    for p in result.problems[:10]:
-        say(f"PROBLEM: {p}")
-    if ok:
-        say(f"PASSED: {result.kills} kills, {result.acknowledged} acknowledged messages, "
-            "each in the stream exactly once")
-        if not args.dir:
-            shutil.rmtree(base, ignore_errors=True)
-    else:
-        say(f"FAILED after {result.kills} kills (seed {seed}; data kept in {base})")
-    return 0 if ok else 1
+    return report(result, args.kills, f"{result.kills} kills, {result.acknowledged} "
+                  "acknowledged messages, each in the stream exactly once",
+                  seed=seed, base=base, keep=bool(args.dir))
 
 
 if __name__ == "__main__":
