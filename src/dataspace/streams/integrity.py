@@ -114,7 +114,7 @@ import logging
 import struct
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise, repeat
@@ -268,6 +268,28 @@ def _span(a: int, b: int) -> str:
 def plural(n: int, one: str, many: str | None = None) -> str:
     """``1 entry``, ``2 entries``, ``1,000 streams``."""
     return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
+ORPHANS = (
+    # (table, its column naming a parent row, the parent's table, a row, rows, a parent)
+    ("entries", "stream", "streams", "entry", "entries", "stream"),
+    ("tailers", "stream", "streams", "tailer", None, "stream"),
+    ("consumer_groups", "stream", "streams", "consumer group", None, "stream"),
+    ("pending", "grp", "consumer_groups", "pending entry", "pending entries", "consumer group"),
+)
+"""The rows a store's check looks for whose parent row is gone (both stores' tables)."""
+
+
+def orphan_problems(count: Callable[[str, str, str], int]) -> list[str]:
+    """What a check says of rows whose parent is gone (:data:`ORPHANS`), given
+    ``count(table, column, parent_table)``: how many rows of ``table`` name a missing
+    row of ``parent_table`` in ``column``."""
+    out = []
+    for table, column, parent, one, many, of in ORPHANS:
+        n = count(table, column, parent)
+        if n:
+            out.append(f"{plural(n, one, many)} of no {of}")
+    return out
 
 
 # -- the bookkeeping rows (see the module docstring) -------------------------------------------

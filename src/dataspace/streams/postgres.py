@@ -139,6 +139,7 @@ from .integrity import (
     digest_of,
     ends_problem,
     group_problem,
+    orphan_problems,
     pending_checksum,
     pending_checksums,
     plural,
@@ -1692,23 +1693,9 @@ class PostgresStore(Store):
                         f"SELECT s.name, s.next_index, max(e.idx) FROM {_S} s JOIN {_E} e "
                         "ON e.stream = s.id GROUP BY s.id HAVING max(e.idx) >= s.next_index"):
                     problems.append(f"stream {n!r}: entry {m} at or beyond next index {x}")
-                orphans = c.execute(f"SELECT count(*) FROM {_E} WHERE stream NOT IN "
-                                    f"(SELECT id FROM {_S})").fetchone()[0]
-                if orphans:
-                    problems.append(f"{plural(orphans, 'entry', 'entries')} of no stream")
-                lost = c.execute(f"SELECT count(*) FROM {_T} WHERE stream NOT IN "
-                                 f"(SELECT id FROM {_S})").fetchone()[0]
-                if lost:
-                    problems.append(f"{plural(lost, 'tailer')} of no stream")
-                lost = c.execute(f"SELECT count(*) FROM {_G} WHERE stream NOT IN "
-                                 f"(SELECT id FROM {_S})").fetchone()[0]
-                if lost:
-                    problems.append(f"{plural(lost, 'consumer group')} of no stream")
-                lost = c.execute(f"SELECT count(*) FROM {_P} WHERE grp NOT IN "
-                                 f"(SELECT id FROM {_G})").fetchone()[0]
-                if lost:
-                    problems.append(f"{plural(lost, 'pending entry', 'pending entries')} of no "
-                                    "consumer group")
+                problems += orphan_problems(lambda t, col, parent: c.execute(
+                    f"SELECT count(*) FROM {SCHEMA}.{t} WHERE {col} NOT IN "
+                    f"(SELECT id FROM {SCHEMA}.{parent})").fetchone()[0])
                 counter = c.execute(f"SELECT seq FROM {SCHEMA}.commit_order WHERE id = 1").fetchone()
                 top = c.execute(f"SELECT max(seq) FROM {_E}").fetchone()[0]
                 if counter is None:

@@ -118,9 +118,9 @@ from .integrity import (
     damaged,
     digest_of,
     ends_problem,
+    orphan_problems,
     pending_checksum,
     pending_checksums,
-    plural,
     salvage_rows,
     staged_checksums,
     tailer_checksum,
@@ -1496,27 +1496,9 @@ class SQLiteStore(Store):
                 ).fetchall()
                 report.problems += [f"stream {n!r}: entry {m} at or beyond next index {x}"
                                     for n, x, m in bad]
-                orphans = self._conn.execute(
-                    "SELECT count(*) FROM entries WHERE stream NOT IN (SELECT id FROM streams)"
-                ).fetchone()[0]
-                if orphans:
-                    report.problems.append(f"{plural(orphans, 'entry', 'entries')} of no stream")
-                lost = self._conn.execute(
-                    "SELECT count(*) FROM tailers WHERE stream NOT IN (SELECT id FROM streams)"
-                ).fetchone()[0]
-                if lost:
-                    report.problems.append(f"{plural(lost, 'tailer')} of no stream")
-                lost = self._conn.execute(
-                    "SELECT count(*) FROM consumer_groups WHERE stream NOT IN (SELECT id FROM "
-                    "streams)").fetchone()[0]
-                if lost:
-                    report.problems.append(f"{plural(lost, 'consumer group')} of no stream")
-                lost = self._conn.execute(
-                    "SELECT count(*) FROM pending WHERE grp NOT IN (SELECT id FROM "
-                    "consumer_groups)").fetchone()[0]
-                if lost:
-                    report.problems.append(f"{plural(lost, 'pending entry', 'pending entries')} "
-                                           "of no consumer group")
+                report.problems += orphan_problems(lambda t, col, parent: self._conn.execute(
+                    f"SELECT count(*) FROM {t} WHERE {col} NOT IN (SELECT id FROM {parent})"
+                ).fetchone()[0])
                 streams = self._conn.execute("SELECT id, name FROM streams ORDER BY name").fetchall()
             except sqlite3.DatabaseError as e:
                 report.problems.append(str(e))
