@@ -30,6 +30,15 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 os.environ.setdefault("SPARK_SUBMIT_OPTS", QUICK_JIT)
 
 
+@pytest.fixture
+def secret(tmp_path):
+    """A cluster secret file, tmp_path/cluster.secret (mode 600), for the members of a
+    test's cluster."""
+    from dataspace.testing.common import write_secret
+
+    return write_secret(tmp_path / "cluster.secret")
+
+
 @pytest.fixture(scope="session")
 def spark_jvm_archive():
     """The class-data archive of Spark's JVM (dataspace.pipeline.spark.warmup), made once

@@ -38,22 +38,14 @@ from broker_support import (
     tcp_address,
 )
 from dataspace.broker import Server
-from dataspace.broker.cluster import make_secret
 from dataspace.broker.config import ConfigError, ServerConfig
 from dataspace.client import RemoteDataspace, connect
-from dataspace.datadir import KEY_BYTES, ROOT_KEY
+from dataspace.datadir import KEY_BYTES
 from dataspace.protocol.sturdy import SturdyRef
+from dataspace.testing.common import free_port, write_root_key, write_secret
 from dataspace.values import encode, parse
 
 TIMEOUT = 30.0
-
-
-@pytest.fixture
-def secret(tmp_path: Path) -> Path:
-    p = tmp_path / "cluster.secret"
-    p.write_text(make_secret())
-    p.chmod(0o600)
-    return p
 
 
 @pytest.fixture
@@ -289,11 +281,7 @@ class Member(ServerProcess):
 
     def __init__(self, data_dir: Path, secret: Path, root_key: bytes, routes: list[str],
                  cluster_port: int = 0) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        key = data_dir / ROOT_KEY
-        if not key.exists():
-            key.write_bytes(root_key)
-            key.chmod(0o600)
+        write_root_key(data_dir, root_key)
         self.cluster_port = cluster_port
         self.routes = routes
         super().__init__(data_dir, extra=self._extra(cluster_port, secret, routes))
@@ -545,14 +533,6 @@ class SilentProxy:
             self.server.close()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @async_test
 async def test_a_silent_partition_is_noticed_by_keepalive_and_heals_in_one_round(
         tmp_path, secret, root_key):
@@ -801,9 +781,7 @@ async def test_a_second_link_from_a_tree_to_the_cluster_is_refused_as_a_cycle(
 @async_test
 async def test_another_secret_or_another_cluster_name_is_refused_with_a_reason(
         tmp_path, secret, root_key):
-    other = tmp_path / "other.secret"
-    other.write_text(make_secret())
-    other.chmod(0o600)
+    other = write_secret(tmp_path / "other.secret")
     async with running_server(tmp_path / "a", cluster="127.0.0.1:0",
                               cluster_secret=str(secret)) as a:
         for name, sec in (("dataspace", other), ("elsewhere", secret)):
@@ -893,9 +871,7 @@ def test_cluster_settings_are_checked_with_one_line_errors(tmp_path):
             parse_config(f'{{cluster: {{listen: "127.0.0.1:0" max-members: {bad}}}}}')
     with pytest.raises(ConfigError, match="--cluster-max-members must be a whole number"):
         ServerConfig(cluster="127.0.0.1:7422", cluster_max_members=0).check(prefix="--")
-    secret = tmp_path / "s.secret"
-    secret.write_text(make_secret())
-    secret.chmod(0o600)
+    secret = write_secret(tmp_path / "s.secret")
     spec = ServerConfig(cluster="127.0.0.1:0", cluster_secret=str(secret),
                         cluster_max_members=7).cluster_spec(tmp_path)
     assert spec is not None and spec.max_members == 7

@@ -27,26 +27,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from broker_support import PY, Changes, async_test
-from dataspace.broker.cluster import MAX_STRANGERS, make_secret, read_secret
+from dataspace.broker.cluster import MAX_STRANGERS, read_secret
 from dataspace.client import RemoteDataspace, connect
-from dataspace.datadir import KEY_BYTES, ROOT_KEY
+from dataspace.datadir import KEY_BYTES
 from dataspace.protocol.sturdy import SturdyRef
 from dataspace.testing.broker_soak import Notifier, RogueProcess, ServerUnderTest, StrangerFlood
+from dataspace.testing.common import free_port, write_root_key
 from dataspace.values import Record, Symbol, parse
-from test_cluster import free_port
 
 TIMEOUT = 30.0
-
-
-@pytest.fixture
-def secret(tmp_path: Path) -> Path:
-    p = tmp_path / "cluster.secret"
-    p.write_text(make_secret())
-    p.chmod(0o600)
-    return p
 
 
 class Member:
@@ -55,11 +45,7 @@ class Member:
 
     def __init__(self, data_dir: Path, secret: Path, root_key: bytes, port: int,
                  routes: list[str]) -> None:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        key = data_dir / ROOT_KEY
-        if not key.exists():
-            key.write_bytes(root_key)
-            key.chmod(0o600)
+        write_root_key(data_dir, root_key)
         self.data_dir = data_dir
         self.cluster_address = f"127.0.0.1:{port}"
         self.extra = ["--cluster", self.cluster_address, "--cluster-secret", str(secret),

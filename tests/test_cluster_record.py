@@ -23,7 +23,6 @@ import pytest
 
 from broker_support import async_test, tcp_address
 from dataspace.broker import Server
-from dataspace.broker.cluster import make_secret
 from dataspace.broker.config import ServerConfig
 from dataspace.cli.cluster import print_status
 from dataspace.cli.serve import _start_recording
@@ -35,14 +34,6 @@ from dataspace.streams.recorder import Recorder
 from dataspace.values import Record, Symbol, parse
 
 TIMEOUT = 30.0
-
-
-@pytest.fixture
-def secret(tmp_path: Path) -> Path:
-    p = tmp_path / "cluster.secret"
-    p.write_text(make_secret())
-    p.chmod(0o600)
-    return p
 
 
 async def until(pred: Callable[[], bool], timeout: float = TIMEOUT, what: str = "") -> None:

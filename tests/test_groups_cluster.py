@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 
 from broker_support import Changes, running_server, tcp_address
 from dataspace.broker import Server
-from dataspace.broker.cluster import make_secret
 from dataspace.client import RemoteDataspace, connect
 from dataspace.datadir import KEY_BYTES
 from dataspace.groups import Groups
 from dataspace.pattern import parse_pattern
+from dataspace.testing.common import write_secret
 from dataspace.values import Record, Symbol
 
 PATTERN = parse_pattern("<Job $id>")
@@ -221,9 +221,7 @@ class Net:
 
 @contextlib.asynccontextmanager
 async def cluster_with_leaf(tmp_path: Path) -> Any:
-    secret = tmp_path / "cluster.secret"
-    secret.write_text(make_secret())
-    secret.chmod(0o600)
+    secret = write_secret(tmp_path / "cluster.secret")
     key = os.urandom(KEY_BYTES)
     async with contextlib.AsyncExitStack() as stack:
         ms: list[Server] = []

@@ -14,13 +14,9 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from broker_support import Changes, async_test
-from dataspace.broker.cluster import make_secret
 from dataspace.client import RemoteDataspace, connect
 from dataspace.datadir import KEY_BYTES
 from dataspace.values import Record, Symbol, parse
@@ -33,14 +29,6 @@ PING = 1.0
 
 def job(i: int) -> Record:
     return Record(Symbol("Job"), [i])
-
-
-@pytest.fixture
-def secret(tmp_path: Path) -> Path:
-    p = tmp_path / "cluster.secret"
-    p.write_text(make_secret())
-    p.chmod(0o600)
-    return p
 
 
 class Workers:

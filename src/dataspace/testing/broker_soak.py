@@ -97,7 +97,7 @@ from ..values import (
     parse,
     stringify,
 )
-from .common import free_port
+from .common import free_port, write_secret
 
 __all__ = [
     "ATTACKS",
@@ -2641,11 +2641,7 @@ def run(config: SoakConfig) -> SoakResult:
     args = [*_limit_args(config.limits), *config.server_args]
     secret: Path | None = None
     if set(config.only or PARTS) & set(CLUSTER_PARTS):
-        from ..broker.cluster import make_secret
-
-        secret = tmp / "cluster.secret"
-        secret.write_text(make_secret())
-        secret.chmod(0o600)
+        secret = write_secret(tmp / "cluster.secret")
         args += ["--cluster", "127.0.0.1:0", "--cluster-secret", str(secret)]
     server = ServerUnderTest(tmp / "data", args)
     soak: Soak | None = None

@@ -45,14 +45,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..broker.cluster import make_secret
 from ..client import RemoteDataspace, connect
-from ..datadir import KEY_BYTES, ROOT_KEY
+from ..datadir import KEY_BYTES
 from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
 from ..streams import open_store
 from ..values import Record, Symbol, parse
-from .common import CrashResult, ServerProcess, free_port, once_problems, report, say
+from .common import (
+    CrashResult,
+    ServerProcess,
+    free_port,
+    once_problems,
+    report,
+    say,
+    write_root_key,
+    write_secret,
+)
 
 __all__ = ["ClusterCrashResult", "main", "run"]
 
@@ -82,11 +90,7 @@ class Member(ServerProcess):
                  config: Path | None, specs: tuple[str, ...] = SPECS,
                  extra: tuple[str, ...] = (), cluster: bool = True) -> None:
         self.dir = base / f"m{i}"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        k = self.dir / ROOT_KEY
-        if not k.exists():
-            k.write_bytes(key)
-            k.chmod(0o600)
+        write_root_key(self.dir, key)
         self.port = free_port()
         self.cluster_port = free_port()
         self.routes = routes
@@ -138,9 +142,7 @@ def start_cluster(base: Path, n: int, store: str | None,
     member's cluster address (itself included), one store.  ``cluster=False``: ``n``
     lone servers (one, to compare with)."""
     base.mkdir(parents=True, exist_ok=True)
-    secret = base / "cluster.secret"
-    secret.write_text(make_secret())
-    secret.chmod(0o600)
+    secret = write_secret(base / "cluster.secret")
     key = os.urandom(KEY_BYTES)
     # The store's URL (maybe with a password) goes in a configuration file.
     config = base / "store.pr"

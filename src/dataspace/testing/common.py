@@ -1,5 +1,6 @@
-"""What the harnesses share: their lines of output, a free loopback port, a server they
-run in a subprocess and kill, and the exactly-once check of acknowledged messages."""
+"""What the harnesses share: their lines of output, a free loopback port, a cluster's
+secret and a member's root key, a server they run in a subprocess and kill, and the
+exactly-once check of acknowledged messages.  The tests and benchmarks use them too."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["CrashResult", "ServerProcess", "free_port", "once_problems", "report", "say"]
+__all__ = ["CrashResult", "ServerProcess", "free_port", "once_problems", "report", "say",
+           "write_root_key", "write_secret"]
 
 K = TypeVar("K")
 
@@ -31,6 +33,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def write_secret(path: Path) -> Path:
+    """A new cluster secret in the file ``path`` (mode 600), as ``dataspace cluster
+    secret`` makes one; returns ``path``."""
+    from ..broker.cluster import make_secret
+
+    path.write_text(make_secret())
+    path.chmod(0o600)
+    return path
+
+
+def write_root_key(data_dir: Path, key: bytes) -> None:
+    """Give the data directory ``data_dir`` (made if need be) the root key ``key``, unless
+    it has one: the members of a cluster share one, so that one sturdyref opens each."""
+    from ..datadir import ROOT_KEY
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    k = data_dir / ROOT_KEY
+    if not k.exists():
+        k.write_bytes(key)
+        k.chmod(0o600)
 
 
 class ServerProcess:
