@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dataspace._extras import EXTRAS, MissingExtra, install_command, missing, require
+from wheel_smoke import HELP_EVERY_COMMAND
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_URL = "postgresql://nobody@127.0.0.1:9/nothing"  # never dialled: the extra is missing first
@@ -145,21 +146,8 @@ def test_the_extras_are_those_of_pyproject() -> None:
 def test_import_and_every_help_need_no_extra() -> None:
     """``import dataspace``, the lazy Spark package and every command's --help load none of
     the extras' modules."""
-    code = textwrap.dedent("""\
-        import argparse
-        import dataspace, dataspace.pipeline.spark, dataspace.streams, dataspace.pipeline
-        from dataspace.cli import build_parser
-        n = 0
-        def walk(p):
-            global n
-            p.format_help(); n += 1
-            for a in p._actions:
-                if isinstance(a, argparse._SubParsersAction):
-                    for sp in {id(s): s for s in a.choices.values()}.values():
-                        walk(sp)
-        walk(build_parser())
-        print(n)
-    """)
+    code = ("import dataspace, dataspace.pipeline.spark, dataspace.streams, dataspace.pipeline\n"
+            + HELP_EVERY_COMMAND + "print(n)\n")
     r = blocked(ALL, "-c", code)
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) > 30  # every command and subcommand

@@ -58,6 +58,21 @@ graph.source("words")
 def upper(v):
     return v.upper()
 '''
+HELP_EVERY_COMMAND = """\
+import argparse
+from dataspace.cli import build_parser
+n = 0
+def walk(p):
+    global n
+    p.format_help(); n += 1
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in {id(s): s for s in a.choices.values()}.values():
+                walk(sp)
+walk(build_parser())
+"""
+"""Python that renders every command's and subcommand's --help, counting them in ``n``
+(tests/test_extras.py runs it too, with the extras refused)."""
 
 
 class Failed(AssertionError):
@@ -199,21 +214,9 @@ def check_version(e: Env) -> str:
 
 
 def check_help(e: Env) -> str:
-    code = r"""
-import argparse, importlib.util, sys
-from dataspace.cli import build_parser
-n = 0
-def walk(p):
-    global n
-    p.format_help(); n += 1
-    for a in p._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            for sp in {id(s): s for s in a.choices.values()}.values():
-                walk(sp)
-walk(build_parser())
-loaded = [m for m in sys.modules if m.split(".")[0] in sys.argv[1].split(",")]
-print(n, *loaded)
-"""
+    code = ("import sys\n" + HELP_EVERY_COMMAND
+            + 'loaded = [m for m in sys.modules if m.split(".")[0] in sys.argv[1].split(",")]\n'
+            "print(n, *loaded)\n")
     r = e.run("python", "-c", code, ",".join(EXTRA_MODULES))
     expect(r.returncode == 0, "every command's --help renders", r)
     n, *loaded = r.stdout.split()
