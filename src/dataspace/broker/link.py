@@ -424,11 +424,15 @@ class LinkSession:
     # -- data from the peer -------------------------------------------------------------
 
     def on_data_message(self, v: Value) -> None:
-        # Who delivered it is known while its callbacks run (LinkHub.peer).
+        self._as_peer(self._data_message, v)
+
+    def _as_peer(self, handle: Callable[[Any], None], arg: Any) -> None:
+        """``handle(arg)`` with this link as the one delivering: who delivered what its
+        callbacks see is known while they run (LinkHub.peer)."""
         hub = self.hub
         prev, hub.peer = hub.peer, self
         try:
-            self._data_message(v)
+            handle(arg)
         finally:
             if not hub.route_turns:
                 hub.peer = prev
@@ -457,13 +461,7 @@ class LinkSession:
 
     def on_data_messages(self, vs: list[Value]) -> None:
         """The messages of one packet from the peer (see :meth:`on_data_message`)."""
-        hub = self.hub
-        prev, hub.peer = hub.peer, self
-        try:
-            self._data_messages(vs)
-        finally:
-            if not hub.route_turns:
-                hub.peer = prev
+        self._as_peer(self._data_messages, vs)
 
     def _data_messages(self, vs: list[Value]) -> None:
         if self.closed or not self.ready:
