@@ -266,18 +266,24 @@ class Sender:
             for _n, v, ok in batch:
                 if ok:
                     ds.send(v)
-        if self.args.confirm or self.args.json:
-            await ds.sync()
-        else:
-            await ds.drain()
+        await self._settle()
         for n, v, ok in batch:
-            if ok:
-                self.sent += 1
-            else:
-                self.dropped += 1
             self._confirm(n, v, ok)
 
+    async def _settle(self) -> None:
+        """Wait until what was sent is processed by the server (a sync) when each message
+        is to be confirmed, else until it is written (a drain)."""
+        if self.args.confirm or self.args.json:
+            await self.ds.sync()
+        else:
+            await self.ds.drain()
+
     def _confirm(self, n: int | None, v: Value, ok: bool) -> None:
+        """Count a message sent (``ok``) or dropped by the caveats, and say so as asked."""
+        if ok:
+            self.sent += 1
+        else:
+            self.dropped += 1
         if self.args.json:
             obj: dict[str, Any] = {}
             if n is not None:
@@ -371,11 +377,5 @@ class Sender:
                 return
         if ok:
             ds.send(v)
-            if self.args.confirm or self.args.json:
-                await ds.sync()
-            else:
-                await ds.drain()
-            self.sent += 1
-        else:
-            self.dropped += 1
+            await self._settle()
         self._confirm(None, v, ok)
