@@ -5,14 +5,17 @@ real server on loopback (issue 28, section 5)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from broker_support import PY, TIMEOUT, Changes, async_test, kill, running_server, tcp_address
-from dataspace.client import connect
+from dataspace.client import RemoteDataspace, connect
 
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -27,14 +30,26 @@ async def spawn_send(*args: str) -> asyncio.subprocess.Process:
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-@async_test
-async def test_send_count_numbers_the_messages_in_order(tmp_path):
+@contextlib.asynccontextmanager
+async def watched(tmp_path: Path, pattern: str,
+                  ) -> AsyncIterator[tuple[tuple[str, ...], RemoteDataspace, Changes]]:
+    """A server on loopback: the options that point the command at it, and a client
+    watching the messages that match ``pattern`` (with what it has seen)."""
     async with running_server(tmp_path) as server:
         conn = ("--server", tcp_address(server), "--data-dir", str(tmp_path / "data"))
         watcher = await connect(tcp_address(server), server.sturdyref)
-        seen = Changes()
-        watcher.observe("$m", **seen.kw())
-        await watcher.sync()
+        try:
+            seen = Changes()
+            watcher.observe(pattern, **seen.kw())
+            await watcher.sync()
+            yield conn, watcher, seen
+        finally:
+            await watcher.close()
+
+
+@async_test
+async def test_send_count_numbers_the_messages_in_order(tmp_path):
+    async with watched(tmp_path, "$m") as (conn, _watcher, seen):
         r = await asyncio.to_thread(run_cli, "send", "--count", "3", "<Tick $n>",
                                     "<Tock [$n] $$n>", "--json", *conn)
         assert r.returncode == 0, r.stderr
@@ -54,17 +69,11 @@ async def test_send_count_numbers_the_messages_in_order(tmp_path):
         assert r.returncode == 0, r.stderr
         await seen.until(lambda s: len(s.messages()) >= 8)
         assert [stringify(m[0]) for m in seen.messages()[6:]] == ["<Line 1>", "<Line 2>"]
-        await watcher.close()
 
 
 @async_test
 async def test_send_count_interrupted_says_how_many_went(tmp_path):
-    async with running_server(tmp_path) as server:
-        conn = ("--server", tcp_address(server), "--data-dir", str(tmp_path / "data"))
-        watcher = await connect(tcp_address(server), server.sturdyref)
-        seen = Changes()
-        watcher.observe("<Beat $n>", **seen.kw())
-        await watcher.sync()
+    async with watched(tmp_path, "<Beat $n>") as (conn, watcher, seen):
         proc = await spawn_send("--count", "1000", "--interval", "0.05", "<Beat $n>", *conn)
         try:
             await seen.until(lambda s: len(s.messages()) >= 3)
@@ -79,17 +88,11 @@ async def test_send_count_interrupted_says_how_many_went(tmp_path):
         assert err.decode().splitlines() == [
             f"dataspace send: interrupted: {n} of 1000 message(s) sent"]
         assert [m[0] for m in seen.messages()] == list(range(1, n + 1))
-        await watcher.close()
 
 
 @async_test
 async def test_send_lines_sends_each_line_as_it_is_read(tmp_path):
-    async with running_server(tmp_path) as server:
-        conn = ("--server", tcp_address(server), "--data-dir", str(tmp_path / "data"))
-        watcher = await connect(tcp_address(server), server.sturdyref)
-        seen = Changes()
-        watcher.observe("<L $n>", **seen.kw())
-        await watcher.sync()
+    async with watched(tmp_path, "<L $n>") as (conn, _watcher, seen):
         proc = await spawn_send("<L 0>", "-", "--lines", *conn)
         assert proc.stdin is not None
         try:
@@ -124,7 +127,6 @@ async def test_send_lines_sends_each_line_as_it_is_read(tmp_path):
         finally:
             await kill(proc)
         assert (proc.returncode, err) == (0, b"")
-        await watcher.close()
 
 
 def test_send_refuses_what_it_cannot_use(capsys):
