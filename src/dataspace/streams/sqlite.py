@@ -853,10 +853,7 @@ class SQLiteStore(Store):
         with self._lock:
             self._check_open()
             with self._snapshot():
-                r = self._one(_ROW + " WHERE s.name = ?", (stream,))
-                if r is None:
-                    raise StreamNotFound(f"no stream named {stream!r} in {self.path}")
-                srow = self._check_row(StreamRow(*r[:8]), r[8], r[9])
+                srow = self._verified_row(stream)
                 g = self._group_row(srow, name)
                 cons = self._all("SELECT consumer, count(*), min(delivered_ns), max(delivered_ns), "
                                  "min(idx), max(idx) FROM pending WHERE grp = ? GROUP BY consumer "
