@@ -77,6 +77,23 @@ def ms(x: float) -> str:
 # (1) messages/s to a group of N workers, every client in this process
 
 
+async def send_work(pub: RemoteDataspace, n: int, batch: int, done: asyncio.Event,
+                    timeout: float = WAIT) -> float:
+    """Send ``<Work I PAYLOAD>`` for I from 0 to ``n - 1``, ``batch`` per turn, and wait
+    until ``done`` (every one delivered): the seconds it took, from a collected heap
+    (bench_groups_cluster.py times its cluster's workers so too)."""
+    gc.collect()
+    t0 = time.perf_counter()
+    for i in range(0, n, batch):
+        with pub.turn():
+            for j in range(i, min(n, i + batch)):
+                pub.send(Record._make(WORK, (j, PAYLOAD)))
+        await pub.drain()
+        await asyncio.sleep(0)
+    await asyncio.wait_for(done.wait(), timeout)
+    return time.perf_counter() - t0
+
+
 async def ours_rate(srv: OurServer, n: int, workers: int, batch: int = 100,
                     group: str | None = "bench") -> tuple[float, list[int]]:
     subs = [await srv.connect() for _ in range(workers)]
@@ -97,16 +114,7 @@ async def ours_rate(srv: OurServer, n: int, workers: int, batch: int = 100,
         await s.sync()
     pub = await srv.connect()
     await pub.sync()
-    gc.collect()
-    t0 = time.perf_counter()
-    for i in range(0, n, batch):
-        with pub.turn():
-            for j in range(i, min(n, i + batch)):
-                pub.send(Record._make(WORK, (j, PAYLOAD)))
-        await pub.drain()
-        await asyncio.sleep(0)
-    await asyncio.wait_for(done.wait(), WAIT)
-    dt = time.perf_counter() - t0
+    dt = await send_work(pub, n, batch, done)
     for c in (*subs, pub):
         await c.close()
     return n / dt, counts

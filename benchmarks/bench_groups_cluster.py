@@ -25,32 +25,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import os
 import secrets
 import signal
-import socket
 import statistics
 import sys
 import time
 from typing import Any
 
+from bench_groups import PAYLOAD, WORK, send_work
 from bench_link import _LIVE, Proc
 from bench_steps import finish, say, start_steps, step
 from dataspace.client import RemoteDataspace, connect
+from dataspace.testing.common import free_port
 from dataspace.values import Record, Symbol
 
-WORK = Symbol("Work")
 JOB = Symbol("Job")
-PAYLOAD = "0123456789abcdef"
 JOBS = 40
 WAIT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Member(Proc):
@@ -199,16 +191,7 @@ async def rate(ms: list[Member], where: list[int], n: int) -> tuple[float, list[
         await asyncio.sleep(0.01)  # (a probe crosses a route: polled, bounded)
         if probes[0] == sent and sent >= 3 * len(where):
             break
-    gc.collect()
-    t0 = time.perf_counter()
-    for i in range(0, n, 100):
-        with pub.turn():
-            for j in range(i, min(n, i + 100)):
-                pub.send(Record._make(WORK, (j, PAYLOAD)))
-        await pub.drain()
-        await asyncio.sleep(0)
-    await asyncio.wait_for(done.wait(), WAIT)
-    dt = time.perf_counter() - t0
+    dt = await send_work(pub, n, 100, done, WAIT)
     for c in (*subs, pub):
         await c.close()
     return n / dt, counts
