@@ -54,7 +54,7 @@ from .groups import (
     PendingEntry,
     no_group,
 )
-from .integrity import CheckReport, Salvaged, StreamDigest
+from .integrity import CheckReport, Salvaged, StreamDigest, StreamRow, verify_stream_row
 from .tailer import Tailer
 
 __all__ = [
@@ -371,6 +371,93 @@ class Transaction(ABC):
     @abstractmethod
     def rollback(self) -> None:
         """Discard everything done in this transaction."""
+
+
+class StreamRows:
+    """The stream rows a store's write transaction touches, each read (and verified) once
+    and kept with the transaction's changes -- next and first index, retention -- until
+    it writes them back: ``_rows`` (id -> row), ``_orig`` (id -> the values it was read
+    with; None: created here), ``_names`` (name -> id).  A store's transaction class
+    (listing this first among its bases) gives the store's SQL: :meth:`_read_row` and
+    :meth:`_insert_row`."""
+
+    __slots__ = ()
+
+    _rows: dict[int, StreamRow]
+    _orig: dict[int, tuple[Any, ...] | None]
+    _names: dict[str, int]
+    _store: Store
+
+    def _read_row(self, name: str) -> Sequence[Any] | None:
+        """The stored row of stream ``name``: its eight columns and the two its checksum
+        is checked with (None: there is none)."""
+        raise NotImplementedError
+
+    def _insert_row(self, name: str, now_ns: int) -> int:
+        """Insert the row of a new, empty stream ``name``; its id."""
+        raise NotImplementedError
+
+    def _load(self, name: str, create: bool = False) -> StreamRow | None:
+        """The row of stream ``name`` (read and verified once), created if asked; None if
+        there is none."""
+        sid = self._names.get(name)
+        if sid is not None:
+            return self._rows[sid]
+        r = self._read_row(name)
+        if r is not None:
+            row = StreamRow(*r[:8])
+            verify_stream_row(self._store.display, name, row, r[8], r[9])
+            self._orig[row.id] = (row.next, row.first, row.max_count, row.max_age_ms)
+        elif create:
+            check_stream_name(name)
+            now = time.time_ns()
+            row = StreamRow(self._insert_row(name, now), name, 0, now, None, None, 0)
+            self._orig[row.id] = None
+        else:
+            return None
+        self._names[name] = row.id
+        self._rows[row.id] = row
+        return row
+
+    def _need(self, name: str) -> StreamRow:
+        row = self._load(name)
+        if row is None:
+            raise StreamNotFound(f"no stream named {name!r} in {self._store.display}")
+        return row
+
+    def _writable(self, name: str) -> StreamRow:
+        row = self._load(name, create=True)
+        assert row is not None
+        return row
+
+    def _forget(self, sid: int) -> None:
+        """Stream ``sid`` was deleted in this transaction."""
+        row = self._rows.pop(sid, None)
+        self._orig.pop(sid, None)
+        if row is not None:
+            self._names.pop(row.name, None)
+
+    def create_stream(
+        self, stream: str, max_count: int | None = None, max_age: float | None = None
+    ) -> None:
+        row = self._writable(stream)
+        if max_count is not None or max_age is not None:
+            if max_count is not None and (type(max_count) is not int or max_count < 1):
+                raise ValueError("max_count must be a positive integer")
+            if max_age is not None and not (max_age > 0):
+                raise ValueError("max_age must be a positive number of seconds")
+            row.max_count = max_count
+            row.max_age_ms = None if max_age is None else round(max_age * 1000)
+
+    def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
+        """Set (or with None, clear) both retention limits of ``stream``."""
+        row = self._need(stream)
+        row.max_count = max_count
+        row.max_age_ms = None if max_age is None else round(max_age * 1000)
+
+    def next_index(self, stream: str) -> int:
+        row = self._load(stream)
+        return 0 if row is None else row.next
 
 
 class Store(ABC):

@@ -96,6 +96,7 @@ from .base import (
     StoreNotFound,
     StreamInfo,
     StreamNotFound,
+    StreamRows,
     TailerInfo,
     Transaction,
     check_lock_name,
@@ -1833,7 +1834,7 @@ def _beyond(stream: str, tailer: str, position: int, nxt: int) -> str:
             f"(its next index is {nxt}); a tailer's position is at most that")
 
 
-class PostgresTransaction(Transaction):
+class PostgresTransaction(StreamRows, Transaction):
     """A write transaction of :class:`PostgresStore` (see :meth:`PostgresStore.begin`).
 
     The rows of the streams it touches are read (and verified) once, kept here with its
@@ -1879,48 +1880,13 @@ class PostgresTransaction(Transaction):
                 raise StoreError(f"{self._store.display}: {str(e).strip().splitlines()[0]}") from None
             raise self._store._fail(e) from None
 
-    def _load(self, name: str, create: bool = False) -> StreamRow | None:
-        """The row of stream ``name`` (read and verified once), created if asked; None if
-        there is none."""
-        sid = self._names.get(name)
-        if sid is not None:
-            return self._rows[sid]
-        r = self._q(_ROW + " WHERE s.name = %s", (name,)).fetchone()
-        if r is not None:
-            row = StreamRow(*r[:8])
-            verify_stream_row(self._store.display, name, row, r[8], r[9])
-            self._orig[row.id] = (row.next, row.first, row.max_count, row.max_age_ms)
-        elif create:
-            check_stream_name(name)
-            now = time.time_ns()
-            sid = int(self._q(f"INSERT INTO {_S} (name, next_index, created_ns) VALUES (%s, 0, %s) "
-                              "RETURNING id", (name, now)).fetchone()[0])
-            row = StreamRow(sid, name, 0, now, None, None, 0)
-            self._orig[sid] = None
-            self._dirty = True
-        else:
-            return None
-        self._names[name] = row.id
-        self._rows[row.id] = row
-        return row
+    def _read_row(self, name: str) -> Sequence[Any] | None:
+        return self._q(_ROW + " WHERE s.name = %s", (name,)).fetchone()
 
-    def _need(self, name: str) -> StreamRow:
-        row = self._load(name)
-        if row is None:
-            raise StreamNotFound(f"no stream named {name!r} in {self._store.display}")
-        return row
-
-    def _writable(self, name: str) -> StreamRow:
-        row = self._load(name, create=True)
-        assert row is not None
-        return row
-
-    def _forget(self, sid: int) -> None:
-        """Stream ``sid`` was deleted in this transaction."""
-        row = self._rows.pop(sid, None)
-        self._orig.pop(sid, None)
-        if row is not None:
-            self._names.pop(row.name, None)
+    def _insert_row(self, name: str, now_ns: int) -> int:
+        self._dirty = True
+        return int(self._q(f"INSERT INTO {_S} (name, next_index, created_ns) VALUES (%s, 0, %s) "
+                           "RETURNING id", (name, now_ns)).fetchone()[0])
 
     def _finish(self) -> bool:
         """Before COMMIT: the streams' rows (next and first index, retention, checksum),
@@ -2001,27 +1967,6 @@ class PostgresTransaction(Transaction):
                          lambda i: self._store.get(stream, i))
 
     # -- the interface ----------------------------------------------------------------
-
-    def create_stream(
-        self, stream: str, max_count: int | None = None, max_age: float | None = None
-    ) -> None:
-        row = self._writable(stream)
-        if max_count is not None or max_age is not None:
-            if max_count is not None and (type(max_count) is not int or max_count < 1):
-                raise ValueError("max_count must be a positive integer")
-            if max_age is not None and not (max_age > 0):
-                raise ValueError("max_age must be a positive number of seconds")
-            row.max_count = max_count
-            row.max_age_ms = None if max_age is None else round(max_age * 1000)
-
-    def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
-        row = self._need(stream)
-        row.max_count = max_count
-        row.max_age_ms = None if max_age is None else round(max_age * 1000)
-
-    def next_index(self, stream: str) -> int:
-        row = self._load(stream)
-        return 0 if row is None else row.next
 
     def append(self, stream: str, value: Value, meta: Value | None = None) -> int:
         data = encode_value(value)

@@ -76,6 +76,7 @@ from .base import (
     StoreNotFound,
     StreamInfo,
     StreamNotFound,
+    StreamRows,
     TailerInfo,
     Transaction,
     check_lock_name,
@@ -1727,7 +1728,7 @@ def _held(store: SQLiteStore, row: StreamRow, cut: int) -> int:
     return hold_cut(where, row.name, cut, holds())
 
 
-class SQLiteTransaction(Transaction):
+class SQLiteTransaction(StreamRows, Transaction):
     """A write transaction of :class:`SQLiteStore` (see :meth:`SQLiteStore.transaction`).
 
     The rows of the streams it touches are read (and verified) once, kept here with its
@@ -1757,44 +1758,14 @@ class SQLiteTransaction(Transaction):
 
     # -- helpers ----------------------------------------------------------------------
 
-    def _load(self, name: str, create: bool = False) -> StreamRow | None:
-        """The row of stream ``name`` (read and verified once), created if asked; None if
-        there is none."""
-        sid = self._names.get(name)
-        if sid is not None:
-            return self._rows[sid]
-        store = self._store
-        r = store._one(_ROW + " WHERE s.name = ?", (name,))
-        if r is not None:
-            row = StreamRow(*r[:8])
-            verify_stream_row(str(store.path), name, row, r[8], r[9])
-            self._orig[row.id] = (row.next, row.first, row.max_count, row.max_age_ms)
-        elif create:
-            check_stream_name(name)
-            now = time.time_ns()
-            sid = store._exec("INSERT INTO streams (name, next_index, created_ns) VALUES (?, 0, ?)",
-                              (name, now)).lastrowid
-            assert sid is not None
-            row = StreamRow(sid, name, 0, now, None, None, 0)
-            self._orig[sid] = None
-        else:
-            return None
-        self._names[name] = row.id
-        self._rows[row.id] = row
-        return row
+    def _read_row(self, name: str) -> Sequence[Any] | None:
+        return self._store._one(_ROW + " WHERE s.name = ?", (name,))
 
-    def _need(self, name: str) -> StreamRow:
-        row = self._load(name)
-        if row is None:
-            raise StreamNotFound(f"no stream named {name!r} in {self._store.path}")
-        return row
-
-    def _forget(self, sid: int) -> None:
-        """Stream ``sid`` was deleted in this transaction."""
-        row = self._rows.pop(sid, None)
-        self._orig.pop(sid, None)
-        if row is not None:
-            self._names.pop(row.name, None)
+    def _insert_row(self, name: str, now_ns: int) -> int:
+        sid = self._store._exec("INSERT INTO streams (name, next_index, created_ns) VALUES "
+                                "(?, 0, ?)", (name, now_ns)).lastrowid
+        assert sid is not None
+        return sid
 
     def _finish(self) -> None:
         store = self._store
@@ -1854,29 +1825,6 @@ class SQLiteTransaction(Transaction):
                          lambda i: _get(store, stream, i))
 
     # -- the interface ----------------------------------------------------------------
-
-    def create_stream(
-        self, stream: str, max_count: int | None = None, max_age: float | None = None
-    ) -> None:
-        row = self._load(stream, create=True)
-        assert row is not None
-        if max_count is not None or max_age is not None:
-            if max_count is not None and (type(max_count) is not int or max_count < 1):
-                raise ValueError("max_count must be a positive integer")
-            if max_age is not None and not (max_age > 0):
-                raise ValueError("max_age must be a positive number of seconds")
-            row.max_count = max_count
-            row.max_age_ms = None if max_age is None else round(max_age * 1000)
-
-    def set_retention(self, stream: str, max_count: int | None, max_age: float | None) -> None:
-        """Set (or with None, clear) both retention limits of ``stream``."""
-        row = self._need(stream)
-        row.max_count = max_count
-        row.max_age_ms = None if max_age is None else round(max_age * 1000)
-
-    def next_index(self, stream: str) -> int:
-        row = self._load(stream)
-        return 0 if row is None else row.next
 
     def append(self, stream: str, value: Value, meta: Value | None = None) -> int:
         data = encode_value(value)
