@@ -91,6 +91,20 @@ def _spawn(directory: str, n: int, seed: int, run: int, batch: int, store: str |
     return spawn_child("dataspace.testing.pipeline_crash", directory, n, seed, run, batch, env=env)
 
 
+def _kill_after(proc: subprocess.Popen[str], seconds: float, timeout: float) -> bool:
+    """Kill the child with SIGKILL ``seconds`` from now unless it has ended by then;
+    whether it was killed."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        pass
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout)
+    return True
+
+
 def run_campaign(
     directory: str,
     *,
@@ -116,13 +130,7 @@ def run_campaign(
         try:
             if kill_now and rng.random() < 0.1:
                 # Kill during start-up or recovery, at a random moment.
-                try:
-                    proc.wait(timeout=rng.uniform(0.05, 0.4))
-                except subprocess.TimeoutExpired:
-                    pass
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    proc.wait(timeout)
+                if _kill_after(proc, rng.uniform(0.05, 0.4), timeout):
                     res.kills += 1
                     res.kills_before_ready += 1
                     continue
@@ -152,13 +160,8 @@ def run_campaign(
                     res.commits_seen += 1
                 if (said == "ready" and target == 0) or (
                         said.startswith("commit") and commits >= target):
-                    try:  # a random moment a little later: inside a step or a commit
-                        proc.wait(timeout=rng.uniform(0.0, 0.02))
-                    except subprocess.TimeoutExpired:
-                        pass
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGKILL)
-                        proc.wait(timeout)
+                    # A random moment a little later: inside a step or a commit.
+                    if _kill_after(proc, rng.uniform(0.0, 0.02), timeout):
                         res.kills += 1
                     break
             if say is not None and kill_now:
