@@ -436,3 +436,11 @@ def test_a_read_inside_a_transaction_says_what_to_do(store: Any) -> None:
         with store.transaction():
             c.read(1)
     assert idx(c.read(1)) == [0]
+
+
+def test_the_dead_letter_reason_agrees_with_its_count() -> None:
+    from dataspace.streams.groups import PendingEntry, too_many
+
+    assert too_many(PendingEntry(3, "w1", 1, 0), 1).startswith(
+        "delivered 1 time without an acknowledgement (max-deliveries 1)")
+    assert too_many(PendingEntry(3, "w1", 2, 0), 1).startswith("delivered 2 times ")

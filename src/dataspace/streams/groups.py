@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 from ..values import Dictionary, Symbol, Value
 from .entry import Entry, check_name, check_stream_name
 from .errors import MAX_INDEX, StoreError
-from .integrity import damaged, pending_top_problem
+from .integrity import damaged, pending_top_problem, plural
 
 if TYPE_CHECKING:
     from .base import Store
@@ -406,7 +406,7 @@ def dead_letter_meta(stream: str, group: str, p: PendingEntry, why: str,
 
 
 def too_many(p: PendingEntry, max_deliveries: int) -> str:
-    return (f"delivered {p.deliveries} times without an acknowledgement (max-deliveries "
+    return (f"delivered {plural(p.deliveries, 'time')} without an acknowledgement (max-deliveries "
             f"{max_deliveries}), the last time to {p.consumer!r}")
 
 
