@@ -539,6 +539,30 @@ def test_a_leader_that_lost_the_lead_without_noticing_writes_nothing(store):
         rb.close()
 
 
+def test_a_leader_recording_for_a_member_drops_a_value_over_the_limit_alone(store):
+    """A message that entered at a member which does not record the stream is recorded
+    by the leader: one over the entry limit is dropped and counted there as at its own
+    clients' (it reached the store and stopped the recorder for every later one)."""
+    from dataspace import Dataspace
+    from dataspace.streams.base import MAX_VALUE_SIZE
+
+    ds = Dataspace()
+    r = Recorder(ds, "<Says $who $text>", store, "chat")
+    r.origin = lambda: "route-to-b"  # every message entered at member b ...
+    r.peer_records = lambda route: False  # ... which records nothing: its leader does
+    try:
+        assert r.lead("A") and r.flush()
+        ds.send(parse('<Says "b" "first">'))
+        ds.send(Record(Symbol("Says"), ["b", "x" * (MAX_VALUE_SIZE + 1)]))
+        ds.send(parse('<Says "b" "last">'))
+        assert r.flush() and r.error is None, r.error
+        assert r.dropped == 1
+        assert [str(e.value) for e in store.read("chat")] == [
+            '<Says "b" "first">', '<Says "b" "last">']
+    finally:
+        r.close()
+
+
 def test_a_new_leader_reconciles_from_the_last_checkpoint_and_the_events_after_it(
         store, monkeypatch):
     """B takes over from A: it writes a retract for what A recorded present and is gone,

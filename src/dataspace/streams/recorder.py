@@ -301,8 +301,8 @@ class Recorder:
 
     def _enqueue_led(self, value: Value) -> None:
         data = self._encoded(value)
-        if data is None:
-            return
+        if data is None or not self._fits(len(data)):
+            return  # (as _enqueue: one over the entry limit is dropped, not the recorder)
         with self._cond:
             term = self._term
             if term is None:
