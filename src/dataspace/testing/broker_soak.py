@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ..broker.config import ConfigError, parse_size
-from ..client import RemoteDataspace, connect
+from ..client import RemoteDataspace, _SyncPeer, connect
 from ..dataspace import Entity
 from ..pattern import parse_pattern, to_preserves
 from ..progress import Progress
@@ -511,15 +511,6 @@ class _Answer(Entity):
         self._notify()
 
 
-class _SyncPeer(Entity):
-    def __init__(self, fut: asyncio.Future[None]) -> None:
-        self.fut = fut
-
-    def on_message(self, value: Value) -> None:
-        if not self.fut.done():
-            self.fut.set_result(None)
-
-
 class RawConnection:
     """A TCP connection driven by hand: a sans-IO :class:`Relay` for resolving a
     capability (and, for some attacks, for talking through references), raw bytes for
@@ -611,7 +602,8 @@ class RawConnection:
             assert isinstance(ref, RemoteEntity)
             return ref
         if self.relay.peer_error is None and not self.eof:
-            await self._relay_until_closed(timeout)
+            with contextlib.suppress(TimeoutError):  # (the server closes it, with a reason)
+                await asyncio.wait_for(self.pump(), timeout)
         raise Refused(self._relay_outcome())
 
     def _relay_outcome(self) -> Outcome:
@@ -621,18 +613,6 @@ class RawConnection:
         if self.reset:
             return Outcome("reset")
         return Outcome("closed" if self.eof else "open")
-
-    async def _relay_until_closed(self, timeout: float) -> None:
-        async def loop() -> None:
-            while not self.eof:
-                data = await self._read_chunk()
-                if data:
-                    self.relay.receive_data(data)
-                    self.flush_relay()
-                    self.notifier.notify()
-
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(loop(), timeout)
 
     async def pump(self) -> Outcome:
         """Feed the relay until the connection closes (run as a task)."""
