@@ -17,6 +17,7 @@ import pytest
 from dataspace.cli import main
 from dataspace.streams import open_store
 from dataspace.values import parse
+from test_pipeline_cli import GRAPH  # chat -> upper -> loud, errors to shout.errors
 
 LONG = 30.0
 
@@ -139,20 +140,6 @@ def test_consume_follows_appends_stops_on_ctrl_c_and_a_restart_gets_its_own_firs
     assert [(x["index"], x["deliveries"]) for x in got] == [(0, 2), (1, 1)]
     with open_store(data_dir) as s:
         assert s.group_info("jobs", "workers").pending == 0
-
-
-GRAPH = """
-from dataspace.pipeline import Graph
-from dataspace.values import Record, Symbol
-
-graph = Graph("shout", error_stream="shout.errors")
-graph.source("chat")
-
-@graph.map("upper", "chat", "loud")
-def upper(v):
-    who, text = v.fields
-    return Record(Symbol("Shout"), [who, text.upper()])
-"""
 
 
 def test_pipeline_reset_says_what_becomes_of_consumer_groups(data_dir: Any, tmp_path: Any,
