@@ -198,6 +198,21 @@ class Raw:
     def sid(self, stream: str) -> int:
         return self("SELECT id FROM T.streams WHERE name = %s", stream)[0][0]
 
+    @property
+    def version(self) -> int:
+        """The store's schema version (PostgreSQL: in store_meta; SQLite: user_version)."""
+        if self.pg:
+            return int(self("SELECT value FROM T.store_meta WHERE key = 'version'")[0][0])
+        return int(self("PRAGMA user_version")[0][0])
+
+    def set_version(self, version: int) -> None:
+        """Mark the store as one of schema version ``version`` (its tables made so by
+        hand): the next open migrates it."""
+        if self.pg:
+            self("UPDATE T.store_meta SET value = %s WHERE key = 'version'", str(version))
+        else:
+            self(f"PRAGMA user_version = {int(version)}")
+
     def flip(self, stream: str, index: int, offset: int = 3, column: str = "value") -> bool:
         """Flip the lowest bit of byte ``offset`` of an entry's value (or metadata); False
         when there is nothing to flip (an entry without metadata)."""

@@ -356,18 +356,13 @@ def test_a_version_2_store_migrates_its_rows(store_url, capsys):
     raw("ALTER TABLE T.tailers DROP COLUMN checksum")
     raw("DROP TABLE T.pending")  # version 4's
     raw("DROP TABLE T.consumer_groups")
-    if raw.pg:
-        raw("UPDATE T.store_meta SET value = '2' WHERE key = 'version'")
-    else:
-        raw("PRAGMA user_version = 2")
+    raw.set_version(2)
     raw.close()
     with open_store(store_url) as s:
         assert s.next_index("ab") == N and s.position("ab", "copy/m") == N0
         assert len(s.read("ab")) == N and s.check() == []
     raw = Raw(store_url)
-    version = (raw("SELECT value FROM T.store_meta WHERE key = 'version'")[0][0] if raw.pg
-               else raw("PRAGMA user_version")[0][0])
-    assert str(version) == "4"
+    assert raw.version == 4
     assert raw("SELECT count(*) FROM T.streams WHERE checksum IS NULL") == [(0,)]
     assert raw("SELECT count(*) FROM T.tailers WHERE checksum IS NULL") == [(0,)]
     raw.flip_column("streams", "next_index", 5, "ab")

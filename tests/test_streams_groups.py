@@ -314,19 +314,15 @@ def test_a_version_3_store_gets_the_tables_of_groups(store_url: str) -> None:
     raw = Raw(store_url)
     raw("DROP TABLE T.pending")
     raw("DROP TABLE T.consumer_groups")
-    if raw.pg:
-        raw("UPDATE T.store_meta SET value = '3' WHERE key = 'version'")
-    else:
-        raw("PRAGMA user_version = 3")
+    raw.set_version(3)
     raw.close()
     with open_store(store_url) as s:
         assert idx(s.group("jobs", "g").read("a", 5)) == [0, 1, 2]
         assert s.check_report().problems == []
     raw = Raw(store_url)
-    version = (raw("SELECT value FROM T.store_meta WHERE key = 'version'")[0][0] if raw.pg
-               else raw("PRAGMA user_version")[0][0])
+    version = raw.version
     raw.close()
-    assert str(version) == "4"
+    assert version == 4
 
 
 def test_bad_arguments_are_one_line_errors(store: Any) -> None:
