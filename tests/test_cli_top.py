@@ -6,6 +6,7 @@ and wait on output."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -17,7 +18,8 @@ import struct
 import subprocess
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from broker_support import PY, TIMEOUT, ServerProcess, async_test
 from dataspace._build import BUILD
@@ -127,38 +129,51 @@ def _read_until(fd: int, pattern: str, seen: list[str], timeout: float = TIMEOUT
                 return
 
 
-@async_test
-async def test_top_live_in_a_terminal_sorts_by_key_and_quits(tmp_path):
-    srv, url = await _server(tmp_path)
+@contextlib.contextmanager
+def _top_on_a_terminal(url: str, data_dir: Path, columns: int,
+                       lines: int) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``dataspace top --interval 0.2`` on a new terminal of ``columns`` x ``lines``: the
+    process and the terminal's end to read and type on (closed after; the process killed
+    if it is still running)."""
     master, slave = pty.openpty()
     proc: subprocess.Popen[bytes] | None = None
     try:
-        ds = await connect(srv.address, srv.sturdyref, reconnect=False)
-        await ds.sync()
         proc = subprocess.Popen(
-            [PY, "-m", "dataspace.cli", "top", "--url", url, "--data-dir",
-             str(tmp_path / "data"), "--interval", "0.2"],
+            [PY, "-m", "dataspace.cli", "top", "--url", url, "--data-dir", str(data_dir),
+             "--interval", "0.2"],
             stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-            env={**os.environ, "COLUMNS": "200", "LINES": "50", "TERM": "xterm"})
+            env={**os.environ, "COLUMNS": str(columns), "LINES": str(lines), "TERM": "xterm"})
         os.close(slave)
-        seen: list[str] = []
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, _read_until, master, r"sorted by connection id", seen)
-        await loop.run_in_executor(None, _read_until, master, r"r reverse\s+q quit", seen)
-        os.write(master, b"o")
-        await loop.run_in_executor(None, _read_until, master,
-                                   r"sorted by messages out per second", seen)
-        os.write(master, b"r")
-        await loop.run_in_executor(None, _read_until, master, r"\(reversed\)", seen)
-        os.write(master, b"q")
-        code = await loop.run_in_executor(None, proc.wait, TIMEOUT)
-        assert code == 0, "".join(seen)[-2000:]
-        await ds.close()
+        yield proc, master
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(TIMEOUT)
         os.close(master)
+
+
+@async_test
+async def test_top_live_in_a_terminal_sorts_by_key_and_quits(tmp_path):
+    srv, url = await _server(tmp_path)
+    try:
+        ds = await connect(srv.address, srv.sturdyref, reconnect=False)
+        await ds.sync()
+        with _top_on_a_terminal(url, tmp_path / "data", 200, 50) as (proc, master):
+            seen: list[str] = []
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, _read_until, master, r"sorted by connection id",
+                                       seen)
+            await loop.run_in_executor(None, _read_until, master, r"r reverse\s+q quit", seen)
+            os.write(master, b"o")
+            await loop.run_in_executor(None, _read_until, master,
+                                       r"sorted by messages out per second", seen)
+            os.write(master, b"r")
+            await loop.run_in_executor(None, _read_until, master, r"\(reversed\)", seen)
+            os.write(master, b"q")
+            code = await loop.run_in_executor(None, proc.wait, TIMEOUT)
+            assert code == 0, "".join(seen)[-2000:]
+        await ds.close()
+    finally:
         await srv.stop()
 
 
@@ -390,32 +405,24 @@ async def test_top_on_a_terminal_says_the_server_is_gone_and_comes_back(tmp_path
     port = _http_port()
     srv = ServerProcess(tmp_path / "data", extra=("--http", f"127.0.0.1:{port}"))
     await srv.start()
-    master, slave = pty.openpty()
-    proc: subprocess.Popen[bytes] | None = None
     loop = asyncio.get_running_loop()
     try:
-        proc = subprocess.Popen(
-            [PY, "-m", "dataspace.cli", "top", "--url", f"http://127.0.0.1:{port}",
-             "--data-dir", str(tmp_path / "data"), "--interval", "0.2"],
-            stdin=slave, stdout=slave, stderr=slave, close_fds=True,
-            env={**os.environ, "COLUMNS": "100", "LINES": "30", "TERM": "xterm"})
-        os.close(slave)
-        seen: list[str] = []
-        await loop.run_in_executor(None, _read_until, master, r"connections: 0, sorted", seen)
-        assert await srv.stop() == 0
-        await loop.run_in_executor(None, _read_until, master,
-                                   r"server gone \(connection refused.*reconnecting", seen)
-        seen.clear()
-        await srv.start()
-        await loop.run_in_executor(None, _read_until, master, r"connections: 0, sorted", seen)
-        os.write(master, b"q")
-        code = await loop.run_in_executor(None, proc.wait, TIMEOUT)
-        assert code == 0, "".join(seen)[-2000:]
+        with _top_on_a_terminal(f"http://127.0.0.1:{port}", tmp_path / "data", 100,
+                                30) as (proc, master):
+            seen: list[str] = []
+            await loop.run_in_executor(None, _read_until, master, r"connections: 0, sorted",
+                                       seen)
+            assert await srv.stop() == 0
+            await loop.run_in_executor(None, _read_until, master,
+                                       r"server gone \(connection refused.*reconnecting", seen)
+            seen.clear()
+            await srv.start()
+            await loop.run_in_executor(None, _read_until, master, r"connections: 0, sorted",
+                                       seen)
+            os.write(master, b"q")
+            code = await loop.run_in_executor(None, proc.wait, TIMEOUT)
+            assert code == 0, "".join(seen)[-2000:]
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(TIMEOUT)
-        os.close(master)
         await srv.stop()
 
 
