@@ -122,7 +122,7 @@ def test_the_harnesses_help_fits_an_80_column_terminal():
 
 COUNTED_NOUNS = {
     "assertions", "attempts", "batches", "bytes", "clients", "connections", "consumers",
-    "deliveries", "entries", "errors", "events", "files", "graphs", "groups", "jobs", "lines",
+    "deliveries", "entries", "errors", "events", "files", "graphs", "groups", "jobs", "kills", "lines",
     "links", "matches", "members", "messages", "observers", "patterns", "processors",
     "replies", "requests", "routes", "rows", "streams", "subscriptions", "tailers", "times",
     "turns", "users", "values"}
@@ -137,11 +137,13 @@ def test_counts_in_messages_agree_with_their_nouns():
     from pathlib import Path
 
     import dataspace.cli as cli_pkg
+    import dataspace.testing as testing_pkg
     from dataspace.cli.info import format_summary
     from dataspace.cli.top import Reconnect
 
     found = []
-    for f in sorted(Path(cli_pkg.__file__).parent.glob("*.py")):
+    for f in [*sorted(Path(cli_pkg.__file__).parent.glob("*.py")),
+              *sorted(Path(testing_pkg.__file__).parent.glob("*.py"))]:  # (and the harnesses)
         for node in ast.walk(ast.parse(f.read_text())):
             if not isinstance(node, ast.JoinedStr):
                 continue

@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from ..broker.config import ConfigError, parse_size
+from ..cli._voice import plural
 from ..client import RemoteDataspace, _SyncPeer, connect
 from ..dataspace import Entity
 from ..pattern import parse_pattern, to_preserves
@@ -1841,8 +1842,8 @@ class Soak:
 
             ok = await self.notifier.until(clean, t)
             observers = sum(1 for v in seen if isinstance(v, Record) and v.label == OBSERVE)
-            self.tally.check(ok, f"at the end the dataspace holds {len(seen)} assertions, "
-                             f"{observers} observers (expected {expected_observers}); "
+            self.tally.check(ok, f"at the end the dataspace holds {plural(len(seen), 'assertion')}, "
+                             f"{plural(observers, 'observer')} (expected {expected_observers}); "
                              f"unexpected: {', '.join(_show(v, 80) for v in unexpected()[:10])}")
         except (TimeoutError, ConnectionError) as e:
             self.tally.fail(f"the server does not answer a new client at the end: {e}")
@@ -2253,7 +2254,7 @@ class Soak:
                 self.tally.attacks[name].outcomes[o.kind] += 1
             still = sum(1 for o in outcomes if not o.by_server)
             return self.tally.check(
-                still == 0, f"attack {name}: {still} idle connections still open "
+                still == 0, f"attack {name}: {plural(still, 'idle connection')} still open "
                 f"{wait:g} s after connecting") and ok
         finally:
             for raw in held:
@@ -2385,7 +2386,7 @@ class Soak:
         # once it is read again).
         t = 3 * self.cfg.check_timeout
         gone = await self.notifier.until(lambda: not self.hogs_present, t)
-        self.tally.check(gone, f"attack {name}: {len(self.hogs_present)} closed connections' "
+        self.tally.check(gone, f"attack {name}: {plural(len(self.hogs_present), 'closed connection')}' "
                          f"assertions still held {t:g} s later")
         outcomes = self.tally.attacks[name].outcomes
         for st in stats:  # "held": not refused before the attack ended (under its share)
@@ -2700,16 +2701,17 @@ def format_summary(s: dict[str, Any]) -> str:
     fl = c["stranger_flood"]
     lines.append(f"cluster: {c['rejoins']} restarts of a member rejoined (slowest "
                  f"{c['rejoin_max_s']:.1f} s) with strangers on the cluster ports "
-                 f"({fl.get('opened', 0)} connections, {fl.get('closed_by_server', 0)} closed "
-                 f"by the members); {len(c['rogue_runs'])} rogue members' gossip runs")
+                 f"({plural(fl.get('opened', 0), 'connection')}, {fl.get('closed_by_server', 0)} closed "
+                 f"by the members); {plural(len(c['rogue_runs']), 'rogue member')}' gossip runs")
     lines.append(f"tls: {tl['runs']} floods of a TLS server; RSS grew by at most "
                  f"{tl['peak_growth_mib']:.0f} MiB, back within {tl['back_after_s']:.1f} s; idle "
                  f"HTTPS connections closed after at most {tl['https_closed_max_s']:.1f} s")
     lines.append(f"kills: {k['count']} clients killed with SIGKILL ({k['early']} at a random "
                  f"moment); retraction seen after p50 {k['retraction_p50_ms']:.0f} ms, max "
                  f"{k['retraction_max_ms']:.0f} ms")
-    lines.append(f"server log: {srv['log_lines']} lines, {srv['warnings']} warnings, "
-                 f"{len(srv['error_lines'])} error lines")
+    lines.append(f"server log: {plural(srv['log_lines'], 'line')}, "
+                 f"{plural(srv['warnings'], 'warning')}, "
+                 f"{plural(len(srv['error_lines']), 'error line')}")
     lines += [f"  {line}" for line in srv["error_lines"][:200]]
     if len(srv["error_lines"]) > 200:
         lines.append(f"  ... and {len(srv['error_lines']) - 200} more")

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli._voice import plural
 from ..client import RemoteDataspace, connect
 from ..datadir import KEY_BYTES
 from ..progress import Progress
@@ -192,7 +193,7 @@ def presence_problems(entries: list[Any], want: set[str]) -> list[str]:
         name = value.split('"')[1] if '"' in value else value
         if present != (name in want):
             out.append(f"{value}: {'present' if present else 'absent'} at the end "
-                       f"({len(evs)} events)")
+                       f"({plural(len(evs), 'event')})")
     return out
 
 
@@ -365,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--kills and --clients must be at least 1, --members at least 2")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dataspace-clusterrec-"))
-    say(f"cluster recording crash test: {args.members} members, {args.clients} clients, "
-        f"{args.kills} kills, seed {seed}, data in {base}")
+    say(f"cluster recording crash test: {plural(args.members, 'member')}, "
+        f"{plural(args.clients, 'client')}, "
+        f"{plural(args.kills, 'kill')}, seed {seed}, data in {base}")
     with contextlib.ExitStack() as stack:
         store = args.store
         if args.postgres:
@@ -383,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
     lat = result.sync_latencies
     return report(
-        result, args.kills, f"{result.kills} kills, {result.acknowledged} acknowledged "
-        f"messages, each in the stream exactly once; presence events once; sync p50 "
+        result, args.kills, f"{plural(result.kills, 'kill')}, "
+        f"{plural(result.acknowledged, 'acknowledged message')}, each in the stream exactly once; presence events once; sync p50 "
         f"{_ms(lat, 0.5)}, p99 {_ms(lat, 0.99)}; failover to the next acknowledged batch: "
         f"median {_ms(result.failovers, 0.5)} ({len(result.failovers)} seen)",
         seed=seed, base=base, keep=bool(args.dir))

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from ..cli._voice import plural
+
 __all__ = ["CrashResult", "ServerProcess", "free_port", "once_problems", "report", "say",
            "write_root_key", "write_secret"]
 
@@ -107,7 +109,7 @@ def report(result: CrashResult, kills: int, passed: str, *, seed: int, base: Pat
         if not keep:
             shutil.rmtree(base, ignore_errors=True)
     else:
-        say(f"FAILED after {result.kills} kills (seed {seed}; data kept in {base})")
+        say(f"FAILED after {plural(result.kills, 'kill')} (seed {seed}; data kept in {base})")
     return 0 if ok else 1
 
 
@@ -119,7 +121,8 @@ def once_problems(when: str, acked: Iterable[K], counts: Counter[K]) -> list[str
     twice = sorted(k for k, c in counts.items() if c > 1)  # type: ignore[type-var]
     out = []
     if missing:
-        out.append(f"{when}: {len(missing)} acknowledged message(s) missing, e.g. {missing[:5]}")
+        out.append(f"{when}: {plural(len(missing), 'acknowledged message')} missing, "
+                   f"e.g. {missing[:5]}")
     if twice:
         out.append(f"{when}: recorded more than once: {twice[:5]}")
     return out

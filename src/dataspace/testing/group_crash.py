@@ -50,6 +50,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..cli._voice import plural
 from ..streams import open_store
 from ..streams.base import AckLost
 from ..values import Record, Symbol
@@ -201,7 +202,7 @@ def run(url: str, kills: int, *, consumers: int = 3, mode: str = "tx", idle: flo
                 time.sleep(idle * 1.5)  # the others claim its entries meanwhile
             workers.start(name)
             if (k + 1) % 20 == 0:
-                say(f"{k + 1} kills, {appended[0]:,} entries appended")
+                say(f"{plural(k + 1, 'kill')}, {plural(appended[0], 'entry', 'entries')} appended")
             dead = workers.died()
             if dead:
                 result.problems += dead
@@ -272,7 +273,7 @@ def _check(store: object, base: Path, names: list[str], killed: dict[int, int], 
                     f"the idle timeout ({idle} s)")
     if unexplained > len(killed):
         result.problems.append(f"{unexplained} redeliveries whose earlier delivery no log has, "
-                               f"more than the {len(killed)} kills")
+                               f"more than the {plural(len(killed), 'kill')}")
     result.after_crash += unexplained
     missing = [i for i in range(result.appended) if i not in deliveries]
     if missing and len(missing) > len(killed) * 10:
@@ -341,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("--store takes one --mode (an empty store per run)")
             base = Path(tempfile.mkdtemp(prefix="dataspace-groupcrash-"))
             url = args.store or (pg.create_database(f"groupcrash{k}") if pg else str(base / "data"))
-            say(f"consumer group crash test: {args.consumers} consumers, {args.kills} kills, "
+            say(f"consumer group crash test: {plural(args.consumers, 'consumer')}, {plural(args.kills, 'kill')}, "
                 f"acknowledgements {'in the results transaction' if mode == 'tx' else 'plain'}, "
                 f"idle timeout {args.idle:g} s, seed {seed}")
             try:
@@ -354,12 +355,13 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"PROBLEM: {p}")
             if r.problems:
                 failed = True
-                say(f"FAILED after {r.kills} kills (seed {seed}; logs kept in {base})")
+                say(f"FAILED after {plural(r.kills, 'kill')} (seed {seed}; logs kept in {base})")
                 continue
             shutil.rmtree(base, ignore_errors=True)
             once = "each result written exactly once" if mode == "tx" else "each at least once"
-            say(f"PASSED: {r.kills} kills, {r.appended:,} entries acknowledged, {once}; "
-                f"{r.redeliveries:,} redeliveries of {r.deliveries:,} deliveries, "
+            say(f"PASSED: {plural(r.kills, 'kill')}, {plural(r.appended, 'entry', 'entries')} acknowledged, {once}; "
+                f"{plural(r.redeliveries, 'redelivery', 'redeliveries')} of "
+                f"{plural(r.deliveries, 'delivery', 'deliveries')}, "
                 f"{r.after_crash:,} after a crash and {r.after_timeout:,} after the idle "
                 "timeout, none otherwise")
     return 1 if failed else 0

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli._voice import plural
 from ..pipeline.graph import Graph
 from ..pipeline.sinks import SQLiteSink
 from ..progress import Progress
@@ -159,7 +160,7 @@ def verify(directory: str | os.PathLike[str], n: int, seed: int, store: str | No
         for s in SOURCES:
             got = [e.data for e in st.iter_entries(s)]
             if got != [encode(v) for v in src[s]]:
-                problems.append(f"source {s}: {len(got)} entries, expected the {n} seeded ones")
+                problems.append(f"source {s}: {plural(len(got), 'entry', 'entries')}, expected the {n} seeded ones")
         got_streams = {
             "pairs": Counter(e.data for e in st.iter_entries("pairs")),
             "merged": Counter(e.data for e in st.iter_entries("merged")),
@@ -307,7 +308,8 @@ def campaigns(
         d = os.path.join(base, f"campaign-{campaign}")
         os.makedirs(d, exist_ok=True)
         if say:
-            say(f"campaign {campaign}: seed {seed + campaign}, {n} messages per source, {k} kills")
+            say(f"campaign {campaign}: seed {seed + campaign}, {plural(n, 'message')} per source, "
+                f"{plural(k, 'kill')}")
         url = stores(campaign) if stores is not None else None
         r = run(d, kills=k, messages=n, seed=seed + campaign, store=url)
         results.append(r)
@@ -316,8 +318,8 @@ def campaigns(
         done += r.kills
         bar.update(done)
         if say:
-            say(f"  {'OK' if not r.problems else 'FAILED'}: {r.kills} kills{r.landed()}, "
-                f"{r.runs} runs, {r.seconds:.1f}s; total {bar.text()}")
+            say(f"  {'OK' if not r.problems else 'FAILED'}: {plural(r.kills, 'kill')}{r.landed()}, "
+                f"{plural(r.runs, 'run')}, {r.seconds:.1f}s; total {bar.text()}")
             for p in r.problems:
                 say(f"  problem: {p}")
         if r.problems:
@@ -372,7 +374,7 @@ def harness_main(argv: list[str] | None, *, prog: str, description: str,
                          messages=args.messages, say=line, **extra)
     ok = done >= args.kills and not any(r.problems for r in results)
     line(f"PASSED: {done} {what}, every output exactly once" if ok
-         else f"FAILED after {done} kills (seed {seed}; the stores are kept in {base})")
+         else f"FAILED after {plural(done, 'kill')} (seed {seed}; the stores are kept in {base})")
     if ok and not args.dir:
         shutil.rmtree(base, ignore_errors=True)  # a passed run leaves nothing behind
     return 0 if ok else 1

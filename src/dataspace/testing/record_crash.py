@@ -32,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from ..cli._voice import plural
 from ..client import connect
 from ..progress import Progress
 from ..protocol.sturdy import SturdyRef
@@ -198,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="dataspace-reccrash-"))
     base.mkdir(parents=True, exist_ok=True)
-    say(f"recording crash test: {args.kills} kills, seed {seed}, data in {base}")
+    say(f"recording crash test: {plural(args.kills, 'kill')}, seed {seed}, data in {base}")
     result = asyncio.run(run(args.kills, seed=seed, base=base, say=say, store=args.store))
-    return report(result, args.kills, f"{result.kills} kills, {result.acknowledged} "
-                  "acknowledged messages, each in the stream exactly once",
+    return report(result, args.kills, f"{plural(result.kills, 'kill')}, "
+                  f"{plural(result.acknowledged, 'acknowledged message')}, each in the "
+                  "stream exactly once",
                   seed=seed, base=base, keep=bool(args.dir))
 
 

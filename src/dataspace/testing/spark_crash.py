@@ -61,6 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cli._voice import plural
 from ..pipeline.spark import warmup
 from ..pipeline.spark.classdata import QUICK_JIT
 from ..pipeline.spark.reaper import kill_session, reap_session
@@ -255,7 +256,7 @@ def run_campaign(
             break
     if not res.problems:
         if res.kills < kills:
-            res.problems.append(f"the work finished after {res.kills} of {kills} kills: use more "
+            res.problems.append(f"the work finished after {res.kills} of {plural(kills, 'kill')}: use more "
                                 "--messages")
         res.problems += verify(directory, messages, seed, store)
     res.seconds = time.monotonic() - t0
