@@ -578,7 +578,9 @@ async def test_top_follows_a_resize_and_gives_the_terminal_back(tmp_path):
             os.close(slave)
             term = _Terminal(100, 30)
             try:
-                await loop.run_in_executor(None, _follow, master, term, _drawn)
+                # (The first frame waits on a process start and its first fetch: on a
+                # loaded machine that took longer than TIMEOUT once, the screen blank.)
+                await loop.run_in_executor(None, _follow, master, term, _drawn, 3 * TIMEOUT)
                 assert term.entered == 1 and not term.cursor
                 assert term.frames[0][0] <= 100 and term.frames[0][1] <= 30, term.frames
                 assert term.lines()[0].startswith("dataspace 0.1.0  server ")
