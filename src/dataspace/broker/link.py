@@ -1446,14 +1446,14 @@ class LinkDialer:
 
     def __init__(self, hub: LinkHub, spec: LinkSpec, net_hub: Hub,
                  turn: Callable[[], Any] | None, backoff: tuple[float, float] = (0.1, 10.0),
-                 refused_retry: tuple[float, float] = REFUSED_RETRY,
+                 refused_retry: tuple[float, float] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.hub = hub
         self.spec = spec
         self.net_hub = net_hub
         self.turn = turn
         self.backoff = backoff
-        self.refused_retry = refused_retry
+        self.refused_retry = REFUSED_RETRY if refused_retry is None else refused_retry
         self.session: LinkSession | None = None
         self.conn: Connection | None = None
         self.attempts = 0
