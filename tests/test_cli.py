@@ -21,14 +21,32 @@ def test_help_lists_commands():
     assert "demo" in r.stdout and "examples:" in r.stdout
 
 
+EVERY_HELP = """
+import contextlib, io, sys
+from dataspace.cli import COMMANDS, main
+for name in COMMANDS:
+    name = name.rstrip("_")  # assert_.py registers `assert` (a keyword in Python)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            code = main([name, "--help"])
+        except SystemExit as e:
+            code = e.code
+    ok = code in (0, None) and "usage: dataspace " + name in out.getvalue()
+    print(name, "ok" if ok else f"FAILED ({code!r})")
+"""
+
+
 def test_every_command_has_help():
+    """Each command's --help, in one fresh process (a command's imports are its own, made
+    when it runs: one broken import fails its help, not the package's)."""
     from dataspace.cli import COMMANDS
 
-    for name in COMMANDS:
-        name = name.rstrip("_")  # assert_.py registers `assert` (a keyword in Python)
-        r = run_cli(name, "--help")
-        assert r.returncode == 0, (name, r.stderr)
-        assert "usage: dataspace" in r.stdout
+    r = subprocess.run([sys.executable, "-c", EVERY_HELP], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    said = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert said == {n.rstrip("_"): "ok" for n in COMMANDS}, (said, r.stderr[-2000:])
 
 
 def test_demo_shows_presence_messages_and_departures():
