@@ -550,6 +550,48 @@ async def test_streams_pipelines_and_a_stream_with_search(tmp_path):
 
 
 @async_test
+async def test_a_damaged_stream_marks_its_graph_and_hides_no_other(tmp_path):
+    """/api/pipelines failed whole (503) when one stream's bookkeeping was damaged: the
+    graph that reads it is marked (which stream, what is wrong) with what is still known,
+    and every other graph is as before."""
+    from dataspace.pipeline import Graph
+    from dataspace.pipeline.local import LocalEngine
+    from store_damage import Raw
+
+    async with api(tmp_path) as a:
+        store = a.store
+        store.append_many("words", [parse(f'"w{i}"') for i in range(50)])
+        store.append_many("nums", [parse(str(i)) for i in range(40)])
+        for g in (Graph("shout"), Graph("double")):
+            src, out, fn = (("words", "loud", lambda s: s.upper()) if g.name == "shout"
+                            else ("nums", "twice", lambda n: 2 * n))
+            g.source(src)
+            g.map("m", src, out, fn)
+            with LocalEngine(g, store) as eng:
+                eng.start()
+                eng.run(until_idle=True)
+        raw = Raw(str(tmp_path / "data"))
+        assert raw.flip_column("streams", "next_index", 5, "nums")  # 40 -> 8
+        raw.close()
+
+        status, body, _ = await a.get("/api/pipelines")
+        assert status == 200, body
+        by = {g["graph"]: g for g in body["graphs"]}
+        assert by["shout"]["damaged"] == [] and by["shout"]["lag"] == 0
+        assert [s["damaged"] for s in by["shout"]["streams"]] == [None, None]
+        (bad,) = by["double"]["damaged"]
+        assert bad["stream"] == "nums" and bad["reason"], bad
+        rows = {s["name"]: s for s in by["double"]["streams"]}
+        assert rows["nums"]["damaged"] == bad["reason"] and rows["nums"]["next"] is None
+        assert rows["twice"]["damaged"] is None and rows["twice"]["length"] == 40
+        (proc,) = by["double"]["processors"]
+        assert proc["damaged"] is None and proc["outputs"] == ["twice"]
+        # (its tailers are the damaged stream's: unknown, as its next is)
+        assert proc["inputs"] == [{"stream": "nums", "position": None, "next": None,
+                                   "lag": None}]
+
+
+@async_test
 async def test_links_endpoint_and_metrics(tmp_path):
     async with running_server(tmp_path / "up") as up:
         link = [(tcp_address(up), str(up.sturdyref))]

@@ -389,6 +389,17 @@ def test_the_pipeline_page_shows_lag_falling_as_the_pipeline_catches_up(
         expect(pg.locator('svg.graph g.node[data-name="lengths"] text.sub')
                ).to_have_text("50 entries · output")
         page.screenshot()
+        # Its source's bookkeeping damaged: the graph is still drawn, and says which
+        # stream and what to do (the page showed only the API's error before).
+        from store_damage import Raw
+
+        raw = Raw(str(srv.data_dir))
+        assert raw.flip_column("streams", "next_index", 5, "words")  # 50 -> 18
+        raw.close()
+        damaged = card.locator(".run-note.damaged")
+        expect(damaged).to_contain_text("Damaged: words (", timeout=5000)
+        expect(damaged).to_contain_text("restore the store from a backup")
+        expect(pg.locator('[data-graph="shout"] svg.graph')).to_have_count(1)
     finally:
         store.close()
 

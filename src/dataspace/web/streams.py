@@ -26,7 +26,15 @@ from typing import Any
 
 from aiohttp import web
 
-from ..streams.base import Entry, GroupInfo, Store, StoreError, StreamInfo, check_stream_name
+from ..streams.base import (
+    Entry,
+    GroupInfo,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StreamInfo,
+    check_stream_name,
+)
 from ..values import Dictionary, Record, Symbol, decode
 from .auth import Access, ApiError
 from .context import WebContext, guarded, json_response
@@ -98,7 +106,13 @@ def _ints(d: Any) -> dict[str, int]:
 
 def _processor(store: Store, info: StreamInfo, proc_id: str, by_name: dict[str, StreamInfo],
                tailers: dict[str, list[tuple[str, int]]]) -> dict[str, Any]:
-    recent = store.last(info.name, None, BACKING_WINDOW) if info.next else []
+    damaged = info.damaged
+    recent: list[Entry] = []
+    if damaged is None and info.next:
+        try:
+            recent = store.last(info.name, None, BACKING_WINDOW)
+        except StoreCorrupt as e:  # (its entries: the graph is shown, this processor marked)
+            damaged = e.reason or str(e)
     inputs: dict[str, dict[str, Any]] = {}
     outputs: list[str] = []
     errors: list[str] = []
@@ -122,6 +136,8 @@ def _processor(store: Store, info: StreamInfo, proc_id: str, by_name: dict[str, 
         inputs.setdefault(stream, {})["position"] = pos
     for stream, row in inputs.items():
         si = by_name.get(stream)
+        if si is not None and si.damaged is not None:
+            si = None  # (its row says nothing: next and lag unknown; the graph names it)
         row["stream"] = stream
         row["next"] = si.next if si is not None else None
         pos = row.get("position")
@@ -137,12 +153,15 @@ def _processor(store: Store, info: StreamInfo, proc_id: str, by_name: dict[str, 
         "error_streams": sorted(set(errors)),
         "last_step": last,
         "lag": sum(r["lag"] or 0 for r in inputs.values()),
+        "damaged": damaged,
     }
 
 
 def pipelines(store: Store) -> list[dict[str, Any]]:
-    """Every graph the store has run (store threads): ``GET /api/pipelines``."""
-    infos = store.streams(include_internal=True)
+    """Every graph the store has run (store threads): ``GET /api/pipelines``.  A damaged
+    stream (its bookkeeping, or a processor's backing entries) marks the graphs it is in
+    -- ``damaged``: what is wrong, per stream -- and hides none of the others."""
+    infos = store.streams(include_internal=True, with_damaged=True)
     by_name = {i.name: i for i in infos}
     tailers: dict[str, list[tuple[str, int]]] = {}
     for i in infos:
@@ -165,12 +184,17 @@ def pipelines(store: Store) -> list[dict[str, Any]]:
         outs = {s for p in procs for s in p["outputs"]}
         errs = {s for p in procs for s in p["error_streams"]}
         streams = []
+        damaged = {p["backing"]: p["damaged"] for p in procs if p["damaged"] is not None}
         for s in sorted(ins | outs | errs):
             si = by_name.get(s)
+            if si is not None and si.damaged is not None:
+                damaged[s] = si.damaged
+                si = None
             streams.append({
                 "name": s,
                 "next": si.next if si is not None else None,
                 "length": si.count if si is not None else None,
+                "damaged": damaged.get(s),
                 "role": "error" if s in errs else "source" if s not in outs else
                         "output" if s not in ins else "intermediate",
             })
@@ -186,6 +210,7 @@ def pipelines(store: Store) -> list[dict[str, Any]]:
         steps = [p["last_step"]["time"] for p in procs if p["last_step"] is not None]
         out.append({"graph": graph, "running": running, "processors": procs,
                     "streams": streams, "edges": edges,
+                    "damaged": [{"stream": k, "reason": v} for k, v in sorted(damaged.items())],
                     "lag": sum(p["lag"] for p in procs),
                     "last_progress": max(steps) if steps else None})
     return out

@@ -110,6 +110,11 @@ export function pagePipelines() {
         h("h2", null, g.graph, " ", h("span", { class: "badge run-state " + st.cls }, st.label), " ",
           h("span", { class: "lag-total " + (g.lag ? "pos" : "zero") }, `total lag ${g.lag}`)),
         h("p", { class: "run-note " + (st.cls === "ok" || st.cls === "idle" ? "note" : st.cls) }, st.note),
+        // A damaged stream of this graph (its bookkeeping, or a processor's backing
+        // entries): named with what is wrong; the rest of the graph is still shown.
+        (g.damaged || []).length ? h("p", { class: "run-note bad damaged" },
+          "Damaged: " + g.damaged.map((d) => `${d.stream} (${d.reason})`).join("; ") +
+          " -- `dataspace stream info STREAM --check` says more; restore the store from a backup.") : null,
         h("div", { class: "scroll" }, drawGraph(g, i)),
         table([
           { key: "name", label: "processor" },
