@@ -397,7 +397,6 @@ def _rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 async def _until_reclaimed(server, n: int, within: float = 5.0) -> bool:
     """Whether the server gave memory back ``n`` times within ``within`` s (on its own
     timer: half a second after the close that calls for it)."""
@@ -430,6 +429,7 @@ async def test_memory_is_given_back_after_a_churn_of_short_connections(tmp_path)
         assert await _until_reclaimed(server, 1)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @async_test
 async def test_resident_memory_stays_within_the_budget_under_the_attack(tmp_path):
     """40 connections from 10 loopback addresses assert 2 KB values as fast as the server

@@ -498,10 +498,13 @@ async def test_a_plain_link_to_tls_members_says_use_tls(tmp_path, pki):
         async with tls_server(tmp_path / "plain", pki, tls_cert=None, tls_key=None,
                               link=[(spec, str(a.sturdyref))]) as plain:
             hub = plain.links["root"]
+            changed = asyncio.Event()
+            hub.on_change.append(changed.set)
 
             async def reason() -> str:
                 while "speaks TLS" not in hub.last_error.get(spec, ""):
-                    await asyncio.sleep(0.05)
+                    changed.clear()
+                    await changed.wait()
                 return hub.last_error[spec]
 
             msg = await asyncio.wait_for(reason(), FAIL_WITHIN)
